@@ -1,0 +1,227 @@
+//! Device layer: batched block I/O on page-aligned buffers.
+//!
+//! Everything above this module reaches storage only through [`BlockDevice`] (one instance per
+//! shard thread: its own ring, its own file handles) and [`Storage`] (the factory that opens a
+//! device per shard over one store directory). Three implementations:
+//! - [`uring::UringDevice`]: io_uring on files opened with O_DIRECT (the real one);
+//! - [`sync::SyncDevice`]: pread/pwrite on O_DIRECT files, for kernels or sandboxes without
+//!   io_uring (chosen at open and logged);
+//! - [`sim::SimDevice`]: in memory, deterministic from a seed, with crashes, torn writes, bit flips
+//!   and injected errors, for tests.
+//!
+//! Contract (all implementations):
+//! - Buffers, offsets and lengths are multiples of `PAGE_BYTES` (buffers are [`AlignedBuf`]).
+//! - `submit` hands over a whole round of requests with one system call; the device never holds
+//!   more than the caller submitted. The caller bounds the queue depth.
+//! - A write completion means the bytes reached the device. Whether they are *durable* at
+//!   completion depends on [`WriteDurability`]: with `Dsync` every write carries RWF_DSYNC (FUA or
+//!   a cache flush), so a completed write is durable; with `FlushPerRound` the caller must call
+//!   `flush` after a round's writes complete and before acknowledging them.
+//! - A failed request completes with an error; it never panics. After a failed write or flush the
+//!   caller must assume nothing about that range (the engine poisons the store).
+
+pub mod aligned;
+mod files;
+pub mod sim;
+pub mod sync;
+pub mod uring;
+
+pub use aligned::AlignedBuf;
+
+use std::path::{Path, PathBuf};
+
+/// A file opened on a device, valid for that device instance only.
+pub type FileId = u32;
+
+/// How a completed write becomes durable. Stored in no file; chosen at open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteDurability {
+    /// Each write is issued with RWF_DSYNC: durable when it completes.
+    Dsync,
+    /// Writes are plain; `flush` (one fdatasync per written file) makes a round durable.
+    FlushPerRound,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoKind {
+    Read,
+    Write,
+}
+
+/// One page-aligned read or write. The buffer travels with the request and comes back in the
+/// completion, so it is owned by the device while the kernel may touch it.
+#[derive(Debug)]
+pub struct IoRequest {
+    /// Caller's tag, returned unchanged in the completion.
+    pub token: u64,
+    pub file: FileId,
+    /// Byte offset in the file; a multiple of `PAGE_BYTES`.
+    pub offset: u64,
+    pub kind: IoKind,
+    /// For a read, filled with the file's bytes; for a write, the bytes to write.
+    pub buf: AlignedBuf,
+}
+
+#[derive(Debug)]
+pub struct IoCompletion {
+    pub token: u64,
+    pub file: FileId,
+    pub offset: u64,
+    pub kind: IoKind,
+    pub buf: AlignedBuf,
+    pub result: Result<(), DeviceError>,
+}
+
+/// Device failures. Each errno is named with its meaning.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    #[error("I/O error (EIO) on {what}")]
+    Io { what: String },
+    #[error("no space left on device (ENOSPC) on {what}")]
+    NoSpace { what: String },
+    #[error("short {kind:?} on {what}: {done} of {wanted} bytes")]
+    Short { what: String, kind: IoKind, done: usize, wanted: usize },
+    #[error("file not found: {name}")]
+    NotFound { name: String },
+    #[error("the simulated device has crashed")]
+    Crashed,
+    #[error("{what}: {message} (errno {errno})")]
+    Os { what: String, errno: i32, message: String },
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("io_uring is not available: {0}")]
+    UringUnavailable(String),
+}
+
+impl DeviceError {
+    /// Maps an errno to the variant that names it.
+    pub fn from_errno(errno: i32, what: impl Into<String>) -> DeviceError {
+        let what = what.into();
+        match errno {
+            libc::EIO => DeviceError::Io { what },
+            libc::ENOSPC | libc::EDQUOT => DeviceError::NoSpace { what },
+            libc::ENOENT => DeviceError::NotFound { name: what },
+            _ => DeviceError::Os {
+                what,
+                errno,
+                message: std::io::Error::from_raw_os_error(errno).to_string(),
+            },
+        }
+    }
+
+    pub fn from_io(err: &std::io::Error, what: impl Into<String>) -> DeviceError {
+        match err.raw_os_error() {
+            Some(errno) => DeviceError::from_errno(errno, what),
+            None => DeviceError::Os { what: what.into(), errno: 0, message: err.to_string() },
+        }
+    }
+}
+
+/// Counters a device keeps; read by `copse stats`.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct DeviceStats {
+    pub reads: u64,
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub flushes: u64,
+    /// System calls that submitted or reaped I/O (one per round when batching works).
+    pub submit_calls: u64,
+}
+
+/// Batched block I/O on one store directory, owned by one thread.
+pub trait BlockDevice: Send {
+    /// Opens the file `name` (a relative path such as `shard-000/class-04.slab`), creating it
+    /// (and its parent directories, durably) when `create` is set.
+    fn open_file(&mut self, name: &str, create: bool) -> Result<FileId, DeviceError>;
+    /// Names of the files under `dir` (relative, no recursion), sorted.
+    fn list_files(&mut self, dir: &str) -> Result<Vec<String>, DeviceError>;
+    fn file_len_bytes(&mut self, file: FileId) -> Result<u64, DeviceError>;
+    /// Grows the file to `len_bytes` (zero filled, space allocated) and makes the new size
+    /// durable. Never shrinks.
+    fn grow_file(&mut self, file: FileId, len_bytes: u64) -> Result<(), DeviceError>;
+    /// Queues all requests with one system call. Fails only if the requests are malformed or the
+    /// device is unusable; individual I/O failures come back as completions.
+    fn submit(&mut self, requests: Vec<IoRequest>) -> Result<(), DeviceError>;
+    /// Moves completed requests to `out`, waiting until at least `min_complete` have completed
+    /// (never more than are in flight).
+    fn reap(&mut self, min_complete: usize, out: &mut Vec<IoCompletion>)
+        -> Result<(), DeviceError>;
+    /// Requests submitted and not yet reaped.
+    fn in_flight(&self) -> usize;
+    /// Makes every completed write durable (no-op cost under `Dsync` beyond the call).
+    fn flush(&mut self) -> Result<(), DeviceError>;
+    fn durability(&self) -> WriteDurability;
+    fn stats(&self) -> DeviceStats;
+}
+
+/// Opens devices over one store directory: one per shard thread, plus one for store metadata.
+pub trait Storage: Send + Sync {
+    fn open_device(&self) -> Result<Box<dyn BlockDevice>, DeviceError>;
+    /// A human-readable description (path and backend), for logs and `copse stats`.
+    fn describe(&self) -> String;
+}
+
+/// Which real backend to use for a directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// io_uring when the kernel allows it, else pread/pwrite (logged).
+    Auto,
+    Uring,
+    Sync,
+}
+
+/// Real storage under a directory: io_uring or pread/pwrite, both with O_DIRECT.
+pub struct DirStorage {
+    root: PathBuf,
+    backend: Backend,
+    durability: WriteDurability,
+    ring_entries: u32,
+}
+
+impl DirStorage {
+    /// Resolves `Backend::Auto` by probing io_uring once; logs the choice.
+    pub fn new(
+        root: &Path,
+        backend: Backend,
+        durability: WriteDurability,
+        ring_entries: u32,
+    ) -> Result<DirStorage, DeviceError> {
+        let backend = match backend {
+            Backend::Auto => match uring::probe() {
+                Ok(()) => Backend::Uring,
+                Err(err) => {
+                    tracing::warn!(%err, "io_uring unavailable; using pread/pwrite fallback");
+                    Backend::Sync
+                }
+            },
+            chosen => chosen,
+        };
+        tracing::info!(?backend, ?durability, root = %root.display(), "device backend chosen");
+        Ok(DirStorage { root: root.to_path_buf(), backend, durability, ring_entries })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+}
+
+impl Storage for DirStorage {
+    fn open_device(&self) -> Result<Box<dyn BlockDevice>, DeviceError> {
+        match self.backend {
+            Backend::Uring | Backend::Auto => Ok(Box::new(uring::UringDevice::new(
+                &self.root,
+                self.durability,
+                self.ring_entries,
+            )?)),
+            Backend::Sync => Ok(Box::new(sync::SyncDevice::new(&self.root, self.durability)?)),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("{:?} ({:?}) at {}", self.backend, self.durability, self.root.display())
+    }
+}

@@ -1,0 +1,512 @@
+//! `UringDevice`: the real device, io_uring on O_DIRECT files.
+//!
+//! Invariants:
+//! - Every request the kernel may touch is owned by `slots` (keyed by the SQE's `user_data`) from
+//!   the moment its SQE is pushed until its CQE is drained, so its buffer outlives the kernel's
+//!   use of it. `Drop` waits for all of them before the buffers are freed.
+//! - `submit` makes one `io_uring_enter` per batch (more only if the batch overflows the SQ);
+//!   `reap` enters the kernel only when the CQ does not already hold `min_complete` completions.
+//!   Both count their enters in `DeviceStats::submit_calls`.
+//! - A completion is `Ok` only if the whole buffer was transferred; anything else is an error
+//!   (negative result → errno, short transfer → `DeviceError::Short`).
+//!
+//! Durability: with `Dsync` each write carries RWF_DSYNC, which the block layer turns into a FUA
+//! write (or a write plus cache flush on devices without FUA), and the filesystem commits any
+//! metadata the write needed (e.g. converting an unwritten extent). The write is durable when it
+//! completes and `flush` does nothing. With `FlushPerRound` writes are plain and `flush` issues
+//! one fdatasync per file written since the last flush: one cache flush covers the whole round
+//! instead of one per write. Which is faster depends on the device (FUA support, queue depth,
+//! cache size); `examples/durability_probe.rs` measures it. Per-write RWF_DSYNC (not an O_DSYNC
+//! open flag) keeps reads and the choice per write free of the open mode.
+
+use std::collections::VecDeque;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use io_uring::{opcode, types, IoUring, Probe};
+
+use super::files::{self, OpenFile};
+use super::{
+    BlockDevice, DeviceError, DeviceStats, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
+};
+
+/// Enters that may fail with EBUSY/EAGAIN (the kernel is short of completion space or memory)
+/// before the device gives up; each retry first drains the CQ, which is what frees that space.
+const ENTER_RETRIES_MAX: u32 = 1000;
+
+/// Checks that this kernel and sandbox allow io_uring with the opcodes the device uses.
+pub fn probe() -> Result<(), DeviceError> {
+    let unavailable =
+        |what: &str, err: std::io::Error| DeviceError::UringUnavailable(format!("{what}: {err}"));
+    let mut ring = IoUring::new(2).map_err(|err| unavailable("io_uring_setup", err))?;
+    let mut opcodes = Probe::new();
+    ring.submitter()
+        .register_probe(&mut opcodes)
+        .map_err(|err| unavailable("IORING_REGISTER_PROBE", err))?;
+    for (code, name) in [(opcode::Read::CODE, "READ"), (opcode::Write::CODE, "WRITE")] {
+        if !opcodes.is_supported(code) {
+            return Err(DeviceError::UringUnavailable(format!(
+                "opcode IORING_OP_{name} missing"
+            )));
+        }
+    }
+    const NOP_TOKEN: u64 = 0x6e6f70;
+    let nop = opcode::Nop::new().build().user_data(NOP_TOKEN);
+    // SAFETY: a NOP references no memory, so nothing has to outlive its submission.
+    unsafe { ring.submission().push(&nop) }
+        .map_err(|_| DeviceError::UringUnavailable("fresh submission queue is full".into()))?;
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => break,
+            Err(err) if err.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(err) => return Err(unavailable("io_uring_enter", err)),
+        }
+    }
+    let completed = ring
+        .completion()
+        .next()
+        .map(|cqe| (cqe.user_data(), cqe.result()));
+    match completed {
+        Some((NOP_TOKEN, result)) if result >= 0 => Ok(()),
+        Some((_, result)) => Err(DeviceError::UringUnavailable(format!(
+            "NOP completed with {result}"
+        ))),
+        None => Err(DeviceError::UringUnavailable("NOP did not complete".into())),
+    }
+}
+
+pub struct UringDevice {
+    ring: IoUring,
+    root: PathBuf,
+    durability: WriteDurability,
+    files: Vec<OpenFile>,
+    /// Requests handed to the ring, indexed by their SQE's user_data. `None` = free slot.
+    slots: Vec<Option<IoRequest>>,
+    free_slots: Vec<usize>,
+    /// Occupied entries of `slots`: the requests the kernel may still touch.
+    slots_in_use: usize,
+    /// Finished requests not yet returned by `reap` (drained CQEs and rejected requests).
+    ready: VecDeque<IoCompletion>,
+    /// Per file id: written since the last flush (tracked only under `FlushPerRound`).
+    dirty: Vec<bool>,
+    stats: DeviceStats,
+}
+
+impl UringDevice {
+    /// A device over the store directory `root` with a ring of `ring_entries` submission entries
+    /// (the kernel rounds up to a power of two; the CQ is twice that).
+    pub fn new(
+        root: &Path,
+        durability: WriteDurability,
+        ring_entries: u32,
+    ) -> Result<UringDevice, DeviceError> {
+        let ring = IoUring::new(ring_entries.max(1)).map_err(|err| {
+            DeviceError::UringUnavailable(format!("io_uring_setup({ring_entries}): {err}"))
+        })?;
+        Ok(UringDevice {
+            ring,
+            root: root.to_path_buf(),
+            durability,
+            files: Vec::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            slots_in_use: 0,
+            ready: VecDeque::new(),
+            dirty: Vec::new(),
+            stats: DeviceStats::default(),
+        })
+    }
+
+    fn insert_slot(&mut self, request: IoRequest) -> usize {
+        self.slots_in_use += 1;
+        match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(request);
+                slot
+            }
+            None => {
+                self.slots.push(Some(request));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove_slot(&mut self, slot: usize) -> Option<IoRequest> {
+        let request = self.slots.get_mut(slot)?.take()?;
+        self.slots_in_use -= 1;
+        self.free_slots.push(slot);
+        Some(request)
+    }
+
+    /// The SQE for the request in `slot`.
+    fn entry(&mut self, slot: usize) -> io_uring::squeue::Entry {
+        let dsync = self.durability == WriteDurability::Dsync;
+        let Some(request) = self.slots[slot].as_mut() else {
+            unreachable!("entry() for an empty slot");
+        };
+        let fd = types::Fd(self.files[request.file as usize].file.as_raw_fd());
+        // check_request bounds the length by IO_BYTES_MAX, which fits in u32.
+        let len = request.buf.len() as u32;
+        let entry = match request.kind {
+            IoKind::Read => opcode::Read::new(fd, request.buf.as_mut_ptr(), len)
+                .offset(request.offset)
+                .build(),
+            IoKind::Write => opcode::Write::new(fd, request.buf.as_ptr(), len)
+                .offset(request.offset)
+                .rw_flags(if dsync { libc::RWF_DSYNC } else { 0 })
+                .build(),
+        };
+        entry.user_data(slot as u64)
+    }
+
+    /// One io_uring_enter: submits what is in the SQ and waits for `want` completions. Retries
+    /// EINTR, and EBUSY/EAGAIN after draining the CQ.
+    fn enter(&mut self, want: usize) -> Result<(), DeviceError> {
+        let mut retries = 0;
+        loop {
+            self.stats.submit_calls += 1;
+            match self.ring.submit_and_wait(want) {
+                Ok(_) => return Ok(()),
+                Err(err) => match err.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EBUSY | libc::EAGAIN) if retries < ENTER_RETRIES_MAX => {
+                        retries += 1;
+                        self.drain_cq();
+                    }
+                    _ => return Err(DeviceError::from_io(&err, "io_uring_enter")),
+                },
+            }
+        }
+    }
+
+    /// Moves every CQE into `ready` as a completion.
+    fn drain_cq(&mut self) {
+        // Collect first: the CQ borrows the ring, and completing a request touches other fields.
+        let finished: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|cqe| (cqe.user_data(), cqe.result()))
+            .collect();
+        for (user_data, result) in finished {
+            let Some(request) = usize::try_from(user_data)
+                .ok()
+                .and_then(|s| self.remove_slot(s))
+            else {
+                tracing::error!(
+                    user_data,
+                    result,
+                    "completion for no request in flight; ignored"
+                );
+                continue;
+            };
+            let name = &self.files[request.file as usize].name;
+            let outcome = if result < 0 {
+                Err(DeviceError::from_errno(
+                    -result,
+                    files::describe(&request, name),
+                ))
+            } else {
+                files::transfer_result(&request, name, result as usize)
+            };
+            if outcome.is_ok() {
+                let bytes = request.buf.len() as u64;
+                match request.kind {
+                    IoKind::Read => {
+                        self.stats.reads += 1;
+                        self.stats.bytes_read += bytes;
+                    }
+                    IoKind::Write => {
+                        self.stats.writes += 1;
+                        self.stats.bytes_written += bytes;
+                    }
+                }
+            }
+            self.ready.push_back(completion(request, outcome));
+        }
+    }
+
+    fn sq_len(&mut self) -> usize {
+        self.ring.submission().len()
+    }
+}
+
+fn completion(request: IoRequest, result: Result<(), DeviceError>) -> IoCompletion {
+    IoCompletion {
+        token: request.token,
+        file: request.file,
+        offset: request.offset,
+        kind: request.kind,
+        buf: request.buf,
+        result,
+    }
+}
+
+impl BlockDevice for UringDevice {
+    fn open_file(&mut self, name: &str, create: bool) -> Result<FileId, DeviceError> {
+        let id = files::open_in_table(&mut self.files, &self.root, name, create, 0)?;
+        self.dirty.resize(self.files.len(), false);
+        Ok(id)
+    }
+
+    fn list_files(&mut self, dir: &str) -> Result<Vec<String>, DeviceError> {
+        files::list_files(&self.root, dir)
+    }
+
+    fn file_len_bytes(&mut self, file: FileId) -> Result<u64, DeviceError> {
+        let open = files::lookup(&self.files, file)?;
+        files::file_len_bytes(&open.file, &open.name)
+    }
+
+    fn grow_file(&mut self, file: FileId, len_bytes: u64) -> Result<(), DeviceError> {
+        let open = files::lookup(&self.files, file)?;
+        files::grow_file(&open.file, &open.name, len_bytes)
+    }
+
+    /// Malformed requests complete with `BadRequest` (returned by the next `reap`). On `Err` (the
+    /// ring is unusable) the requests already queued stay in flight and complete as usual; the
+    /// rest of the batch is dropped.
+    fn submit(&mut self, requests: Vec<IoRequest>) -> Result<(), DeviceError> {
+        for request in requests {
+            if let Err(err) = files::check_request(&request, self.files.len()) {
+                self.ready.push_back(completion(request, Err(err)));
+                continue;
+            }
+            if request.kind == IoKind::Write && self.durability == WriteDurability::FlushPerRound {
+                self.dirty[request.file as usize] = true;
+            }
+            let slot = self.insert_slot(request);
+            let entry = self.entry(slot);
+            loop {
+                // SAFETY: the SQE points into the buffer of the request now owned by
+                // `slots[slot]`. That buffer is a separate heap allocation, so it does not move
+                // when `slots` grows, and it is freed only after the CQE for `slot` is drained
+                // (`drain_cq`) or, in `Drop`, after every submitted request has completed. The fd
+                // belongs to `files`, which is only appended to while the device lives.
+                let pushed = unsafe { self.ring.submission().push(&entry) };
+                if pushed.is_ok() {
+                    break;
+                }
+                // SQ full: hand over what is there and continue with the rest of the batch.
+                if let Err(err) = self.enter(0) {
+                    // This request's SQE never reached the SQ, so the kernel cannot touch it.
+                    drop(self.remove_slot(slot));
+                    return Err(err);
+                }
+                if self.sq_len() >= self.ring.params().sq_entries() as usize {
+                    // The kernel took nothing; wait for a completion to free resources.
+                    self.enter(1)?;
+                    self.drain_cq();
+                }
+            }
+        }
+        // One enter per batch; loop only if the kernel stopped partway (it then leaves the rest
+        // in the SQ, and each enter takes at least one entry or fails).
+        while self.sq_len() > 0 {
+            self.enter(0)?;
+        }
+        Ok(())
+    }
+
+    fn reap(
+        &mut self,
+        min_complete: usize,
+        out: &mut Vec<IoCompletion>,
+    ) -> Result<(), DeviceError> {
+        let wanted = min_complete.min(self.in_flight());
+        self.drain_cq();
+        while self.ready.len() < wanted {
+            // What is missing is in the kernel: slots_in_use >= wanted - ready.
+            self.enter(wanted - self.ready.len())?;
+            self.drain_cq();
+        }
+        out.extend(self.ready.drain(..));
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots_in_use + self.ready.len()
+    }
+
+    fn flush(&mut self) -> Result<(), DeviceError> {
+        self.stats.flushes += 1;
+        if self.durability == WriteDurability::Dsync {
+            return Ok(()); // every completed write was already durable
+        }
+        for (open, dirty) in self.files.iter().zip(self.dirty.iter_mut()) {
+            if *dirty {
+                files::sync_data(&open.file, &open.name)?;
+                *dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    fn durability(&self) -> WriteDurability {
+        self.durability
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+}
+
+impl Drop for UringDevice {
+    fn drop(&mut self) {
+        // The kernel may still write into (or read from) buffers owned by `slots`; they must not
+        // be freed before their CQEs arrive.
+        let mut failures = 0;
+        while self.slots_in_use > 0 {
+            let wanted = self.slots_in_use;
+            match self.enter(wanted) {
+                Ok(()) => self.drain_cq(),
+                Err(err) => {
+                    failures += 1;
+                    if failures >= 3 {
+                        tracing::error!(%err, in_flight = wanted, "cannot wait for in-flight I/O; leaking its buffers");
+                        // Leaking is safe: the kernel may keep using the memory, nobody else will.
+                        std::mem::forget(std::mem::take(&mut self.slots));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::AlignedBuf;
+    use crate::limits::PAGE_BYTES;
+
+    /// A device on a fresh directory, or `None` (with a note) where io_uring or O_DIRECT is not
+    /// available, so the suite still runs in restricted sandboxes.
+    fn device(durability: WriteDurability) -> Option<(tempfile::TempDir, UringDevice)> {
+        if let Err(err) = probe() {
+            eprintln!("skipping io_uring test: {err}");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut device = UringDevice::new(dir.path(), durability, 64).unwrap();
+        match device.open_file("probe-direct", true) {
+            Ok(_) => {}
+            Err(err) => {
+                eprintln!("skipping io_uring test: O_DIRECT unavailable in temp dir: {err}");
+                return None;
+            }
+        }
+        Some((dir, device))
+    }
+
+    fn page(fill: u8, pages: usize) -> AlignedBuf {
+        let mut buf = AlignedBuf::zeroed(pages * PAGE_BYTES);
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = fill ^ (i / 7) as u8;
+        }
+        buf
+    }
+
+    fn request(token: u64, file: FileId, page_no: u64, kind: IoKind, buf: AlignedBuf) -> IoRequest {
+        IoRequest {
+            token,
+            file,
+            offset: page_no * PAGE_BYTES as u64,
+            kind,
+            buf,
+        }
+    }
+
+    fn reap_all(device: &mut dyn BlockDevice) -> Vec<IoCompletion> {
+        let mut out = Vec::new();
+        while device.in_flight() > 0 {
+            device.reap(1, &mut out).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn probe_succeeds_here_or_says_why() {
+        match probe() {
+            Ok(()) => {}
+            Err(DeviceError::UringUnavailable(why)) => assert!(!why.is_empty()),
+            Err(other) => panic!("probe returned {other:?}"),
+        }
+    }
+
+    #[test]
+    fn round_trip_both_durabilities() {
+        for durability in [WriteDurability::Dsync, WriteDurability::FlushPerRound] {
+            let Some((dir, mut device)) = device(durability) else {
+                return;
+            };
+            crate::device::files::testing::round_trip(&mut device, dir.path());
+            let stats = device.stats();
+            assert!(stats.submit_calls >= 2, "{stats:?}");
+        }
+    }
+
+    #[test]
+    fn many_requests_one_submit() {
+        let Some((_dir, mut device)) = device(WriteDurability::FlushPerRound) else {
+            return;
+        };
+        let file = device.open_file("many/a.slab", true).unwrap();
+        let pages = 200u64; // more than the 64-entry SQ: exercises the SQ-full path
+        device.grow_file(file, pages * PAGE_BYTES as u64).unwrap();
+        let writes = (0..pages)
+            .map(|p| request(p, file, p, IoKind::Write, page(p as u8, 1)))
+            .collect();
+        let calls_before = device.stats().submit_calls;
+        device.submit(writes).unwrap();
+        let calls_submit = device.stats().submit_calls - calls_before;
+        assert!(
+            (1..=5).contains(&calls_submit),
+            "submit made {calls_submit} enters"
+        );
+        assert_eq!(device.in_flight(), pages as usize);
+        let done = reap_all(&mut device);
+        assert_eq!(done.len(), pages as usize);
+        let mut tokens: Vec<u64> = done.iter().map(|c| c.token).collect();
+        tokens.sort_unstable();
+        assert_eq!(tokens, (0..pages).collect::<Vec<_>>());
+        assert!(done.iter().all(|c| c.result.is_ok()));
+        device.flush().unwrap();
+
+        let reads = (0..pages)
+            .rev()
+            .map(|p| {
+                request(
+                    1000 + p,
+                    file,
+                    p,
+                    IoKind::Read,
+                    AlignedBuf::zeroed(PAGE_BYTES),
+                )
+            })
+            .collect();
+        device.submit(reads).unwrap();
+        for completion in reap_all(&mut device) {
+            let p = completion.token - 1000;
+            assert_eq!(completion.offset, p * PAGE_BYTES as u64);
+            completion.result.unwrap();
+            assert_eq!(&completion.buf[..], &page(p as u8, 1)[..], "page {p}");
+        }
+        let stats = device.stats();
+        assert_eq!((stats.writes, stats.reads), (pages, pages));
+        assert_eq!(stats.bytes_read, pages * PAGE_BYTES as u64);
+    }
+
+    #[test]
+    fn drop_waits_for_in_flight_io() {
+        let Some((_dir, mut device)) = device(WriteDurability::Dsync) else {
+            return;
+        };
+        let file = device.open_file("d.slab", true).unwrap();
+        device.grow_file(file, 64 * PAGE_BYTES as u64).unwrap();
+        let writes = (0..64)
+            .map(|p| request(p, file, p, IoKind::Write, page(3, 1)))
+            .collect();
+        device.submit(writes).unwrap();
+        drop(device); // must not free buffers the kernel is still reading
+    }
+}

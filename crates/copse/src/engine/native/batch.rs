@@ -1,0 +1,325 @@
+//! Write batches, all-or-nothing within a shard, also across a crash.
+//!
+//! A batch is first written whole as one `Batch` record (one checksum, so it is either entirely
+//! on disk or detected as torn). Once that record is durable, each operation is written as an
+//! ordinary record with the batch's sequence number. When all of them are durable they are applied
+//! to the index together (readers never see part of a batch) and the batch is answered. Last, the
+//! batch record is erased. Until that erasure is durable, each key of the batch counts as having a
+//! stale copy (the batch record mentions it), so a tombstone of such a key outlives the record.
+//!
+//! Recovery replays a batch record it finds: each operation whose key has no record at least as
+//! new as the batch is written again with the batch's sequence number (see `recovery.rs`).
+//!
+//! Encoding of the batch record's value (little-endian):
+//! `count: u32, then count × (kind: u8 [1 put, 2 delete], key_len: u16, value_len: u32, key, value)`.
+
+use super::format::{record_bytes, Loc, RecordKind, SizeClass};
+use super::{key_hash, Effect, Key, NativeEngine, Origin};
+use crate::engine::{BatchOp, Reply};
+use crate::error::WriteError;
+
+pub struct BatchState {
+    ops: Vec<BatchOp>,
+    /// The slot of each operation, allocated before anything is written so that a batch that
+    /// cannot get its slots fails without leaving a record behind.
+    slots: Vec<(Loc, Option<u64>)>,
+    seq: u64,
+    record: Option<Loc>,
+    members_waiting: usize,
+    durable: Vec<(Key, u64, Loc, RecordKind)>,
+    reply: Option<Reply<(), WriteError>>,
+    /// Key hashes counted as stale while the batch record exists.
+    held: Vec<u64>,
+}
+
+pub fn encode_batch(ops: &[BatchOp]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + ops.iter().map(|op| 7 + op.key().len()).sum::<usize>());
+    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for op in ops {
+        let (kind, key, value): (u8, &[u8], &[u8]) = match op {
+            BatchOp::Put { key, value } => (1, key, value),
+            BatchOp::Delete { key } => (2, key, &[]),
+        };
+        out.push(kind);
+        out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        out.extend_from_slice(key);
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+/// Bytes `encode_batch` produces, without producing them (for the limit check).
+pub fn encoded_batch_bytes(ops: &[BatchOp]) -> usize {
+    4 + ops
+        .iter()
+        .map(|op| {
+            7 + op.key().len()
+                + match op {
+                    BatchOp::Put { value, .. } => value.len(),
+                    BatchOp::Delete { .. } => 0,
+                }
+        })
+        .sum::<usize>()
+}
+
+pub fn decode_batch(bytes: &[u8]) -> Result<Vec<BatchOp>, String> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let end = at.checked_add(n).filter(|&end| end <= bytes.len()).ok_or("batch record is truncated")?;
+        let slice = &bytes[at..end];
+        at = end;
+        Ok(slice)
+    };
+    let count = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+    let mut ops = Vec::with_capacity(count.min(crate::limits::WRITE_BATCH_OPS_MAX));
+    for _ in 0..count {
+        let kind = take(1)?[0];
+        let key_len = u16::from_le_bytes(take(2)?.try_into().unwrap()) as usize;
+        let value_len = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+        let key = take(key_len)?.to_vec();
+        let value = take(value_len)?.to_vec();
+        ops.push(match kind {
+            1 => BatchOp::Put { key, value },
+            2 if value_len == 0 => BatchOp::Delete { key },
+            _ => return Err(format!("unknown batch operation kind {kind}")),
+        });
+    }
+    if at != bytes.len() {
+        return Err("batch record has trailing bytes".into());
+    }
+    Ok(ops)
+}
+
+/// Keeps the last operation of each key, in the order of those last operations.
+pub fn dedupe_batch(ops: Vec<BatchOp>) -> Vec<BatchOp> {
+    let mut last = std::collections::HashMap::new();
+    for (position, op) in ops.iter().enumerate() {
+        last.insert(op.key().to_vec(), position);
+    }
+    ops.into_iter().enumerate().filter(|(position, op)| last[op.key()] == *position).map(|(_, op)| op).collect()
+}
+
+impl NativeEngine {
+    pub(super) fn batch(&mut self, ops: Vec<BatchOp>, reply: Reply<(), WriteError>) {
+        if self.is_poisoned() {
+            let _ = reply.send(Err(WriteError::Poisoned));
+            return;
+        }
+        let ops = dedupe_batch(ops);
+        if ops.is_empty() {
+            let _ = reply.send(Ok(()));
+            return;
+        }
+        let value = encode_batch(&ops);
+        let class = SizeClass::for_record(record_bytes(0, value.len()));
+        let mut slots = match self.allocate_members(&ops) {
+            Ok(slots) => slots,
+            Err(err) => {
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
+        let (slot, overwritten) = match self.allocate(class, None) {
+            Ok(allocation) => allocation,
+            Err(err) => {
+                for (loc, tag) in slots.drain(..) {
+                    self.place_free(loc.slot_only(), tag, false, None);
+                }
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
+        let seq = self.take_seq();
+        let batch = self.next_batch_id;
+        self.next_batch_id += 1;
+        let held = self.hold_batch_keys(&ops);
+        self.batches.insert(batch, BatchState {
+            ops,
+            slots,
+            seq,
+            record: None,
+            members_waiting: 0,
+            durable: Vec::new(),
+            reply: Some(reply),
+            held,
+        });
+        let pages = if class.is_multi_page() { super::format::pages_for(record_bytes(0, value.len())) } else { 0 };
+        let loc = Loc::new(class.id, slot, pages);
+        let write = self.new_write(loc, overwritten, Effect::BatchRecord { batch });
+        self.place(write, loc, RecordKind::Batch, seq, 0, &[], &value);
+    }
+
+    /// Allocates a slot for each operation, or none at all.
+    fn allocate_members(&mut self, ops: &[BatchOp]) -> Result<Vec<(Loc, Option<u64>)>, WriteError> {
+        let mut slots = Vec::with_capacity(ops.len());
+        for op in ops {
+            let value_bytes = match op {
+                BatchOp::Put { value, .. } => value.len(),
+                BatchOp::Delete { .. } => 0,
+            };
+            match self.allocate_for(op.key(), value_bytes) {
+                Ok(slot) => slots.push(slot),
+                Err(err) => {
+                    for (loc, tag) in slots {
+                        self.place_free(loc.slot_only(), tag, false, None);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(slots)
+    }
+
+    fn hold_batch_keys(&mut self, ops: &[BatchOp]) -> Vec<u64> {
+        let held: Vec<u64> = ops.iter().map(|op| key_hash(op.key())).collect();
+        for &hash in &held {
+            *self.stale_counts.entry(hash).or_default() += 1;
+        }
+        held
+    }
+
+    /// Recovery found a durable batch record: write again the operations in `ops` (those whose
+    /// keys have nothing newer on disk), then erase the record.
+    pub(super) fn replay_batch(
+        &mut self,
+        record: Loc,
+        seq: u64,
+        all_ops: &[BatchOp],
+        ops: Vec<BatchOp>,
+    ) -> Result<(), WriteError> {
+        let slots = self.allocate_members(&ops)?;
+        let batch = self.next_batch_id;
+        self.next_batch_id += 1;
+        let held = self.hold_batch_keys(all_ops);
+        self.batches.insert(batch, BatchState {
+            ops,
+            slots,
+            seq,
+            record: Some(record),
+            members_waiting: 0,
+            durable: Vec::new(),
+            reply: None,
+            held,
+        });
+        self.write_batch_members(batch);
+        Ok(())
+    }
+
+    pub(super) fn batch_record_durable(&mut self, batch: u64, loc: Loc) {
+        let Some(state) = self.batches.get_mut(&batch) else { return };
+        state.record = Some(loc);
+        self.write_batch_members(batch);
+    }
+
+    fn write_batch_members(&mut self, batch: u64) {
+        let state = self.batches.get_mut(&batch).expect("unknown batch");
+        let ops = std::mem::take(&mut state.ops);
+        let slots = std::mem::take(&mut state.slots);
+        let seq = state.seq;
+        state.members_waiting = ops.len();
+        if ops.is_empty() {
+            self.batch_applied(batch);
+            return;
+        }
+        for (op, slot) in ops.into_iter().zip(slots) {
+            let origin = Origin::Batch(batch);
+            match op {
+                BatchOp::Put { key, value } => {
+                    self.write_record(key, value, origin, Some(seq), RecordKind::Put, Some(slot))
+                }
+                BatchOp::Delete { key } => self.write_record(
+                    key,
+                    Vec::new(),
+                    origin,
+                    Some(seq),
+                    RecordKind::Tombstone,
+                    Some(slot),
+                ),
+            }
+        }
+    }
+
+    pub(super) fn batch_member_durable(&mut self, batch: u64, key: Key, seq: u64, loc: Loc, kind: RecordKind) {
+        let Some(state) = self.batches.get_mut(&batch) else {
+            // The batch failed: this member is never applied.
+            self.flight_end(&key, seq, false);
+            return;
+        };
+        state.durable.push((key, seq, loc, kind));
+        state.members_waiting -= 1;
+        if state.members_waiting == 0 {
+            self.batch_applied(batch);
+        }
+    }
+
+    /// Every member is durable: apply them together, answer, and erase the batch record.
+    fn batch_applied(&mut self, batch: u64) {
+        let state = self.batches.get_mut(&batch).expect("unknown batch");
+        let durable = std::mem::take(&mut state.durable);
+        let reply = state.reply.take();
+        let record = state.record.expect("members are written after the record");
+        for (key, seq, loc, kind) in durable {
+            match kind {
+                RecordKind::Put => self.apply_put(&key, seq, loc),
+                _ => {
+                    self.apply_tombstone(&key, seq, loc);
+                }
+            }
+        }
+        if let Some(reply) = reply {
+            let _ = reply.send(Ok(()));
+        }
+        self.erase_batch_record(record, batch);
+    }
+
+    /// The batch record's erasure is durable: its keys no longer have a copy in it.
+    pub(super) fn batch_erased(&mut self, batch: u64) {
+        let state = self.batches.remove(&batch).expect("erased an unknown batch");
+        for hash in state.held {
+            self.release_tag(Some(hash));
+        }
+    }
+
+    /// A member or the record failed (the store is poisoned by then, or the batch never got a
+    /// slot): answer the error and forget the batch; members that still complete are dropped.
+    pub(super) fn batch_member_failed(&mut self, batch: u64, err: WriteError) {
+        let Some(mut state) = self.batches.remove(&batch) else { return };
+        if let Some(reply) = state.reply.take() {
+            let _ = reply.send(Err(err));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_encoding_round_trips_and_rejects_garbage() {
+        let ops = vec![
+            BatchOp::Put { key: b"a".to_vec(), value: b"1".to_vec() },
+            BatchOp::Delete { key: b"b".to_vec() },
+        ];
+        let bytes = encode_batch(&ops);
+        assert_eq!(bytes.len(), encoded_batch_bytes(&ops));
+        assert_eq!(decode_batch(&bytes).unwrap(), ops);
+        assert!(decode_batch(&bytes[..bytes.len() - 1]).is_err());
+        let mut bad = bytes.clone();
+        bad[4] = 9;
+        assert!(decode_batch(&bad).is_err());
+    }
+
+    #[test]
+    fn dedupe_keeps_the_last_operation_of_each_key() {
+        let ops = vec![
+            BatchOp::Put { key: b"a".to_vec(), value: b"1".to_vec() },
+            BatchOp::Put { key: b"b".to_vec(), value: b"2".to_vec() },
+            BatchOp::Delete { key: b"a".to_vec() },
+        ];
+        assert_eq!(
+            dedupe_batch(ops),
+            vec![BatchOp::Put { key: b"b".to_vec(), value: b"2".to_vec() }, BatchOp::Delete { key: b"a".to_vec() }]
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! Per-shard page cache: a fixed pool of 4 KiB frames with CLOCK eviction.
+//!
+//! Invariants:
+//! - A frame holds the newest image of its page: the bytes on disk plus the modifications that
+//!   are queued or in flight. Pages with queued or in-flight writes are pinned and never evicted,
+//!   so the engine never reads a page from disk while a newer image exists only in memory.
+//! - The page map is a B-tree, not a hash table: it never rehashes, so a lookup never stalls
+//!   behind a resize (KVell §5.3 saw 100 ms spikes from a growing hash table).
+//! - The pool holds `capacity_frames` frames; it grows past that only when every frame is pinned,
+//!   and gives the extra frames back as soon as they are unpinned.
+
+use std::collections::BTreeMap;
+
+use crate::device::AlignedBuf;
+use crate::limits::PAGE_BYTES;
+
+/// (class id, page number in the class's slab file).
+pub type PageKey = (u8, u64);
+
+struct Frame {
+    page: Option<PageKey>,
+    image: AlignedBuf,
+    referenced: bool,
+    pins: u32,
+}
+
+pub struct PageCache {
+    map: BTreeMap<PageKey, u32>,
+    frames: Vec<Frame>,
+    unused: Vec<u32>,
+    capacity_frames: usize,
+    clock_hand: usize,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl PageCache {
+    pub fn new(capacity_frames: usize) -> PageCache {
+        assert!(capacity_frames > 0);
+        PageCache {
+            map: BTreeMap::new(),
+            frames: Vec::new(),
+            unused: Vec::new(),
+            capacity_frames,
+            clock_hand: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    pub fn contains(&self, page: PageKey) -> bool {
+        self.map.contains_key(&page)
+    }
+
+    /// The page's image, counting a hit or a miss.
+    pub fn lookup(&mut self, page: PageKey) -> Option<&[u8]> {
+        match self.map.get(&page) {
+            Some(&index) => {
+                self.hits += 1;
+                let frame = &mut self.frames[index as usize];
+                frame.referenced = true;
+                Some(&frame.image[..])
+            }
+            None => {
+                self.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// The page's image for modification (no hit/miss accounting).
+    pub fn image_mut(&mut self, page: PageKey) -> Option<&mut [u8]> {
+        let index = *self.map.get(&page)?;
+        let frame = &mut self.frames[index as usize];
+        frame.referenced = true;
+        Some(&mut frame.image[..])
+    }
+
+    pub fn image(&self, page: PageKey) -> Option<&[u8]> {
+        let index = *self.map.get(&page)?;
+        Some(&self.frames[index as usize].image[..])
+    }
+
+    /// Inserts (or replaces) a page image, evicting an unpinned page if the pool is full.
+    pub fn insert(&mut self, page: PageKey, bytes: &[u8]) {
+        assert_eq!(bytes.len(), PAGE_BYTES);
+        if let Some(&index) = self.map.get(&page) {
+            let frame = &mut self.frames[index as usize];
+            frame.image.copy_from_slice(bytes);
+            frame.referenced = true;
+            return;
+        }
+        let index = self.take_frame();
+        let frame = &mut self.frames[index as usize];
+        frame.image.copy_from_slice(bytes);
+        frame.page = Some(page);
+        frame.referenced = true;
+        frame.pins = 0;
+        self.map.insert(page, index);
+    }
+
+    pub fn pin(&mut self, page: PageKey) {
+        let index = *self.map.get(&page).expect("pinning a page that is not cached");
+        self.frames[index as usize].pins += 1;
+    }
+
+    pub fn unpin(&mut self, page: PageKey) {
+        let index = *self.map.get(&page).expect("unpinning a page that is not cached");
+        let frame = &mut self.frames[index as usize];
+        assert!(frame.pins > 0, "unpinning an unpinned page {page:?}");
+        frame.pins -= 1;
+        if frame.pins == 0 && self.map.len() > self.capacity_frames {
+            self.evict_one();
+        }
+    }
+
+    pub fn is_pinned(&self, page: PageKey) -> bool {
+        self.map.get(&page).is_some_and(|&index| self.frames[index as usize].pins > 0)
+    }
+
+    /// Drops a page (after a failed write its image no longer matches the disk).
+    pub fn remove(&mut self, page: PageKey) {
+        if let Some(index) = self.map.remove(&page) {
+            let frame = &mut self.frames[index as usize];
+            frame.page = None;
+            frame.pins = 0;
+            self.unused.push(index);
+        }
+    }
+
+    pub fn len_pages(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn capacity_frames(&self) -> usize {
+        self.capacity_frames
+    }
+
+    fn take_frame(&mut self) -> u32 {
+        if let Some(index) = self.unused.pop() {
+            return index;
+        }
+        if self.frames.len() < self.capacity_frames || !self.evict_one() {
+            // Either the pool is not full yet, or every frame is pinned: grow (given back on
+            // unpin).
+            self.frames.push(Frame {
+                page: None,
+                image: AlignedBuf::zeroed(PAGE_BYTES),
+                referenced: false,
+                pins: 0,
+            });
+            return self.frames.len() as u32 - 1;
+        }
+        self.unused.pop().expect("evict_one freed a frame")
+    }
+
+    /// CLOCK: sweep, clearing reference bits, until an unreferenced unpinned frame is found.
+    /// Returns false if every frame is pinned.
+    fn evict_one(&mut self) -> bool {
+        let count = self.frames.len();
+        for _ in 0..2 * count {
+            let index = self.clock_hand;
+            self.clock_hand = (self.clock_hand + 1) % count.max(1);
+            let frame = &mut self.frames[index];
+            let Some(page) = frame.page else { continue };
+            if frame.pins > 0 {
+                continue;
+            }
+            if frame.referenced {
+                frame.referenced = false;
+                continue;
+            }
+            frame.page = None;
+            self.map.remove(&page);
+            self.unused.push(index as u32);
+            return true;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(byte: u8) -> Vec<u8> {
+        vec![byte; PAGE_BYTES]
+    }
+
+    #[test]
+    fn evicts_unreferenced_pages_first_and_counts_hits() {
+        let mut cache = PageCache::new(2);
+        cache.insert((0, 1), &page(1));
+        cache.insert((0, 2), &page(2));
+        assert_eq!(cache.lookup((0, 1)).unwrap()[0], 1);
+        cache.insert((0, 3), &page(3));
+        assert_eq!(cache.len_pages(), 2);
+        assert!(cache.lookup((0, 99)).is_none());
+        assert_eq!(cache.misses, 1);
+        assert!(cache.contains((0, 3)));
+    }
+
+    #[test]
+    fn pinned_pages_survive_and_the_pool_shrinks_back() {
+        let mut cache = PageCache::new(1);
+        cache.insert((1, 1), &page(1));
+        cache.pin((1, 1));
+        cache.insert((1, 2), &page(2));
+        assert!(cache.contains((1, 1)), "a pinned page was evicted");
+        assert_eq!(cache.len_pages(), 2);
+        cache.unpin((1, 1));
+        assert_eq!(cache.len_pages(), 1);
+    }
+
+    #[test]
+    fn replaces_the_image_of_a_cached_page() {
+        let mut cache = PageCache::new(4);
+        cache.insert((2, 5), &page(1));
+        cache.insert((2, 5), &page(7));
+        assert_eq!(cache.image((2, 5)).unwrap()[100], 7);
+        cache.image_mut((2, 5)).unwrap()[0] = 9;
+        assert_eq!(cache.image((2, 5)).unwrap()[0], 9);
+    }
+}

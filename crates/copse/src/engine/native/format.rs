@@ -1,0 +1,504 @@
+//! Slab file format: size classes, the header page, and item records. Spec: docs/format/slab.md.
+//!
+//! Invariants:
+//! - A slab file is an array of 4 KiB pages; page 0 is the header page, slots start at page 1.
+//! - A slot of an in-page class lies inside one page (`slots_per_page` slots, each `slot_bytes`);
+//!   a slot of a multi-page class is `pages_per_slot` whole pages.
+//! - A record starts at its slot's first byte with a 32-byte header. An all-zero header is an
+//!   empty slot (files grow zero-filled). Any other header must carry the record magic, a known
+//!   kind, lengths that fit the slot, and a crc32c over header, key, value and the record's own
+//!   location; otherwise the slot is corrupt and is never returned as data.
+//! - All integers are little-endian.
+
+use crate::limits::{KEY_BYTES_MAX, PAGE_BYTES, VALUE_BYTES_MAX};
+
+/// First 8 bytes of every slab file.
+pub const SLAB_MAGIC: [u8; 8] = *b"COPSLAB\x01";
+/// Version of the slab format (header page, record header, class table).
+pub const SLAB_FORMAT_VERSION: u32 = 1;
+/// Bytes 28..30 of every record header: tells a record from garbage before the crc is computed.
+pub const RECORD_MAGIC: u16 = 0xC05E;
+pub const RECORD_HEADER_BYTES: usize = 32;
+
+/// Largest record: header + largest key + largest value.
+pub const RECORD_BYTES_MAX: usize = RECORD_HEADER_BYTES + KEY_BYTES_MAX + VALUE_BYTES_MAX;
+
+/// What a slot holds. persisted: never renumber.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    /// A key and its value.
+    Put = 1,
+    /// A key that was deleted; kept only while older copies of the key may remain on disk.
+    Tombstone = 2,
+    /// A free slot, possibly chaining to the next free slot of its class (`aux` = slot + 1).
+    Free = 3,
+    /// A write batch, written whole before its members (see `engine/native/batch.rs`).
+    Batch = 4,
+}
+
+impl RecordKind {
+    fn from_u8(byte: u8) -> Option<RecordKind> {
+        match byte {
+            1 => Some(RecordKind::Put),
+            2 => Some(RecordKind::Tombstone),
+            3 => Some(RecordKind::Free),
+            4 => Some(RecordKind::Batch),
+            _ => None,
+        }
+    }
+}
+
+/// Slots per page of the in-page classes, largest count (smallest slot) first. Changing this
+/// table changes the format version.
+const IN_PAGE_SLOTS_PER_PAGE: [u32; 13] = [64, 48, 32, 24, 16, 12, 8, 6, 5, 4, 3, 2, 1];
+/// Pages per slot of the multi-page classes. The last class holds the largest record.
+const MULTI_PAGE_PAGES_PER_SLOT: [u32; 23] = [
+    2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+    3072, 4097,
+];
+pub const CLASS_COUNT: usize = IN_PAGE_SLOTS_PER_PAGE.len() + MULTI_PAGE_PAGES_PER_SLOT.len();
+
+const _: () = assert!(RECORD_BYTES_MAX <= 4097 * PAGE_BYTES);
+const _: () = assert!(CLASS_COUNT < 64);
+
+/// A size class: which slots its items occupy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SizeClass {
+    pub id: u8,
+    /// Bytes per slot; for a multi-page class, `pages_per_slot * PAGE_BYTES`.
+    pub slot_bytes: u32,
+    /// 1 for multi-page classes.
+    pub slots_per_page: u32,
+    /// 1 for in-page classes.
+    pub pages_per_slot: u32,
+}
+
+impl SizeClass {
+    pub fn get(id: u8) -> SizeClass {
+        let index = id as usize;
+        assert!(index < CLASS_COUNT, "size class {id} out of range");
+        if index < IN_PAGE_SLOTS_PER_PAGE.len() {
+            let slots_per_page = IN_PAGE_SLOTS_PER_PAGE[index];
+            // Slots are 8-byte aligned so headers are aligned.
+            let slot_bytes = (PAGE_BYTES as u32 / slots_per_page) & !7;
+            SizeClass { id, slot_bytes, slots_per_page, pages_per_slot: 1 }
+        } else {
+            let pages_per_slot = MULTI_PAGE_PAGES_PER_SLOT[index - IN_PAGE_SLOTS_PER_PAGE.len()];
+            SizeClass {
+                id,
+                slot_bytes: pages_per_slot * PAGE_BYTES as u32,
+                slots_per_page: 1,
+                pages_per_slot,
+            }
+        }
+    }
+
+    /// The smallest class whose slot holds `record_bytes`.
+    pub fn for_record(record_bytes: usize) -> SizeClass {
+        assert!(record_bytes <= RECORD_BYTES_MAX);
+        (0..CLASS_COUNT as u8)
+            .map(SizeClass::get)
+            .find(|class| class.slot_bytes as usize >= record_bytes)
+            .expect("the last class holds the largest record")
+    }
+
+    pub fn is_multi_page(&self) -> bool {
+        self.pages_per_slot > 1
+    }
+
+    /// The page holding the slot's first byte.
+    pub fn page_of_slot(&self, slot: u64) -> u64 {
+        if self.is_multi_page() {
+            1 + slot * self.pages_per_slot as u64
+        } else {
+            1 + slot / self.slots_per_page as u64
+        }
+    }
+
+    /// Byte offset of the slot inside its first page.
+    pub fn offset_in_page(&self, slot: u64) -> usize {
+        if self.is_multi_page() {
+            0
+        } else {
+            (slot % self.slots_per_page as u64) as usize * self.slot_bytes as usize
+        }
+    }
+
+    /// First slot of a page (in-page classes).
+    pub fn first_slot_of_page(&self, page: u64) -> u64 {
+        assert!(page >= 1 && !self.is_multi_page());
+        (page - 1) * self.slots_per_page as u64
+    }
+
+    /// Slots that fit in a file of `file_bytes`.
+    pub fn slots_in_file(&self, file_bytes: u64) -> u64 {
+        let pages = (file_bytes / PAGE_BYTES as u64).saturating_sub(1);
+        if self.is_multi_page() {
+            pages / self.pages_per_slot as u64
+        } else {
+            pages * self.slots_per_page as u64
+        }
+    }
+
+    /// File bytes needed to hold `slots` slots.
+    pub fn file_bytes_for_slots(&self, slots: u64) -> u64 {
+        let pages = if self.is_multi_page() {
+            slots * self.pages_per_slot as u64
+        } else {
+            slots.div_ceil(self.slots_per_page as u64)
+        };
+        (1 + pages) * PAGE_BYTES as u64
+    }
+
+    pub fn file_name(&self, shard_id: u32) -> String {
+        format!("{}/class-{:02}.slab", shard_dir(shard_id), self.id)
+    }
+}
+
+pub fn shard_dir(shard_id: u32) -> String {
+    format!("shard-{shard_id:03}")
+}
+
+/// An item's address: class and slot. Multi-page locations also carry the pages the record
+/// uses, so a read fetches exactly those pages in one I/O.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Loc(u64);
+
+const LOC_SLOT_BITS: u32 = 40;
+const LOC_PAGES_BITS: u32 = 16;
+
+impl Loc {
+    pub fn new(class: u8, slot: u64, pages_used: u32) -> Loc {
+        assert!(slot < 1 << LOC_SLOT_BITS, "slot {slot} beyond the location format");
+        assert!(pages_used < 1 << LOC_PAGES_BITS);
+        Loc(((class as u64) << (LOC_SLOT_BITS + LOC_PAGES_BITS))
+            | ((pages_used as u64) << LOC_SLOT_BITS)
+            | slot)
+    }
+    pub fn class(self) -> u8 {
+        (self.0 >> (LOC_SLOT_BITS + LOC_PAGES_BITS)) as u8
+    }
+    pub fn slot(self) -> u64 {
+        self.0 & ((1 << LOC_SLOT_BITS) - 1)
+    }
+    /// Pages the record spans (multi-page classes), 0 for in-page classes.
+    pub fn pages_used(self) -> u32 {
+        ((self.0 >> LOC_SLOT_BITS) & ((1 << LOC_PAGES_BITS) - 1)) as u32
+    }
+    /// The same slot, without the record length (free lists and page keys use this).
+    pub fn slot_only(self) -> Loc {
+        Loc::new(self.class(), self.slot(), 0)
+    }
+}
+
+impl std::fmt::Debug for Loc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "class {} slot {}", self.class(), self.slot())
+    }
+}
+
+/// A decoded record header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub kind: RecordKind,
+    pub key_bytes: u16,
+    pub value_bytes: u32,
+    pub seq: u64,
+    pub aux: u64,
+}
+
+impl RecordHeader {
+    pub fn record_bytes(&self) -> usize {
+        RECORD_HEADER_BYTES + self.key_bytes as usize + self.value_bytes as usize
+    }
+}
+
+pub fn record_bytes(key_bytes: usize, value_bytes: usize) -> usize {
+    RECORD_HEADER_BYTES + key_bytes + value_bytes
+}
+
+/// Pages a record of `record_bytes` spans (for multi-page locations).
+pub fn pages_for(record_bytes: usize) -> u32 {
+    record_bytes.div_ceil(PAGE_BYTES) as u32
+}
+
+fn checksum(shard_id: u32, loc: Loc, header: &[u8], body: &[u8]) -> u32 {
+    debug_assert_eq!(header.len(), RECORD_HEADER_BYTES);
+    let mut crc = crc32c::crc32c(&header[0..24]);
+    crc = crc32c::crc32c_append(crc, &header[28..32]);
+    crc = crc32c::crc32c_append(crc, body);
+    let mut place = [0u8; 13];
+    place[0..4].copy_from_slice(&shard_id.to_le_bytes());
+    place[4] = loc.class();
+    place[5..13].copy_from_slice(&loc.slot().to_le_bytes());
+    crc32c::crc32c_append(crc, &place)
+}
+
+/// Writes a record at the start of `out` (which must hold it). The body is `key` then `value`.
+pub fn encode_record(
+    out: &mut [u8],
+    shard_id: u32,
+    loc: Loc,
+    kind: RecordKind,
+    seq: u64,
+    aux: u64,
+    key: &[u8],
+    value: &[u8],
+) {
+    let total = record_bytes(key.len(), value.len());
+    assert!(out.len() >= total, "record of {total} bytes does not fit {} bytes", out.len());
+    assert!(key.len() <= u16::MAX as usize && value.len() <= u32::MAX as usize);
+    let (header, body) = out.split_at_mut(RECORD_HEADER_BYTES);
+    header[0] = kind as u8;
+    header[1] = 0;
+    header[2..4].copy_from_slice(&(key.len() as u16).to_le_bytes());
+    header[4..8].copy_from_slice(&(value.len() as u32).to_le_bytes());
+    header[8..16].copy_from_slice(&seq.to_le_bytes());
+    header[16..24].copy_from_slice(&aux.to_le_bytes());
+    header[24..28].fill(0);
+    header[28..30].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+    header[30..32].fill(0);
+    body[..key.len()].copy_from_slice(key);
+    body[key.len()..key.len() + value.len()].copy_from_slice(value);
+    let crc = checksum(shard_id, loc, header, &body[..key.len() + value.len()]);
+    header[24..28].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Why a slot could not be decoded. Reported with its location; never returned as data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotDefect {
+    BadMagic,
+    UnknownKind(u8),
+    LengthsExceedSlot { record_bytes: usize, slot_bytes: usize },
+    ChecksumMismatch { stored: u32, computed: u32 },
+    /// The slot was read only partly (a multi-page record longer than the bytes at hand).
+    Truncated,
+}
+
+impl std::fmt::Display for SlotDefect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlotDefect::BadMagic => write!(f, "bad record magic"),
+            SlotDefect::UnknownKind(kind) => write!(f, "unknown record kind {kind}"),
+            SlotDefect::LengthsExceedSlot { record_bytes, slot_bytes } => {
+                write!(f, "record of {record_bytes} bytes exceeds its {slot_bytes}-byte slot")
+            }
+            SlotDefect::ChecksumMismatch { stored, computed } => {
+                write!(f, "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")
+            }
+            SlotDefect::Truncated => write!(f, "record extends past the bytes read"),
+        }
+    }
+}
+
+/// A decoded slot.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Slot<'a> {
+    Empty,
+    Record { header: RecordHeader, key: &'a [u8], value: &'a [u8] },
+}
+
+/// Reads only the header of a slot (no checksum): for sizing a multi-page read.
+pub fn peek_header(bytes: &[u8]) -> Option<RecordHeader> {
+    if bytes.len() < RECORD_HEADER_BYTES {
+        return None;
+    }
+    let header = &bytes[..RECORD_HEADER_BYTES];
+    if u16::from_le_bytes([header[28], header[29]]) != RECORD_MAGIC {
+        return None;
+    }
+    Some(RecordHeader {
+        kind: RecordKind::from_u8(header[0])?,
+        key_bytes: u16::from_le_bytes([header[2], header[3]]),
+        value_bytes: u32::from_le_bytes(header[4..8].try_into().unwrap()),
+        seq: u64::from_le_bytes(header[8..16].try_into().unwrap()),
+        aux: u64::from_le_bytes(header[16..24].try_into().unwrap()),
+    })
+}
+
+/// Decodes and verifies the slot that starts at `bytes[0]`. `bytes` holds the slot (it may be
+/// shorter than a multi-page slot if it holds the whole record).
+pub fn decode_slot<'a>(
+    bytes: &'a [u8],
+    shard_id: u32,
+    loc: Loc,
+    slot_bytes: usize,
+) -> Result<Slot<'a>, SlotDefect> {
+    let header = &bytes[..RECORD_HEADER_BYTES];
+    if header.iter().all(|&b| b == 0) {
+        return Ok(Slot::Empty);
+    }
+    if u16::from_le_bytes([header[28], header[29]]) != RECORD_MAGIC {
+        return Err(SlotDefect::BadMagic);
+    }
+    let parsed = peek_header(bytes).ok_or(SlotDefect::UnknownKind(header[0]))?;
+    let total = parsed.record_bytes();
+    if total > slot_bytes {
+        return Err(SlotDefect::LengthsExceedSlot { record_bytes: total, slot_bytes });
+    }
+    if total > bytes.len() {
+        return Err(SlotDefect::Truncated);
+    }
+    let body = &bytes[RECORD_HEADER_BYTES..total];
+    let stored = u32::from_le_bytes(header[24..28].try_into().unwrap());
+    let computed = checksum(shard_id, loc, header, body);
+    if stored != computed {
+        return Err(SlotDefect::ChecksumMismatch { stored, computed });
+    }
+    let (key, value) = body.split_at(parsed.key_bytes as usize);
+    Ok(Slot::Record { header: parsed, key, value })
+}
+
+/// The header page of a slab file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlabHeader {
+    pub format_version: u32,
+    pub class_id: u8,
+    pub slot_bytes: u32,
+    pub slots_per_page: u32,
+    pub pages_per_slot: u32,
+    pub shard_id: u32,
+}
+
+const SLAB_HEADER_BYTES: usize = 36;
+
+pub fn encode_slab_header(page: &mut [u8], header: &SlabHeader) {
+    assert_eq!(page.len(), PAGE_BYTES);
+    page.fill(0);
+    page[0..8].copy_from_slice(&SLAB_MAGIC);
+    page[8..12].copy_from_slice(&header.format_version.to_le_bytes());
+    page[12..16].copy_from_slice(&(header.class_id as u32).to_le_bytes());
+    page[16..20].copy_from_slice(&header.slot_bytes.to_le_bytes());
+    page[20..24].copy_from_slice(&header.slots_per_page.to_le_bytes());
+    page[24..28].copy_from_slice(&header.pages_per_slot.to_le_bytes());
+    page[28..32].copy_from_slice(&header.shard_id.to_le_bytes());
+    let crc = crc32c::crc32c(&page[0..32]);
+    page[32..SLAB_HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Decodes and validates a slab header page; the error says what is wrong.
+pub fn decode_slab_header(page: &[u8]) -> Result<SlabHeader, String> {
+    if page.len() < SLAB_HEADER_BYTES {
+        return Err("header page is short".into());
+    }
+    if page[0..8] != SLAB_MAGIC {
+        return Err("not a copse slab file (bad magic)".into());
+    }
+    let stored = u32::from_le_bytes(page[32..36].try_into().unwrap());
+    let computed = crc32c::crc32c(&page[0..32]);
+    if stored != computed {
+        return Err(format!(
+            "header checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+        ));
+    }
+    let word = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().unwrap());
+    let format_version = word(8);
+    if format_version != SLAB_FORMAT_VERSION {
+        return Err(format!(
+            "unsupported slab format version {format_version} (this build reads version {SLAB_FORMAT_VERSION})"
+        ));
+    }
+    let class_id = word(12);
+    if class_id as usize >= CLASS_COUNT {
+        return Err(format!("unknown size class {class_id}"));
+    }
+    Ok(SlabHeader {
+        format_version,
+        class_id: class_id as u8,
+        slot_bytes: word(16),
+        slots_per_page: word(20),
+        pages_per_slot: word(24),
+        shard_id: word(28),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_grow_and_cover_every_record_size() {
+        let mut previous = 0;
+        for id in 0..CLASS_COUNT as u8 {
+            let class = SizeClass::get(id);
+            assert!(class.slot_bytes > previous, "class {id} is not larger than the one before");
+            assert_eq!(class.slot_bytes % 8, 0);
+            previous = class.slot_bytes;
+        }
+        assert_eq!(SizeClass::for_record(33).slot_bytes, 64);
+        assert_eq!(SizeClass::for_record(1080).slot_bytes, 1360);
+        assert_eq!(SizeClass::for_record(4096).slot_bytes, 4096);
+        assert_eq!(SizeClass::for_record(4097).pages_per_slot, 2);
+        assert_eq!(SizeClass::for_record(RECORD_BYTES_MAX).pages_per_slot, 4097);
+    }
+
+    #[test]
+    fn slot_geometry_matches_file_size() {
+        let class = SizeClass::get(10); // 3 slots per page
+        assert_eq!(class.slots_per_page, 3);
+        assert_eq!(class.page_of_slot(0), 1);
+        assert_eq!(class.page_of_slot(5), 2);
+        assert_eq!(class.offset_in_page(5), 2 * 1360);
+        assert_eq!(class.slots_in_file(class.file_bytes_for_slots(7)), 9);
+        let big = SizeClass::get(13);
+        assert_eq!(big.page_of_slot(3), 1 + 3 * 2);
+        assert_eq!(big.slots_in_file(big.file_bytes_for_slots(5)), 5);
+    }
+
+    #[test]
+    fn record_round_trips_and_detects_every_flipped_bit() {
+        let loc = Loc::new(3, 77, 0);
+        let mut slot = vec![0u8; 168];
+        encode_record(&mut slot, 2, loc, RecordKind::Put, 9, 0, b"key", b"value");
+        match decode_slot(&slot, 2, loc, 168).unwrap() {
+            Slot::Record { header, key, value } => {
+                assert_eq!((header.kind, header.seq, key, value), (RecordKind::Put, 9, &b"key"[..], &b"value"[..]));
+            }
+            Slot::Empty => panic!("decoded an empty slot"),
+        }
+        let used = record_bytes(3, 5);
+        for bit in 0..used * 8 {
+            let mut flipped = slot.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_slot(&flipped, 2, loc, 168).is_err(), "flip of bit {bit} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn checksum_covers_the_location() {
+        let loc = Loc::new(3, 77, 0);
+        let mut slot = vec![0u8; 168];
+        encode_record(&mut slot, 2, loc, RecordKind::Put, 9, 0, b"key", b"value");
+        assert!(decode_slot(&slot, 2, Loc::new(3, 78, 0), 168).is_err());
+        assert!(decode_slot(&slot, 1, loc, 168).is_err());
+    }
+
+    #[test]
+    fn slab_header_round_trips_and_refuses_other_versions() {
+        let header = SlabHeader {
+            format_version: SLAB_FORMAT_VERSION,
+            class_id: 4,
+            slot_bytes: 256,
+            slots_per_page: 16,
+            pages_per_slot: 1,
+            shard_id: 1,
+        };
+        let mut page = vec![0u8; PAGE_BYTES];
+        encode_slab_header(&mut page, &header);
+        assert_eq!(decode_slab_header(&page).unwrap(), header);
+        let mut newer = header;
+        newer.format_version = 2;
+        encode_slab_header(&mut page, &newer);
+        assert!(decode_slab_header(&page).unwrap_err().contains("unsupported slab format version 2"));
+        page[0] = b'X';
+        assert!(decode_slab_header(&page).is_err());
+    }
+
+    #[test]
+    fn loc_packs_its_fields() {
+        let loc = Loc::new(35, (1 << 40) - 1, 4097);
+        assert_eq!((loc.class(), loc.slot(), loc.pages_used()), (35, (1 << 40) - 1, 4097));
+        assert_eq!(loc.slot_only(), Loc::new(35, (1 << 40) - 1, 0));
+    }
+}

@@ -1,0 +1,596 @@
+//! The native engine (KVell): one shard's unsorted size-class slabs, its index, page cache and
+//! free lists, driven by the shard thread as a state machine over batched asynchronous I/O.
+//!
+//! Reading order: `format.rs` (what is on disk), this file (state and the I/O plumbing),
+//! `write.rs` (puts, deletes, freeing slots), `batch.rs`, `read.rs` (gets, scans),
+//! `recovery.rs` (rebuilding state from the slabs).
+//!
+//! Invariants (the reasons are in docs/durability.md):
+//! 1. The bytes of a live record (the one the index points to) are never overwritten. A new
+//!    version goes to a free slot; the old slot is freed only after the new one is durable, and
+//!    the index is updated at that moment, so a torn write can only damage a slot nobody needs.
+//! 2. A write is answered only when durable (`WriteDurability`).
+//! 3. A page has at most one write in flight; modifications made meanwhile ride the next write.
+//! 4. For every key, the disk holds at most: its newest record (live item or tombstone) and
+//!    older copies that are stale. Every stale copy is counted in `stale_counts` under the key's
+//!    hash until it is overwritten or erased; a tombstone is kept while its key's count is
+//!    non-zero, so no stale copy can come back at recovery.
+//! 5. Writes of one key may be in flight together; each carries a sequence number and only the
+//!    highest one that completed is applied (`Flight`), so completion order does not matter.
+
+pub mod batch;
+pub mod cache;
+pub mod format;
+pub mod free_list;
+pub mod index;
+mod read;
+pub mod recovery;
+mod write;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::device::{AlignedBuf, BlockDevice, FileId, IoCompletion, IoKind, IoRequest, WriteDurability};
+use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardStats};
+use crate::error::{OpenError, ReadError, WriteError};
+use crate::limits::PAGE_BYTES;
+
+use cache::{PageCache, PageKey};
+use format::{Loc, SizeClass, CLASS_COUNT};
+use free_list::FreeList;
+use index::Index;
+
+type WriteId = u64;
+type Key = Box<[u8]>;
+
+/// Settings of one shard's engine.
+pub struct EngineConfig {
+    pub shard_id: u32,
+    pub cache_pages: usize,
+    pub io_depth_max: usize,
+    /// Shared by all shards: once any write or flush fails, every shard refuses writes.
+    pub poisoned: Arc<AtomicBool>,
+}
+
+/// A slab file of one class.
+struct ClassFile {
+    file: FileId,
+    capacity_slots: u64,
+    /// Slots at and past this index have never been handed out since the file was scanned.
+    next_append_slot: u64,
+    /// Pages at and past this one were never written (zero-filled): no read needed to fill them.
+    frontier_page: u64,
+    file_bytes: u64,
+}
+
+/// Who is waiting for a write, and what it does once durable.
+enum Origin {
+    Put(Reply<(), WriteError>),
+    Delete(Reply<bool, WriteError>),
+    /// A member of a write batch (applied with the whole batch).
+    Batch(u64),
+}
+
+enum Effect {
+    Put { key: Key, seq: u64, origin: Origin },
+    Tombstone { key: Key, seq: u64, origin: Origin },
+    BatchRecord { batch: u64 },
+    /// A free record: the slot joins the in-memory free set, or chain `chain` once durable.
+    Erase { chain: Option<usize> },
+    /// The free record over a finished batch record: releases the batch's keys.
+    BatchErased { batch: u64, chain: Option<usize> },
+}
+
+struct PendingWrite {
+    loc: Loc,
+    /// Stale key hash of what the slot held before; released once this write is durable.
+    overwritten: Option<u64>,
+    effect: Effect,
+}
+
+/// Writes of one key that are in flight (invariant 5).
+#[derive(Default)]
+struct Flight {
+    in_flight: u32,
+    applied_seq: u64,
+}
+
+enum PageWaiter {
+    Place { write: WriteId, offset: usize, record: Vec<u8> },
+    Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError> },
+    ScanItem { scan: u64, item: usize },
+    ChainPop { class: u8, chain: usize, slot: u64 },
+}
+
+enum DirectRead {
+    Get { key: Vec<u8>, loc: Loc, reply: Reply<Option<Vec<u8>>, ReadError> },
+    ScanItem { scan: u64, item: usize, loc: Loc },
+    ChainPop { class: u8, chain: usize, slot: u64 },
+}
+
+enum IoPurpose {
+    PageLoad(PageKey),
+    PageWrite { page: PageKey, writes: Vec<WriteId> },
+    DirectWrite(WriteId),
+    DirectRead(DirectRead),
+    /// A synchronous request issued by `sync_io`.
+    Sync,
+}
+
+pub struct NativeEngine {
+    shard_id: u32,
+    device: Box<dyn BlockDevice>,
+    durability: WriteDurability,
+    io_depth_max: usize,
+    poisoned: Arc<AtomicBool>,
+
+    classes: Vec<Option<ClassFile>>,
+    free: Vec<FreeList>,
+    index: Index,
+    cache: PageCache,
+    next_seq: u64,
+
+    io_ready: VecDeque<IoRequest>,
+    io_purpose: HashMap<u64, IoPurpose>,
+    next_token: u64,
+    /// Completions reaped by `sync_io` that belong to the asynchronous machinery.
+    stashed: Vec<IoCompletion>,
+
+    loading: HashMap<PageKey, Vec<PageWaiter>>,
+    /// Pages with modifications not yet submitted, and the writes those modifications carry.
+    dirty: HashMap<PageKey, Vec<WriteId>>,
+    pages_in_flight: HashSet<PageKey>,
+    writes: BTreeMap<WriteId, PendingWrite>,
+    next_write_id: WriteId,
+    awaiting_flush: Vec<WriteId>,
+    flush_waiters: Vec<(WriteId, Reply<(), WriteError>)>,
+
+    flights: HashMap<Key, Flight>,
+    stale_counts: HashMap<u64, u32>,
+    tombstone_guards: HashMap<u64, Vec<Loc>>,
+    /// Frees that found every chain of their class busy; retried each round (already counted).
+    deferred_frees: VecDeque<(Loc, Option<u64>, bool)>,
+    batches: HashMap<u64, batch::BatchState>,
+    next_batch_id: u64,
+    scans: HashMap<u64, read::ScanState>,
+    next_scan_id: u64,
+
+    recovery: RecoveryStats,
+}
+
+impl NativeEngine {
+    /// Opens the shard: scans its slabs (recovery), then replays any batch whose record is
+    /// durable but whose members are not all applied.
+    pub fn open(
+        device: Box<dyn BlockDevice>,
+        config: EngineConfig,
+        progress: Option<&indicatif::ProgressBar>,
+    ) -> Result<NativeEngine, OpenError> {
+        let durability = device.durability();
+        let mut engine = NativeEngine {
+            shard_id: config.shard_id,
+            device,
+            durability,
+            io_depth_max: config.io_depth_max.max(1),
+            poisoned: config.poisoned,
+            classes: (0..CLASS_COUNT).map(|_| None).collect(),
+            free: (0..CLASS_COUNT).map(|_| FreeList::default()).collect(),
+            index: Index::default(),
+            cache: PageCache::new(config.cache_pages),
+            next_seq: 1,
+            io_ready: VecDeque::new(),
+            io_purpose: HashMap::new(),
+            next_token: 1,
+            stashed: Vec::new(),
+            loading: HashMap::new(),
+            dirty: HashMap::new(),
+            pages_in_flight: HashSet::new(),
+            writes: BTreeMap::new(),
+            next_write_id: 1,
+            awaiting_flush: Vec::new(),
+            flush_waiters: Vec::new(),
+            flights: HashMap::new(),
+            stale_counts: HashMap::new(),
+            tombstone_guards: HashMap::new(),
+            deferred_frees: VecDeque::new(),
+            batches: HashMap::new(),
+            next_batch_id: 1,
+            scans: HashMap::new(),
+            next_scan_id: 1,
+            recovery: RecoveryStats::default(),
+        };
+        engine.recover(progress)?;
+        // Replayed batches must be applied before the shard answers anyone.
+        while !engine.batches.is_empty() {
+            if engine.is_poisoned() {
+                return Err(OpenError::Device(crate::device::DeviceError::Io {
+                    what: "replaying write batches during recovery".into(),
+                }));
+            }
+            engine.end_round();
+            engine.reap(true);
+        }
+        Ok(engine)
+    }
+
+    pub fn shard_id(&self) -> u32 {
+        self.shard_id
+    }
+
+    /// Handles one request: answers it now (cache hits, misses of the index, bad state) or
+    /// queues the I/O it needs.
+    pub fn handle(&mut self, request: Request) {
+        match request {
+            Request::Get { key, reply } => self.get(key, reply),
+            Request::Put { key, value, reply } => self.put(key, value, Origin::Put(reply), None),
+            Request::Delete { key, reply } => self.delete(key, reply),
+            Request::Batch { ops, reply } => self.batch(ops, reply),
+            Request::Scan { start, end, limit, reply } => self.scan(start, end, limit, reply),
+            Request::Flush { reply } => {
+                if self.is_poisoned() {
+                    let _ = reply.send(Err(WriteError::Poisoned));
+                } else {
+                    self.flush_waiters.push((self.next_write_id, reply));
+                }
+            }
+            Request::Stats { reply } => {
+                let _ = reply.send(Ok(self.stats()));
+            }
+        }
+    }
+
+    /// Ends a round: hands dirty pages to the device and submits the round's I/O with one call.
+    pub fn end_round(&mut self) {
+        self.retry_deferred_frees();
+        self.refill_free_lists();
+        self.schedule_page_writes();
+        self.submit_ready();
+        self.answer_flush_waiters();
+    }
+
+    /// Reaps completions (waiting for at least one if `wait` and I/O is in flight) and
+    /// completes the requests they finish.
+    pub fn reap(&mut self, wait: bool) {
+        let mut completions = std::mem::take(&mut self.stashed);
+        let min = usize::from(wait && completions.is_empty() && self.device.in_flight() > 0);
+        if let Err(err) = self.device.reap(min, &mut completions) {
+            tracing::error!(shard = self.shard_id, %err, "reaping I/O failed");
+            self.poison();
+        }
+        for completion in completions {
+            self.complete(completion);
+        }
+        self.flush_round();
+        self.answer_flush_waiters();
+    }
+
+    /// True when nothing is queued, in flight, or waiting for a later round.
+    pub fn is_idle(&self) -> bool {
+        self.io_ready.is_empty()
+            && self.device.in_flight() == 0
+            && self.dirty.is_empty()
+            && self.awaiting_flush.is_empty()
+            && self.stashed.is_empty()
+            && self.flush_waiters.is_empty()
+            && self.deferred_frees.is_empty()
+    }
+
+    pub fn has_io_in_flight(&self) -> bool {
+        self.device.in_flight() > 0
+    }
+
+    /// Finishes all outstanding work and makes it durable.
+    pub fn close(&mut self) -> Result<(), WriteError> {
+        while !self.is_idle() {
+            self.end_round();
+            self.reap(true);
+            if self.is_poisoned() && self.device.in_flight() == 0 {
+                break;
+            }
+        }
+        if self.is_poisoned() {
+            return Err(WriteError::Poisoned);
+        }
+        self.device.flush().map_err(WriteError::from_device)
+    }
+
+    fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    fn poison(&mut self) {
+        if !self.poisoned.swap(true, Ordering::AcqRel) {
+            tracing::error!(shard = self.shard_id, "a write or flush failed: the store now refuses writes");
+        }
+    }
+
+    fn take_token(&mut self) -> u64 {
+        let token = self.next_token;
+        self.next_token += 1;
+        token
+    }
+
+    fn queue_io(&mut self, kind: IoKind, file: FileId, offset: u64, buf: AlignedBuf, purpose: IoPurpose) {
+        let token = self.take_token();
+        self.io_purpose.insert(token, purpose);
+        self.io_ready.push_back(IoRequest { token, file, offset, kind, buf });
+    }
+
+    /// Submits queued I/O up to the queue-depth bound, with one system call.
+    fn submit_ready(&mut self) {
+        let room = self.io_depth_max.saturating_sub(self.device.in_flight());
+        let count = room.min(self.io_ready.len());
+        if count == 0 {
+            return;
+        }
+        let requests: Vec<IoRequest> = self.io_ready.drain(..count).collect();
+        let tokens: Vec<(u64, FileId, u64, IoKind)> =
+            requests.iter().map(|r| (r.token, r.file, r.offset, r.kind)).collect();
+        if let Err(err) = self.device.submit(requests) {
+            // The device took none of them: complete each with the error.
+            tracing::error!(shard = self.shard_id, %err, "submitting I/O failed");
+            for (token, file, offset, kind) in tokens {
+                self.stashed.push(IoCompletion {
+                    token,
+                    file,
+                    offset,
+                    kind,
+                    buf: AlignedBuf::zeroed(PAGE_BYTES),
+                    result: Err(err.clone()),
+                });
+            }
+        }
+    }
+
+    /// Performs one request synchronously (slab creation), stashing unrelated completions.
+    fn sync_io(&mut self, request: IoRequest) -> Result<AlignedBuf, crate::device::DeviceError> {
+        let token = request.token;
+        self.io_purpose.insert(token, IoPurpose::Sync);
+        self.device.submit(vec![request]).inspect_err(|_| {
+            self.io_purpose.remove(&token);
+        })?;
+        loop {
+            let mut completions = Vec::new();
+            self.device.reap(1, &mut completions)?;
+            for completion in completions {
+                if completion.token == token {
+                    self.io_purpose.remove(&token);
+                    completion.result?;
+                    return Ok(completion.buf);
+                }
+                self.stashed.push(completion);
+            }
+        }
+    }
+
+    fn complete(&mut self, completion: IoCompletion) {
+        let Some(purpose) = self.io_purpose.remove(&completion.token) else {
+            tracing::error!(shard = self.shard_id, token = completion.token, "completion for unknown I/O");
+            return;
+        };
+        match purpose {
+            IoPurpose::PageLoad(page) => self.page_loaded(page, completion),
+            IoPurpose::PageWrite { page, writes } => {
+                self.pages_in_flight.remove(&page);
+                self.cache.unpin(page);
+                self.writes_completed(writes, completion.result);
+            }
+            IoPurpose::DirectWrite(write) => self.writes_completed(vec![write], completion.result),
+            IoPurpose::DirectRead(read) => self.direct_read_done(read, completion),
+            IoPurpose::Sync => unreachable!("sync completions are consumed by sync_io"),
+        }
+    }
+
+    fn writes_completed(&mut self, writes: Vec<WriteId>, result: Result<(), crate::device::DeviceError>) {
+        match result {
+            Ok(()) => match self.durability {
+                WriteDurability::Dsync => {
+                    for write in writes {
+                        self.write_durable(write);
+                    }
+                }
+                WriteDurability::FlushPerRound => self.awaiting_flush.extend(writes),
+            },
+            Err(err) => {
+                tracing::error!(shard = self.shard_id, %err, "write failed");
+                self.poison();
+                for write in writes {
+                    self.write_failed(write, WriteError::from_device(err.clone()));
+                }
+            }
+        }
+    }
+
+    /// FlushPerRound: one flush makes every write that completed this round durable.
+    fn flush_round(&mut self) {
+        if self.awaiting_flush.is_empty() {
+            return;
+        }
+        let writes = std::mem::take(&mut self.awaiting_flush);
+        match self.device.flush() {
+            Ok(()) => {
+                for write in writes {
+                    self.write_durable(write);
+                }
+            }
+            Err(err) => {
+                tracing::error!(shard = self.shard_id, %err, "flush failed");
+                self.poison();
+                for write in writes {
+                    self.write_failed(write, WriteError::from_device(err.clone()));
+                }
+            }
+        }
+    }
+
+    fn answer_flush_waiters(&mut self) {
+        if self.flush_waiters.is_empty() {
+            return;
+        }
+        let oldest = self.writes.keys().next().copied().unwrap_or(WriteId::MAX);
+        let ready: Vec<_> = {
+            let (ready, waiting) = std::mem::take(&mut self.flush_waiters)
+                .into_iter()
+                .partition(|(watermark, _)| oldest >= *watermark);
+            self.flush_waiters = waiting;
+            ready
+        };
+        if ready.is_empty() {
+            return;
+        }
+        let result = if self.is_poisoned() {
+            Err(WriteError::Poisoned)
+        } else {
+            self.device.flush().map_err(|err| {
+                self.poison();
+                WriteError::from_device(err)
+            })
+        };
+        for (_, reply) in ready {
+            let _ = reply.send(result.clone());
+        }
+    }
+
+    /// Where a slot starts: (file, byte offset of its first page).
+    fn slot_position(&self, loc: Loc) -> (FileId, u64) {
+        let class = SizeClass::get(loc.class());
+        let file = self.classes[loc.class() as usize].as_ref().expect("class file is open");
+        (file.file, class.page_of_slot(loc.slot()) * PAGE_BYTES as u64)
+    }
+
+    fn page_of(loc: Loc) -> PageKey {
+        let class = SizeClass::get(loc.class());
+        (loc.class(), class.page_of_slot(loc.slot()))
+    }
+
+    /// Registers a waiter for a page image, reading the page if no read is under way.
+    fn wait_page(&mut self, page: PageKey, waiter: PageWaiter) {
+        let first = !self.loading.contains_key(&page);
+        self.loading.entry(page).or_default().push(waiter);
+        if first {
+            let file = self.classes[page.0 as usize].as_ref().expect("class file is open").file;
+            self.queue_io(
+                IoKind::Read,
+                file,
+                page.1 * PAGE_BYTES as u64,
+                AlignedBuf::zeroed(PAGE_BYTES),
+                IoPurpose::PageLoad(page),
+            );
+        }
+    }
+
+    fn page_loaded(&mut self, page: PageKey, completion: IoCompletion) {
+        let waiters = self.loading.remove(&page).unwrap_or_default();
+        if let Err(err) = completion.result {
+            tracing::error!(shard = self.shard_id, ?page, %err, "page read failed");
+            for waiter in waiters {
+                self.page_waiter_failed(waiter, &err);
+            }
+            return;
+        }
+        assert!(!self.cache.contains(page), "a page was read while a newer image was cached");
+        self.cache.insert(page, &completion.buf[..PAGE_BYTES]);
+        // Pin while the waiters run so that a waiter's own page reads cannot evict it.
+        self.cache.pin(page);
+        for waiter in waiters {
+            self.run_page_waiter(waiter);
+        }
+        self.cache.unpin(page);
+    }
+
+    fn run_page_waiter(&mut self, waiter: PageWaiter) {
+        match waiter {
+            PageWaiter::Place { write, offset, record } => {
+                let loc = self.writes[&write].loc;
+                self.place_in_page(Self::page_of(loc), offset, record, write);
+            }
+            PageWaiter::Get { key, reply } => self.get(key, reply),
+            PageWaiter::ScanItem { scan, item } => self.scan_item(scan, item),
+            PageWaiter::ChainPop { class, chain, slot } => {
+                let class_info = SizeClass::get(class);
+                let page = (class, class_info.page_of_slot(slot));
+                let offset = class_info.offset_in_page(slot);
+                let image = self.cache.image(page).expect("page was just loaded");
+                let bytes = image[offset..offset + class_info.slot_bytes as usize].to_vec();
+                self.chain_head_read(class, chain, slot, &bytes);
+            }
+        }
+    }
+
+    fn page_waiter_failed(&mut self, waiter: PageWaiter, err: &crate::device::DeviceError) {
+        match waiter {
+            PageWaiter::Place { write, .. } => {
+                self.write_failed(write, WriteError::from_device(err.clone()))
+            }
+            PageWaiter::Get { reply, .. } => {
+                let _ = reply.send(Err(ReadError::Device(err.clone())));
+            }
+            PageWaiter::ScanItem { scan, item } => {
+                self.scan_item_failed(scan, item, ReadError::Device(err.clone()))
+            }
+            PageWaiter::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
+        }
+    }
+
+    fn direct_read_done(&mut self, read: DirectRead, completion: IoCompletion) {
+        if let Err(err) = completion.result {
+            match read {
+                DirectRead::Get { reply, .. } => {
+                    let _ = reply.send(Err(ReadError::Device(err)));
+                }
+                DirectRead::ScanItem { scan, item, .. } => {
+                    self.scan_item_failed(scan, item, ReadError::Device(err))
+                }
+                DirectRead::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
+            }
+            return;
+        }
+        match read {
+            DirectRead::Get { key, loc, reply } => self.direct_get_done(key, loc, reply, &completion.buf),
+            DirectRead::ScanItem { scan, item, loc } => {
+                self.direct_scan_item_done(scan, item, loc, &completion.buf)
+            }
+            DirectRead::ChainPop { class, chain, slot } => {
+                self.chain_head_read(class, chain, slot, &completion.buf)
+            }
+        }
+    }
+
+    pub fn stats(&self) -> ShardStats {
+        let mut classes = Vec::new();
+        let mut file_bytes = 0;
+        for (id, file) in self.classes.iter().enumerate() {
+            let Some(file) = file else { continue };
+            let class = SizeClass::get(id as u8);
+            file_bytes += file.file_bytes;
+            classes.push(ClassStats {
+                class: id as u8,
+                slot_bytes: class.slot_bytes,
+                file_bytes: file.file_bytes,
+                slots_used: file.next_append_slot,
+                free_in_memory: self.free[id].in_memory() as u64,
+                free_on_disk: self.free[id].on_disk(),
+            });
+        }
+        ShardStats {
+            shard: self.shard_id,
+            items: self.index.len() as u64,
+            file_bytes,
+            index_bytes: self.index.memory_bytes(),
+            cache_pages: self.cache.len_pages() as u64,
+            cache_capacity_pages: self.cache.capacity_frames() as u64,
+            cache_hits: self.cache.hits,
+            cache_misses: self.cache.misses,
+            device: self.device.stats(),
+            recovery: self.recovery.clone(),
+            classes,
+            tombstones_held: self.tombstone_guards.values().map(|locs| locs.len() as u64).sum(),
+        }
+    }
+}
+
+/// The hash under which stale copies of a key are counted (invariant 4).
+fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, 0x5741_4c45)
+}

@@ -1,0 +1,214 @@
+//! Reads: gets and scans. A read looks the key up in the index, then takes the record from the
+//! page cache or reads it (one page for in-page classes, exactly the record's pages for
+//! multi-page classes). Every record is verified (checksum, kind, key) before its value is
+//! returned; a record that does not verify is reported as corrupt, never returned.
+//!
+//! Between the lookup and the read's completion the key may be rewritten; the completion looks
+//! the key up again and starts over if its location moved, so a read returns the value that was
+//! live at some moment between its start and its answer.
+
+use std::ops::Bound;
+
+use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot};
+use super::{DirectRead, IoPurpose, NativeEngine, PageWaiter};
+use crate::device::{AlignedBuf, IoKind};
+use crate::engine::{KeyValue, Reply};
+use crate::error::ReadError;
+use crate::limits::PAGE_BYTES;
+
+pub(super) struct ScanState {
+    items: Vec<(Box<[u8]>, Option<Vec<u8>>)>,
+    waiting: usize,
+    error: Option<ReadError>,
+    reply: Option<Reply<Vec<KeyValue>, ReadError>>,
+}
+
+/// Where a key's value is.
+enum Resolved {
+    Missing,
+    Value(Vec<u8>),
+    Failed(ReadError),
+    NeedPage((u8, u64)),
+    NeedRead(Loc),
+}
+
+impl NativeEngine {
+    fn resolve(&mut self, key: &[u8]) -> Resolved {
+        let Some(loc) = self.index.get(key) else { return Resolved::Missing };
+        let class = SizeClass::get(loc.class());
+        if class.is_multi_page() {
+            return Resolved::NeedRead(loc);
+        }
+        let page = Self::page_of(loc);
+        let shard_id = self.shard_id;
+        let Some(image) = self.cache.lookup(page) else { return Resolved::NeedPage(page) };
+        let offset = class.offset_in_page(loc.slot());
+        let bytes = &image[offset..offset + class.slot_bytes as usize];
+        match verify_value(bytes, shard_id, loc, class.slot_bytes as usize, key) {
+            Ok(value) => Resolved::Value(value),
+            Err(err) => Resolved::Failed(err),
+        }
+    }
+
+    pub(super) fn get(&mut self, key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError>) {
+        match self.resolve(&key) {
+            Resolved::Missing => {
+                let _ = reply.send(Ok(None));
+            }
+            Resolved::Value(value) => {
+                let _ = reply.send(Ok(Some(value)));
+            }
+            Resolved::Failed(err) => {
+                let _ = reply.send(Err(err));
+            }
+            Resolved::NeedPage(page) => self.wait_page(page, PageWaiter::Get { key, reply }),
+            Resolved::NeedRead(loc) => self.read_record(loc, DirectRead::Get { key, loc, reply }),
+        }
+    }
+
+    /// Reads a multi-page record: exactly the pages it uses, in one I/O.
+    fn read_record(&mut self, loc: Loc, read: DirectRead) {
+        let (file, offset) = self.slot_position(loc);
+        let pages = loc.pages_used().max(1) as usize;
+        self.queue_io(
+            IoKind::Read,
+            file,
+            offset,
+            AlignedBuf::zeroed(pages * PAGE_BYTES),
+            IoPurpose::DirectRead(read),
+        );
+    }
+
+    pub(super) fn direct_get_done(
+        &mut self,
+        key: Vec<u8>,
+        loc: Loc,
+        reply: Reply<Option<Vec<u8>>, ReadError>,
+        bytes: &[u8],
+    ) {
+        if self.index.get(&key) != Some(loc) {
+            // Rewritten or deleted while the read was in flight: start over.
+            return self.get(key, reply);
+        }
+        let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
+        let _ = reply.send(verify_value(bytes, self.shard_id, loc, slot_bytes, &key).map(Some));
+    }
+
+    pub(super) fn scan(
+        &mut self,
+        start: Bound<Vec<u8>>,
+        end: Bound<Vec<u8>>,
+        limit: usize,
+        reply: Reply<Vec<KeyValue>, ReadError>,
+    ) {
+        let keys = self.index.range(
+            start.as_ref().map(|key| &key[..]),
+            end.as_ref().map(|key| &key[..]),
+            limit,
+        );
+        let id = self.next_scan_id;
+        self.next_scan_id += 1;
+        let count = keys.len();
+        self.scans.insert(id, ScanState {
+            items: keys.into_iter().map(|(key, _)| (key, None)).collect(),
+            waiting: count,
+            error: None,
+            reply: Some(reply),
+        });
+        if count == 0 {
+            self.scan_finished(id);
+            return;
+        }
+        for item in 0..count {
+            self.scan_item(id, item);
+        }
+    }
+
+    pub(super) fn scan_item(&mut self, scan: u64, item: usize) {
+        let key = self.scans[&scan].items[item].0.clone();
+        match self.resolve(&key) {
+            Resolved::Missing => self.scan_item_done(scan, item, None),
+            Resolved::Value(value) => self.scan_item_done(scan, item, Some(value)),
+            Resolved::Failed(err) => self.scan_item_failed(scan, item, err),
+            Resolved::NeedPage(page) => self.wait_page(page, PageWaiter::ScanItem { scan, item }),
+            Resolved::NeedRead(loc) => self.read_record(loc, DirectRead::ScanItem { scan, item, loc }),
+        }
+    }
+
+    pub(super) fn direct_scan_item_done(&mut self, scan: u64, item: usize, loc: Loc, bytes: &[u8]) {
+        let key = self.scans[&scan].items[item].0.clone();
+        if self.index.get(&key) != Some(loc) {
+            return self.scan_item(scan, item);
+        }
+        let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
+        match verify_value(bytes, self.shard_id, loc, slot_bytes, &key) {
+            Ok(value) => self.scan_item_done(scan, item, Some(value)),
+            Err(err) => self.scan_item_failed(scan, item, err),
+        }
+    }
+
+    fn scan_item_done(&mut self, scan: u64, item: usize, value: Option<Vec<u8>>) {
+        let state = self.scans.get_mut(&scan).expect("item of an unknown scan");
+        state.items[item].1 = value;
+        state.waiting -= 1;
+        if state.waiting == 0 {
+            self.scan_finished(scan);
+        }
+    }
+
+    pub(super) fn scan_item_failed(&mut self, scan: u64, item: usize, err: ReadError) {
+        let state = self.scans.get_mut(&scan).expect("item of an unknown scan");
+        state.error.get_or_insert(err);
+        let _ = item;
+        state.waiting -= 1;
+        if state.waiting == 0 {
+            self.scan_finished(scan);
+        }
+    }
+
+    fn scan_finished(&mut self, scan: u64) {
+        let mut state = self.scans.remove(&scan).expect("unknown scan");
+        let reply = state.reply.take().expect("a scan is answered once");
+        let result = match state.error {
+            Some(err) => Err(err),
+            // Keys deleted while the scan ran are left out.
+            None => Ok(state
+                .items
+                .into_iter()
+                .filter_map(|(key, value)| value.map(|value| (key.into_vec(), value)))
+                .collect()),
+        };
+        let _ = reply.send(result);
+    }
+}
+
+/// Decodes the record of `key` at `loc` and returns its value, or says why it cannot.
+fn verify_value(
+    bytes: &[u8],
+    shard_id: u32,
+    loc: Loc,
+    slot_bytes: usize,
+    key: &[u8],
+) -> Result<Vec<u8>, ReadError> {
+    let corrupt = |defect: String| ReadError::Corrupt {
+        shard: shard_id,
+        location: format!("{loc:?}"),
+        defect,
+    };
+    match decode_slot(bytes, shard_id, loc, slot_bytes) {
+        Ok(Slot::Record { header, key: stored_key, value }) => {
+            if header.kind != RecordKind::Put {
+                return Err(corrupt(format!("indexed slot holds a {:?} record", header.kind)));
+            }
+            if stored_key != key {
+                return Err(corrupt("indexed slot holds another key".into()));
+            }
+            Ok(value.to_vec())
+        }
+        Ok(Slot::Empty) => Err(corrupt("indexed slot is empty".into())),
+        Err(defect) => {
+            tracing::error!(shard = shard_id, ?loc, %defect, "corrupt item");
+            Err(corrupt(defect.to_string()))
+        }
+    }
+}

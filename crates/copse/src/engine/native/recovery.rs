@@ -1,0 +1,364 @@
+//! Recovery: every open scans every slab of the shard with large sequential reads and rebuilds
+//! the index, the free lists and the tombstone guards (there is no commit log to replay and no
+//! index snapshot to trust). Shards recover in parallel, each on its own thread.
+//!
+//! Per key the record with the highest sequence number wins; every older record is a stale copy
+//! and is freed (counted under the key's hash, invariant 4 of `mod.rs`). Slots that do not
+//! verify are counted, logged with their location, erased and never indexed. A durable batch
+//! record is replayed (see `batch.rs`). The sequence counter restarts above every number seen.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::batch::decode_batch;
+use super::format::{
+    decode_slab_header, decode_slot, pages_for, shard_dir, Loc, RecordKind, SizeClass, Slot,
+    SlotDefect, CLASS_COUNT,
+};
+use super::{key_hash, ClassFile, NativeEngine};
+use crate::device::{AlignedBuf, BlockDevice, DeviceError, FileId, IoKind, IoRequest};
+use crate::engine::BatchOp;
+use crate::error::OpenError;
+use crate::limits::{PAGE_BYTES, RECOVERY_CHUNKS_IN_FLIGHT, RECOVERY_CHUNK_BYTES};
+
+/// Corrupt slots logged one by one before recovery only counts them.
+const CORRUPT_SLOTS_LOGGED_MAX: u64 = 20;
+
+/// The class of a slab file name (`class-NN.slab`).
+pub fn class_of_file_name(name: &str) -> Option<u8> {
+    let digits = name.strip_prefix("class-")?.strip_suffix(".slab")?;
+    digits.parse::<u8>().ok()
+}
+
+/// Reads a slab file's header page and checks it belongs to `class` of `shard_id`.
+/// `Ok(None)`: the file was created but its header never became durable (no item can be in it).
+pub fn read_slab_header(
+    device: &mut dyn BlockDevice,
+    file: FileId,
+    file_bytes: u64,
+    class: SizeClass,
+    shard_id: u32,
+) -> Result<Option<()>, Result<String, DeviceError>> {
+    if file_bytes < PAGE_BYTES as u64 {
+        return Ok(None);
+    }
+    let page = read_sync(device, file, 0, PAGE_BYTES).map_err(Err)?;
+    if page.iter().all(|&byte| byte == 0) {
+        return Ok(None);
+    }
+    let header = decode_slab_header(&page).map_err(Ok)?;
+    if header.class_id != class.id {
+        return Err(Ok(format!("header says class {}, file name says {}", header.class_id, class.id)));
+    }
+    if header.shard_id != shard_id {
+        return Err(Ok(format!("header says shard {}, file is in shard {shard_id}", header.shard_id)));
+    }
+    if (header.slot_bytes, header.slots_per_page, header.pages_per_slot)
+        != (class.slot_bytes, class.slots_per_page, class.pages_per_slot)
+    {
+        return Err(Ok(format!(
+            "header geometry ({} bytes, {} per page, {} pages) does not match class {}",
+            header.slot_bytes, header.slots_per_page, header.pages_per_slot, class.id
+        )));
+    }
+    Ok(Some(()))
+}
+
+/// One read, waited for. Only for use before the engine's asynchronous machinery runs.
+pub fn read_sync(
+    device: &mut dyn BlockDevice,
+    file: FileId,
+    offset: u64,
+    bytes: usize,
+) -> Result<AlignedBuf, DeviceError> {
+    assert_eq!(device.in_flight(), 0, "read_sync with I/O in flight");
+    device.submit(vec![IoRequest { token: 0, file, offset, kind: IoKind::Read, buf: AlignedBuf::zeroed(bytes) }])?;
+    let mut done = Vec::new();
+    device.reap(1, &mut done)?;
+    let completion = done.pop().expect("reap(1) returns a completion");
+    completion.result?;
+    Ok(completion.buf)
+}
+
+/// Scans every slot of a slab file with sequential reads, several chunks in flight, calling
+/// `visit` with each slot's location and decoded content (or defect).
+pub fn scan_slab(
+    device: &mut dyn BlockDevice,
+    shard_id: u32,
+    class: SizeClass,
+    file: FileId,
+    file_bytes: u64,
+    progress: Option<&indicatif::ProgressBar>,
+    visit: &mut dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>),
+) -> Result<u64, DeviceError> {
+    assert_eq!(device.in_flight(), 0);
+    let slot_bytes = class.slot_bytes as usize;
+    let slots = class.slots_in_file(file_bytes);
+    let data_end = if class.is_multi_page() {
+        PAGE_BYTES as u64 + slots * slot_bytes as u64
+    } else {
+        file_bytes / PAGE_BYTES as u64 * PAGE_BYTES as u64
+    };
+    // Chunks hold whole slots.
+    let chunk_bytes = if class.is_multi_page() {
+        slot_bytes * (RECOVERY_CHUNK_BYTES / slot_bytes).max(1)
+    } else {
+        RECOVERY_CHUNK_BYTES
+    } as u64;
+    let mut next_offset = PAGE_BYTES as u64;
+    let mut scanned = 0u64;
+    let mut done = Vec::new();
+    loop {
+        let mut requests = Vec::new();
+        while device.in_flight() + requests.len() < RECOVERY_CHUNKS_IN_FLIGHT && next_offset < data_end {
+            let len = chunk_bytes.min(data_end - next_offset);
+            requests.push(IoRequest {
+                token: next_offset,
+                file,
+                offset: next_offset,
+                kind: IoKind::Read,
+                buf: AlignedBuf::zeroed(len as usize),
+            });
+            next_offset += len;
+        }
+        if !requests.is_empty() {
+            device.submit(requests)?;
+        }
+        if device.in_flight() == 0 {
+            break;
+        }
+        done.clear();
+        device.reap(1, &mut done)?;
+        for completion in done.drain(..) {
+            completion.result?;
+            let chunk = &completion.buf[..];
+            visit_chunk(shard_id, class, completion.offset, chunk, visit);
+            scanned += chunk.len() as u64;
+            if let Some(progress) = progress {
+                progress.inc(chunk.len() as u64);
+            }
+        }
+    }
+    Ok(scanned)
+}
+
+fn visit_chunk(
+    shard_id: u32,
+    class: SizeClass,
+    offset: u64,
+    chunk: &[u8],
+    visit: &mut dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>),
+) {
+    let slot_bytes = class.slot_bytes as usize;
+    let first_page = offset / PAGE_BYTES as u64;
+    if class.is_multi_page() {
+        let first_slot = (first_page - 1) / class.pages_per_slot as u64;
+        for (index, bytes) in chunk.chunks_exact(slot_bytes).enumerate() {
+            let slot = first_slot + index as u64;
+            let bare = Loc::new(class.id, slot, 0);
+            let result = decode_slot(bytes, shard_id, bare, slot_bytes);
+            let loc = match &result {
+                Ok(Slot::Record { header, .. }) => {
+                    Loc::new(class.id, slot, pages_for(header.record_bytes()))
+                }
+                _ => bare,
+            };
+            visit(loc, result);
+        }
+    } else {
+        for (page_index, page) in chunk.chunks_exact(PAGE_BYTES).enumerate() {
+            let first_slot = class.first_slot_of_page(first_page + page_index as u64);
+            for index in 0..class.slots_per_page as usize {
+                let bytes = &page[index * slot_bytes..(index + 1) * slot_bytes];
+                let loc = Loc::new(class.id, first_slot + index as u64, 0);
+                visit(loc, decode_slot(bytes, shard_id, loc, slot_bytes));
+            }
+        }
+    }
+}
+
+struct Newest {
+    loc: Loc,
+    seq: u64,
+    tombstone: bool,
+}
+
+#[derive(Default)]
+struct Found {
+    newest: HashMap<Box<[u8]>, Newest>,
+    stale: Vec<(Loc, Option<u64>)>,
+    free: Vec<Loc>,
+    empty: Vec<Loc>,
+    corrupt: Vec<Loc>,
+    batches: Vec<(Loc, u64, Vec<BatchOp>)>,
+    max_seq: u64,
+    /// Per class: one past the highest slot holding anything.
+    frontier: Vec<u64>,
+}
+
+impl Found {
+    fn visit(&mut self, shard_id: u32, loc: Loc, result: Result<Slot<'_>, SlotDefect>) {
+        let class = loc.class() as usize;
+        let touched = |found: &mut Found| {
+            found.frontier[class] = found.frontier[class].max(loc.slot() + 1);
+        };
+        match result {
+            Ok(Slot::Empty) => self.empty.push(loc),
+            Ok(Slot::Record { header, key, value }) => {
+                touched(self);
+                self.max_seq = self.max_seq.max(header.seq);
+                match header.kind {
+                    RecordKind::Put | RecordKind::Tombstone => {
+                        let tombstone = header.kind == RecordKind::Tombstone;
+                        let tag = |tombstone: bool, key: &[u8]| (!tombstone).then(|| key_hash(key));
+                        match self.newest.get_mut(key) {
+                            Some(newest) if newest.seq >= header.seq => {
+                                self.stale.push((loc, tag(tombstone, key)));
+                            }
+                            Some(newest) => {
+                                self.stale.push((newest.loc, tag(newest.tombstone, key)));
+                                *newest = Newest { loc, seq: header.seq, tombstone };
+                            }
+                            None => {
+                                self.newest.insert(key.into(), Newest { loc, seq: header.seq, tombstone });
+                            }
+                        }
+                    }
+                    RecordKind::Free => self.free.push(loc),
+                    RecordKind::Batch => match decode_batch(value) {
+                        Ok(ops) => self.batches.push((loc, header.seq, ops)),
+                        Err(reason) => self.corrupt_slot(shard_id, loc, &reason),
+                    },
+                }
+            }
+            Err(defect) => {
+                touched(self);
+                self.corrupt_slot(shard_id, loc, &defect.to_string());
+            }
+        }
+    }
+
+    fn corrupt_slot(&mut self, shard_id: u32, loc: Loc, reason: &str) {
+        if (self.corrupt.len() as u64) < CORRUPT_SLOTS_LOGGED_MAX {
+            tracing::warn!(shard = shard_id, ?loc, reason, "torn or corrupt slot: not indexed, will be erased");
+        }
+        self.corrupt.push(loc);
+    }
+}
+
+impl NativeEngine {
+    pub(super) fn recover(&mut self, progress: Option<&indicatif::ProgressBar>) -> Result<(), OpenError> {
+        let started = Instant::now();
+        let dir = shard_dir(self.shard_id);
+        let mut found = Found { frontier: vec![0; CLASS_COUNT], ..Found::default() };
+        let mut scanned_classes = Vec::new();
+        for name in self.device.list_files(&dir)? {
+            let path = format!("{dir}/{name}");
+            let Some(class_id) = class_of_file_name(&name) else {
+                tracing::warn!(file = %path, "ignoring a file that is not a slab");
+                continue;
+            };
+            if class_id as usize >= CLASS_COUNT {
+                return Err(OpenError::CorruptSlabHeader { file: path, reason: format!("no size class {class_id}") });
+            }
+            let class = SizeClass::get(class_id);
+            let file = self.device.open_file(&path, false)?;
+            let file_bytes = self.device.file_len_bytes(file)?;
+            if let Some(progress) = progress {
+                progress.inc_length(file_bytes);
+            }
+            match read_slab_header(self.device.as_mut(), file, file_bytes, class, self.shard_id) {
+                Ok(Some(())) => {}
+                Ok(None) => {
+                    self.initialize_class_file(class, file)?;
+                    continue;
+                }
+                Err(Ok(reason)) => return Err(OpenError::CorruptSlabHeader { file: path, reason }),
+                Err(Err(err)) => return Err(OpenError::Device(err)),
+            }
+            let shard_id = self.shard_id;
+            self.recovery.bytes_scanned += scan_slab(
+                self.device.as_mut(),
+                shard_id,
+                class,
+                file,
+                file_bytes,
+                progress,
+                &mut |loc, result| found.visit(shard_id, loc, result),
+            )?;
+            scanned_classes.push((class, file, file_bytes));
+        }
+        for (class, file, file_bytes) in scanned_classes {
+            let next_append_slot = found.frontier[class.id as usize];
+            let frontier_page = if class.is_multi_page() {
+                class.page_of_slot(next_append_slot)
+            } else {
+                1 + next_append_slot.div_ceil(class.slots_per_page as u64)
+            };
+            self.classes[class.id as usize] = Some(ClassFile {
+                file,
+                capacity_slots: class.slots_in_file(file_bytes),
+                next_append_slot,
+                frontier_page,
+                file_bytes,
+            });
+        }
+        self.rebuild(found)?;
+        self.recovery.seconds = started.elapsed().as_secs_f64();
+        if self.recovery.bytes_scanned > 0 {
+            tracing::info!(shard = self.shard_id, stats = ?self.recovery, "shard recovered");
+        }
+        Ok(())
+    }
+
+    fn rebuild(&mut self, found: Found) -> Result<(), OpenError> {
+        let Found { newest, stale, free, empty, corrupt, mut batches, max_seq, frontier } = found;
+        self.next_seq = max_seq + 1;
+        self.recovery.stale_copies = stale.len() as u64;
+        self.recovery.torn_or_corrupt = corrupt.len() as u64;
+        for (loc, tag) in stale {
+            self.release_slot(loc.slot_only(), tag, false);
+        }
+        let below_frontier = |loc: &Loc| loc.slot() < frontier[loc.class() as usize];
+        let free_slots: Vec<Loc> = free.into_iter().chain(empty.into_iter().filter(below_frontier)).collect();
+        self.recovery.free_slots = free_slots.len() as u64;
+        for loc in free_slots {
+            self.release_slot(loc, None, false);
+        }
+        for loc in corrupt {
+            self.release_slot(loc.slot_only(), None, true);
+        }
+        // Batches hold their keys before tombstones are judged (a tombstone must outlive a batch
+        // record that mentions its key).
+        batches.sort_by_key(|(_, seq, _)| *seq);
+        for (record, seq, ops) in batches {
+            let needed: Vec<BatchOp> = ops
+                .iter()
+                .filter(|op| newest.get(op.key()).is_none_or(|newest| newest.seq < seq))
+                .cloned()
+                .collect();
+            self.recovery.batches_replayed += u64::from(!needed.is_empty());
+            self.replay_batch(record, seq, &ops, needed).map_err(|err| {
+                OpenError::Device(DeviceError::Io { what: format!("replaying a write batch: {err}") })
+            })?;
+        }
+        let mut tombstones = Vec::new();
+        for (key, newest) in newest {
+            if newest.tombstone {
+                tombstones.push((key_hash(&key), newest.loc));
+            } else {
+                self.index.insert(&key, newest.loc);
+            }
+        }
+        self.recovery.items = self.index.len() as u64;
+        self.recovery.tombstones = tombstones.len() as u64;
+        for (hash, loc) in tombstones {
+            if self.stale_counts.contains_key(&hash) {
+                self.tombstone_guards.entry(hash).or_default().push(loc.slot_only());
+            } else {
+                self.release_slot(loc.slot_only(), None, false);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,517 @@
+//! Writes: placing records out of place, page write coalescing, applying durable writes to the
+//! index, and freeing slots (in-memory set, on-disk chains, tombstone guards).
+//!
+//! A write's life: allocate a free slot (beside the key's old copy when that page has one) →
+//! encode the record into the page image (reading the page first if it is not cached) → the page
+//! joins the round's writes (at most one write per page in flight; later modifications wait for
+//! the next) → durable → applied: the index points at the new slot and the old slot is freed,
+//! or, if a newer write of the key was applied first, the new slot itself is freed.
+
+use super::format::{
+    encode_record, encode_slab_header, pages_for, record_bytes, Loc, RecordKind, SizeClass,
+    SlabHeader, SLAB_FORMAT_VERSION,
+};
+use super::{key_hash, ClassFile, Effect, Flight, IoPurpose, NativeEngine, Origin, PageWaiter, PendingWrite, WriteId};
+use crate::device::{AlignedBuf, IoKind, IoRequest};
+use crate::engine::Reply;
+use crate::error::WriteError;
+use crate::limits::{PAGE_BYTES, SLAB_GROWTH_BYTES_MIN, SLAB_GROWTH_DIVISOR};
+
+impl NativeEngine {
+    pub(super) fn put(&mut self, key: Vec<u8>, value: Vec<u8>, origin: Origin, seq: Option<u64>) {
+        self.write_record(key, value, origin, seq, RecordKind::Put, None);
+    }
+
+    pub(super) fn delete(&mut self, key: Vec<u8>, reply: Reply<bool, WriteError>) {
+        if self.is_poisoned() {
+            let _ = reply.send(Err(WriteError::Poisoned));
+            return;
+        }
+        // Nothing durable and nothing in flight: there is nothing a tombstone could hide.
+        if !self.index.contains(&key) && !self.flights.contains_key(&key[..]) {
+            let _ = reply.send(Ok(false));
+            return;
+        }
+        self.write_record(key, Vec::new(), Origin::Delete(reply), None, RecordKind::Tombstone, None);
+    }
+
+    /// Writes a put or a tombstone for `key` into a free slot (or into `slot`, allocated
+    /// beforehand by a batch).
+    pub(super) fn write_record(
+        &mut self,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        origin: Origin,
+        seq: Option<u64>,
+        kind: RecordKind,
+        slot: Option<(Loc, Option<u64>)>,
+    ) {
+        if self.is_poisoned() {
+            match origin {
+                Origin::Batch(batch) => self.batch_member_failed(batch, WriteError::Poisoned),
+                origin => Self::answer(origin, Err(WriteError::Poisoned), false),
+            }
+            return;
+        }
+        let seq = seq.unwrap_or_else(|| self.take_seq());
+        let (loc, overwritten) = match slot {
+            Some(slot) => slot,
+            None => match self.allocate_for(&key, value.len()) {
+                Ok(allocation) => allocation,
+                Err(err) => {
+                    Self::answer(origin, Err(err), false);
+                    return;
+                }
+            },
+        };
+        self.flight_begin(&key);
+        let key: Box<[u8]> = key.into();
+        let write = self.new_write(loc, overwritten, match kind {
+            RecordKind::Put => Effect::Put { key: key.clone(), seq, origin },
+            _ => Effect::Tombstone { key: key.clone(), seq, origin },
+        });
+        self.place(write, loc, kind, seq, 0, &key, &value);
+    }
+
+    pub(super) fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    pub(super) fn new_write(&mut self, loc: Loc, overwritten: Option<u64>, effect: Effect) -> WriteId {
+        let id = self.next_write_id;
+        self.next_write_id += 1;
+        self.writes.insert(id, PendingWrite { loc, overwritten, effect });
+        id
+    }
+
+    fn flight_begin(&mut self, key: &[u8]) {
+        match self.flights.get_mut(key) {
+            Some(flight) => flight.in_flight += 1,
+            None => {
+                self.flights.insert(key.into(), Flight { in_flight: 1, applied_seq: 0 });
+            }
+        }
+    }
+
+    /// Ends one in-flight write of `key`; returns whether `seq` is the newest applied so far.
+    pub(super) fn flight_end(&mut self, key: &[u8], seq: u64, applied: bool) -> bool {
+        let flight = self.flights.get_mut(key).expect("a write of a key with no flight");
+        assert!(flight.in_flight > 0);
+        flight.in_flight -= 1;
+        let newest = applied && seq > flight.applied_seq;
+        if newest {
+            flight.applied_seq = seq;
+        }
+        if flight.in_flight == 0 {
+            self.flights.remove(key);
+        }
+        newest
+    }
+
+    /// Allocates the slot for a record of `key` with a value of `value_bytes`.
+    pub(super) fn allocate_for(
+        &mut self,
+        key: &[u8],
+        value_bytes: usize,
+    ) -> Result<(Loc, Option<u64>), WriteError> {
+        let bytes = record_bytes(key.len(), value_bytes);
+        let class = SizeClass::for_record(bytes);
+        let near = self.index.get(key);
+        let (slot, overwritten) = self.allocate(class, near)?;
+        let pages = if class.is_multi_page() { pages_for(bytes) } else { 0 };
+        Ok((Loc::new(class.id, slot, pages), overwritten))
+    }
+
+    /// Finds a slot for a record of `class`: beside `near` if its cached page has a free slot,
+    /// else the most recently freed slot, else a new slot at the end of the file (growing it).
+    /// Returns the slot and the stale key hash of what it held.
+    pub(super) fn allocate(
+        &mut self,
+        class: SizeClass,
+        near: Option<Loc>,
+    ) -> Result<(u64, Option<u64>), WriteError> {
+        self.ensure_class_file(class)?;
+        let free = &mut self.free[class.id as usize];
+        if let Some(near) = near.filter(|near| near.class() == class.id && !class.is_multi_page()) {
+            let page = class.page_of_slot(near.slot());
+            if self.cache.contains((class.id, page)) {
+                let first = class.first_slot_of_page(page);
+                for slot in first..first + class.slots_per_page as u64 {
+                    if let Some(tag) = free.take(slot) {
+                        return Ok((slot, tag));
+                    }
+                }
+            }
+        }
+        if let Some(found) = free.pop() {
+            return Ok(found);
+        }
+        let file = self.classes[class.id as usize].as_mut().expect("ensured above");
+        if file.next_append_slot >= file.capacity_slots {
+            let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(SLAB_GROWTH_BYTES_MIN);
+            let wanted = (file.file_bytes + growth)
+                .max(class.file_bytes_for_slots(file.next_append_slot + 1))
+                .next_multiple_of(PAGE_BYTES as u64);
+            self.device.grow_file(file.file, wanted).map_err(WriteError::from_device)?;
+            file.file_bytes = wanted;
+            file.capacity_slots = class.slots_in_file(wanted);
+            assert!(file.next_append_slot < file.capacity_slots);
+        }
+        let slot = file.next_append_slot;
+        file.next_append_slot += 1;
+        Ok((slot, None))
+    }
+
+    /// Opens (creating, with its header page written durably) the slab file of a class.
+    pub(super) fn ensure_class_file(&mut self, class: SizeClass) -> Result<(), WriteError> {
+        if self.classes[class.id as usize].is_some() {
+            return Ok(());
+        }
+        let name = class.file_name(self.shard_id);
+        let file = self.device.open_file(&name, true).map_err(WriteError::from_device)?;
+        self.initialize_class_file(class, file).map_err(WriteError::from_device)?;
+        Ok(())
+    }
+
+    /// Writes the header page of a new (or never initialized) slab file and records the file.
+    pub(super) fn initialize_class_file(
+        &mut self,
+        class: SizeClass,
+        file: crate::device::FileId,
+    ) -> Result<(), crate::device::DeviceError> {
+        let file_bytes = class.file_bytes_for_slots(0).max(SLAB_GROWTH_BYTES_MIN);
+        self.device.grow_file(file, file_bytes)?;
+        let mut page = AlignedBuf::zeroed(PAGE_BYTES);
+        encode_slab_header(&mut page, &SlabHeader {
+            format_version: SLAB_FORMAT_VERSION,
+            class_id: class.id,
+            slot_bytes: class.slot_bytes,
+            slots_per_page: class.slots_per_page,
+            pages_per_slot: class.pages_per_slot,
+            shard_id: self.shard_id,
+        });
+        let token = self.take_token();
+        self.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
+        self.device.flush()?;
+        self.classes[class.id as usize] = Some(ClassFile {
+            file,
+            capacity_slots: class.slots_in_file(file_bytes),
+            next_append_slot: 0,
+            frontier_page: 1,
+            file_bytes,
+        });
+        Ok(())
+    }
+
+    /// Encodes a record into its slot: straight into an I/O buffer for multi-page classes,
+    /// into the page image for in-page classes.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn place(
+        &mut self,
+        write: WriteId,
+        loc: Loc,
+        kind: RecordKind,
+        seq: u64,
+        aux: u64,
+        key: &[u8],
+        value: &[u8],
+    ) {
+        let class = SizeClass::get(loc.class());
+        let bytes = record_bytes(key.len(), value.len());
+        if class.is_multi_page() {
+            let pages = loc.pages_used().max(1) as usize;
+            assert!(bytes <= pages * PAGE_BYTES);
+            let mut buf = AlignedBuf::zeroed(pages * PAGE_BYTES);
+            encode_record(&mut buf, self.shard_id, loc, kind, seq, aux, key, value);
+            let (file, offset) = self.slot_position(loc);
+            self.queue_io(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
+        } else {
+            let mut record = vec![0u8; bytes];
+            encode_record(&mut record, self.shard_id, loc, kind, seq, aux, key, value);
+            let page = Self::page_of(loc);
+            self.place_in_page(page, class.offset_in_page(loc.slot()), record, write);
+        }
+    }
+
+    pub(super) fn place_in_page(
+        &mut self,
+        page: (u8, u64),
+        offset: usize,
+        record: Vec<u8>,
+        write: WriteId,
+    ) {
+        if self.loading.contains_key(&page) {
+            self.loading.get_mut(&page).unwrap().push(PageWaiter::Place { write, offset, record });
+            return;
+        }
+        if !self.cache.contains(page) {
+            let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
+            if page.1 >= file.frontier_page {
+                // Never written: its image is zeros, no read needed.
+                file.frontier_page = page.1 + 1;
+                self.cache.insert(page, &[0u8; PAGE_BYTES]);
+            } else {
+                self.wait_page(page, PageWaiter::Place { write, offset, record });
+                return;
+            }
+        }
+        let slot_bytes = SizeClass::get(page.0).slot_bytes as usize;
+        assert!(offset + record.len() <= PAGE_BYTES && record.len() <= slot_bytes);
+        let image = self.cache.image_mut(page).expect("checked above");
+        let slot_bytes_in_page = &mut image[offset..offset + slot_bytes];
+        slot_bytes_in_page[..record.len()].copy_from_slice(&record);
+        // Clear the rest of the slot so a shorter record leaves no stale tail behind it.
+        slot_bytes_in_page[record.len()..].fill(0);
+        match self.dirty.get_mut(&page) {
+            Some(writes) => writes.push(write),
+            None => {
+                self.cache.pin(page);
+                self.dirty.insert(page, vec![write]);
+            }
+        }
+    }
+
+    /// Hands every dirty page without a write in flight to the device (invariant 3).
+    pub(super) fn schedule_page_writes(&mut self) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        let ready: Vec<_> =
+            self.dirty.keys().filter(|page| !self.pages_in_flight.contains(*page)).copied().collect();
+        for page in ready {
+            let writes = self.dirty.remove(&page).expect("listed above");
+            if self.is_poisoned() {
+                self.cache.unpin(page);
+                for write in writes {
+                    self.write_failed(write, WriteError::Poisoned);
+                }
+                continue;
+            }
+            let mut buf = AlignedBuf::zeroed(PAGE_BYTES);
+            buf.copy_from_slice(self.cache.image(page).expect("dirty pages are pinned"));
+            let file = self.classes[page.0 as usize].as_ref().expect("class file is open").file;
+            self.pages_in_flight.insert(page);
+            self.queue_io(
+                IoKind::Write,
+                file,
+                page.1 * PAGE_BYTES as u64,
+                buf,
+                IoPurpose::PageWrite { page, writes },
+            );
+        }
+    }
+
+    /// A write is durable: release what its slot held, then apply its effect.
+    pub(super) fn write_durable(&mut self, write: WriteId) {
+        let PendingWrite { loc, overwritten, effect } =
+            self.writes.remove(&write).expect("durable write is pending");
+        self.release_tag(overwritten);
+        match effect {
+            Effect::Put { key, seq, origin: Origin::Batch(batch) } => {
+                self.batch_member_durable(batch, key, seq, loc, RecordKind::Put)
+            }
+            Effect::Tombstone { key, seq, origin: Origin::Batch(batch) } => {
+                self.batch_member_durable(batch, key, seq, loc, RecordKind::Tombstone)
+            }
+            Effect::Put { key, seq, origin } => {
+                self.apply_put(&key, seq, loc);
+                Self::answer(origin, Ok(()), false);
+            }
+            Effect::Tombstone { key, seq, origin } => {
+                let existed = self.apply_tombstone(&key, seq, loc);
+                Self::answer(origin, Ok(()), existed);
+            }
+            Effect::BatchRecord { batch } => self.batch_record_durable(batch, loc),
+            Effect::Erase { chain } => self.erased(loc, chain),
+            Effect::BatchErased { batch, chain } => {
+                self.batch_erased(batch);
+                self.erased(loc, chain);
+            }
+        }
+    }
+
+    /// A write failed (the store is poisoned by then): answer its origin, forget its flight.
+    pub(super) fn write_failed(&mut self, write: WriteId, err: WriteError) {
+        let Some(PendingWrite { loc, effect, .. }) = self.writes.remove(&write) else { return };
+        match effect {
+            Effect::Put { key, seq, origin } | Effect::Tombstone { key, seq, origin } => {
+                self.flight_end(&key, seq, false);
+                match origin {
+                    Origin::Batch(batch) => self.batch_member_failed(batch, err),
+                    origin => Self::answer(origin, Err(err), false),
+                }
+            }
+            Effect::BatchRecord { batch } => self.batch_member_failed(batch, err),
+            Effect::Erase { chain } | Effect::BatchErased { chain, .. } => {
+                if let Some(chain) = chain {
+                    self.free[loc.class() as usize].abort(chain);
+                }
+            }
+        }
+    }
+
+    pub(super) fn answer(origin: Origin, result: Result<(), WriteError>, existed: bool) {
+        match origin {
+            Origin::Put(reply) => {
+                let _ = reply.send(result);
+            }
+            Origin::Delete(reply) => {
+                let _ = reply.send(result.map(|()| existed));
+            }
+            Origin::Batch(_) => unreachable!("batch members are answered with their batch"),
+        }
+    }
+
+    /// A put of `key` at `loc` is durable: it becomes live unless a newer write already is.
+    pub(super) fn apply_put(&mut self, key: &[u8], seq: u64, loc: Loc) {
+        let hash = key_hash(key);
+        if self.flight_end(key, seq, true) {
+            if let Some(old) = self.index.insert(key, loc) {
+                self.release_slot(old.slot_only(), Some(hash), false);
+            }
+        } else {
+            self.release_slot(loc.slot_only(), Some(hash), false);
+        }
+    }
+
+    /// A tombstone of `key` at `loc` is durable. Returns whether a live item was deleted.
+    pub(super) fn apply_tombstone(&mut self, key: &[u8], seq: u64, loc: Loc) -> bool {
+        if !self.flight_end(key, seq, true) {
+            self.release_slot(loc.slot_only(), None, false);
+            return false;
+        }
+        let hash = key_hash(key);
+        let old = self.index.remove(key);
+        if let Some(old) = old {
+            self.release_slot(old.slot_only(), Some(hash), false);
+        }
+        if self.stale_counts.get(&hash).copied().unwrap_or(0) > 0 {
+            // Older copies of the key remain on disk: the tombstone must outlive them.
+            self.tombstone_guards.entry(hash).or_default().push(loc.slot_only());
+        } else {
+            self.release_slot(loc.slot_only(), None, false);
+        }
+        old.is_some()
+    }
+
+    /// Frees a slot. `tag` is the hash of the key whose stale copy the slot still holds.
+    /// `erase` forces a free record over the slot before reuse (corrupt slots, batch records).
+    pub(super) fn release_slot(&mut self, loc: Loc, tag: Option<u64>, erase: bool) {
+        if let Some(hash) = tag {
+            *self.stale_counts.entry(hash).or_default() += 1;
+        }
+        self.place_free(loc, tag, erase, None);
+    }
+
+    /// Puts an (already counted) free slot in memory, or writes its free record.
+    pub(super) fn place_free(&mut self, loc: Loc, tag: Option<u64>, erase: bool, batch: Option<u64>) {
+        let free = &mut self.free[loc.class() as usize];
+        if !erase && batch.is_none() && free.has_room() {
+            free.push(loc.slot(), tag);
+            return;
+        }
+        let (chain, next) = if free.has_room() {
+            (None, None)
+        } else {
+            match free.begin_push() {
+                Some((chain, head)) => (Some(chain), head),
+                None => {
+                    self.deferred_frees.push_back((loc, tag, erase));
+                    return;
+                }
+            }
+        };
+        let effect = match batch {
+            Some(batch) => Effect::BatchErased { batch, chain },
+            None => Effect::Erase { chain },
+        };
+        let write = self.new_write(loc, tag, effect);
+        let aux = next.map_or(0, |slot| slot + 1);
+        self.place(write, loc, RecordKind::Free, 0, aux, &[], &[]);
+    }
+
+    /// Erases a finished batch record; its keys are released when the erasure is durable.
+    pub(super) fn erase_batch_record(&mut self, loc: Loc, batch: u64) {
+        self.place_free(loc.slot_only(), None, true, Some(batch));
+    }
+
+    /// A free record is durable: the slot is free.
+    fn erased(&mut self, loc: Loc, chain: Option<usize>) {
+        match chain {
+            Some(chain) => self.free[loc.class() as usize].end_push(chain, loc.slot()),
+            None => self.place_free(loc.slot_only(), None, false, None),
+        }
+    }
+
+    /// A stale copy counted under `tag` is gone; tombstones waiting on it may go too.
+    pub(super) fn release_tag(&mut self, tag: Option<u64>) {
+        let Some(hash) = tag else { return };
+        let count = self.stale_counts.get_mut(&hash).expect("released a stale copy never counted");
+        *count -= 1;
+        if *count == 0 {
+            self.stale_counts.remove(&hash);
+            if let Some(tombstones) = self.tombstone_guards.remove(&hash) {
+                for tombstone in tombstones {
+                    self.release_slot(tombstone, None, false);
+                }
+            }
+        }
+    }
+
+    pub(super) fn retry_deferred_frees(&mut self) {
+        for _ in 0..self.deferred_frees.len() {
+            let Some((loc, tag, erase)) = self.deferred_frees.pop_front() else { break };
+            self.place_free(loc, tag, erase, None);
+        }
+    }
+
+    /// Starts reading chain heads of classes whose in-memory free set runs low.
+    pub(super) fn refill_free_lists(&mut self) {
+        for class_id in 0..self.free.len() {
+            let free = &mut self.free[class_id];
+            if free.in_memory() >= crate::limits::FREE_SLOTS_IN_MEMORY_MAX / 2 {
+                continue;
+            }
+            let Some((chain, slot)) = free.begin_pop() else { continue };
+            let class = SizeClass::get(class_id as u8);
+            let loc = Loc::new(class.id, slot, 0);
+            if class.is_multi_page() {
+                let (file, offset) = self.slot_position(loc);
+                self.queue_io(
+                    IoKind::Read,
+                    file,
+                    offset,
+                    AlignedBuf::zeroed(PAGE_BYTES),
+                    IoPurpose::DirectRead(super::DirectRead::ChainPop { class: class.id, chain, slot }),
+                );
+            } else {
+                let page = Self::page_of(loc);
+                if self.cache.contains(page) {
+                    let offset = class.offset_in_page(slot);
+                    let bytes = self.cache.image(page).unwrap()[offset..offset + class.slot_bytes as usize].to_vec();
+                    self.chain_head_read(class.id, chain, slot, &bytes);
+                } else {
+                    self.wait_page(page, PageWaiter::ChainPop { class: class.id, chain, slot });
+                }
+            }
+        }
+    }
+
+    /// The free record at a chain's head was read: move the head to memory.
+    pub(super) fn chain_head_read(&mut self, class: u8, chain: usize, slot: u64, bytes: &[u8]) {
+        let slot_bytes = SizeClass::get(class).slot_bytes as usize;
+        let loc = Loc::new(class, slot, 0);
+        match super::format::decode_slot(bytes, self.shard_id, loc, slot_bytes) {
+            Ok(super::format::Slot::Record { header, .. }) if header.kind == RecordKind::Free => {
+                let next = header.aux.checked_sub(1);
+                self.free[class as usize].end_pop(chain, next);
+            }
+            other => {
+                tracing::error!(shard = self.shard_id, ?loc, ?other, "free chain head is not a free record; dropping the chain until the next recovery");
+                self.free[class as usize].drop_chain(chain);
+            }
+        }
+    }
+}

@@ -1,0 +1,448 @@
+//! The embedded Rust API: [`Db`], blocking and async.
+//!
+//! Every request is checked against the limits in `limits.rs` here, before it is queued, so a bad
+//! request changes nothing and allocates nothing in a shard. A write returns only once it is
+//! durable (see docs/durability.md); a read sees every write that returned before it started.
+
+use std::io::IsTerminal;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::device::{Backend, DirStorage, Storage, WriteDurability};
+use crate::engine::native::batch::encoded_batch_bytes;
+use crate::engine::native::EngineConfig;
+use crate::engine::{BatchOp, KeyValue, Request, ShardStats};
+use crate::error::{InputError, OpenError, ReadError, WriteError};
+use crate::limits::{
+    CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
+    KEY_BYTES_MIN, PAGE_BYTES, SCAN_ITEMS_MAX, SHARDS_MAX, VALUE_BYTES_MAX, WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_OPS_MAX,
+};
+use crate::router::{close_shards, manifest, merge_sorted, Router};
+use crate::shard::ShardHandle;
+
+/// How to open a store.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Shards (threads). Fixed when the store is created; reopening with another count fails.
+    pub shards: usize,
+    /// Page cache budget for the whole store, split evenly over shards.
+    pub cache_bytes: usize,
+    /// Device I/Os each shard keeps in flight at most.
+    pub io_depth: usize,
+    pub durability: WriteDurability,
+    pub backend: Backend,
+    pub create_if_missing: bool,
+    /// Draw a progress bar on a terminal while recovery scans the slabs.
+    pub show_progress: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            shards: std::thread::available_parallelism().map_or(1, |cores| cores.get()),
+            cache_bytes: CACHE_BYTES_DEFAULT,
+            io_depth: IO_DEPTH_DEFAULT,
+            // Measured in docs/benchmarks.md ("durability mode"): RWF_DSYNC per write is faster
+            // on this class of device than one fdatasync per round.
+            durability: WriteDurability::Dsync,
+            backend: Backend::Auto,
+            create_if_missing: true,
+            show_progress: true,
+        }
+    }
+}
+
+/// A batch of puts and deletes, applied all-or-nothing within each shard.
+#[derive(Clone, Debug, Default)]
+pub struct WriteBatch {
+    ops: Vec<BatchOp>,
+}
+
+impl WriteBatch {
+    pub fn new() -> WriteBatch {
+        WriteBatch::default()
+    }
+    pub fn put(&mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> &mut Self {
+        self.ops.push(BatchOp::Put { key: key.into(), value: value.into() });
+        self
+    }
+    pub fn delete(&mut self, key: impl Into<Vec<u8>>) -> &mut Self {
+        self.ops.push(BatchOp::Delete { key: key.into() });
+        self
+    }
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// Figures for the whole store (`copse stats`).
+#[derive(Clone, Debug, Serialize)]
+pub struct StoreStats {
+    pub items: u64,
+    pub file_bytes: u64,
+    pub index_bytes: u64,
+    pub index_bytes_per_item: f64,
+    pub cache_hit_rate: f64,
+    pub shards: Vec<ShardStats>,
+}
+
+/// An open store. Cheap to clone; every clone talks to the same shards.
+#[derive(Clone)]
+pub struct Db {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    router: Router,
+    /// The shard threads; taken (under the mutex) only to close.
+    shards: std::sync::Mutex<Vec<ShardHandle>>,
+    _lock: Option<std::fs::File>,
+}
+
+fn check_key(key: &[u8]) -> Result<(), InputError> {
+    if key.len() < KEY_BYTES_MIN {
+        return Err(InputError::KeyEmpty);
+    }
+    if key.len() > KEY_BYTES_MAX {
+        return Err(InputError::KeyTooLarge { bytes: key.len(), max: KEY_BYTES_MAX });
+    }
+    Ok(())
+}
+
+fn check_value(value: &[u8]) -> Result<(), InputError> {
+    if value.len() > VALUE_BYTES_MAX {
+        return Err(InputError::ValueTooLarge { bytes: value.len(), max: VALUE_BYTES_MAX });
+    }
+    Ok(())
+}
+
+fn check_batch(ops: &[BatchOp]) -> Result<(), InputError> {
+    if ops.len() > WRITE_BATCH_OPS_MAX {
+        return Err(InputError::BatchTooManyOps { ops: ops.len(), max: WRITE_BATCH_OPS_MAX });
+    }
+    for op in ops {
+        check_key(op.key())?;
+        if let BatchOp::Put { value, .. } = op {
+            check_value(value)?;
+        }
+    }
+    let bytes = encoded_batch_bytes(ops);
+    if bytes > WRITE_BATCH_BYTES_MAX {
+        return Err(InputError::BatchTooLarge { bytes, max: WRITE_BATCH_BYTES_MAX });
+    }
+    Ok(())
+}
+
+/// Takes an exclusive lock on the store directory so two processes never open one store.
+fn lock_directory(path: &Path) -> Result<std::fs::File, OpenError> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(path)
+        .map_err(|err| OpenError::Device(crate::device::DeviceError::from_io(&err, path.display().to_string())))?;
+    let lock_path = path.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|err| OpenError::Device(crate::device::DeviceError::from_io(&err, lock_path.display().to_string())))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if locked != 0 {
+        return Err(OpenError::Locked(path.display().to_string()));
+    }
+    Ok(file)
+}
+
+impl Db {
+    /// Opens (or creates) the store in directory `path`.
+    pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Db, OpenError> {
+        let path = path.as_ref();
+        if !options.create_if_missing && !path.join(manifest::MANIFEST_FILE).exists() {
+            return Err(OpenError::NotFound(path.display().to_string()));
+        }
+        let lock = lock_directory(path)?;
+        let ring_entries = (options.io_depth.clamp(1, IO_DEPTH_MAX) as u32).next_power_of_two().max(8);
+        let storage = DirStorage::new(path, options.backend, options.durability, ring_entries)?;
+        Db::open_inner(Arc::new(storage), options, Some(lock))
+    }
+
+    /// Opens a store on any storage (the simulated device in tests).
+    pub fn open_with_storage(storage: Arc<dyn Storage>, options: Options) -> Result<Db, OpenError> {
+        Db::open_inner(storage, options, None)
+    }
+
+    fn open_inner(
+        storage: Arc<dyn Storage>,
+        options: Options,
+        lock: Option<std::fs::File>,
+    ) -> Result<Db, OpenError> {
+        if options.shards == 0 || options.shards > SHARDS_MAX {
+            return Err(OpenError::ShardCountOutOfRange(options.shards));
+        }
+        if options.io_depth == 0 || options.io_depth > IO_DEPTH_MAX {
+            return Err(OpenError::InvalidOption(format!(
+                "io_depth {} is out of range (1 to {IO_DEPTH_MAX})",
+                options.io_depth
+            )));
+        }
+        {
+            let mut device = storage.open_device()?;
+            manifest::open_or_create(
+                device.as_mut(),
+                options.shards as u32,
+                options.create_if_missing,
+                &storage.describe(),
+            )?;
+        }
+        let progress = (options.show_progress && std::io::stderr().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "recovering {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+                )
+                .expect("valid template"),
+            );
+            bar
+        });
+        let cache_pages = (options.cache_bytes / PAGE_BYTES / options.shards).max(CACHE_PAGES_PER_SHARD_MIN);
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let (opened_sender, opened) = std::sync::mpsc::channel();
+        let mut shards = Vec::with_capacity(options.shards);
+        for shard_id in 0..options.shards as u32 {
+            let config = EngineConfig {
+                shard_id,
+                cache_pages,
+                io_depth_max: options.io_depth,
+                poisoned: poisoned.clone(),
+            };
+            match ShardHandle::spawn(storage.clone(), config, progress.clone(), opened_sender.clone()) {
+                Ok(handle) => shards.push(handle),
+                Err(err) => {
+                    close_shards(&mut shards).ok();
+                    return Err(err);
+                }
+            }
+        }
+        drop(opened_sender);
+        let mut failure = None;
+        for _ in 0..options.shards {
+            match opened.recv() {
+                Ok((_, Ok(()))) => {}
+                Ok((shard, Err(err))) => {
+                    tracing::error!(shard, %err, "shard failed to open");
+                    failure.get_or_insert(err);
+                }
+                Err(_) => {
+                    failure.get_or_insert(OpenError::Thread("a shard thread exited while opening".into()));
+                }
+            }
+        }
+        if let Some(progress) = &progress {
+            progress.finish_and_clear();
+        }
+        if let Some(err) = failure {
+            close_shards(&mut shards).ok();
+            return Err(err);
+        }
+        Ok(Db {
+            inner: Arc::new(Inner {
+                router: Router::new(&shards),
+                shards: std::sync::Mutex::new(shards),
+                _lock: lock,
+            }),
+        })
+    }
+
+    fn router(&self) -> &Router {
+        &self.inner.router
+    }
+
+    pub fn shard_count(&self) -> u32 {
+        self.inner.router.shard_count()
+    }
+
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReadError> {
+        check_key(key)?;
+        let key = key.to_vec();
+        self.router().send(&key, ReadError::Closed, |key, reply| Request::Get { key, reply }).wait()
+    }
+
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), WriteError> {
+        check_key(key)?;
+        check_value(value)?;
+        let value = value.to_vec();
+        self.router()
+            .send(key, WriteError::Closed, |key, reply| Request::Put { key, value, reply })
+            .wait()
+    }
+
+    /// Deletes `key`; returns whether it existed.
+    pub fn delete(&self, key: &[u8]) -> Result<bool, WriteError> {
+        check_key(key)?;
+        self.router().send(key, WriteError::Closed, |key, reply| Request::Delete { key, reply }).wait()
+    }
+
+    /// Applies a batch: all-or-nothing within each shard, also across a crash. A batch whose
+    /// keys live in several shards is applied per shard (cross-shard atomicity comes with the
+    /// global sequence numbers of the portability issue).
+    pub fn write_batch(&self, batch: WriteBatch) -> Result<(), WriteError> {
+        check_batch(&batch.ops)?;
+        let pending = self.router().send_batch(batch.ops);
+        let mut result = Ok(());
+        for part in pending {
+            if let Err(err) = part.wait() {
+                result = Err(err);
+            }
+        }
+        result
+    }
+
+    /// Up to `limit` items with keys in `range`, in key order, each with its latest value.
+    pub fn scan<R: RangeBounds<Vec<u8>>>(&self, range: R, limit: usize) -> Result<Vec<KeyValue>, ReadError> {
+        let (start, end) = Self::scan_bounds(&range, limit)?;
+        let mut runs = Vec::new();
+        for pending in self.router().scan_all(&start, &end, limit) {
+            runs.push(pending.wait()?);
+        }
+        Ok(merge_sorted(runs, limit))
+    }
+
+    fn scan_bounds<R: RangeBounds<Vec<u8>>>(
+        range: &R,
+        limit: usize,
+    ) -> Result<(Bound<Vec<u8>>, Bound<Vec<u8>>), InputError> {
+        if limit > SCAN_ITEMS_MAX {
+            return Err(InputError::ScanLimitTooLarge { limit, max: SCAN_ITEMS_MAX });
+        }
+        for bound in [range.start_bound(), range.end_bound()] {
+            if let Bound::Included(key) | Bound::Excluded(key) = bound {
+                if key.len() > KEY_BYTES_MAX {
+                    return Err(InputError::KeyTooLarge { bytes: key.len(), max: KEY_BYTES_MAX });
+                }
+            }
+        }
+        Ok((range.start_bound().cloned(), range.end_bound().cloned()))
+    }
+
+    /// Returns once every write accepted before the call is durable.
+    pub fn flush(&self) -> Result<(), WriteError> {
+        let mut result = Ok(());
+        for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply }) {
+            if let Err(err) = pending.wait() {
+                result = Err(err);
+            }
+        }
+        result
+    }
+
+    pub fn stats(&self) -> Result<StoreStats, ReadError> {
+        let mut shards = Vec::new();
+        for pending in self.router().broadcast(ReadError::Closed, |reply| Request::Stats { reply }) {
+            shards.push(pending.wait()?);
+        }
+        Ok(summarize(shards))
+    }
+
+    /// Finishes all work, makes it durable and stops the shards. Other clones see `Closed`.
+    pub fn close(&self) -> Result<(), WriteError> {
+        let mut shards = self.inner.shards.lock().unwrap_or_else(|poison| poison.into_inner());
+        close_shards(&mut shards)
+    }
+
+    pub async fn get_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReadError> {
+        check_key(key)?;
+        let key = key.to_vec();
+        self.router()
+            .send_async(&key, ReadError::Closed, |key, reply| Request::Get { key, reply })
+            .await
+            .into_future()
+            .await
+    }
+
+    pub async fn put_async(&self, key: &[u8], value: &[u8]) -> Result<(), WriteError> {
+        check_key(key)?;
+        check_value(value)?;
+        let value = value.to_vec();
+        self.router()
+            .send_async(key, WriteError::Closed, |key, reply| Request::Put { key, value, reply })
+            .await
+            .into_future()
+            .await
+    }
+
+    pub async fn delete_async(&self, key: &[u8]) -> Result<bool, WriteError> {
+        check_key(key)?;
+        self.router()
+            .send_async(key, WriteError::Closed, |key, reply| Request::Delete { key, reply })
+            .await
+            .into_future()
+            .await
+    }
+
+    pub async fn write_batch_async(&self, batch: WriteBatch) -> Result<(), WriteError> {
+        check_batch(&batch.ops)?;
+        let mut result = Ok(());
+        for part in self.router().send_batch(batch.ops) {
+            if let Err(err) = part.into_future().await {
+                result = Err(err);
+            }
+        }
+        result
+    }
+
+    pub async fn scan_async<R: RangeBounds<Vec<u8>>>(
+        &self,
+        range: R,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, ReadError> {
+        let (start, end) = Self::scan_bounds(&range, limit)?;
+        let mut runs = Vec::new();
+        for pending in self.router().scan_all(&start, &end, limit) {
+            runs.push(pending.into_future().await?);
+        }
+        Ok(merge_sorted(runs, limit))
+    }
+
+    pub async fn flush_async(&self) -> Result<(), WriteError> {
+        let mut result = Ok(());
+        for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply }) {
+            if let Err(err) = pending.into_future().await {
+                result = Err(err);
+            }
+        }
+        result
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let shards = self.shards.get_mut().unwrap_or_else(|poison| poison.into_inner());
+        if let Err(err) = close_shards(shards) {
+            tracing::error!(%err, "closing the store on drop failed");
+        }
+    }
+}
+
+fn summarize(shards: Vec<ShardStats>) -> StoreStats {
+    let items: u64 = shards.iter().map(|shard| shard.items).sum();
+    let index_bytes: u64 = shards.iter().map(|shard| shard.index_bytes).sum();
+    let hits: u64 = shards.iter().map(|shard| shard.cache_hits).sum();
+    let misses: u64 = shards.iter().map(|shard| shard.cache_misses).sum();
+    StoreStats {
+        items,
+        file_bytes: shards.iter().map(|shard| shard.file_bytes).sum(),
+        index_bytes,
+        index_bytes_per_item: if items == 0 { 0.0 } else { index_bytes as f64 / items as f64 },
+        cache_hit_rate: if hits + misses == 0 { 0.0 } else { hits as f64 / (hits + misses) as f64 },
+        shards,
+    }
+}
+

@@ -1,0 +1,17 @@
+//! copse: a persistent key-value store for fast SSDs.
+//!
+//! Start with [`Db`] (`interfaces/db.rs`), then `ARCHITECTURE.md` for the reading order.
+//! Layers, top to bottom: `interfaces` → `router` → `shard` → `engine` → `device`.
+
+pub mod device;
+pub mod engine;
+pub mod error;
+pub mod interfaces;
+pub mod limits;
+pub mod router;
+pub mod shard;
+
+pub use device::{Backend, WriteDurability};
+pub use engine::{BatchOp, KeyValue, RecoveryStats, ShardStats};
+pub use error::{Error, InputError, OpenError, ReadError, WriteError};
+pub use interfaces::db::{Db, Options, StoreStats, WriteBatch};

@@ -1,0 +1,58 @@
+//! Every limit of copse, in one place (TigerBeetle's `constants.zig` is the model).
+//!
+//! Names carry their unit last. A limit that a user can exceed is enforced with a clear error
+//! where the request enters the store (`interfaces::db`), before any allocation of that size.
+
+/// The unit of every data I/O and of the page cache. Slab files are arrays of pages.
+pub const PAGE_BYTES: usize = 4096;
+/// O_DIRECT alignment of buffers, offsets and lengths. Torn writes split at this granularity.
+pub const SECTOR_BYTES: usize = 512;
+
+/// Keys are 1 B to 1 KiB, compared as byte strings.
+pub const KEY_BYTES_MIN: usize = 1;
+pub const KEY_BYTES_MAX: usize = 1024;
+/// Values are 0 B to 16 MiB.
+pub const VALUE_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Shards per store: one thread each. The count is fixed at creation (recorded in the manifest).
+pub const SHARDS_MAX: usize = 256;
+
+/// Requests a shard's inbound queue holds before senders block (backpressure).
+pub const SHARD_QUEUE_REQUESTS_MAX: usize = 4096;
+/// Requests a shard takes from its queue in one round (p2KVS opportunistic batching: it takes
+/// what is there, up to this many, and never waits to fill a batch).
+pub const ROUND_REQUESTS_MAX: usize = 256;
+
+/// Device I/Os a shard keeps in flight at most (KVell: enough for bandwidth, not so many that
+/// latency grows). Configurable per store up to `IO_DEPTH_MAX`.
+pub const IO_DEPTH_DEFAULT: usize = 64;
+pub const IO_DEPTH_MAX: usize = 1024;
+
+/// Page cache budget of the whole store, split evenly over shards.
+pub const CACHE_BYTES_DEFAULT: usize = 256 * 1024 * 1024;
+/// Each shard's cache holds at least this many pages, so a round's page images always fit.
+pub const CACHE_PAGES_PER_SHARD_MIN: usize = 256;
+
+/// Free slots a class keeps in memory; the rest are chained on disk through free records
+/// (KVell §5.3 keeps 64; more in memory lets one round reuse more slots without a read).
+pub const FREE_SLOTS_IN_MEMORY_MAX: usize = 4096;
+/// Independent on-disk free chains per class (KVell: N stacks whose heads live in memory, so N
+/// free slots can be found per round without reading tombstones in sequence).
+pub const FREE_CHAINS_PER_CLASS: usize = 64;
+
+/// Operations in one `write_batch`, and the encoded bytes of all of them (the batch is first
+/// written as one record, so it must fit the largest slot).
+pub const WRITE_BATCH_OPS_MAX: usize = 10_000;
+pub const WRITE_BATCH_BYTES_MAX: usize = VALUE_BYTES_MAX;
+
+/// Items one `scan` call returns at most.
+pub const SCAN_ITEMS_MAX: usize = 100_000;
+
+/// Slab files grow by this fraction of their size (at least `SLAB_GROWTH_BYTES_MIN`), so growth
+/// is rare and each growth is one fallocate.
+pub const SLAB_GROWTH_BYTES_MIN: u64 = 1024 * 1024;
+pub const SLAB_GROWTH_DIVISOR: u64 = 8;
+
+/// Recovery reads slabs in chunks of this size, this many at a time (sequential bandwidth).
+pub const RECOVERY_CHUNK_BYTES: usize = 1024 * 1024;
+pub const RECOVERY_CHUNKS_IN_FLIGHT: usize = 4;

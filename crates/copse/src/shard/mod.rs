@@ -1,0 +1,163 @@
+//! A shard: one OS thread that owns its engine (and through it the index, page cache, free lists
+//! and I/O ring). Nothing else touches that state; callers reach it only by message.
+//!
+//! The event loop (KVell worker, p2KVS opportunistic batching):
+//! 1. take what is in the queue, up to `ROUND_REQUESTS_MAX`, never waiting to fill a batch
+//!    (block only when the engine has nothing in flight);
+//! 2. hand them to the engine in arrival order (the engine turns the round into page reads and
+//!    writes; a page touched by several requests is written once);
+//! 3. submit the round's I/O with one system call, within the queue-depth bound;
+//! 4. reap completions as they arrive and answer the requests they finish.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::device::Storage;
+use crate::engine::native::{EngineConfig, NativeEngine};
+use crate::engine::Request;
+use crate::error::{OpenError, WriteError};
+use crate::limits::{ROUND_REQUESTS_MAX, SHARD_QUEUE_REQUESTS_MAX};
+
+/// A message on a shard's queue: a request, or the order to finish and stop.
+pub enum Message {
+    Request(Request),
+    Close(futures::channel::oneshot::Sender<Result<(), WriteError>>),
+}
+
+pub struct ShardHandle {
+    pub sender: flume::Sender<Message>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ShardHandle {
+    /// Starts the shard thread; it opens (recovers) its engine and reports through `opened`.
+    pub fn spawn(
+        storage: Arc<dyn Storage>,
+        config: EngineConfig,
+        progress: Option<indicatif::ProgressBar>,
+        opened: std::sync::mpsc::Sender<(u32, Result<(), OpenError>)>,
+    ) -> Result<ShardHandle, OpenError> {
+        let shard_id = config.shard_id;
+        let (sender, receiver) = flume::bounded(SHARD_QUEUE_REQUESTS_MAX);
+        let thread = std::thread::Builder::new()
+            .name(format!("copse-shard-{shard_id}"))
+            .spawn(move || {
+                let engine = storage
+                    .open_device()
+                    .map_err(OpenError::from)
+                    .and_then(|device| NativeEngine::open(device, config, progress.as_ref()));
+                match engine {
+                    Ok(engine) => {
+                        let _ = opened.send((shard_id, Ok(())));
+                        run(engine, receiver);
+                    }
+                    Err(err) => {
+                        let _ = opened.send((shard_id, Err(err)));
+                    }
+                }
+            })
+            .map_err(|err| OpenError::Thread(err.to_string()))?;
+        Ok(ShardHandle { sender, thread: Some(thread) })
+    }
+
+    pub fn join(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("a shard thread panicked");
+            }
+        }
+    }
+}
+
+fn run(mut engine: NativeEngine, receiver: flume::Receiver<Message>) {
+    let mut closing = None;
+    let mut requests = Vec::with_capacity(ROUND_REQUESTS_MAX);
+    loop {
+        if closing.is_none() {
+            if engine.is_idle() {
+                match receiver.recv() {
+                    Ok(message) => take(message, &mut requests, &mut closing),
+                    // Every handle is gone without a close: finish and stop.
+                    Err(flume::RecvError::Disconnected) => break,
+                }
+            }
+            while requests.len() < ROUND_REQUESTS_MAX && closing.is_none() {
+                match receiver.try_recv() {
+                    Ok(message) => take(message, &mut requests, &mut closing),
+                    Err(_) => break,
+                }
+            }
+        }
+        let took = requests.len();
+        for request in requests.drain(..) {
+            engine.handle(request);
+        }
+        engine.end_round();
+        // Wait for a completion only if no new request was taken this round; otherwise just
+        // collect what has completed and go back to the queue.
+        let wait = took == 0 && engine.has_io_in_flight();
+        engine.reap(wait);
+        if took == 0 && !engine.has_io_in_flight() && !engine.is_idle() {
+            // Work waits for a later round (a deferred free, say) with no I/O to wake us.
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        if let Some(reply) = closing.take() {
+            if engine.is_idle() {
+                finish(&mut engine, &receiver);
+                let _ = futures::channel::oneshot::Sender::send(reply, engine.close());
+                return;
+            }
+            closing = Some(reply);
+        }
+    }
+    finish(&mut engine, &receiver);
+    if let Err(err) = engine.close() {
+        tracing::error!(shard = engine.shard_id(), %err, "closing the shard failed");
+    }
+}
+
+fn take(
+    message: Message,
+    requests: &mut Vec<Request>,
+    closing: &mut Option<futures::channel::oneshot::Sender<Result<(), WriteError>>>,
+) {
+    match message {
+        Message::Request(request) => requests.push(request),
+        Message::Close(reply) => *closing = Some(reply),
+    }
+}
+
+/// Answers requests still queued at close: the store is closed to them.
+fn finish(engine: &mut NativeEngine, receiver: &flume::Receiver<Message>) {
+    while let Ok(message) = receiver.try_recv() {
+        match message {
+            Message::Request(request) => reject(request),
+            Message::Close(reply) => {
+                let _ = reply.send(Ok(()));
+            }
+        }
+    }
+    let _ = engine;
+}
+
+fn reject(request: Request) {
+    use crate::error::ReadError;
+    match request {
+        Request::Get { reply, .. } => {
+            let _ = reply.send(Err(ReadError::Closed));
+        }
+        Request::Scan { reply, .. } => {
+            let _ = reply.send(Err(ReadError::Closed));
+        }
+        Request::Stats { reply } => {
+            let _ = reply.send(Err(ReadError::Closed));
+        }
+        Request::Put { reply, .. } | Request::Batch { reply, .. } | Request::Flush { reply } => {
+            let _ = reply.send(Err(WriteError::Closed));
+        }
+        Request::Delete { reply, .. } => {
+            let _ = reply.send(Err(WriteError::Closed));
+        }
+    }
+}
