@@ -55,16 +55,14 @@ fn main() -> Result<(), Error> {
     std::fs::create_dir_all(&root)?;
     copse::device::uring::probe()?;
 
-    println!(
-        "durability probe in {} ({seconds} s per cell)",
-        root.display()
-    );
+    println!("durability probe in {} ({seconds} s per cell)", root.display());
     prefill(&root, "probe-overwrite.dat")?;
 
     let mut cells = Vec::new();
+    // Modes alternate within each depth, so drift in a shared device's load hits both alike.
     for file_kind in [FileKind::Overwrite, FileKind::Fresh] {
-        for mode in [WriteDurability::Dsync, WriteDurability::FlushPerRound] {
-            for depth in DEPTHS {
+        for depth in DEPTHS {
+            for mode in [WriteDurability::Dsync, WriteDurability::FlushPerRound] {
                 let cell = run_cell(&root, mode, file_kind, depth, cell_time)?;
                 print_cell(&cell);
                 cells.push(cell);
@@ -122,17 +120,9 @@ fn prefill(root: &Path, name: &str) -> Result<(), Error> {
     while offset < OVERWRITE_FILE_BYTES || device.in_flight() > 0 {
         let mut batch = Vec::new();
         while offset < OVERWRITE_FILE_BYTES && device.in_flight() + batch.len() < 8 {
-            let mut buf = buf_pool
-                .pop()
-                .unwrap_or_else(|| AlignedBuf::zeroed(PREFILL_CHUNK_BYTES));
+            let mut buf = buf_pool.pop().unwrap_or_else(|| AlignedBuf::zeroed(PREFILL_CHUNK_BYTES));
             buf.fill(0x5a);
-            batch.push(IoRequest {
-                token: 0,
-                file,
-                offset,
-                kind: IoKind::Write,
-                buf,
-            });
+            batch.push(IoRequest { token: 0, file, offset, kind: IoKind::Write, buf });
             offset += PREFILL_CHUNK_BYTES as u64;
         }
         if !batch.is_empty() {
@@ -220,11 +210,7 @@ fn run_cell(
         let acked_at = Instant::now();
         for at in completed_at {
             // dsync acknowledges each write at its completion; flush-per-round after the flush.
-            let ack = if mode == WriteDurability::Dsync {
-                at
-            } else {
-                acked_at
-            };
+            let ack = if mode == WriteDurability::Dsync { at } else { acked_at };
             latencies_us.push((ack - round_start).as_micros() as u64);
         }
         writes += depth as u64;
@@ -235,15 +221,7 @@ fn run_cell(
     if file_kind == FileKind::Fresh {
         std::fs::remove_file(root.join(&fresh_name))?;
     }
-    Ok(Cell {
-        mode,
-        file_kind,
-        depth,
-        writes,
-        elapsed,
-        latencies_us,
-        flushes,
-    })
+    Ok(Cell { mode, file_kind, depth, writes, elapsed, latencies_us, flushes })
 }
 
 fn percentile(sorted: &[u64], fraction: f64) -> u64 {
@@ -258,7 +236,8 @@ fn print_cell(cell: &Cell) {
     let mut sorted = cell.latencies_us.clone();
     sorted.sort_unstable();
     println!(
-        "{:<15} {:<9} qd {:>2}: {:>8.0} IOPS  p50 {:>7} us  p99 {:>7} us  ({} writes, {} flush calls)",
+        "{:<15} {:<9} qd {:>2}: {:>8.0} IOPS  p50 {:>7} us  p99 {:>7} us  \
+         ({} writes, {} flush calls)",
         mode_name(cell.mode),
         kind_name(cell.file_kind),
         cell.depth,

@@ -40,10 +40,7 @@ impl AlignedBuf {
             alloc::handle_alloc_error(layout);
         };
         // PAGE_BYTES is a power of two (a Layout alignment must be), so a mask tests alignment.
-        assert!(
-            ptr.as_ptr() as usize & (PAGE_BYTES - 1) == 0,
-            "allocator broke page alignment"
-        );
+        assert!(ptr.as_ptr() as usize & (PAGE_BYTES - 1) == 0, "allocator broke page alignment");
         AlignedBuf { ptr, len_bytes }
     }
 
@@ -104,9 +101,7 @@ impl Clone for AlignedBuf {
 impl fmt::Debug for AlignedBuf {
     // Only the length: page contents would flood logs and may hold user data.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AlignedBuf")
-            .field("len_bytes", &self.len_bytes)
-            .finish()
+        f.debug_struct("AlignedBuf").field("len_bytes", &self.len_bytes).finish()
     }
 }
 

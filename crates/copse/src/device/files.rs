@@ -55,10 +55,7 @@ pub(crate) fn check_dir(dir: &str) -> Result<(), DeviceError> {
 /// own alignment and length are guaranteed by `AlignedBuf`.)
 pub(crate) fn check_request(request: &IoRequest, files_count: usize) -> Result<(), DeviceError> {
     if request.file as usize >= files_count {
-        return Err(DeviceError::BadRequest(format!(
-            "unknown file id {}",
-            request.file
-        )));
+        return Err(DeviceError::BadRequest(format!("unknown file id {}", request.file)));
     }
     if !page_aligned(request.offset) {
         return Err(DeviceError::BadRequest(format!(
@@ -72,27 +69,15 @@ pub(crate) fn check_request(request: &IoRequest, files_count: usize) -> Result<(
             request.buf.len()
         )));
     }
-    if request
-        .offset
-        .checked_add(request.buf.len() as u64)
-        .is_none()
-    {
-        return Err(DeviceError::BadRequest(format!(
-            "offset {} overflows",
-            request.offset
-        )));
+    if request.offset.checked_add(request.buf.len() as u64).is_none() {
+        return Err(DeviceError::BadRequest(format!("offset {} overflows", request.offset)));
     }
     Ok(())
 }
 
 /// Describes a request for error messages: `Write of 4096 bytes at 8192 in shard-000/a.slab`.
 pub(crate) fn describe(request: &IoRequest, name: &str) -> String {
-    format!(
-        "{:?} of {} bytes at {} in {name}",
-        request.kind,
-        request.buf.len(),
-        request.offset
-    )
+    format!("{:?} of {} bytes at {} in {name}", request.kind, request.buf.len(), request.offset)
 }
 
 /// The result of a transfer that moved `done_bytes`: anything less than the whole buffer is an
@@ -126,10 +111,7 @@ pub(crate) fn open_direct(
     let path = root.join(name);
     let mut options = OpenOptions::new();
     // O_CLOEXEC is std's default; it is spelled out because the contract names it.
-    options
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC | extra_flags);
+    options.read(true).write(true).custom_flags(libc::O_DIRECT | libc::O_CLOEXEC | extra_flags);
     match options.open(&path) {
         Ok(file) => return Ok(file),
         Err(err) if create && err.kind() == ErrorKind::NotFound => {}
@@ -137,10 +119,7 @@ pub(crate) fn open_direct(
     }
     let parent = path.parent().unwrap_or(root).to_path_buf();
     let created_dirs = create_dirs(&parent)?;
-    let file = options
-        .create(true)
-        .open(&path)
-        .map_err(|err| open_error(&err, name))?;
+    let file = options.create(true).open(&path).map_err(|err| open_error(&err, name))?;
     // The new entry lives in `parent`; the entries of the directories leading to it live in their
     // own parents. Root first, so a crash never leaves a durable child in a vanished parent.
     for dir in fsync_chain(root, &parent, created_dirs) {
@@ -152,10 +131,7 @@ pub(crate) fn open_direct(
 fn open_error(err: &std::io::Error, name: &str) -> DeviceError {
     if err.raw_os_error() == Some(libc::EINVAL) {
         // The usual cause of EINVAL at open is a filesystem without O_DIRECT (tmpfs, some FUSE).
-        DeviceError::from_errno(
-            libc::EINVAL,
-            format!("open {name} (O_DIRECT unsupported here?)"),
-        )
+        DeviceError::from_errno(libc::EINVAL, format!("open {name} (O_DIRECT unsupported here?)"))
     } else {
         DeviceError::from_io(err, name)
     }
@@ -179,10 +155,7 @@ fn create_dirs(dir: &Path) -> Result<Option<PathBuf>, DeviceError> {
             // Another device (shard thread) won the race; its directory is as good as ours.
             Err(err) if err.kind() == ErrorKind::AlreadyExists => {}
             Err(err) => {
-                return Err(DeviceError::from_io(
-                    &err,
-                    format!("mkdir {}", path.display()),
-                ))
+                return Err(DeviceError::from_io(&err, format!("mkdir {}", path.display())))
             }
         }
     }
@@ -203,13 +176,7 @@ fn fsync_chain(root: &Path, parent: &Path, created_outermost: Option<PathBuf>) -
     let mut chain: Vec<PathBuf> = parent
         .ancestors()
         .take_while(|dir| dir.starts_with(&top))
-        .map(|dir| {
-            if dir.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                dir.to_path_buf()
-            }
-        })
+        .map(|dir| if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir.to_path_buf() })
         .collect();
     if chain.is_empty() {
         chain.push(parent.to_path_buf());
@@ -222,9 +189,7 @@ fn fsync_chain(root: &Path, parent: &Path, created_outermost: Option<PathBuf>) -
 pub(crate) fn fsync_dir(dir: &Path) -> Result<(), DeviceError> {
     let what = || format!("fsync directory {}", dir.display());
     let handle = File::open(dir).map_err(|err| DeviceError::from_io(&err, what()))?;
-    handle
-        .sync_all()
-        .map_err(|err| DeviceError::from_io(&err, what()))
+    handle.sync_all().map_err(|err| DeviceError::from_io(&err, what()))
 }
 
 /// Names (not paths) of the regular files in `root/dir`, sorted; empty if `dir` does not exist.
@@ -240,9 +205,7 @@ pub(crate) fn list_files(root: &Path, dir: &str) -> Result<Vec<String>, DeviceEr
     let mut names = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|err| DeviceError::from_io(&err, what()))?;
-        let file_type = entry
-            .file_type()
-            .map_err(|err| DeviceError::from_io(&err, what()))?;
+        let file_type = entry.file_type().map_err(|err| DeviceError::from_io(&err, what()))?;
         if !file_type.is_file() {
             continue;
         }
@@ -300,15 +263,13 @@ pub(crate) fn grow_file(file: &File, name: &str, len_bytes: u64) -> Result<(), D
         }
     }
     // fsync, not fdatasync: the new size and extents are metadata the next boot must see.
-    file.sync_all()
-        .map_err(|err| DeviceError::from_io(&err, format!("fsync {name}")))
+    file.sync_all().map_err(|err| DeviceError::from_io(&err, format!("fsync {name}")))
 }
 
 /// fdatasync: the data written so far, and the metadata needed to read it back, reach stable
 /// storage (the device's write cache is flushed).
 pub(crate) fn sync_data(file: &File, name: &str) -> Result<(), DeviceError> {
-    file.sync_data()
-        .map_err(|err| DeviceError::from_io(&err, format!("fdatasync {name}")))
+    file.sync_data().map_err(|err| DeviceError::from_io(&err, format!("fdatasync {name}")))
 }
 
 /// An open file of a real device and the name it was opened under (for error messages).
@@ -334,10 +295,7 @@ pub(crate) fn open_in_table(
         return Err(DeviceError::BadRequest("too many open files".into()));
     };
     let file = open_direct(root, name, create, extra_flags)?;
-    table.push(OpenFile {
-        file,
-        name: name.to_string(),
-    });
+    table.push(OpenFile { file, name: name.to_string() });
     Ok(id)
 }
 
@@ -358,10 +316,7 @@ mod tests {
             assert!(check_name(good).is_ok(), "{good}");
         }
         for bad in ["", "/a", "a/", "a//b", "./a", "a/../b", "..", "a\0b"] {
-            assert!(
-                matches!(check_name(bad), Err(DeviceError::BadRequest(_))),
-                "{bad:?}"
-            );
+            assert!(matches!(check_name(bad), Err(DeviceError::BadRequest(_))), "{bad:?}");
         }
         assert!(check_dir("").is_ok());
         assert!(check_dir("..").is_err());
@@ -374,11 +329,7 @@ mod tests {
         let plain = fsync_chain(root, parent, Some(PathBuf::from("/r/store/a")));
         assert_eq!(
             plain,
-            vec![
-                PathBuf::from("/r/store"),
-                PathBuf::from("/r/store/a"),
-                parent.to_path_buf()
-            ]
+            vec![PathBuf::from("/r/store"), PathBuf::from("/r/store/a"), parent.to_path_buf()]
         );
         let root_created = fsync_chain(root, parent, Some(PathBuf::from("/r/store")));
         assert_eq!(root_created.first(), Some(&PathBuf::from("/r")));
@@ -386,10 +337,7 @@ mod tests {
         let nothing_created = fsync_chain(root, root, None);
         assert_eq!(nothing_created, vec![root.to_path_buf()]);
         let relative = fsync_chain(Path::new("data"), Path::new("data/x"), Some("data".into()));
-        assert_eq!(
-            relative,
-            vec![PathBuf::from("."), "data".into(), "data/x".into()]
-        );
+        assert_eq!(relative, vec![PathBuf::from("."), "data".into(), "data/x".into()]);
     }
 }
 
@@ -430,39 +378,19 @@ pub(crate) mod testing {
             device.open_file(name, false).unwrap_err(),
             DeviceError::NotFound { name: name.into() }
         );
-        assert!(matches!(
-            device.open_file("../escape", true),
-            Err(DeviceError::BadRequest(_))
-        ));
+        assert!(matches!(device.open_file("../escape", true), Err(DeviceError::BadRequest(_))));
         let file = device.open_file(name, true).unwrap();
         assert!(root.join(name).is_file());
-        assert_eq!(
-            device.open_file(name, false).unwrap(),
-            file,
-            "one id per name"
-        );
+        assert_eq!(device.open_file(name, false).unwrap(), file, "one id per name");
         assert_eq!(device.file_len_bytes(file).unwrap(), 0);
 
         device.grow_file(file, 8 * PAGE).unwrap();
         assert_eq!(device.file_len_bytes(file).unwrap(), 8 * PAGE);
         device.grow_file(file, 4 * PAGE).unwrap();
-        assert_eq!(
-            device.file_len_bytes(file).unwrap(),
-            8 * PAGE,
-            "grow never shrinks"
-        );
-        assert!(matches!(
-            device.grow_file(file, 8 * PAGE + 512),
-            Err(DeviceError::BadRequest(_))
-        ));
-        assert!(matches!(
-            device.grow_file(99, 8 * PAGE),
-            Err(DeviceError::BadRequest(_))
-        ));
-        assert_eq!(
-            std::fs::read(root.join(name)).unwrap(),
-            vec![0u8; 8 * PAGE_BYTES]
-        );
+        assert_eq!(device.file_len_bytes(file).unwrap(), 8 * PAGE, "grow never shrinks");
+        assert!(matches!(device.grow_file(file, 8 * PAGE + 512), Err(DeviceError::BadRequest(_))));
+        assert!(matches!(device.grow_file(99, 8 * PAGE), Err(DeviceError::BadRequest(_))));
+        assert_eq!(std::fs::read(root.join(name)).unwrap(), vec![0u8; 8 * PAGE_BYTES]);
 
         // Pages 0..4: one single-page write each for 0, 1, and one two-page write for 2..4.
         let writes = vec![
@@ -490,10 +418,7 @@ pub(crate) mod testing {
         ];
         device.submit(writes).unwrap();
         let done = reap_all(device);
-        assert_eq!(
-            done.iter().map(|c| c.token).collect::<Vec<_>>(),
-            vec![0, 1, 2]
-        );
+        assert_eq!(done.iter().map(|c| c.token).collect::<Vec<_>>(), vec![0, 1, 2]);
         for completion in &done {
             assert_eq!(completion.result, Ok(()), "token {}", completion.token);
             assert_eq!(completion.kind, IoKind::Write);
@@ -503,10 +428,7 @@ pub(crate) mod testing {
 
         let on_disk = std::fs::read(root.join(name)).unwrap();
         assert_eq!(&on_disk[..PAGE_BYTES], &pattern(1, PAGE_BYTES)[..]);
-        assert_eq!(
-            &on_disk[2 * PAGE_BYTES..4 * PAGE_BYTES],
-            &pattern(3, 2 * PAGE_BYTES)[..]
-        );
+        assert_eq!(&on_disk[2 * PAGE_BYTES..4 * PAGE_BYTES], &pattern(3, 2 * PAGE_BYTES)[..]);
         assert_eq!(&on_disk[4 * PAGE_BYTES..], &vec![0u8; 4 * PAGE_BYTES][..]);
 
         let reads = vec![
@@ -568,54 +490,24 @@ pub(crate) mod testing {
         assert!(
             matches!(
                 done[2].result,
-                Err(DeviceError::Short {
-                    kind: IoKind::Read,
-                    done: 0,
-                    wanted: 4096,
-                    ..
-                })
+                Err(DeviceError::Short { kind: IoKind::Read, done: 0, wanted: 4096, .. })
             ),
             "{:?}",
             done[2].result
         );
         assert!(
-            matches!(
-                done[3].result,
-                Err(DeviceError::Short {
-                    done: 4096,
-                    wanted: 8192,
-                    ..
-                })
-            ),
+            matches!(done[3].result, Err(DeviceError::Short { done: 4096, wanted: 8192, .. })),
             "{:?}",
             done[3].result
         );
-        assert!(
-            matches!(done[4].result, Err(DeviceError::BadRequest(_))),
-            "{:?}",
-            done[4].result
-        );
-        assert!(
-            matches!(done[5].result, Err(DeviceError::BadRequest(_))),
-            "{:?}",
-            done[5].result
-        );
+        assert!(matches!(done[4].result, Err(DeviceError::BadRequest(_))), "{:?}", done[4].result);
+        assert!(matches!(done[5].result, Err(DeviceError::BadRequest(_))), "{:?}", done[5].result);
 
-        assert_eq!(
-            device.list_files("shard-000").unwrap(),
-            vec!["class-04.slab".to_string()]
-        );
-        assert_eq!(
-            device.list_files("").unwrap(),
-            vec!["probe-direct".to_string()],
-            "no dirs"
-        );
+        assert_eq!(device.list_files("shard-000").unwrap(), vec!["class-04.slab".to_string()]);
+        assert_eq!(device.list_files("").unwrap(), vec!["probe-direct".to_string()], "no dirs");
         assert_eq!(device.list_files("missing").unwrap(), Vec::<String>::new());
         device.open_file("shard-000/a.slab", true).unwrap();
-        assert_eq!(
-            device.list_files("shard-000").unwrap(),
-            vec!["a.slab", "class-04.slab"]
-        );
+        assert_eq!(device.list_files("shard-000").unwrap(), vec!["a.slab", "class-04.slab"]);
 
         let stats = device.stats();
         assert_eq!((stats.writes, stats.bytes_written), (3, 4 * PAGE));

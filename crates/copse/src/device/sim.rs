@@ -225,11 +225,7 @@ impl State {
         durability: WriteDurability,
         item: InFlight,
     ) -> IoCompletion {
-        let InFlight {
-            mut request,
-            name,
-            outcome,
-        } = item;
+        let InFlight { mut request, name, outcome } = item;
         let result = if self.crashed {
             Err(DeviceError::Crashed)
         } else {
@@ -266,19 +262,13 @@ impl State {
     ) -> Result<(), DeviceError> {
         let Some(file) = self.files.get_mut(name) else {
             // Files are never deleted, so this is a simulator bug; report it, do not panic.
-            return Err(DeviceError::NotFound {
-                name: name.to_string(),
-            });
+            return Err(DeviceError::NotFound { name: name.to_string() });
         };
         let start = request.offset as usize;
         match request.kind {
             IoKind::Read => {
                 // Like pread: the bytes up to the end of the file, then a short count.
-                let available = file
-                    .volatile
-                    .len()
-                    .saturating_sub(start)
-                    .min(request.buf.len());
+                let available = file.volatile.len().saturating_sub(start).min(request.buf.len());
                 if available > 0 {
                     request.buf[..available]
                         .copy_from_slice(&file.volatile[start..start + available]);
@@ -333,10 +323,7 @@ enum Fate {
 /// subset (the device reorders sectors), never all or none.
 fn tear(rng: &mut ChaCha8Rng, image: &mut Vec<u8>, offset: u64, data: &[u8]) {
     let sectors = data.len() / SECTOR_BYTES;
-    assert!(
-        sectors >= 2,
-        "a page-aligned write has at least two sectors"
-    );
+    assert!(sectors >= 2, "a page-aligned write has at least two sectors");
     let mut new_sector = vec![false; sectors];
     if rng.gen_bool(0.5) {
         let prefix = rng.gen_range(1..sectors);
@@ -363,9 +350,7 @@ fn tear(rng: &mut ChaCha8Rng, image: &mut Vec<u8>, offset: u64, data: &[u8]) {
 impl SimDisk {
     pub fn new(seed: u64) -> SimDisk {
         let state = State::new(seed, ChaCha8Rng::seed_from_u64(seed));
-        SimDisk {
-            state: Arc::new(Mutex::new(state)),
-        }
+        SimDisk { state: Arc::new(Mutex::new(state)) }
     }
 
     /// A lock that survives a panicking test thread (the state stays consistent: every mutation
@@ -380,10 +365,7 @@ impl SimDisk {
 
     /// A `Storage` whose devices all work on this disk.
     pub fn storage(&self, durability: WriteDurability) -> SimStorage {
-        SimStorage {
-            disk: self.clone(),
-            durability,
-        }
+        SimStorage { disk: self.clone(), durability }
     }
 
     /// A device on this disk (what `storage(durability).open_device()` returns, unboxed).
@@ -392,12 +374,7 @@ impl SimDisk {
         let id = state.next_device_id;
         state.next_device_id += 1;
         state.devices.insert(id, DeviceSlot::default());
-        SimDevice {
-            disk: self.clone(),
-            id,
-            durability,
-            files: Vec::new(),
-        }
+        SimDevice { disk: self.clone(), id, durability, files: Vec::new() }
     }
 
     /// Arms a crash: the next `ops` counted operations run, and the one after them (and every
@@ -425,11 +402,8 @@ impl SimDisk {
         let mut guard = self.lock();
         guard.crash();
         let state = &mut *guard;
-        let mut images: BTreeMap<String, Vec<u8>> = state
-            .files
-            .iter()
-            .map(|(name, file)| (name.clone(), file.durable.clone()))
-            .collect();
+        let mut images: BTreeMap<String, Vec<u8>> =
+            state.files.iter().map(|(name, file)| (name.clone(), file.durable.clone())).collect();
         let mut stats = RestartStats::default();
         for record in state.pending.iter().chain(state.in_flight_at_crash.iter()) {
             let image = images.entry(record.name.clone()).or_default();
@@ -457,20 +431,10 @@ impl SimDisk {
         let mut next = State::new(state.seed, state.rng.clone());
         next.files = images
             .into_iter()
-            .map(|(name, image)| {
-                (
-                    name,
-                    SimFile {
-                        durable: image.clone(),
-                        volatile: image,
-                    },
-                )
-            })
+            .map(|(name, image)| (name, SimFile { durable: image.clone(), volatile: image }))
             .collect();
         next.restart_stats = stats;
-        SimDisk {
-            state: Arc::new(Mutex::new(next)),
-        }
+        SimDisk { state: Arc::new(Mutex::new(next)) }
     }
 
     /// On a disk returned by `restart`: what happened to the non-durable writes. Zero otherwise.
@@ -483,13 +447,7 @@ impl SimDisk {
     /// nothing; a failed flush makes nothing durable; a failed grow leaves the size.
     pub fn fail_nth(&self, n: u64, op: FaultOp, error: FaultError, persistent: bool) {
         assert!(n >= 1, "fail_nth counts from 1");
-        self.lock().faults.push(Fault {
-            op,
-            error,
-            nth: n,
-            seen: 0,
-            persistent,
-        });
+        self.lock().faults.push(Fault { op, error, nth: n, seen: 0, persistent });
     }
 
     /// Flips one bit in the durable and in the volatile image (where the byte exists in each).
@@ -508,10 +466,7 @@ impl SimDisk {
                 flipped = true;
             }
         }
-        assert!(
-            flipped,
-            "flip_bit: offset {byte_offset} is past the end of {name:?}"
-        );
+        assert!(flipped, "flip_bit: offset {byte_offset} is past the end of {name:?}");
     }
 
     /// Every file name on the disk, sorted.
@@ -521,10 +476,7 @@ impl SimDisk {
 
     /// The volatile image of a file (what a read would return), or `None` if there is no file.
     pub fn read_file(&self, name: &str) -> Option<Vec<u8>> {
-        self.lock()
-            .files
-            .get(name)
-            .map(|file| file.volatile.clone())
+        self.lock().files.get(name).map(|file| file.volatile.clone())
     }
 
     /// Test helper: overwrites bytes in both images (creating the file, extending it with zeros),
@@ -569,11 +521,7 @@ impl Storage for SimStorage {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "simulated disk (seed {}, {:?})",
-            self.disk.seed(),
-            self.durability
-        )
+        format!("simulated disk (seed {}, {:?})", self.disk.seed(), self.durability)
     }
 }
 
@@ -607,14 +555,11 @@ impl BlockDevice for SimDevice {
         }
         if !state.files.contains_key(name) {
             if !create {
-                return Err(DeviceError::NotFound {
-                    name: name.to_string(),
-                });
+                return Err(DeviceError::NotFound { name: name.to_string() });
             }
             // A real filesystem cannot have a file and a directory of one name.
-            let under_file = name
-                .match_indices('/')
-                .any(|(slash, _)| state.files.contains_key(&name[..slash]));
+            let under_file =
+                name.match_indices('/').any(|(slash, _)| state.files.contains_key(&name[..slash]));
             if under_file {
                 return Err(DeviceError::from_errno(libc::ENOTDIR, name));
             }
@@ -642,11 +587,7 @@ impl BlockDevice for SimDevice {
             return Err(DeviceError::Crashed);
         }
         files::check_dir(dir)?;
-        let prefix = if dir.is_empty() {
-            String::new()
-        } else {
-            format!("{dir}/")
-        };
+        let prefix = if dir.is_empty() { String::new() } else { format!("{dir}/") };
         Ok(state
             .files
             .range(prefix.clone()..)
@@ -673,9 +614,7 @@ impl BlockDevice for SimDevice {
         }
         let name = self.name(file)?.to_string();
         if !files::page_aligned(len_bytes) || len_bytes > SIM_FILE_BYTES_MAX {
-            return Err(DeviceError::BadRequest(format!(
-                "grow {name} to {len_bytes} bytes"
-            )));
+            return Err(DeviceError::BadRequest(format!("grow {name} to {len_bytes} bytes")));
         }
         state.begin_op(FaultOp::Grow, || format!("fallocate {name}"))?;
         let file = state.files.entry(name).or_default();
@@ -696,10 +635,7 @@ impl BlockDevice for SimDevice {
         let mut guard = self.disk.lock();
         let state = &mut *guard;
         state.bump(self.id, |s| s.submit_calls += 1);
-        let queued_before = state
-            .devices
-            .get(&self.id)
-            .map_or(0, |slot| slot.in_flight.len());
+        let queued_before = state.devices.get(&self.id).map_or(0, |slot| slot.in_flight.len());
         let mut crashed = false;
         for request in requests {
             let checked = files::check_request(&request, self.files.len()).and_then(|()| {
@@ -710,11 +646,7 @@ impl BlockDevice for SimDevice {
                     ))),
                 }
             });
-            let name = self
-                .files
-                .get(request.file as usize)
-                .cloned()
-                .unwrap_or_default();
+            let name = self.files.get(request.file as usize).cloned().unwrap_or_default();
             let outcome = match checked {
                 // Malformed requests are not device operations: not counted, never faulted.
                 Err(err) => Err(err),
@@ -733,11 +665,7 @@ impl BlockDevice for SimDevice {
             };
             // Queued before the next request's gate, so a crash there records it as in flight.
             if let Some(slot) = state.devices.get_mut(&self.id) {
-                slot.in_flight.push(InFlight {
-                    request,
-                    name,
-                    outcome,
-                });
+                slot.in_flight.push(InFlight { request, name, outcome });
             }
         }
         if crashed {
@@ -782,11 +710,7 @@ impl BlockDevice for SimDevice {
     }
 
     fn in_flight(&self) -> usize {
-        self.disk
-            .lock()
-            .devices
-            .get(&self.id)
-            .map_or(0, |slot| slot.in_flight.len())
+        self.disk.lock().devices.get(&self.id).map_or(0, |slot| slot.in_flight.len())
     }
 
     fn flush(&mut self) -> Result<(), DeviceError> {
@@ -802,11 +726,7 @@ impl BlockDevice for SimDevice {
     }
 
     fn stats(&self) -> DeviceStats {
-        self.disk
-            .lock()
-            .devices
-            .get(&self.id)
-            .map_or_else(DeviceStats::default, |slot| slot.stats)
+        self.disk.lock().devices.get(&self.id).map_or_else(DeviceStats::default, |slot| slot.stats)
     }
 }
 
@@ -841,13 +761,7 @@ mod tests {
     }
 
     fn write(token: u64, file: FileId, page_no: u64, fill: u8) -> IoRequest {
-        IoRequest {
-            token,
-            file,
-            offset: page_no * PAGE,
-            kind: IoKind::Write,
-            buf: page(fill),
-        }
+        IoRequest { token, file, offset: page_no * PAGE, kind: IoKind::Write, buf: page(fill) }
     }
 
     fn read(token: u64, file: FileId, page_no: u64, pages: usize) -> IoRequest {
@@ -879,27 +793,16 @@ mod tests {
         assert!(storage.describe().contains("seed 1"));
         let mut device = storage.open_device().unwrap();
         let name = "shard-000/class-04.slab";
-        assert_eq!(
-            device.open_file(name, false),
-            Err(DeviceError::NotFound { name: name.into() })
-        );
-        assert!(matches!(
-            device.open_file("a/../b", true),
-            Err(DeviceError::BadRequest(_))
-        ));
+        assert_eq!(device.open_file(name, false), Err(DeviceError::NotFound { name: name.into() }));
+        assert!(matches!(device.open_file("a/../b", true), Err(DeviceError::BadRequest(_))));
         let file = device.open_file(name, true).unwrap();
         assert_eq!(device.open_file(name, false).unwrap(), file);
         device.grow_file(file, 4 * PAGE).unwrap();
         device.grow_file(file, 2 * PAGE).unwrap();
         assert_eq!(device.file_len_bytes(file).unwrap(), 4 * PAGE);
-        assert!(matches!(
-            device.grow_file(file, 100),
-            Err(DeviceError::BadRequest(_))
-        ));
+        assert!(matches!(device.grow_file(file, 100), Err(DeviceError::BadRequest(_))));
 
-        device
-            .submit(vec![write(1, file, 0, 10), write(2, file, 3, 30)])
-            .unwrap();
+        device.submit(vec![write(1, file, 0, 10), write(2, file, 3, 30)]).unwrap();
         assert_eq!(device.in_flight(), 2);
         let done = reap_all(device.as_mut());
         assert!(done.iter().all(|c| c.result.is_ok()));
@@ -912,10 +815,7 @@ mod tests {
                 read(10, file, 0, 4),
                 read(11, file, 4, 1), // past the end
                 read(12, file, 3, 2), // straddles the end
-                IoRequest {
-                    offset: 512,
-                    ..read(13, file, 0, 1)
-                }, // misaligned
+                IoRequest { offset: 512, ..read(13, file, 0, 1) }, // misaligned
                 read(14, 9, 0, 1),    // unknown file
             ])
             .unwrap();
@@ -925,22 +825,8 @@ mod tests {
         assert_eq!(page_of(&done[0].buf, 0), &page(10)[..]);
         assert_eq!(page_of(&done[0].buf, 1), &[0u8; PAGE_BYTES][..]);
         assert_eq!(page_of(&done[0].buf, 3), &page(30)[..]);
-        assert!(matches!(
-            done[1].result,
-            Err(DeviceError::Short {
-                done: 0,
-                wanted: 4096,
-                ..
-            })
-        ));
-        assert!(matches!(
-            done[2].result,
-            Err(DeviceError::Short {
-                done: 4096,
-                wanted: 8192,
-                ..
-            })
-        ));
+        assert!(matches!(done[1].result, Err(DeviceError::Short { done: 0, wanted: 4096, .. })));
+        assert!(matches!(done[2].result, Err(DeviceError::Short { done: 4096, wanted: 8192, .. })));
         assert_eq!(page_of(&done[2].buf, 0), &page(30)[..]);
         assert!(matches!(done[3].result, Err(DeviceError::BadRequest(_))));
         assert!(matches!(done[4].result, Err(DeviceError::BadRequest(_))));
@@ -952,42 +838,25 @@ mod tests {
         second.open_file("shard-000/b.slab", true).unwrap();
         second.open_file("shard-001/c.slab", true).unwrap();
         second.open_file("top", true).unwrap();
-        assert_eq!(
-            second.list_files("shard-000").unwrap(),
-            vec!["b.slab", "class-04.slab"]
-        );
+        assert_eq!(second.list_files("shard-000").unwrap(), vec!["b.slab", "class-04.slab"]);
         assert_eq!(second.list_files("").unwrap(), vec!["top"]);
         assert_eq!(second.list_files("nothing").unwrap(), Vec::<String>::new());
         assert!(matches!(
             second.open_file("top/x", true),
-            Err(DeviceError::Os {
-                errno: libc::ENOTDIR,
-                ..
-            })
+            Err(DeviceError::Os { errno: libc::ENOTDIR, .. })
         ));
         assert!(matches!(
             second.open_file("shard-001", true),
-            Err(DeviceError::Os {
-                errno: libc::EISDIR,
-                ..
-            })
+            Err(DeviceError::Os { errno: libc::EISDIR, .. })
         ));
         assert_eq!(
             disk.file_names(),
-            vec![
-                "shard-000/b.slab",
-                "shard-000/class-04.slab",
-                "shard-001/c.slab",
-                "top"
-            ]
+            vec!["shard-000/b.slab", "shard-000/class-04.slab", "shard-001/c.slab", "top"]
         );
 
         let stats = device.stats();
         assert_eq!((stats.writes, stats.reads, stats.flushes), (2, 1, 1));
-        assert_eq!(
-            (stats.bytes_written, stats.bytes_read),
-            (2 * PAGE, 4 * PAGE)
-        );
+        assert_eq!((stats.bytes_written, stats.bytes_read), (2 * PAGE, 4 * PAGE));
         assert_eq!(disk.stats().writes, 2);
         // Counted: 2 writes + 3 valid reads (the past-the-end ones too) + 2 grows + 1 flush.
         assert_eq!(disk.ops(), 8);
@@ -1001,9 +870,7 @@ mod tests {
         let mut device = disk.device(WriteDurability::Dsync);
         let file = device.open_file("f", true).unwrap();
         device.grow_file(file, 64 * PAGE).unwrap();
-        device
-            .submit((0..64).map(|p| write(p, file, p, p as u8)).collect())
-            .unwrap();
+        device.submit((0..64).map(|p| write(p, file, p, p as u8)).collect()).unwrap();
         let mut out = Vec::new();
         let mut reaps = 0;
         while device.in_flight() > 0 {
@@ -1013,18 +880,11 @@ mod tests {
             reaps += 1;
         }
         let tokens: Vec<u64> = out.iter().map(|c| c.token).collect();
-        assert_ne!(
-            tokens,
-            (0..64).collect::<Vec<_>>(),
-            "completions in submission order"
-        );
+        assert_ne!(tokens, (0..64).collect::<Vec<_>>(), "completions in submission order");
         let mut sorted = tokens.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, (0..64).collect::<Vec<_>>());
-        assert!(
-            reaps > 1 && reaps < 64,
-            "reap completed a random number: {reaps} calls"
-        );
+        assert!(reaps > 1 && reaps < 64, "reap completed a random number: {reaps} calls");
         let image = disk.read_file("f").unwrap();
         for p in 0..64 {
             assert_eq!(page_of(&image, p), &page(p as u8)[..]);
@@ -1042,14 +902,10 @@ mod tests {
         let mut device = disk.device(WriteDurability::FlushPerRound);
         let file = device.open_file("s/slab", true).unwrap();
         device.grow_file(file, 16 * PAGE).unwrap();
-        device
-            .submit((0..16).map(|p| write(p, file, p, 1)).collect())
-            .unwrap();
+        device.submit((0..16).map(|p| write(p, file, p, 1)).collect()).unwrap();
         let mut order: Vec<u64> = reap_all(&mut device).iter().map(|c| c.token).collect();
         device.flush().unwrap();
-        device
-            .submit((0..16).map(|p| write(100 + p, file, p, 100)).collect())
-            .unwrap();
+        device.submit((0..16).map(|p| write(100 + p, file, p, 100)).collect()).unwrap();
         let mut out = Vec::new();
         device.reap(8, &mut out).unwrap();
         order.extend(out.iter().map(|c| c.token));
@@ -1066,9 +922,8 @@ mod tests {
             assert_eq!(first.read_file("s/slab"), second.read_file("s/slab"));
             assert_eq!(first.restart_stats(), second.restart_stats());
         }
-        let images: std::collections::BTreeSet<Vec<u8>> = (0..8)
-            .map(|seed| crash_workload(seed).0.read_file("s/slab").unwrap())
-            .collect();
+        let images: std::collections::BTreeSet<Vec<u8>> =
+            (0..8).map(|seed| crash_workload(seed).0.read_file("s/slab").unwrap()).collect();
         assert!(images.len() > 1, "the seed changes nothing");
     }
 
@@ -1123,32 +978,20 @@ mod tests {
             let mut device = disk.device(WriteDurability::Dsync);
             let file = device.open_file("f", true).unwrap();
             device.grow_file(file, 8 * PAGE).unwrap();
-            device
-                .submit((0..8).map(|p| write(p, file, p, 50)).collect())
-                .unwrap();
+            device.submit((0..8).map(|p| write(p, file, p, 50)).collect()).unwrap();
             disk.crash_now();
             assert!(disk.has_crashed());
             let done = reap_all(&mut device);
             assert_eq!(done.len(), 8);
             assert!(done.iter().all(|c| c.result == Err(DeviceError::Crashed)));
             assert_eq!(device.flush(), Err(DeviceError::Crashed));
-            assert_eq!(
-                device.submit(vec![write(9, file, 0, 1)]),
-                Err(DeviceError::Crashed)
-            );
+            assert_eq!(device.submit(vec![write(9, file, 0, 1)]), Err(DeviceError::Crashed));
             assert_eq!(device.in_flight(), 0);
             let rebooted = disk.restart();
             let stats = rebooted.restart_stats();
-            assert_eq!(
-                stats.kept_writes + stats.dropped_writes + stats.torn_writes,
-                8
-            );
-            let seen = classify(
-                &rebooted.read_file("f").unwrap(),
-                8,
-                &[0u8; PAGE_BYTES],
-                &page(50),
-            );
+            assert_eq!(stats.kept_writes + stats.dropped_writes + stats.torn_writes, 8);
+            let seen =
+                classify(&rebooted.read_file("f").unwrap(), 8, &[0u8; PAGE_BYTES], &page(50));
             assert_eq!(seen, stats);
             landed += stats.kept_writes + stats.torn_writes;
             assert!(!rebooted.has_crashed());
@@ -1165,9 +1008,7 @@ mod tests {
             let mut device = disk.device(WriteDurability::Dsync);
             let file = device.open_file("f", true).unwrap();
             device.grow_file(file, 8 * PAGE).unwrap();
-            device
-                .submit((0..8).map(|p| write(p, file, p, 70)).collect())
-                .unwrap();
+            device.submit((0..8).map(|p| write(p, file, p, 70)).collect()).unwrap();
             reap_all(&mut device);
             let rebooted = disk.restart();
             assert_eq!(rebooted.restart_stats(), RestartStats::default());
@@ -1207,9 +1048,7 @@ mod tests {
         let file = device.open_file("f", true).unwrap();
         disk.crash_after_ops(4);
         device.grow_file(file, 8 * PAGE).unwrap(); // 1
-        device
-            .submit(vec![write(0, file, 0, 5), write(1, file, 1, 5)])
-            .unwrap(); // 2, 3
+        device.submit(vec![write(0, file, 0, 5), write(1, file, 1, 5)]).unwrap(); // 2, 3
         reap_all(&mut device);
         device.flush().unwrap(); // 4
         assert!(!disk.has_crashed());
@@ -1217,11 +1056,7 @@ mod tests {
         assert!(disk.has_crashed());
         assert_eq!(disk.ops(), 4);
         let image = disk.restart().read_file("f").unwrap();
-        assert_eq!(
-            image.len(),
-            8 * PAGE_BYTES,
-            "the crashed grow must not happen"
-        );
+        assert_eq!(image.len(), 8 * PAGE_BYTES, "the crashed grow must not happen");
         assert_eq!(page_of(&image, 1), &page(5)[..], "flushed before the crash");
 
         // A crash in the middle of one submit: the first two requests were in flight at the crash,
@@ -1235,10 +1070,7 @@ mod tests {
         assert_eq!(device.submit(batch), Err(DeviceError::Crashed));
         assert_eq!(device.in_flight(), 0);
         let stats = disk.restart().restart_stats();
-        assert_eq!(
-            stats.kept_writes + stats.dropped_writes + stats.torn_writes,
-            2
-        );
+        assert_eq!(stats.kept_writes + stats.dropped_writes + stats.torn_writes, 2);
     }
 
     #[test]
@@ -1252,7 +1084,8 @@ mod tests {
         for p in 0..5 {
             device.submit(vec![write(p, file, p, 40)]).unwrap();
             if p == 1 {
-                device.submit(vec![read(90, file, 0, 1)]).unwrap(); // read 1: not counted as a write
+                // Read number 1; it does not advance the write fault's count.
+                device.submit(vec![read(90, file, 0, 1)]).unwrap();
             }
         }
         let mut done = reap_all(&mut device);
@@ -1261,22 +1094,12 @@ mod tests {
         assert_eq!(results, vec![true, true, false, true, true, true]);
         assert!(matches!(done[2].result, Err(DeviceError::Io { .. })));
         let image = disk.read_file("f").unwrap();
-        assert_eq!(
-            page_of(&image, 2),
-            &[0u8; PAGE_BYTES][..],
-            "a failed write changes nothing"
-        );
+        assert_eq!(page_of(&image, 2), &[0u8; PAGE_BYTES][..], "a failed write changes nothing");
         assert_eq!(page_of(&image, 3), &page(40)[..]);
-        device
-            .submit(vec![read(91, file, 0, 1), read(92, file, 0, 1)])
-            .unwrap();
+        device.submit(vec![read(91, file, 0, 1), read(92, file, 0, 1)]).unwrap();
         let mut done = reap_all(&mut device);
         done.sort_by_key(|c| c.token);
-        assert!(
-            matches!(done[0].result, Err(DeviceError::NoSpace { .. })),
-            "{:?}",
-            done[0].result
-        );
+        assert!(matches!(done[0].result, Err(DeviceError::NoSpace { .. })), "{:?}", done[0].result);
         assert_eq!(done[1].result, Ok(()));
 
         disk.fail_nth(2, FaultOp::Flush, FaultError::NoSpace, true);
@@ -1289,19 +1112,13 @@ mod tests {
         // A persistent flush fault leaves grows alone; an Any fault catches the next grow.
         device.grow_file(file, 16 * PAGE).unwrap();
         disk.fail_nth(1, FaultOp::Any, FaultError::Io, false);
-        assert!(matches!(
-            device.grow_file(file, 32 * PAGE),
-            Err(DeviceError::Io { .. })
-        ));
+        assert!(matches!(device.grow_file(file, 32 * PAGE), Err(DeviceError::Io { .. })));
         assert_eq!(device.file_len_bytes(file).unwrap(), 16 * PAGE);
         device.grow_file(file, 32 * PAGE).unwrap();
         // The write after the good flush did not become durable through the failed ones.
         let rebooted = disk.restart();
         let stats = rebooted.restart_stats();
-        assert_eq!(
-            stats.kept_writes + stats.dropped_writes + stats.torn_writes,
-            1
-        );
+        assert_eq!(stats.kept_writes + stats.dropped_writes + stats.torn_writes, 1);
     }
 
     #[test]
@@ -1348,14 +1165,11 @@ mod tests {
                 let storage = storage.clone();
                 std::thread::spawn(move || {
                     let mut device = storage.open_device().unwrap();
-                    let file = device
-                        .open_file(&format!("shard-{shard}/slab"), true)
-                        .unwrap();
+                    let file = device.open_file(&format!("shard-{shard}/slab"), true).unwrap();
                     device.grow_file(file, 32 * PAGE).unwrap();
                     for round in 0..8u64 {
-                        let batch = (0..4)
-                            .map(|i| write(i, file, round * 4 + i, shard * 10))
-                            .collect();
+                        let batch =
+                            (0..4).map(|i| write(i, file, round * 4 + i, shard * 10)).collect();
                         device.submit(batch).unwrap();
                         reap_all(device.as_mut());
                         device.flush().unwrap();

@@ -64,10 +64,7 @@ impl SyncDevice {
                 Ok(done_bytes) => break done_bytes,
                 Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(err) => {
-                    return Err(DeviceError::from_io(
-                        &err,
-                        files::describe(request, &open.name),
-                    ))
+                    return Err(DeviceError::from_io(&err, files::describe(request, &open.name)))
                 }
             }
         };
@@ -221,10 +218,7 @@ mod tests {
         let mut out = Vec::new();
         device.reap(32, &mut out).unwrap();
         assert_eq!(device.in_flight(), 0);
-        assert_eq!(
-            out.iter().map(|c| c.token).collect::<Vec<_>>(),
-            (100..132).collect::<Vec<_>>()
-        );
+        assert_eq!(out.iter().map(|c| c.token).collect::<Vec<_>>(), (100..132).collect::<Vec<_>>());
         device.flush().unwrap();
         let reread = vec![IoRequest {
             token: 1,

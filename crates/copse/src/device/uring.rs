@@ -45,9 +45,7 @@ pub fn probe() -> Result<(), DeviceError> {
         .map_err(|err| unavailable("IORING_REGISTER_PROBE", err))?;
     for (code, name) in [(opcode::Read::CODE, "READ"), (opcode::Write::CODE, "WRITE")] {
         if !opcodes.is_supported(code) {
-            return Err(DeviceError::UringUnavailable(format!(
-                "opcode IORING_OP_{name} missing"
-            )));
+            return Err(DeviceError::UringUnavailable(format!("opcode IORING_OP_{name} missing")));
         }
     }
     const NOP_TOKEN: u64 = 0x6e6f70;
@@ -62,15 +60,12 @@ pub fn probe() -> Result<(), DeviceError> {
             Err(err) => return Err(unavailable("io_uring_enter", err)),
         }
     }
-    let completed = ring
-        .completion()
-        .next()
-        .map(|cqe| (cqe.user_data(), cqe.result()));
+    let completed = ring.completion().next().map(|cqe| (cqe.user_data(), cqe.result()));
     match completed {
         Some((NOP_TOKEN, result)) if result >= 0 => Ok(()),
-        Some((_, result)) => Err(DeviceError::UringUnavailable(format!(
-            "NOP completed with {result}"
-        ))),
+        Some((_, result)) => {
+            Err(DeviceError::UringUnavailable(format!("NOP completed with {result}")))
+        }
         None => Err(DeviceError::UringUnavailable("NOP did not complete".into())),
     }
 }
@@ -148,9 +143,9 @@ impl UringDevice {
         // check_request bounds the length by IO_BYTES_MAX, which fits in u32.
         let len = request.buf.len() as u32;
         let entry = match request.kind {
-            IoKind::Read => opcode::Read::new(fd, request.buf.as_mut_ptr(), len)
-                .offset(request.offset)
-                .build(),
+            IoKind::Read => {
+                opcode::Read::new(fd, request.buf.as_mut_ptr(), len).offset(request.offset).build()
+            }
             IoKind::Write => opcode::Write::new(fd, request.buf.as_ptr(), len)
                 .offset(request.offset)
                 .rw_flags(if dsync { libc::RWF_DSYNC } else { 0 })
@@ -182,29 +177,17 @@ impl UringDevice {
     /// Moves every CQE into `ready` as a completion.
     fn drain_cq(&mut self) {
         // Collect first: the CQ borrows the ring, and completing a request touches other fields.
-        let finished: Vec<(u64, i32)> = self
-            .ring
-            .completion()
-            .map(|cqe| (cqe.user_data(), cqe.result()))
-            .collect();
+        let finished: Vec<(u64, i32)> =
+            self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result())).collect();
         for (user_data, result) in finished {
-            let Some(request) = usize::try_from(user_data)
-                .ok()
-                .and_then(|s| self.remove_slot(s))
+            let Some(request) = usize::try_from(user_data).ok().and_then(|s| self.remove_slot(s))
             else {
-                tracing::error!(
-                    user_data,
-                    result,
-                    "completion for no request in flight; ignored"
-                );
+                tracing::error!(user_data, result, "completion for no request in flight; ignored");
                 continue;
             };
             let name = &self.files[request.file as usize].name;
             let outcome = if result < 0 {
-                Err(DeviceError::from_errno(
-                    -result,
-                    files::describe(&request, name),
-                ))
+                Err(DeviceError::from_errno(-result, files::describe(&request, name)))
             } else {
                 files::transfer_result(&request, name, result as usize)
             };
@@ -362,7 +345,11 @@ impl Drop for UringDevice {
                 Err(err) => {
                     failures += 1;
                     if failures >= 3 {
-                        tracing::error!(%err, in_flight = wanted, "cannot wait for in-flight I/O; leaking its buffers");
+                        tracing::error!(
+                            %err,
+                            in_flight = wanted,
+                            "cannot wait for in-flight I/O; leaking its buffers"
+                        );
                         // Leaking is safe: the kernel may keep using the memory, nobody else will.
                         std::mem::forget(std::mem::take(&mut self.slots));
                         return;
@@ -407,13 +394,7 @@ mod tests {
     }
 
     fn request(token: u64, file: FileId, page_no: u64, kind: IoKind, buf: AlignedBuf) -> IoRequest {
-        IoRequest {
-            token,
-            file,
-            offset: page_no * PAGE_BYTES as u64,
-            kind,
-            buf,
-        }
+        IoRequest { token, file, offset: page_no * PAGE_BYTES as u64, kind, buf }
     }
 
     fn reap_all(device: &mut dyn BlockDevice) -> Vec<IoCompletion> {
@@ -453,16 +434,12 @@ mod tests {
         let file = device.open_file("many/a.slab", true).unwrap();
         let pages = 200u64; // more than the 64-entry SQ: exercises the SQ-full path
         device.grow_file(file, pages * PAGE_BYTES as u64).unwrap();
-        let writes = (0..pages)
-            .map(|p| request(p, file, p, IoKind::Write, page(p as u8, 1)))
-            .collect();
+        let writes =
+            (0..pages).map(|p| request(p, file, p, IoKind::Write, page(p as u8, 1))).collect();
         let calls_before = device.stats().submit_calls;
         device.submit(writes).unwrap();
         let calls_submit = device.stats().submit_calls - calls_before;
-        assert!(
-            (1..=5).contains(&calls_submit),
-            "submit made {calls_submit} enters"
-        );
+        assert!((1..=5).contains(&calls_submit), "submit made {calls_submit} enters");
         assert_eq!(device.in_flight(), pages as usize);
         let done = reap_all(&mut device);
         assert_eq!(done.len(), pages as usize);
@@ -474,15 +451,7 @@ mod tests {
 
         let reads = (0..pages)
             .rev()
-            .map(|p| {
-                request(
-                    1000 + p,
-                    file,
-                    p,
-                    IoKind::Read,
-                    AlignedBuf::zeroed(PAGE_BYTES),
-                )
-            })
+            .map(|p| request(1000 + p, file, p, IoKind::Read, AlignedBuf::zeroed(PAGE_BYTES)))
             .collect();
         device.submit(reads).unwrap();
         for completion in reap_all(&mut device) {
@@ -503,9 +472,7 @@ mod tests {
         };
         let file = device.open_file("d.slab", true).unwrap();
         device.grow_file(file, 64 * PAGE_BYTES as u64).unwrap();
-        let writes = (0..64)
-            .map(|p| request(p, file, p, IoKind::Write, page(3, 1)))
-            .collect();
+        let writes = (0..64).map(|p| request(p, file, p, IoKind::Write, page(3, 1))).collect();
         device.submit(writes).unwrap();
         drop(device); // must not free buffers the kernel is still reading
     }

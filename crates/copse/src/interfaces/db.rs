@@ -39,6 +39,8 @@ pub struct Options {
     pub create_if_missing: bool,
     /// Draw a progress bar on a terminal while recovery scans the slabs.
     pub show_progress: bool,
+    /// Pin shard `i` to core `i % cores` (KVell: one worker per core).
+    pub pin_threads: bool,
 }
 
 impl Default for Options {
@@ -53,6 +55,7 @@ impl Default for Options {
             backend: Backend::Auto,
             create_if_missing: true,
             show_progress: true,
+            pin_threads: true,
         }
     }
 }
@@ -104,7 +107,8 @@ struct Inner {
     router: Router,
     /// The shard threads; taken (under the mutex) only to close.
     shards: std::sync::Mutex<Vec<ShardHandle>>,
-    _lock: Option<std::fs::File>,
+    /// The directory lock, released by `close` (or drop).
+    lock: std::sync::Mutex<Option<std::fs::File>>,
 }
 
 fn check_key(key: &[u8]) -> Result<(), InputError> {
@@ -142,7 +146,7 @@ fn check_batch(ops: &[BatchOp]) -> Result<(), InputError> {
 }
 
 /// Takes an exclusive lock on the store directory so two processes never open one store.
-fn lock_directory(path: &Path) -> Result<std::fs::File, OpenError> {
+pub(crate) fn lock_directory(path: &Path) -> Result<std::fs::File, OpenError> {
     use std::os::fd::AsRawFd;
     std::fs::create_dir_all(path)
         .map_err(|err| OpenError::Device(crate::device::DeviceError::from_io(&err, path.display().to_string())))?;
@@ -215,6 +219,7 @@ impl Db {
         let cache_pages = (options.cache_bytes / PAGE_BYTES / options.shards).max(CACHE_PAGES_PER_SHARD_MIN);
         let poisoned = Arc::new(AtomicBool::new(false));
         let (opened_sender, opened) = std::sync::mpsc::channel();
+        let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
         let mut shards = Vec::with_capacity(options.shards);
         for shard_id in 0..options.shards as u32 {
             let config = EngineConfig {
@@ -223,7 +228,8 @@ impl Db {
                 io_depth_max: options.io_depth,
                 poisoned: poisoned.clone(),
             };
-            match ShardHandle::spawn(storage.clone(), config, progress.clone(), opened_sender.clone()) {
+            let pin_core = options.pin_threads.then_some(shard_id as usize % cores);
+            match ShardHandle::spawn(storage.clone(), config, progress.clone(), opened_sender.clone(), pin_core) {
                 Ok(handle) => shards.push(handle),
                 Err(err) => {
                     close_shards(&mut shards).ok();
@@ -256,7 +262,7 @@ impl Db {
             inner: Arc::new(Inner {
                 router: Router::new(&shards),
                 shards: std::sync::Mutex::new(shards),
-                _lock: lock,
+                lock: std::sync::Mutex::new(lock),
             }),
         })
     }
@@ -354,7 +360,9 @@ impl Db {
     /// Finishes all work, makes it durable and stops the shards. Other clones see `Closed`.
     pub fn close(&self) -> Result<(), WriteError> {
         let mut shards = self.inner.shards.lock().unwrap_or_else(|poison| poison.into_inner());
-        close_shards(&mut shards)
+        let result = close_shards(&mut shards);
+        self.inner.lock.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+        result
     }
 
     pub async fn get_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReadError> {

@@ -37,12 +37,16 @@ impl ShardHandle {
         config: EngineConfig,
         progress: Option<indicatif::ProgressBar>,
         opened: std::sync::mpsc::Sender<(u32, Result<(), OpenError>)>,
+        pin_core: Option<usize>,
     ) -> Result<ShardHandle, OpenError> {
         let shard_id = config.shard_id;
         let (sender, receiver) = flume::bounded(SHARD_QUEUE_REQUESTS_MAX);
         let thread = std::thread::Builder::new()
             .name(format!("copse-shard-{shard_id}"))
             .spawn(move || {
+                if let Some(core) = pin_core {
+                    pin_to_core(shard_id, core);
+                }
                 let engine = storage
                     .open_device()
                     .map_err(OpenError::from)
@@ -67,6 +71,22 @@ impl ShardHandle {
                 tracing::error!("a shard thread panicked");
             }
         }
+    }
+}
+
+/// Pins the calling thread to one core, so a shard keeps its caches warm; a refusal (containers
+/// often restrict affinity) is logged and otherwise ignored.
+fn pin_to_core(shard_id: u32, core: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write only inside it, and
+    // sched_setaffinity reads it for the calling thread (pid 0).
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(core, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if result != 0 {
+        tracing::warn!(shard = shard_id, core, err = %std::io::Error::last_os_error(), "could not pin shard thread");
     }
 }
 

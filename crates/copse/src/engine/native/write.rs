@@ -371,6 +371,10 @@ impl NativeEngine {
             if let Some(old) = self.index.insert(key, loc) {
                 self.release_slot(old.slot_only(), Some(hash), false);
             }
+            // A guard kept only for writes that were in flight: the key is live again.
+            if !self.stale_counts.contains_key(&hash) && !self.flights.contains_key(key) {
+                self.release_guards(hash);
+            }
         } else {
             self.release_slot(loc.slot_only(), Some(hash), false);
         }
@@ -387,8 +391,11 @@ impl NativeEngine {
         if let Some(old) = old {
             self.release_slot(old.slot_only(), Some(hash), false);
         }
-        if self.stale_counts.get(&hash).copied().unwrap_or(0) > 0 {
-            // Older copies of the key remain on disk: the tombstone must outlive them.
+        let stale_copies = self.stale_counts.get(&hash).copied().unwrap_or(0) > 0;
+        // Older writes of the key still in flight will land as stale copies.
+        let older_in_flight = self.flights.contains_key(key);
+        if stale_copies || older_in_flight {
+            // The tombstone must outlive every older copy of the key on disk.
             self.tombstone_guards.entry(hash).or_default().push(loc.slot_only());
         } else {
             self.release_slot(loc.slot_only(), None, false);
@@ -452,10 +459,15 @@ impl NativeEngine {
         *count -= 1;
         if *count == 0 {
             self.stale_counts.remove(&hash);
-            if let Some(tombstones) = self.tombstone_guards.remove(&hash) {
-                for tombstone in tombstones {
-                    self.release_slot(tombstone, None, false);
-                }
+            self.release_guards(hash);
+        }
+    }
+
+    /// Frees the tombstones kept for `hash` (no stale copy under it remains).
+    fn release_guards(&mut self, hash: u64) {
+        if let Some(tombstones) = self.tombstone_guards.remove(&hash) {
+            for tombstone in tombstones {
+                self.release_slot(tombstone, None, false);
             }
         }
     }

@@ -1,0 +1,61 @@
+//! The index's reported memory (`copse stats`: index bytes per item) is an estimate; this checks
+//! it against what the allocator actually hands out, so the figure cannot drift into fiction.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use copse::engine::native::format::Loc;
+use copse::engine::native::index::Index;
+
+struct Counting;
+
+static ALLOCATED_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATED_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same layout as the caller's request.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        ALLOCATED_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: `ptr` came from `alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn measure(key_bytes: usize, items: u64) -> (f64, f64) {
+    let keys: Vec<Vec<u8>> = (0..items)
+        .map(|i| {
+            let mut key = format!("user{:020}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).into_bytes();
+            key.resize(key_bytes, b'x');
+            key
+        })
+        .collect();
+    let before = ALLOCATED_BYTES.load(Ordering::Relaxed);
+    let mut index = Index::default();
+    for (i, key) in keys.iter().enumerate() {
+        index.insert(key, Loc::new(10, i as u64, 0));
+    }
+    let measured = (ALLOCATED_BYTES.load(Ordering::Relaxed) - before) as f64 / items as f64;
+    let estimated = index.memory_bytes() as f64 / items as f64;
+    assert_eq!(index.len() as u64, items);
+    (measured, estimated)
+}
+
+#[test]
+fn index_memory_estimate_is_within_a_quarter_of_the_allocators_count() {
+    for key_bytes in [16, 24, 64, 200] {
+        let (measured, estimated) = measure(key_bytes, 200_000);
+        let ratio = estimated / measured;
+        println!("key {key_bytes} B: measured {measured:.1} B/item, estimated {estimated:.1} B/item");
+        assert!(
+            (0.75..=1.25).contains(&ratio),
+            "key {key_bytes} B: estimate {estimated:.1} vs measured {measured:.1} B/item"
+        );
+    }
+}
