@@ -1,1 +1,182 @@
-fn main() {}
+//! `copse`: the command-line tool over the embedded API (`copse::Db`) and the offline check.
+//!
+//! Contract with scripts (and `tests/cli.rs`):
+//! - stdout carries only results (a value, `key\tvalue` lines, JSON); every message goes to stderr
+//!   as one line starting with `copse: `.
+//! - Exit codes: 0 success; 1 `get` found no such key; 2 `check` found problems; 3 anything that
+//!   stopped the command (bad input, a store that cannot open, an I/O error, a usage error).
+//! - Bad input never panics: keys and values are checked by the store against `copse::limits`
+//!   and come back as errors; a closed stdout (`copse scan | head`) ends the command quietly.
+//!
+//! Layout: this file parses arguments and maps outcomes to exit codes; `commands.rs` runs them.
+
+mod commands;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Exit code of `get` when the key does not exist.
+const EXIT_KEY_NOT_FOUND: u8 = 1;
+/// Exit code of `check` when the store has problems.
+const EXIT_PROBLEMS_FOUND: u8 = 2;
+/// Exit code of any failure, usage errors included. Not clap's 2, which `check` already means.
+const EXIT_FAILED: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "copse",
+    version,
+    about = "copse: a persistent key-value store for fast SSDs",
+    after_help = "Exit codes: 0 ok, 1 key not found (get), 2 problems found (check), 3 error.\n\
+                  Logging: COPSE_LOG=info (or debug, or a tracing filter), written to stderr."
+)]
+struct Cli {
+    /// The store directory.
+    #[arg(long, global = true, default_value = "./data")]
+    path: PathBuf,
+    /// Shards (threads). Fixed when the store is created; by default an existing store's count
+    /// (from its manifest), else the number of cores.
+    #[arg(long, global = true)]
+    shards: Option<usize>,
+    /// Page cache budget for the whole store, in MiB (default 256).
+    #[arg(long, global = true)]
+    cache_mb: Option<usize>,
+    /// When a write counts as durable: each write with RWF_DSYNC, or one fdatasync per round.
+    #[arg(long, global = true, value_enum, default_value_t = Durability::Dsync)]
+    durability: Durability,
+    /// How to do I/O: io_uring if the kernel allows it (auto), io_uring, or pread/pwrite.
+    #[arg(long, global = true, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Stores VALUE under KEY; returns once the write is durable.
+    Put { key: OsString, value: OsString },
+    /// Prints the value of KEY (raw bytes and a newline); exits 1 if there is none.
+    Get {
+        key: OsString,
+        /// Print the value as hex.
+        #[arg(long)]
+        hex: bool,
+    },
+    /// Deletes KEY; prints `deleted` or `not found`.
+    Del { key: OsString },
+    /// Prints `key<TAB>value` lines for keys from START (inclusive) to END (exclusive), in order.
+    Scan {
+        start: Option<OsString>,
+        end: Option<OsString>,
+        /// Items to print at most.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Print keys and values as hex (otherwise as UTF-8, invalid bytes replaced).
+        #[arg(long)]
+        hex: bool,
+    },
+    /// Prints the store's figures as JSON.
+    Stats,
+    /// Checks every slab of the store offline and prints a JSON report; exits 2 on problems.
+    Check,
+    /// Writes a few keys, reads them back, and shows what to try next.
+    Demo,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Durability {
+    Dsync,
+    FlushPerRound,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BackendArg {
+    Auto,
+    Uring,
+    Sync,
+}
+
+/// Why a command did not succeed.
+#[derive(Debug)]
+enum Failure {
+    /// `get` of a key that does not exist (the message names the key).
+    KeyNotFound(String),
+    /// `check` found this many problems (the report is already on stdout).
+    ProblemsFound(u64),
+    /// Anything else; the message is the whole explanation.
+    Failed(String),
+}
+
+impl Failure {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::KeyNotFound(_) => EXIT_KEY_NOT_FOUND,
+            Failure::ProblemsFound(_) => EXIT_PROBLEMS_FOUND,
+            Failure::Failed(_) => EXIT_FAILED,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::KeyNotFound(key) => write!(f, "key not found: {key}"),
+            Failure::ProblemsFound(count) => write!(f, "check found {count} problem(s)"),
+            Failure::Failed(message) => f.write_str(message),
+        }
+    }
+}
+
+impl From<copse::OpenError> for Failure {
+    fn from(err: copse::OpenError) -> Failure {
+        Failure::Failed(err.to_string())
+    }
+}
+
+impl From<copse::ReadError> for Failure {
+    fn from(err: copse::ReadError) -> Failure {
+        Failure::Failed(err.to_string())
+    }
+}
+
+impl From<copse::WriteError> for Failure {
+    fn from(err: copse::WriteError) -> Failure {
+        Failure::Failed(err.to_string())
+    }
+}
+
+fn init_logging() {
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+    // `from_env_lossy` skips directives it cannot parse, so a typo in COPSE_LOG costs logging
+    // detail, never the command.
+    let filter = EnvFilter::builder()
+        .with_env_var("COPSE_LOG")
+        .with_default_directive(LevelFilter::WARN.into())
+        .from_env_lossy();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(EXIT_FAILED)
+            } else {
+                ExitCode::SUCCESS // --help, --version
+            };
+        }
+    };
+    init_logging();
+    match commands::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("copse: {failure}");
+            ExitCode::from(failure.exit_code())
+        }
+    }
+}

@@ -124,14 +124,16 @@ fn run_phase(db: &Db, args: &Args, phase: Phase) -> Outcome {
     Outcome { seconds: started.elapsed().as_secs_f64(), histogram }
 }
 
-fn device_totals(db: &Db) -> (u64, u64, u64, u64) {
+/// (reads, writes, bytes read, bytes written, flushes) summed over shards.
+fn device_totals(db: &Db) -> (u64, u64, u64, u64, u64) {
     let stats = db.stats().unwrap();
-    stats.shards.iter().fold((0, 0, 0, 0), |acc, shard| {
+    stats.shards.iter().fold((0, 0, 0, 0, 0), |acc, shard| {
         (
             acc.0 + shard.device.reads,
             acc.1 + shard.device.writes,
             acc.2 + shard.device.bytes_read,
             acc.3 + shard.device.bytes_written,
+            acc.4 + shard.device.flushes,
         )
     })
 }
@@ -156,8 +158,8 @@ fn main() {
         args.items, args.value_bytes, options.shards, args.cache_mb, args.clients, args.in_flight, args.durability
     );
     println!();
-    println!("| phase | ops/s | p50 µs | p99 µs | p99.9 µs | max µs | device reads/op | device writes/op | MB written/op |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| phase | ops/s | p50 µs | p99 µs | p99.9 µs | max µs | device reads/op | device writes/op | flushes/op | KB written/op |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, phase) in [("load", Phase::Load), ("get (uniform)", Phase::Get), ("update (uniform)", Phase::Update)] {
         let before = device_totals(&db);
         let outcome = run_phase(&db, &args, phase);
@@ -165,7 +167,7 @@ fn main() {
         let ops = args.items as f64;
         let h = &outcome.histogram;
         println!(
-            "| {name} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} | {:.4} |",
+            "| {name} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} |",
             ops / outcome.seconds,
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
@@ -173,7 +175,8 @@ fn main() {
             h.max(),
             (after.0 - before.0) as f64 / ops,
             (after.1 - before.1) as f64 / ops,
-            (after.3 - before.3) as f64 / ops / 1e6,
+            (after.4 - before.4) as f64 / ops,
+            (after.3 - before.3) as f64 / ops / 1e3,
         );
     }
     let stats = db.stats().unwrap();

@@ -221,7 +221,8 @@ impl Storage for DirStorage {
         }
     }
 
+    /// The directory (the backend and durability mode are logged when chosen).
     fn describe(&self) -> String {
-        format!("{:?} ({:?}) at {}", self.backend, self.durability, self.root.display())
+        self.root.display().to_string()
     }
 }

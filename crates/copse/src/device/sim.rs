@@ -499,8 +499,21 @@ impl SimDisk {
     }
 }
 
+impl std::fmt::Debug for SimDisk {
+    // The images would flood the output; the identity and state are what a failing test needs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        f.debug_struct("SimDisk")
+            .field("seed", &state.seed)
+            .field("ops", &state.ops)
+            .field("crashed", &state.crashed)
+            .field("files", &state.files.len())
+            .finish()
+    }
+}
+
 /// `Storage` over a [`SimDisk`].
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SimStorage {
     disk: SimDisk,
     durability: WriteDurability,

@@ -15,15 +15,21 @@
 //!   a badly damaged store gives a report of bounded size and still an exact count.
 //! - A device error on one file becomes a problem for that file and the check goes on with a
 //!   fresh device (a failed scan may leave reads in flight on the old one).
+//! - Memory: one entry per distinct key of the shard being checked (as in recovery), freed before
+//!   the next shard.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use serde::Serialize;
 
-use crate::device::{Backend, BlockDevice, DeviceError, DirStorage, FileId, Storage, WriteDurability};
+use crate::device::{
+    Backend, BlockDevice, DeviceError, DirStorage, FileId, Storage, WriteDurability,
+};
 use crate::engine::native::batch::decode_batch;
-use crate::engine::native::format::{shard_dir, Loc, RecordKind, SizeClass, Slot, SlotDefect, CLASS_COUNT};
+use crate::engine::native::format::{
+    shard_dir, Loc, RecordKind, SizeClass, Slot, SlotDefect, CLASS_COUNT,
+};
 use crate::engine::native::recovery::{class_of_file_name, read_slab_header, read_sync, scan_slab};
 use crate::engine::BatchOp;
 use crate::error::OpenError;
@@ -101,7 +107,7 @@ pub enum HeaderState {
     /// Listed as a problem. The slots are still scanned with the geometry the file name implies:
     /// each record's checksum covers its shard, class and slot, so one that verifies is genuine.
     Bad,
-    /// The file could not be read, or its name names no size class.
+    /// The file could not be read (the device error is listed as a problem).
     Unreadable,
 }
 
@@ -173,7 +179,14 @@ impl Problems {
     }
 
     fn file(&mut self, file: &str, shard: Option<u32>, class: Option<u8>, what: String) {
-        self.report(Problem { file: file.to_string(), shard, class, slot: None, byte_offset: None, what });
+        self.report(Problem {
+            file: file.to_string(),
+            shard,
+            class,
+            slot: None,
+            byte_offset: None,
+            what,
+        });
     }
 }
 
@@ -239,7 +252,8 @@ pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, O
         return Err(OpenError::NotFound(path.display().to_string()));
     }
     let _lock = lock_directory(path)?;
-    let storage = DirStorage::new(path, options.backend, WriteDurability::Dsync, CHECK_RING_ENTRIES)?;
+    let storage =
+        DirStorage::new(path, options.backend, WriteDurability::Dsync, CHECK_RING_ENTRIES)?;
     let mut device = storage.open_device()?;
     let mut problems = Problems::default();
 
@@ -262,7 +276,12 @@ pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, O
         let names = match device.list_files(&dir) {
             Ok(names) => names,
             Err(err) => {
-                problems.file(&dir, Some(shard), None, format!("cannot list the shard directory: {err}"));
+                problems.file(
+                    &dir,
+                    Some(shard),
+                    None,
+                    format!("cannot list the shard directory: {err}"),
+                );
                 continue;
             }
         };
@@ -277,17 +296,25 @@ pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, O
                     &dir,
                     Some(shard),
                     None,
-                    format!("holds files, but the manifest says the store has {shard_count} shards"),
+                    format!(
+                        "holds files, but the manifest says the store has {shard_count} shards"
+                    ),
                 );
             }
         }
-        let shard_report = check_shard(&storage, &mut device, shard, &names, &mut problems, &mut report)?;
+        let shard_report =
+            check_shard(&storage, &mut device, shard, &names, &mut problems, &mut report)?;
         report.slots.add(&shard_report.slots);
         report.live_keys += shard_report.live_keys;
         report.shards.push(shard_report);
     }
     if manifest.is_none() && !manifest_reported && report.files_checked > 0 {
-        problems.file(MANIFEST_FILE, None, None, "manifest is missing or blank but slab files exist".into());
+        problems.file(
+            MANIFEST_FILE,
+            None,
+            None,
+            "manifest is missing or blank but slab files exist".into(),
+        );
     }
     report.problems_found = problems.found;
     report.problems = problems.listed;
@@ -296,7 +323,10 @@ pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, O
 
 /// Reads and verifies the manifest. A missing or blank one gives `None` (a store whose creation
 /// was interrupted; `check_store` flags it if slabs exist); a corrupt one is also a problem.
-fn read_manifest(device: &mut dyn BlockDevice, problems: &mut Problems) -> Result<Option<ManifestSummary>, OpenError> {
+fn read_manifest(
+    device: &mut dyn BlockDevice,
+    problems: &mut Problems,
+) -> Result<Option<ManifestSummary>, OpenError> {
     let file = match device.open_file(MANIFEST_FILE, false) {
         Ok(file) => file,
         Err(DeviceError::NotFound { .. }) => return Ok(None),
@@ -349,7 +379,8 @@ fn check_shard(
     let mut tally = ShardTally::default();
     for name in names {
         let file_name = format!("{}/{name}", shard_dir(shard));
-        let Some(class_id) = class_of_file_name(name).filter(|&id| (id as usize) < CLASS_COUNT) else {
+        let Some(class_id) = class_of_file_name(name).filter(|&id| (id as usize) < CLASS_COUNT)
+        else {
             if class_of_file_name(name).is_some() {
                 problems.file(&file_name, Some(shard), None, "no such size class".into());
             } else {
@@ -368,10 +399,23 @@ fn check_shard(
             header: HeaderState::Unreadable,
             slots: SlotCounts::default(),
         };
-        match check_file(device.as_mut(), shard, class, &file_name, &mut file_report, &mut tally, problems) {
+        match check_file(
+            device.as_mut(),
+            shard,
+            class,
+            &file_name,
+            &mut file_report,
+            &mut tally,
+            problems,
+        ) {
             Ok(scanned_bytes) => report.bytes_scanned += scanned_bytes,
             Err(err) => {
-                problems.file(&file_name, Some(shard), Some(class_id), format!("read failed: {err}"));
+                problems.file(
+                    &file_name,
+                    Some(shard),
+                    Some(class_id),
+                    format!("read failed: {err}"),
+                );
                 // A failed scan may leave reads in flight; the next file starts on a fresh device.
                 *device = storage.open_device()?;
             }
@@ -466,7 +510,10 @@ fn check_file(
                 shard: Some(shard),
                 class: Some(class.id),
                 slot: Some(slot),
-                byte_offset: Some(class.page_of_slot(slot) * PAGE_BYTES as u64 + class.offset_in_page(slot) as u64),
+                byte_offset: Some(
+                    class.page_of_slot(slot) * PAGE_BYTES as u64
+                        + class.offset_in_page(slot) as u64,
+                ),
                 what,
             });
         }
@@ -483,15 +530,19 @@ mod tests {
         Options { shards, cache_bytes: 4 << 20, show_progress: false, ..Options::default() }
     }
 
-    /// Writes 20 keys (one overwritten, one deleted) into a 2-shard store and closes it.
-    fn make_store(path: &Path) {
+    /// Writes 20 keys into a 2-shard store and closes it. With `churn`, one key is overwritten
+    /// and one deleted, so slots are reused (a freed slot may then hold a short tombstone; without
+    /// churn, slot 0 of each file holds the first put, 32 + 6 + 17 bytes long).
+    fn make_store(path: &Path, churn: bool) {
         let db = Db::open(path, options(2)).unwrap();
         for index in 0..20 {
             let key = format!("key-{index:02}");
             db.put(key.as_bytes(), format!("value number {index:04}").as_bytes()).unwrap();
         }
-        db.put(b"key-00", b"a newer value for key zero").unwrap();
-        assert!(db.delete(b"key-01").unwrap());
+        if churn {
+            db.put(b"key-00", b"a newer value for key zero").unwrap();
+            assert!(db.delete(b"key-01").unwrap());
+        }
         db.close().unwrap();
     }
 
@@ -522,7 +573,7 @@ mod tests {
     #[test]
     fn intact_store_has_no_problems_and_counts_live_keys() {
         let dir = tempfile::tempdir().unwrap();
-        make_store(dir.path());
+        make_store(dir.path(), true);
         let report = check_store(dir.path(), &CheckOptions::default()).unwrap();
         assert!(report.is_clean(), "{:#?}", report.problems);
         assert!(report.problems.is_empty());
@@ -533,7 +584,11 @@ mod tests {
         assert_eq!(report.live_keys, 19);
         assert_eq!(report.shards.iter().map(|shard| shard.live_keys).sum::<u64>(), 19);
         assert_eq!(report.shards.iter().map(|shard| shard.deleted_keys).sum::<u64>(), 1);
-        assert!(report.slots.items >= 20, "every key has at least one put record: {:?}", report.slots);
+        assert!(
+            report.slots.items >= 20,
+            "every key has at least one put record: {:?}",
+            report.slots
+        );
         assert!(report.files_checked >= 2);
         // The report is what `copse check` prints.
         let json = serde_json::to_string(&report).unwrap();
@@ -546,7 +601,7 @@ mod tests {
     #[test]
     fn flipped_byte_in_a_slot_is_reported_at_that_slot() {
         let dir = tempfile::tempdir().unwrap();
-        make_store(dir.path());
+        make_store(dir.path(), false);
         let (name, path) = first_slab_of_shard_zero(dir.path());
         // Page 1 holds slot 0; byte 40 is inside its record (32-byte header, then key and value).
         flip_byte(&path, PAGE_BYTES as u64 + 40);
@@ -564,24 +619,49 @@ mod tests {
     #[test]
     fn corrupt_slab_header_is_reported() {
         let dir = tempfile::tempdir().unwrap();
-        make_store(dir.path());
+        make_store(dir.path(), false);
         let (name, path) = first_slab_of_shard_zero(dir.path());
         flip_byte(&path, 10); // inside the format version, covered by the header checksum
         let report = check_store(dir.path(), &CheckOptions::default()).unwrap();
         assert_eq!(report.problems_found, 1, "{:#?}", report.problems);
         let problem = &report.problems[0];
-        assert_eq!((problem.file.as_str(), problem.slot, problem.byte_offset), (name.as_str(), None, Some(0)));
+        assert_eq!(
+            (problem.file.as_str(), problem.slot, problem.byte_offset),
+            (name.as_str(), None, Some(0))
+        );
         assert!(problem.what.contains("bad slab header"), "{}", problem.what);
         let file = report.shards[0].files.iter().find(|file| file.file == name).unwrap();
         assert_eq!(file.header, HeaderState::Bad);
         // Its slots still verify, so they still count.
-        assert_eq!(report.live_keys, 19);
+        assert_eq!(report.live_keys, 20);
+    }
+
+    #[test]
+    fn problems_beyond_the_listed_maximum_are_still_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        make_store(dir.path(), false);
+        let (_, path) = first_slab_of_shard_zero(dir.path());
+        let class = SizeClass::get(0);
+        let pages = (PROBLEMS_LISTED_MAX as u64).div_ceil(class.slots_per_page as u64) + 2;
+        assert!(std::fs::metadata(&path).unwrap().len() >= (1 + pages) * PAGE_BYTES as u64);
+        {
+            use std::os::unix::fs::FileExt;
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            let garbage = vec![0xabu8; pages as usize * PAGE_BYTES];
+            file.write_all_at(&garbage, PAGE_BYTES as u64).unwrap();
+        }
+        let report = check_store(dir.path(), &CheckOptions::default()).unwrap();
+        let damaged = pages * class.slots_per_page as u64;
+        assert_eq!(report.problems_found, damaged);
+        assert_eq!(report.problems.len(), PROBLEMS_LISTED_MAX);
+        assert!(report.problems.iter().all(|problem| problem.what == "bad record magic"));
+        assert_eq!(report.slots.defective, damaged);
     }
 
     #[test]
     fn corrupt_manifest_is_reported() {
         let dir = tempfile::tempdir().unwrap();
-        make_store(dir.path());
+        make_store(dir.path(), false);
         flip_byte(&dir.path().join(MANIFEST_FILE), 13);
         let report = check_store(dir.path(), &CheckOptions::default()).unwrap();
         assert!(report.manifest.is_none());
@@ -589,18 +669,24 @@ mod tests {
         assert_eq!(report.problems[0].file, MANIFEST_FILE);
         assert!(report.problems[0].what.contains("manifest is corrupt"));
         // Without the manifest the shard directories are still found and checked.
-        assert_eq!(report.live_keys, 19);
+        assert_eq!(report.live_keys, 20);
     }
 
     #[test]
     fn open_store_is_refused_and_missing_store_is_not_created() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(dir.path(), options(1)).unwrap();
-        assert!(matches!(check_store(dir.path(), &CheckOptions::default()), Err(OpenError::Locked(_))));
+        assert!(matches!(
+            check_store(dir.path(), &CheckOptions::default()),
+            Err(OpenError::Locked(_))
+        ));
         db.close().unwrap();
         drop(db);
         let missing = dir.path().join("nothing-here");
-        assert!(matches!(check_store(&missing, &CheckOptions::default()), Err(OpenError::NotFound(_))));
+        assert!(matches!(
+            check_store(&missing, &CheckOptions::default()),
+            Err(OpenError::NotFound(_))
+        ));
         assert!(!missing.exists());
     }
 }

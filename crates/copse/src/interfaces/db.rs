@@ -60,6 +60,9 @@ impl Default for Options {
     }
 }
 
+/// Owned start and end bounds of a scan.
+type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
 /// A batch of puts and deletes, applied all-or-nothing within each shard.
 #[derive(Clone, Debug, Default)]
 pub struct WriteBatch {
@@ -321,10 +324,7 @@ impl Db {
         Ok(merge_sorted(runs, limit))
     }
 
-    fn scan_bounds<R: RangeBounds<Vec<u8>>>(
-        range: &R,
-        limit: usize,
-    ) -> Result<(Bound<Vec<u8>>, Bound<Vec<u8>>), InputError> {
+    fn scan_bounds<R: RangeBounds<Vec<u8>>>(range: &R, limit: usize) -> Result<KeyRange, InputError> {
         if limit > SCAN_ITEMS_MAX {
             return Err(InputError::ScanLimitTooLarge { limit, max: SCAN_ITEMS_MAX });
         }

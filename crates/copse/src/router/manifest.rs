@@ -140,9 +140,56 @@ pub fn open_or_create(
     Ok(manifest)
 }
 
+/// The shard count recorded in the manifest of the store in `path`; `None` if there is no
+/// manifest yet (no store, or its creation was interrupted). For tools that open an existing
+/// store without being told its shard count (`copse` without `--shards`).
+///
+/// Reads with `std::fs`, not through a device: the manifest is metadata, one small page read once
+/// before the store opens, so it needs neither O_DIRECT nor the simulated device. It takes no
+/// lock; `Db::open` then checks the count again under the lock.
+pub fn read_shard_count(path: &std::path::Path) -> Result<Option<u32>, OpenError> {
+    let manifest_path = path.join(MANIFEST_FILE);
+    let bytes = match std::fs::read(&manifest_path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => {
+            return Err(OpenError::Device(crate::device::DeviceError::from_io(
+                &err,
+                manifest_path.display().to_string(),
+            )))
+        }
+    };
+    if bytes.len() < PAGE_BYTES {
+        // As in `open_or_create`: a short manifest is one whose creation did not finish.
+        return Ok(None);
+    }
+    let manifest = decode(&bytes[..PAGE_BYTES]).map_err(OpenError::CorruptManifest)?;
+    Ok(manifest.map(|manifest| manifest.shard_count))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_count_is_read_from_the_manifest_file() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_shard_count(dir.path()).unwrap(), None);
+        let manifest = Manifest {
+            shard_count: 3,
+            key_hash: KeyHash::Xxh3Seed0Modulo,
+            slab_format_version: crate::engine::native::format::SLAB_FORMAT_VERSION,
+        };
+        let path = dir.path().join(MANIFEST_FILE);
+        std::fs::write(&path, &encode(&manifest)[..]).unwrap();
+        assert_eq!(read_shard_count(dir.path()).unwrap(), Some(3));
+        std::fs::write(&path, vec![0u8; PAGE_BYTES]).unwrap();
+        assert_eq!(read_shard_count(dir.path()).unwrap(), None);
+        let mut damaged = encode(&manifest).to_vec();
+        damaged[12] ^= 1;
+        std::fs::write(&path, damaged).unwrap();
+        assert!(matches!(read_shard_count(dir.path()), Err(OpenError::CorruptManifest(_))));
+    }
 
     #[test]
     fn manifest_round_trips_and_detects_damage() {

@@ -196,7 +196,7 @@ mod tests {
     use super::*;
 
     /// xxh3_64(b"copse") % 2^20, fixed: routing must never change under a store's feet.
-    const XXH3_COPSE_MOD_2_20: u32 = 0;
+    const XXH3_COPSE_MOD_2_20: u32 = 944_487;
 
     #[test]
     fn shard_of_is_stable_and_spreads_keys() {

@@ -236,6 +236,7 @@ fn checksum(shard_id: u32, loc: Loc, header: &[u8], body: &[u8]) -> u32 {
 }
 
 /// Writes a record at the start of `out` (which must hold it). The body is `key` then `value`.
+#[allow(clippy::too_many_arguments)] // the record's fields; a struct would only rename them
 pub fn encode_record(
     out: &mut [u8],
     shard_id: u32,

@@ -16,8 +16,11 @@ use crate::engine::{KeyValue, Reply};
 use crate::error::ReadError;
 use crate::limits::PAGE_BYTES;
 
+/// A scanned key and, once read, its value (`None` if it was deleted meanwhile).
+type ScanItem = (Box<[u8]>, Option<Vec<u8>>);
+
 pub(super) struct ScanState {
-    items: Vec<(Box<[u8]>, Option<Vec<u8>>)>,
+    items: Vec<ScanItem>,
     waiting: usize,
     error: Option<ReadError>,
     reply: Option<Reply<Vec<KeyValue>, ReadError>>,

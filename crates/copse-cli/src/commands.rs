@@ -1,0 +1,290 @@
+//! The subcommands. Each opens what it needs, does its work, closes the store explicitly (so a
+//! failed close is reported, not lost in a drop) and writes results to stdout.
+//!
+//! Keys and values come from the command line as raw bytes (`OsString`, so any byte string a
+//! shell can pass works); limits are the store's to enforce, so the CLI never second-guesses them.
+
+use std::io::{BufWriter, Write};
+use std::ops::Bound;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use copse::interfaces::check::{check_store, CheckOptions};
+use copse::limits::{CACHE_BYTES_DEFAULT, SCAN_ITEMS_MAX, SHARDS_MAX};
+use copse::router::manifest::read_shard_count;
+use copse::{Backend, Db, Options, WriteDurability};
+
+use crate::{BackendArg, Cli, Command, Durability, Failure};
+
+const BYTES_PER_MIB: usize = 1024 * 1024;
+
+pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
+    let mut out = Stdout::new();
+    match &cli.command {
+        Command::Put { key, value } => {
+            let db = open(&cli, true)?;
+            db.put(key.as_bytes(), value.as_bytes())?;
+            db.close()?;
+            out.line(b"OK")?;
+        }
+        Command::Get { key, hex } => {
+            let db = open(&cli, false)?;
+            let value = db.get(key.as_bytes())?;
+            db.close()?;
+            match value {
+                Some(value) => out.line(&shown(&value, *hex))?,
+                None => return Err(Failure::KeyNotFound(key.to_string_lossy().into_owned())),
+            }
+        }
+        Command::Del { key } => {
+            let db = open(&cli, false)?;
+            let existed = db.delete(key.as_bytes())?;
+            db.close()?;
+            out.line(if existed { b"deleted" } else { b"not found" })?;
+        }
+        Command::Scan { start, end, limit, hex } => {
+            let db = open(&cli, false)?;
+            let start = start.as_ref().map(|key| key.as_bytes().to_vec());
+            let end = end.as_ref().map(|key| key.as_bytes().to_vec());
+            scan(&db, start, end, *limit, *hex, &mut out)?;
+            db.close()?;
+        }
+        Command::Stats => {
+            let db = open(&cli, false)?;
+            let stats = db.stats()?;
+            db.close()?;
+            out.json(serde_json::to_string_pretty(&stats))?;
+        }
+        Command::Check => {
+            let options = CheckOptions { backend: backend(cli.backend) };
+            let report =
+                check_store(&cli.path, &options).map_err(|err| missing_store(err, &cli.path))?;
+            out.json(serde_json::to_string_pretty(&report))?;
+            out.finish()?;
+            if !report.is_clean() {
+                return Err(Failure::ProblemsFound(report.problems_found));
+            }
+        }
+        Command::Demo => demo(&cli, &mut out)?,
+    }
+    out.finish()
+}
+
+/// The shard count to open with: the one asked for, else the existing store's, else one per core
+/// (at most `SHARDS_MAX`).
+fn shard_count(cli: &Cli) -> Result<usize, Failure> {
+    if let Some(shards) = cli.shards {
+        return Ok(shards);
+    }
+    if let Some(shards) = read_shard_count(&cli.path)? {
+        return Ok(shards as usize);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    Ok(cores.min(SHARDS_MAX))
+}
+
+fn backend(arg: BackendArg) -> Backend {
+    match arg {
+        BackendArg::Auto => Backend::Auto,
+        BackendArg::Uring => Backend::Uring,
+        BackendArg::Sync => Backend::Sync,
+    }
+}
+
+/// Opens the store. Only commands that write create a missing store: `get` on a mistyped path
+/// should say there is no store, not make an empty one.
+fn open(cli: &Cli, create_if_missing: bool) -> Result<Db, Failure> {
+    let cache_bytes = match cli.cache_mb {
+        None => CACHE_BYTES_DEFAULT,
+        Some(mib) => mib
+            .checked_mul(BYTES_PER_MIB)
+            .ok_or_else(|| Failure::Failed(format!("--cache-mb {mib} is too large")))?,
+    };
+    let options = Options {
+        shards: shard_count(cli)?,
+        cache_bytes,
+        durability: match cli.durability {
+            Durability::Dsync => WriteDurability::Dsync,
+            Durability::FlushPerRound => WriteDurability::FlushPerRound,
+        },
+        backend: backend(cli.backend),
+        create_if_missing,
+        ..Options::default()
+    };
+    Db::open(&cli.path, options).map_err(|err| missing_store(err, &cli.path))
+}
+
+/// Says how to make a store where there is none, in the CLI's terms (the library's message
+/// speaks of `create_if_missing`).
+fn missing_store(err: copse::OpenError, path: &Path) -> Failure {
+    match err {
+        copse::OpenError::NotFound(_) => Failure::Failed(format!(
+            "no store at {} (`copse --path {} demo` or `put` creates one)",
+            path.display(),
+            shell_word(path)
+        )),
+        other => other.into(),
+    }
+}
+
+/// Prints up to `limit` items from `start` (inclusive) to `end` (exclusive), in pages of at most
+/// `SCAN_ITEMS_MAX` (the store's per-call limit), each page starting after the last key printed.
+fn scan(
+    db: &Db,
+    start: Option<Vec<u8>>,
+    end: Option<Vec<u8>>,
+    limit: usize,
+    hex: bool,
+    out: &mut Stdout,
+) -> Result<(), Failure> {
+    let mut lower = start.map_or(Bound::Unbounded, Bound::Included);
+    let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
+    let mut printed = 0usize;
+    let mut exhausted = false;
+    while printed < limit && !exhausted && !out.closed {
+        let want = (limit - printed).min(SCAN_ITEMS_MAX);
+        let items = db.scan((lower.clone(), upper.clone()), want)?;
+        exhausted = items.len() < want;
+        for (key, value) in &items {
+            let mut line = shown(key, hex);
+            line.push(b'\t');
+            line.extend_from_slice(&shown(value, hex));
+            out.line(&line)?;
+        }
+        printed += items.len();
+        if let Some((last, _)) = items.last() {
+            lower = Bound::Excluded(last.clone());
+        }
+    }
+    if !exhausted && !out.closed && limit > 0 && !db.scan((lower, upper), 1)?.is_empty() {
+        eprintln!("copse: stopped after --limit {limit} items; more follow");
+    }
+    Ok(())
+}
+
+/// `make run` until the server exists: a first write and read on a real store.
+fn demo(cli: &Cli, out: &mut Stdout) -> Result<(), Failure> {
+    const ITEMS: [(&str, &str); 4] = [
+        ("greeting", "hello from copse"),
+        ("fruit:apple", "red"),
+        ("fruit:banana", "yellow"),
+        ("fruit:cherry", "dark red"),
+    ];
+    let db = open(cli, true)?;
+    out.line(format!("store: {} ({} shards)", cli.path.display(), db.shard_count()).as_bytes())?;
+    for (key, value) in ITEMS {
+        db.put(key.as_bytes(), value.as_bytes())?;
+        out.line(format!("put  {key} = {value}").as_bytes())?;
+    }
+    for (key, _) in ITEMS {
+        let value = db.get(key.as_bytes())?.ok_or_else(|| {
+            Failure::Failed(format!("demo: {key} was written but reads back as missing"))
+        })?;
+        out.line(format!("get  {key} -> {}", String::from_utf8_lossy(&value)).as_bytes())?;
+    }
+    let fruit = db.scan(b"fruit:".to_vec()..b"fruit;".to_vec(), 10)?;
+    out.line(format!("scan fruit: .. fruit; -> {} items", fruit.len()).as_bytes())?;
+    for (key, value) in &fruit {
+        out.line(
+            format!("     {}\t{}", String::from_utf8_lossy(key), String::from_utf8_lossy(value))
+                .as_bytes(),
+        )?;
+    }
+    let stats = db.stats()?;
+    db.close()?;
+    out.line(format!("items in the store: {}", stats.items).as_bytes())?;
+    let program = invoked_as();
+    let path = shell_word(&cli.path);
+    out.line(b"")?;
+    out.line(b"Every write above was durable before it returned. Try next:")?;
+    for example in [
+        format!("{program} --path {path} get greeting"),
+        format!("{program} --path {path} put color blue"),
+        format!("{program} --path {path} scan fruit: 'fruit;'"),
+        format!("{program} --path {path} scan"),
+        format!("{program} --path {path} stats"),
+        format!("{program} --path {path} check"),
+        format!("{program} --help"),
+    ] {
+        out.line(format!("  {example}").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// How this program was invoked (`./target/release/copse` under `make run`), for hints that can be
+/// pasted back into the shell.
+fn invoked_as() -> String {
+    std::env::args_os()
+        .next()
+        .map(|arg| shell_word(Path::new(&arg)))
+        .filter(|arg| !arg.is_empty())
+        .unwrap_or_else(|| "copse".to_string())
+}
+
+/// `path` as one shell word: quoted if it holds anything but plain characters.
+fn shell_word(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:=,@".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.into_owned()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// Bytes as printed: hex, or UTF-8 with invalid sequences replaced.
+fn shown(bytes: &[u8], hex: bool) -> Vec<u8> {
+    if hex {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect::<String>().into_bytes()
+    } else {
+        String::from_utf8_lossy(bytes).into_owned().into_bytes()
+    }
+}
+
+/// Buffered stdout that stops quietly when the reader goes away (`copse scan | head`): Rust
+/// ignores SIGPIPE, so a write to a closed pipe is an EPIPE error, which is no failure of ours.
+struct Stdout {
+    out: BufWriter<std::io::Stdout>,
+    closed: bool,
+}
+
+impl Stdout {
+    fn new() -> Stdout {
+        Stdout { out: BufWriter::new(std::io::stdout()), closed: false }
+    }
+
+    fn checked(&mut self, result: std::io::Result<()>) -> Result<(), Failure> {
+        match result {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            Err(err) => Err(Failure::Failed(format!("writing to stdout failed: {err}"))),
+        }
+    }
+
+    fn line(&mut self, bytes: &[u8]) -> Result<(), Failure> {
+        if self.closed {
+            return Ok(());
+        }
+        let result = self.out.write_all(bytes).and_then(|()| self.out.write_all(b"\n"));
+        self.checked(result)
+    }
+
+    /// Prints JSON made by `serde_json::to_string_pretty` (called by the caller: this crate does
+    /// not depend on serde itself).
+    fn json(&mut self, encoded: serde_json::Result<String>) -> Result<(), Failure> {
+        let text =
+            encoded.map_err(|err| Failure::Failed(format!("encoding JSON failed: {err}")))?;
+        self.line(text.as_bytes())
+    }
+
+    fn finish(&mut self) -> Result<(), Failure> {
+        if self.closed {
+            return Ok(());
+        }
+        let result = self.out.flush();
+        self.checked(result)
+    }
+}
