@@ -44,8 +44,9 @@ struct Cli {
     /// Page cache budget for the whole store, in MiB (default 256).
     #[arg(long, global = true)]
     cache_mb: Option<usize>,
-    /// When a write counts as durable: each write with RWF_DSYNC, or one fdatasync per round.
-    #[arg(long, global = true, value_enum, default_value_t = Durability::Dsync)]
+    /// When a write counts as durable: one fdatasync per round of writes (default), or each
+    /// write issued with RWF_DSYNC.
+    #[arg(long, global = true, value_enum, default_value_t = Durability::FlushPerRound)]
     durability: Durability,
     /// How to do I/O: io_uring if the kernel allows it (auto), io_uring, or pread/pwrite.
     #[arg(long, global = true, value_enum, default_value_t = BackendArg::Auto)]
