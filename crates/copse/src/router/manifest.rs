@@ -111,7 +111,9 @@ pub fn open_or_create(
         }
         return Ok(manifest);
     }
-    let has_slabs = (0..crate::limits::SHARDS_MAX as u32).take(shard_count.max(1) as usize + 1).any(|shard| {
+    // Any shard directory counts, whatever the requested count: a store created with more shards
+    // and a lost manifest must not be taken for a new store.
+    let has_slabs = (0..crate::limits::SHARDS_MAX as u32).any(|shard| {
         device
             .list_files(&crate::engine::native::format::shard_dir(shard))
             .map(|files| !files.is_empty())

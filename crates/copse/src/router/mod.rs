@@ -139,23 +139,26 @@ impl Router {
     }
 }
 
-/// Asks every shard to finish its work and stop, then joins the threads.
+/// Asks every shard to finish its work and stop, joins the threads, then collects their answers.
+/// Joining first matters: a shard that failed to open exits without reading its queue, and its
+/// queued close order (with the reply channel) lives as long as our sender, so waiting on that
+/// reply would never end.
 pub fn close_shards(shards: &mut Vec<ShardHandle>) -> Result<(), WriteError> {
     let mut result = Ok(());
-    let receivers: Vec<_> = shards
+    let mut receivers: Vec<_> = shards
         .iter()
         .map(|shard| {
             let (sender, receiver) = oneshot::channel();
             shard.sender.send(Message::Close(sender)).is_ok().then_some(receiver)
         })
         .collect();
-    for receiver in receivers.into_iter().flatten() {
-        if let Ok(Err(err)) = futures::executor::block_on(receiver) {
-            result = Err(err);
-        }
-    }
     for shard in shards.iter_mut() {
         shard.join();
+    }
+    for receiver in receivers.iter_mut().flatten() {
+        if let Ok(Some(Err(err))) = receiver.try_recv() {
+            result = Err(err);
+        }
     }
     shards.clear();
     result

@@ -353,13 +353,19 @@ impl NativeEngine {
         loop {
             let mut completions = Vec::new();
             self.device.reap(1, &mut completions)?;
+            let mut mine = None;
+            // Everything else reaped here belongs to the asynchronous machinery: keep it all.
             for completion in completions {
                 if completion.token == token {
-                    self.io_purpose.remove(&token);
-                    completion.result?;
-                    return Ok(completion.buf);
+                    mine = Some(completion);
+                } else {
+                    self.stashed.push(completion);
                 }
-                self.stashed.push(completion);
+            }
+            if let Some(completion) = mine {
+                self.io_purpose.remove(&token);
+                completion.result?;
+                return Ok(completion.buf);
             }
         }
     }

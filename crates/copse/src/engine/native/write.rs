@@ -344,7 +344,15 @@ impl NativeEngine {
                 }
             }
             Effect::BatchRecord { batch } => self.batch_member_failed(batch, err),
-            Effect::Erase { chain } | Effect::BatchErased { chain, .. } => {
+            Effect::Erase { chain } => {
+                if let Some(chain) = chain {
+                    self.free[loc.class() as usize].abort(chain);
+                }
+            }
+            Effect::BatchErased { batch, chain } => {
+                // The batch was applied; only its record stays on disk (replayed harmlessly:
+                // nothing older than it can win). Its keys stay held until the next recovery.
+                self.batches.remove(&batch);
                 if let Some(chain) = chain {
                     self.free[loc.class() as usize].abort(chain);
                 }
