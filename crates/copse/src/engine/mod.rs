@@ -81,6 +81,9 @@ pub struct RecoveryStats {
     pub free_slots: u64,
     /// Slots whose bytes did not verify (torn writes, bit flips). Never indexed.
     pub torn_or_corrupt: u64,
+    /// Keys whose newest record was durable once and is damaged now (bit rot): they read as
+    /// corrupt until rewritten, never as an older value.
+    pub damaged_items: u64,
     pub batches_replayed: u64,
     pub seconds: f64,
 }

@@ -131,6 +131,7 @@ impl NativeEngine {
             }
         };
         let seq = self.take_seq();
+        self.hold_seq(seq);
         let batch = self.next_batch_id;
         self.next_batch_id += 1;
         let held = self.hold_batch_keys(&ops);
@@ -147,7 +148,8 @@ impl NativeEngine {
         let pages = if class.is_multi_page() { super::format::pages_for(record_bytes(0, value.len())) } else { 0 };
         let loc = Loc::new(class.id, slot, pages);
         let write = self.new_write(loc, overwritten, Effect::BatchRecord { batch });
-        self.place(write, loc, RecordKind::Batch, seq, 0, &[], &value);
+        let watermark = self.durable_watermark();
+        self.place(write, loc, RecordKind::Batch, seq, watermark, &[], &value);
     }
 
     /// Allocates a slot for each operation, or none at all.
@@ -189,6 +191,7 @@ impl NativeEngine {
         ops: Vec<BatchOp>,
     ) -> Result<(), WriteError> {
         let slots = self.allocate_members(&ops)?;
+        self.hold_seq(seq);
         let batch = self.next_batch_id;
         self.next_batch_id += 1;
         let held = self.hold_batch_keys(all_ops);
@@ -259,6 +262,8 @@ impl NativeEngine {
         let durable = std::mem::take(&mut state.durable);
         let reply = state.reply.take();
         let record = state.record.expect("members are written after the record");
+        let batch_seq = state.seq;
+        self.finish_seq(batch_seq);
         for (key, seq, loc, kind) in durable {
             match kind {
                 RecordKind::Put => self.apply_put(&key, seq, loc),
@@ -285,6 +290,12 @@ impl NativeEngine {
     /// slot): answer the error and forget the batch; members that still complete are dropped.
     pub(super) fn batch_member_failed(&mut self, batch: u64, err: WriteError) {
         let Some(mut state) = self.batches.remove(&batch) else { return };
+        if state.record.is_some() && !self.is_poisoned() {
+            // The batch record is durable, so recovery will apply the batch: refuse further
+            // writes rather than carry on as if it had not happened.
+            tracing::error!(shard = self.shard_id, %err, "a write batch failed after its record was durable");
+            self.poison();
+        }
         if let Some(reply) = state.reply.take() {
             let _ = reply.send(Err(err));
         }

@@ -35,6 +35,9 @@ pub enum RecordKind {
     Free = 3,
     /// A write batch, written whole before its members (see `engine/native/batch.rs`).
     Batch = 4,
+    /// Written at a clean close: `aux` is the shard's durable watermark then, so recovery knows
+    /// every earlier record was durable (see `recovery.rs`). Freed at the next open.
+    Watermark = 5,
 }
 
 impl RecordKind {
@@ -44,6 +47,7 @@ impl RecordKind {
             2 => Some(RecordKind::Tombstone),
             3 => Some(RecordKind::Free),
             4 => Some(RecordKind::Batch),
+            5 => Some(RecordKind::Watermark),
             _ => None,
         }
     }
@@ -316,6 +320,25 @@ pub fn peek_header(bytes: &[u8]) -> Option<RecordHeader> {
         seq: u64::from_le_bytes(header[8..16].try_into().unwrap()),
         aux: u64::from_le_bytes(header[16..24].try_into().unwrap()),
     })
+}
+
+/// The header and key of a slot that failed verification, if they still look like a put or a
+/// tombstone (magic, kind, lengths that fit the slot and the bytes at hand). Recovery uses this to
+/// tell which key a damaged record belonged to; nothing read here is ever returned as data.
+pub fn peek_damaged_key(bytes: &[u8], slot_bytes: usize) -> Option<(RecordHeader, &[u8])> {
+    let header = peek_header(bytes)?;
+    if !matches!(header.kind, RecordKind::Put | RecordKind::Tombstone) {
+        return None;
+    }
+    let key_end = RECORD_HEADER_BYTES + header.key_bytes as usize;
+    if header.key_bytes == 0
+        || header.key_bytes as usize > KEY_BYTES_MAX
+        || header.record_bytes() > slot_bytes
+        || key_end > bytes.len()
+    {
+        return None;
+    }
+    Some((header, &bytes[RECORD_HEADER_BYTES..key_end]))
 }
 
 /// Decodes and verifies the slot that starts at `bytes[0]`. `bytes` holds the slot (it may be

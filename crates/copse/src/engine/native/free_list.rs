@@ -26,6 +26,8 @@ pub struct FreeList {
     stack: Vec<u64>,
     /// In-memory free slots and the stale key hash each still holds.
     tags: HashMap<u64, Option<u64>>,
+    /// The in-memory slots holding a stale copy, by key hash (so a delete can erase them).
+    by_tag: HashMap<u64, Vec<u64>>,
     chains: [Chain; FREE_CHAINS_PER_CLASS],
     next_chain: usize,
 }
@@ -35,6 +37,7 @@ impl Default for FreeList {
         FreeList {
             stack: Vec::new(),
             tags: HashMap::new(),
+            by_tag: HashMap::new(),
             chains: [Chain::default(); FREE_CHAINS_PER_CLASS],
             next_chain: 0,
         }
@@ -59,6 +62,9 @@ impl FreeList {
     pub fn push(&mut self, slot: u64, tag: Option<u64>) {
         let previous = self.tags.insert(slot, tag);
         assert!(previous.is_none(), "slot {slot} freed twice");
+        if let Some(tag) = tag {
+            self.by_tag.entry(tag).or_default().push(slot);
+        }
         self.stack.push(slot);
         if self.stack.len() > 4 * FREE_SLOTS_IN_MEMORY_MAX {
             let tags = &self.tags;
@@ -69,7 +75,7 @@ impl FreeList {
     /// Takes the most recently freed slot.
     pub fn pop(&mut self) -> Option<(u64, Option<u64>)> {
         while let Some(slot) = self.stack.pop() {
-            if let Some(tag) = self.tags.remove(&slot) {
+            if let Some(tag) = self.take(slot) {
                 return Some((slot, tag));
             }
         }
@@ -78,7 +84,24 @@ impl FreeList {
 
     /// Takes `slot` if it is free in memory (used to place an update beside its old copy).
     pub fn take(&mut self, slot: u64) -> Option<Option<u64>> {
-        self.tags.remove(&slot)
+        let tag = self.tags.remove(&slot)?;
+        if let Some(hash) = tag {
+            let slots = self.by_tag.get_mut(&hash).expect("tagged slots are indexed");
+            slots.retain(|&other| other != slot);
+            if slots.is_empty() {
+                self.by_tag.remove(&hash);
+            }
+        }
+        Some(tag)
+    }
+
+    /// Takes every in-memory slot holding a stale copy under `tag`.
+    pub fn take_tagged(&mut self, tag: u64) -> Vec<u64> {
+        let slots = self.by_tag.remove(&tag).unwrap_or_default();
+        for slot in &slots {
+            self.tags.remove(slot);
+        }
+        slots
     }
 
     pub fn contains(&self, slot: u64) -> bool {
@@ -158,6 +181,20 @@ mod tests {
         assert_eq!(free.pop(), Some((3, None)));
         assert_eq!(free.pop(), Some((1, None)));
         assert_eq!(free.pop(), None);
+    }
+
+    #[test]
+    fn tagged_slots_are_found_by_tag_and_leave_with_any_take() {
+        let mut free = FreeList::default();
+        free.push(1, Some(9));
+        free.push(2, Some(9));
+        free.push(3, Some(4));
+        assert_eq!(free.take(2), Some(Some(9)));
+        assert_eq!(free.take_tagged(9), vec![1]);
+        assert!(free.take_tagged(9).is_empty());
+        assert_eq!(free.pop(), Some((3, Some(4))));
+        assert!(free.take_tagged(4).is_empty());
+        assert_eq!(free.in_memory(), 0);
     }
 
     #[test]

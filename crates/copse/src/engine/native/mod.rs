@@ -77,7 +77,10 @@ enum Effect {
     Tombstone { key: Key, seq: u64, origin: Origin },
     BatchRecord { batch: u64 },
     /// A free record: the slot joins the in-memory free set, or chain `chain` once durable.
-    Erase { chain: Option<usize> },
+    /// `retires`: the sequence number of a torn record this erases (see `unfinished_seqs`).
+    Erase { chain: Option<usize>, retires: Option<u64> },
+    /// The watermark record of a clean close: nothing to do once durable.
+    Watermark,
     /// The free record over a finished batch record: releases the batch's keys.
     BatchErased { batch: u64, chain: Option<usize> },
 }
@@ -147,6 +150,11 @@ pub struct NativeEngine {
     flush_waiters: Vec<(WriteId, Reply<(), WriteError>)>,
 
     flights: HashMap<Key, Flight>,
+    /// Sequence numbers handed out whose records are not yet durable (count of holders). Every
+    /// record carries the durable watermark (below the smallest of these) so that recovery can
+    /// tell a damaged record that was once durable (bit rot) from a torn in-flight write.
+    unfinished_seqs: BTreeMap<u64, u32>,
+    next_seq_at_open: u64,
     stale_counts: HashMap<u64, u32>,
     tombstone_guards: HashMap<u64, Vec<Loc>>,
     /// Frees that found every chain of their class busy; retried each round (already counted).
@@ -191,6 +199,8 @@ impl NativeEngine {
             awaiting_flush: Vec::new(),
             flush_waiters: Vec::new(),
             flights: HashMap::new(),
+            unfinished_seqs: BTreeMap::new(),
+            next_seq_at_open: 0,
             stale_counts: HashMap::new(),
             tombstone_guards: HashMap::new(),
             deferred_frees: VecDeque::new(),
@@ -201,6 +211,7 @@ impl NativeEngine {
             recovery: RecoveryStats::default(),
         };
         engine.recover(progress)?;
+        engine.next_seq_at_open = engine.next_seq;
         // Replayed batches must be applied before the shard answers anyone.
         while !engine.batches.is_empty() {
             if engine.is_poisoned() {
@@ -292,7 +303,32 @@ impl NativeEngine {
         if self.is_poisoned() {
             return Err(WriteError::Poisoned);
         }
+        self.write_watermark_record()?;
         self.device.flush().map_err(WriteError::from_device)
+    }
+
+    /// Records, durably, that every write so far is durable: recovery then treats any damaged
+    /// record up to here as rot rather than as a torn write.
+    fn write_watermark_record(&mut self) -> Result<(), WriteError> {
+        if self.next_seq == self.next_seq_at_open {
+            // Nothing written since open: the records on disk are what recovery saw.
+            return Ok(());
+        }
+        let class = format::SizeClass::get(0);
+        let watermark = self.durable_watermark();
+        let (slot, overwritten) = self.allocate(class, None)?;
+        let seq = self.take_seq();
+        let loc = Loc::new(class.id, slot, 0);
+        let write = self.new_write(loc, overwritten, Effect::Watermark);
+        self.place(write, loc, format::RecordKind::Watermark, seq, watermark, &[], &[]);
+        while !self.is_idle() {
+            self.end_round();
+            self.reap(true);
+            if self.is_poisoned() {
+                return Err(WriteError::Poisoned);
+            }
+        }
+        Ok(())
     }
 
     fn is_poisoned(&self) -> bool {
@@ -592,6 +628,29 @@ impl NativeEngine {
             recovery: self.recovery.clone(),
             classes,
             tombstones_held: self.tombstone_guards.values().map(|locs| locs.len() as u64).sum(),
+        }
+    }
+}
+
+impl NativeEngine {
+    /// Every sequence number up to this one belongs to a record that is durable (or to nothing
+    /// on disk). Written into each record's `aux`.
+    fn durable_watermark(&self) -> u64 {
+        match self.unfinished_seqs.keys().next() {
+            Some(&oldest) => oldest - 1,
+            None => self.next_seq - 1,
+        }
+    }
+
+    fn hold_seq(&mut self, seq: u64) {
+        *self.unfinished_seqs.entry(seq).or_default() += 1;
+    }
+
+    fn finish_seq(&mut self, seq: u64) {
+        let holders = self.unfinished_seqs.get_mut(&seq).expect("finishing a sequence number never held");
+        *holders -= 1;
+        if *holders == 0 {
+            self.unfinished_seqs.remove(&seq);
         }
     }
 }

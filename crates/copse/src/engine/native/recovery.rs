@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use super::batch::decode_batch;
 use super::format::{
-    decode_slab_header, decode_slot, pages_for, shard_dir, Loc, RecordKind, SizeClass, Slot,
-    SlotDefect, CLASS_COUNT,
+    decode_slab_header, decode_slot, pages_for, peek_damaged_key, shard_dir, Loc, RecordKind,
+    SizeClass, Slot, SlotDefect, CLASS_COUNT,
 };
 use super::{key_hash, ClassFile, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FileId, IoKind, IoRequest};
@@ -81,7 +81,7 @@ pub fn read_sync(
 }
 
 /// Scans every slot of a slab file with sequential reads, several chunks in flight, calling
-/// `visit` with each slot's location and decoded content (or defect).
+/// `visit` with each slot's location, decoded content (or defect) and raw bytes.
 pub fn scan_slab(
     device: &mut dyn BlockDevice,
     shard_id: u32,
@@ -89,7 +89,7 @@ pub fn scan_slab(
     file: FileId,
     file_bytes: u64,
     progress: Option<&indicatif::ProgressBar>,
-    visit: &mut dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>),
+    visit: &mut dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>, &[u8]),
 ) -> Result<u64, DeviceError> {
     assert_eq!(device.in_flight(), 0);
     let slot_bytes = class.slot_bytes as usize;
@@ -147,7 +147,7 @@ fn visit_chunk(
     class: SizeClass,
     offset: u64,
     chunk: &[u8],
-    visit: &mut dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>),
+    visit: &mut dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>, &[u8]),
 ) {
     let slot_bytes = class.slot_bytes as usize;
     let first_page = offset / PAGE_BYTES as u64;
@@ -163,7 +163,7 @@ fn visit_chunk(
                 }
                 _ => bare,
             };
-            visit(loc, result);
+            visit(loc, result, bytes);
         }
     } else {
         for (page_index, page) in chunk.chunks_exact(PAGE_BYTES).enumerate() {
@@ -171,7 +171,7 @@ fn visit_chunk(
             for index in 0..class.slots_per_page as usize {
                 let bytes = &page[index * slot_bytes..(index + 1) * slot_bytes];
                 let loc = Loc::new(class.id, first_slot + index as u64, 0);
-                visit(loc, decode_slot(bytes, shard_id, loc, slot_bytes));
+                visit(loc, decode_slot(bytes, shard_id, loc, slot_bytes), bytes);
             }
         }
     }
@@ -183,8 +183,20 @@ struct Newest {
     tombstone: bool,
 }
 
+/// A slot that failed verification but still names its key: once-durable (rot) or torn.
+struct Damaged {
+    loc: Loc,
+    key: Box<[u8]>,
+    seq: u64,
+    tombstone: bool,
+}
+
 #[derive(Default)]
 struct Found {
+    /// Highest durable watermark carried by a valid record: every record with a sequence number
+    /// at or below it was durable once, so if it is damaged now, that is rot, not a torn write.
+    watermark_max: u64,
+    damaged: Vec<Damaged>,
     newest: HashMap<Box<[u8]>, Newest>,
     stale: Vec<(Loc, Option<u64>)>,
     free: Vec<Loc>,
@@ -197,7 +209,7 @@ struct Found {
 }
 
 impl Found {
-    fn visit(&mut self, shard_id: u32, loc: Loc, result: Result<Slot<'_>, SlotDefect>) {
+    fn visit(&mut self, shard_id: u32, loc: Loc, result: Result<Slot<'_>, SlotDefect>, bytes: &[u8]) {
         let class = loc.class() as usize;
         let touched = |found: &mut Found| {
             found.frontier[class] = found.frontier[class].max(loc.slot() + 1);
@@ -207,6 +219,9 @@ impl Found {
             Ok(Slot::Record { header, key, value }) => {
                 touched(self);
                 self.max_seq = self.max_seq.max(header.seq);
+                if header.kind != RecordKind::Free {
+                    self.watermark_max = self.watermark_max.max(header.aux);
+                }
                 match header.kind {
                     RecordKind::Put | RecordKind::Tombstone => {
                         let tombstone = header.kind == RecordKind::Tombstone;
@@ -224,7 +239,7 @@ impl Found {
                             }
                         }
                     }
-                    RecordKind::Free => self.free.push(loc),
+                    RecordKind::Free | RecordKind::Watermark => self.free.push(loc),
                     RecordKind::Batch => match decode_batch(value) {
                         Ok(ops) => self.batches.push((loc, header.seq, ops)),
                         Err(reason) => self.corrupt_slot(shard_id, loc, &reason),
@@ -233,6 +248,20 @@ impl Found {
             }
             Err(defect) => {
                 touched(self);
+                let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
+                if let Some((header, key)) = peek_damaged_key(bytes, slot_bytes) {
+                    let pages = if SizeClass::get(loc.class()).is_multi_page() {
+                        pages_for(header.record_bytes())
+                    } else {
+                        0
+                    };
+                    self.damaged.push(Damaged {
+                        loc: Loc::new(loc.class(), loc.slot(), pages),
+                        key: key.into(),
+                        seq: header.seq,
+                        tombstone: header.kind == RecordKind::Tombstone,
+                    });
+                }
                 self.corrupt_slot(shard_id, loc, &defect.to_string());
             }
         }
@@ -284,7 +313,7 @@ impl NativeEngine {
                 file,
                 file_bytes,
                 progress,
-                &mut |loc, result| found.visit(shard_id, loc, result),
+                &mut |loc, result, bytes| found.visit(shard_id, loc, result, bytes),
             )?;
             scanned_classes.push((class, file, file_bytes));
         }
@@ -312,13 +341,54 @@ impl NativeEngine {
     }
 
     fn rebuild(&mut self, found: Found) -> Result<(), OpenError> {
-        let Found { newest, stale, free, empty, corrupt, mut batches, max_seq, frontier } = found;
-        self.next_seq = max_seq + 1;
-        self.recovery.stale_copies = stale.len() as u64;
+        let Found {
+            watermark_max,
+            mut damaged,
+            mut newest,
+            mut stale,
+            free,
+            empty,
+            corrupt,
+            mut batches,
+            max_seq,
+            frontier,
+        } = found;
+        self.next_seq = max_seq.max(damaged.iter().map(|d| d.seq).max().unwrap_or(0)) + 1;
         self.recovery.torn_or_corrupt = corrupt.len() as u64;
+        // A damaged record that was durable once (rot) and is the newest of its key decides the
+        // key: a put makes the key read as corrupt, a tombstone keeps it deleted; either way no
+        // older copy comes back. One that may be a torn in-flight write is erased, and the
+        // watermark stays below its number until the erasure is durable.
+        damaged.sort_by_key(|damaged| damaged.seq);
+        let mut kept = std::collections::HashSet::new();
+        let mut torn = Vec::new();
+        for Damaged { loc, key, seq, tombstone } in damaged {
+            if seq > watermark_max {
+                torn.push((loc, seq));
+                continue;
+            }
+            let is_newest = newest.get(&key).is_none_or(|newest| newest.seq < seq);
+            if !is_newest {
+                continue;
+            }
+            let tag = |tombstone: bool, key: &[u8]| (!tombstone).then(|| key_hash(key));
+            if let Some(previous) = newest.insert(key.clone(), Newest { loc, seq, tombstone }) {
+                if !kept.remove(&previous.loc.slot_only()) {
+                    stale.push((previous.loc, tag(previous.tombstone, &key)));
+                }
+            }
+            kept.insert(loc.slot_only());
+            self.recovery.damaged_items += 1;
+            tracing::error!(shard = self.shard_id, ?loc, key = %String::from_utf8_lossy(&key), "the newest record of a key is damaged: it reads as corrupt until rewritten");
+        }
+        self.recovery.stale_copies = stale.len() as u64;
         for (loc, tag) in stale {
             self.release_slot(loc.slot_only(), tag, false);
         }
+        let torn_slots: std::collections::HashMap<Loc, u64> =
+            torn.into_iter().map(|(loc, seq)| (loc.slot_only(), seq)).collect();
+        let corrupt: Vec<Loc> =
+            corrupt.into_iter().filter(|loc| !kept.contains(&loc.slot_only())).collect();
         let below_frontier = |loc: &Loc| loc.slot() < frontier[loc.class() as usize];
         let free_slots: Vec<Loc> = free.into_iter().chain(empty.into_iter().filter(below_frontier)).collect();
         self.recovery.free_slots = free_slots.len() as u64;
@@ -326,7 +396,10 @@ impl NativeEngine {
             self.release_slot(loc, None, false);
         }
         for loc in corrupt {
-            self.release_slot(loc.slot_only(), None, true);
+            match torn_slots.get(&loc.slot_only()) {
+                Some(&seq) => self.erase_torn(loc.slot_only(), seq),
+                None => self.release_slot(loc.slot_only(), None, true),
+            }
         }
         // Batches hold their keys before tombstones are judged (a tombstone must outlive a batch
         // record that mentions its key).

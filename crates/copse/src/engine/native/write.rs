@@ -53,7 +53,6 @@ impl NativeEngine {
             }
             return;
         }
-        let seq = seq.unwrap_or_else(|| self.take_seq());
         let (loc, overwritten) = match slot {
             Some(slot) => slot,
             None => match self.allocate_for(&key, value.len()) {
@@ -64,13 +63,20 @@ impl NativeEngine {
                 }
             },
         };
+        // A batch member shares (and is held by) its batch's sequence number.
+        let seq = seq.unwrap_or_else(|| {
+            let seq = self.take_seq();
+            self.hold_seq(seq);
+            seq
+        });
         self.flight_begin(&key);
         let key: Box<[u8]> = key.into();
         let write = self.new_write(loc, overwritten, match kind {
             RecordKind::Put => Effect::Put { key: key.clone(), seq, origin },
             _ => Effect::Tombstone { key: key.clone(), seq, origin },
         });
-        self.place(write, loc, kind, seq, 0, &key, &value);
+        let watermark = self.durable_watermark();
+        self.place(write, loc, kind, seq, watermark, &key, &value);
     }
 
     pub(super) fn take_seq(&mut self) -> u64 {
@@ -316,15 +322,23 @@ impl NativeEngine {
                 self.batch_member_durable(batch, key, seq, loc, RecordKind::Tombstone)
             }
             Effect::Put { key, seq, origin } => {
+                self.finish_seq(seq);
                 self.apply_put(&key, seq, loc);
                 Self::answer(origin, Ok(()), false);
             }
             Effect::Tombstone { key, seq, origin } => {
+                self.finish_seq(seq);
                 let existed = self.apply_tombstone(&key, seq, loc);
                 Self::answer(origin, Ok(()), existed);
             }
             Effect::BatchRecord { batch } => self.batch_record_durable(batch, loc),
-            Effect::Erase { chain } => self.erased(loc, chain),
+            Effect::Watermark => {}
+            Effect::Erase { chain, retires } => {
+                if let Some(seq) = retires {
+                    self.finish_seq(seq);
+                }
+                self.erased(loc, chain)
+            }
             Effect::BatchErased { batch, chain } => {
                 self.batch_erased(batch);
                 self.erased(loc, chain);
@@ -335,16 +349,23 @@ impl NativeEngine {
     /// A write failed (the store is poisoned by then): answer its origin, forget its flight.
     pub(super) fn write_failed(&mut self, write: WriteId, err: WriteError) {
         let Some(PendingWrite { loc, effect, .. }) = self.writes.remove(&write) else { return };
+        // Unless the store is poisoned (a device write failed: it may have reached the disk),
+        // the failure happened before the write was issued, so nothing of it is on disk.
+        let nothing_on_disk = !self.is_poisoned();
         match effect {
             Effect::Put { key, seq, origin } | Effect::Tombstone { key, seq, origin } => {
                 self.flight_end(&key, seq, false);
+                if nothing_on_disk && !matches!(origin, Origin::Batch(_)) {
+                    self.finish_seq(seq);
+                }
                 match origin {
                     Origin::Batch(batch) => self.batch_member_failed(batch, err),
                     origin => Self::answer(origin, Err(err), false),
                 }
             }
             Effect::BatchRecord { batch } => self.batch_member_failed(batch, err),
-            Effect::Erase { chain } => {
+            Effect::Watermark => {}
+            Effect::Erase { chain, .. } => {
                 if let Some(chain) = chain {
                     self.free[loc.class() as usize].abort(chain);
                 }
@@ -403,8 +424,11 @@ impl NativeEngine {
         // Older writes of the key still in flight will land as stale copies.
         let older_in_flight = self.flights.contains_key(key);
         if stale_copies || older_in_flight {
-            // The tombstone must outlive every older copy of the key on disk.
+            // The tombstone must outlive every older copy of the key on disk. Erase the copies
+            // waiting in memory now rather than whenever their slots are reused: a deleted key
+            // then leaves nothing behind that a damaged tombstone could let back.
             self.tombstone_guards.entry(hash).or_default().push(loc.slot_only());
+            self.erase_stale_copies(hash);
         } else {
             self.release_slot(loc.slot_only(), None, false);
         }
@@ -418,6 +442,23 @@ impl NativeEngine {
             *self.stale_counts.entry(hash).or_default() += 1;
         }
         self.place_free(loc, tag, erase, None);
+    }
+
+    /// Writes free records over the in-memory free slots that hold a stale copy under `hash`
+    /// (each stays counted until its erasure is durable).
+    fn erase_stale_copies(&mut self, hash: u64) {
+        for class in 0..self.free.len() {
+            for slot in self.free[class].take_tagged(hash) {
+                self.place_free(Loc::new(class as u8, slot, 0), Some(hash), true, None);
+            }
+        }
+    }
+
+    /// Erases a slot holding a torn record of sequence number `seq` (recovery): the watermark
+    /// stays below `seq` until the erasure is durable.
+    pub(super) fn erase_torn(&mut self, loc: Loc, seq: u64) {
+        self.hold_seq(seq);
+        self.write_free_record(loc, None, None, None, Some(seq));
     }
 
     /// Puts an (already counted) free slot in memory, or writes its free record.
@@ -438,13 +479,27 @@ impl NativeEngine {
                 }
             }
         };
+        self.write_free_record(loc, tag, chain.map(|chain| (chain, next)), batch, None);
+    }
+
+    /// Writes a free record over `loc` (pointing to `next` when pushed onto `chain`).
+    fn write_free_record(
+        &mut self,
+        loc: Loc,
+        tag: Option<u64>,
+        chain: Option<(usize, Option<u64>)>,
+        batch: Option<u64>,
+        retires: Option<u64>,
+    ) {
+        let next = chain.and_then(|(_, next)| next);
+        let chain = chain.map(|(chain, _)| chain);
         let effect = match batch {
             Some(batch) => Effect::BatchErased { batch, chain },
-            None => Effect::Erase { chain },
+            None => Effect::Erase { chain, retires },
         };
-        let write = self.new_write(loc, tag, effect);
+        let write = self.new_write(loc.slot_only(), tag, effect);
         let aux = next.map_or(0, |slot| slot + 1);
-        self.place(write, loc, RecordKind::Free, 0, aux, &[], &[]);
+        self.place(write, loc.slot_only(), RecordKind::Free, 0, aux, &[], &[]);
     }
 
     /// Erases a finished batch record; its keys are released when the erasure is durable.
