@@ -367,7 +367,9 @@ impl NativeEngine {
                 torn.push((loc, seq));
                 continue;
             }
-            let is_newest = newest.get(&key).is_none_or(|newest| newest.seq < seq);
+            // Only a key that still has a valid record is decided by a damaged one: if the damage
+            // hit the key bytes, the name read here may be no key ever written.
+            let is_newest = newest.get(&key).is_some_and(|newest| newest.seq < seq);
             if !is_newest {
                 continue;
             }
