@@ -132,6 +132,11 @@ impl NativeEngine {
         };
         let seq = self.take_seq();
         self.hold_seq(seq);
+        // Register the keys' flights now, with the sequence number: a newer write of a key that
+        // completes before the members are written must still find the batch's write pending.
+        for op in &ops {
+            self.flight_begin(op.key());
+        }
         let batch = self.next_batch_id;
         self.next_batch_id += 1;
         let held = self.hold_batch_keys(&ops);
@@ -192,6 +197,9 @@ impl NativeEngine {
     ) -> Result<(), WriteError> {
         let slots = self.allocate_members(&ops)?;
         self.hold_seq(seq);
+        for op in &ops {
+            self.flight_begin(op.key());
+        }
         let batch = self.next_batch_id;
         self.next_batch_id += 1;
         let held = self.hold_batch_keys(all_ops);
@@ -295,6 +303,19 @@ impl NativeEngine {
             // writes rather than carry on as if it had not happened.
             tracing::error!(shard = self.shard_id, %err, "a write batch failed after its record was durable");
             self.poison();
+        }
+        if state.record.is_none() {
+            // Nothing of the batch is durable: undo what it registered when it started. (Its
+            // member slots stay allocated until the next recovery.)
+            for op in std::mem::take(&mut state.ops) {
+                self.flight_end(op.key(), state.seq, false);
+            }
+            for hash in std::mem::take(&mut state.held) {
+                self.release_tag(Some(hash));
+            }
+            if !self.is_poisoned() {
+                self.finish_seq(state.seq);
+            }
         }
         if let Some(reply) = state.reply.take() {
             let _ = reply.send(Err(err));

@@ -69,8 +69,11 @@ impl NativeEngine {
             self.hold_seq(seq);
             seq
         });
-        self.flight_begin(&key);
         let key: Box<[u8]> = key.into();
+        if !matches!(origin, Origin::Batch(_)) {
+            // A batch registered its keys when it took its sequence number.
+            self.flight_begin(&key);
+        }
         let write = self.new_write(loc, overwritten, match kind {
             RecordKind::Put => Effect::Put { key: key.clone(), seq, origin },
             _ => Effect::Tombstone { key: key.clone(), seq, origin },
@@ -92,7 +95,7 @@ impl NativeEngine {
         id
     }
 
-    fn flight_begin(&mut self, key: &[u8]) {
+    pub(super) fn flight_begin(&mut self, key: &[u8]) {
         match self.flights.get_mut(key) {
             Some(flight) => flight.in_flight += 1,
             None => {
