@@ -255,6 +255,7 @@ impl NativeEngine {
         let Some(state) = self.batches.get_mut(&batch) else {
             // The batch failed: this member is never applied.
             self.flight_end(&key, seq, false);
+            self.release_guards(super::key_hash(&key));
             return;
         };
         state.durable.push((key, seq, loc, kind));
@@ -309,6 +310,7 @@ impl NativeEngine {
             // member slots stay allocated until the next recovery.)
             for op in std::mem::take(&mut state.ops) {
                 self.flight_end(op.key(), state.seq, false);
+                self.release_guards(super::key_hash(op.key()));
             }
             for hash in std::mem::take(&mut state.held) {
                 self.release_tag(Some(hash));

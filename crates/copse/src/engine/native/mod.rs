@@ -156,7 +156,8 @@ pub struct NativeEngine {
     unfinished_seqs: BTreeMap<u64, u32>,
     next_seq_at_open: u64,
     stale_counts: HashMap<u64, u32>,
-    tombstone_guards: HashMap<u64, Vec<Loc>>,
+    /// Tombstones kept (with their keys) until no older copy of the key can remain on disk.
+    tombstone_guards: HashMap<u64, Vec<(Loc, Key)>>,
     /// Frees that found every chain of their class busy; retried each round (already counted).
     deferred_frees: VecDeque<(Loc, Option<u64>, bool)>,
     batches: HashMap<u64, batch::BatchState>,

@@ -420,16 +420,16 @@ impl NativeEngine {
         let mut tombstones = Vec::new();
         for (key, newest) in newest {
             if newest.tombstone {
-                tombstones.push((key_hash(&key), newest.loc));
+                tombstones.push((key_hash(&key), newest.loc, key));
             } else {
                 self.index.insert(&key, newest.loc);
             }
         }
         self.recovery.items = self.index.len() as u64;
         self.recovery.tombstones = tombstones.len() as u64;
-        for (hash, loc) in tombstones {
-            if self.stale_counts.contains_key(&hash) {
-                self.tombstone_guards.entry(hash).or_default().push(loc.slot_only());
+        for (hash, loc, key) in tombstones {
+            if self.stale_counts.contains_key(&hash) || self.flights.contains_key(&key) {
+                self.tombstone_guards.entry(hash).or_default().push((loc.slot_only(), key));
             } else {
                 self.release_slot(loc.slot_only(), None, false);
             }

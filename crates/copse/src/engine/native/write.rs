@@ -358,6 +358,7 @@ impl NativeEngine {
         match effect {
             Effect::Put { key, seq, origin } | Effect::Tombstone { key, seq, origin } => {
                 self.flight_end(&key, seq, false);
+                self.release_guards(key_hash(&key));
                 if nothing_on_disk && !matches!(origin, Origin::Batch(_)) {
                     self.finish_seq(seq);
                 }
@@ -403,19 +404,21 @@ impl NativeEngine {
             if let Some(old) = self.index.insert(key, loc) {
                 self.release_slot(old.slot_only(), Some(hash), false);
             }
-            // A guard kept only for writes that were in flight: the key is live again.
-            if !self.stale_counts.contains_key(&hash) && !self.flights.contains_key(key) {
-                self.release_guards(hash);
-            }
         } else {
             self.release_slot(loc.slot_only(), Some(hash), false);
+            if self.tombstone_guards.contains_key(&hash) {
+                // Landed under a tombstone: erase it now, as the delete did the older copies.
+                self.erase_stale_copies(hash);
+            }
         }
+        self.release_guards(hash);
     }
 
     /// A tombstone of `key` at `loc` is durable. Returns whether a live item was deleted.
     pub(super) fn apply_tombstone(&mut self, key: &[u8], seq: u64, loc: Loc) -> bool {
         if !self.flight_end(key, seq, true) {
             self.release_slot(loc.slot_only(), None, false);
+            self.release_guards(key_hash(key));
             return false;
         }
         let hash = key_hash(key);
@@ -430,7 +433,7 @@ impl NativeEngine {
             // The tombstone must outlive every older copy of the key on disk. Erase the copies
             // waiting in memory now rather than whenever their slots are reused: a deleted key
             // then leaves nothing behind that a damaged tombstone could let back.
-            self.tombstone_guards.entry(hash).or_default().push(loc.slot_only());
+            self.tombstone_guards.entry(hash).or_default().push((loc.slot_only(), key.into()));
             self.erase_stale_copies(hash);
         } else {
             self.release_slot(loc.slot_only(), None, false);
@@ -529,12 +532,21 @@ impl NativeEngine {
         }
     }
 
-    /// Frees the tombstones kept for `hash` (no stale copy under it remains).
-    fn release_guards(&mut self, hash: u64) {
-        if let Some(tombstones) = self.tombstone_guards.remove(&hash) {
-            for tombstone in tombstones {
-                self.release_slot(tombstone, None, false);
-            }
+    /// Frees the tombstones kept for `hash` once no stale copy under it remains and no older
+    /// write of their key is still in flight (it would land as a stale copy with nothing above
+    /// it). Called whenever either condition may have become true.
+    pub(super) fn release_guards(&mut self, hash: u64) {
+        if self.stale_counts.contains_key(&hash) {
+            return;
+        }
+        let Some(tombstones) = self.tombstone_guards.remove(&hash) else { return };
+        let (waiting, free): (Vec<_>, Vec<_>) =
+            tombstones.into_iter().partition(|(_, key)| self.flights.contains_key(key));
+        if !waiting.is_empty() {
+            self.tombstone_guards.insert(hash, waiting);
+        }
+        for (tombstone, _) in free {
+            self.release_slot(tombstone, None, false);
         }
     }
 
