@@ -97,7 +97,9 @@ fn run_phase(db: &Db, args: &Args, phase: Phase) -> Outcome {
                                     Phase::Update => {
                                         rng.fill(&mut value[..]);
                                         let record = rng.gen_range(0..args.items);
-                                        db.put_async(&key_of(record), &value).await.expect("update");
+                                        db.put_async(&key_of(record), &value)
+                                            .await
+                                            .expect("update");
                                     }
                                 }
                                 histogram.record(started.elapsed().as_micros() as u64).unwrap();
@@ -148,19 +150,32 @@ fn main() {
         "flush-per-round" => copse::WriteDurability::FlushPerRound,
         other => panic!("unknown durability {other}"),
     };
-    let mut options = Options { cache_bytes: args.cache_mb << 20, durability, show_progress: false, ..Options::default() };
+    let mut options = Options {
+        cache_bytes: args.cache_mb << 20,
+        durability,
+        show_progress: false,
+        ..Options::default()
+    };
     if let Some(shards) = args.shards {
         options.shards = shards;
     }
     let db = Db::open(&args.path, options.clone()).expect("open");
     println!(
         "items {} × {} B values, {} shards, cache {} MiB, {} clients × {} in flight, durability {}",
-        args.items, args.value_bytes, options.shards, args.cache_mb, args.clients, args.in_flight, args.durability
+        args.items,
+        args.value_bytes,
+        options.shards,
+        args.cache_mb,
+        args.clients,
+        args.in_flight,
+        args.durability
     );
     println!();
     println!("| phase | ops/s | p50 µs | p99 µs | p99.9 µs | max µs | device reads/op | device writes/op | flushes/op | KB written/op |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (name, phase) in [("load", Phase::Load), ("get (uniform)", Phase::Get), ("update (uniform)", Phase::Update)] {
+    for (name, phase) in
+        [("load", Phase::Load), ("get (uniform)", Phase::Get), ("update (uniform)", Phase::Update)]
+    {
         let before = device_totals(&db);
         let outcome = run_phase(&db, &args, phase);
         let after = device_totals(&db);
@@ -195,7 +210,8 @@ fn main() {
     println!(
         "reopen (full recovery scan): {:.2} s for {:.2} GiB, {} items",
         reopen.elapsed().as_secs_f64(),
-        recovered.shards.iter().map(|s| s.recovery.bytes_scanned).sum::<u64>() as f64 / (1u64 << 30) as f64,
+        recovered.shards.iter().map(|s| s.recovery.bytes_scanned).sum::<u64>() as f64
+            / (1u64 << 30) as f64,
         recovered.items
     );
     db.close().unwrap();

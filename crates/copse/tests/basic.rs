@@ -23,7 +23,10 @@ fn exercise(db: &Db) {
     db.put(b"big", &big).unwrap();
     assert_eq!(db.get(b"big").unwrap().unwrap(), big);
     let mut batch = WriteBatch::new();
-    batch.put(b"k1".to_vec(), b"v1".to_vec()).put(b"k2".to_vec(), b"v2".to_vec()).delete(b"alpha".to_vec());
+    batch
+        .put(b"k1".to_vec(), b"v1".to_vec())
+        .put(b"k2".to_vec(), b"v2".to_vec())
+        .delete(b"alpha".to_vec());
     db.write_batch(batch).unwrap();
     assert_eq!(db.get(b"alpha").unwrap(), None);
     let all = db.scan(.., 100).unwrap();
@@ -50,11 +53,13 @@ fn real_device_round_trip_survives_reopen() {
 fn simulated_device_round_trip_survives_reopen() {
     let disk = SimDisk::new(7);
     {
-        let db = Db::open_with_storage(Arc::new(disk.storage(WriteDurability::Dsync)), options(3)).unwrap();
+        let db = Db::open_with_storage(Arc::new(disk.storage(WriteDurability::Dsync)), options(3))
+            .unwrap();
         exercise(&db);
         db.close().unwrap();
     }
-    let db = Db::open_with_storage(Arc::new(disk.storage(WriteDurability::Dsync)), options(3)).unwrap();
+    let db =
+        Db::open_with_storage(Arc::new(disk.storage(WriteDurability::Dsync)), options(3)).unwrap();
     assert_eq!(db.get(b"k2").unwrap().as_deref(), Some(&b"v2"[..]));
     assert_eq!(db.scan(.., 10).unwrap().len(), 3);
 }

@@ -52,7 +52,9 @@ fn index_memory_estimate_is_within_a_quarter_of_the_allocators_count() {
     for key_bytes in [16, 24, 64, 200] {
         let (measured, estimated) = measure(key_bytes, 200_000);
         let ratio = estimated / measured;
-        println!("key {key_bytes} B: measured {measured:.1} B/item, estimated {estimated:.1} B/item");
+        println!(
+            "key {key_bytes} B: measured {measured:.1} B/item, estimated {estimated:.1} B/item"
+        );
         assert!(
             (0.75..=1.25).contains(&ratio),
             "key {key_bytes} B: estimate {estimated:.1} vs measured {measured:.1} B/item"

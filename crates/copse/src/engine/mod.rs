@@ -36,17 +36,39 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 
 /// A message to a shard. Limits were checked by the caller.
 pub enum Request {
-    Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError> },
-    Put { key: Vec<u8>, value: Vec<u8>, reply: Reply<(), WriteError> },
+    Get {
+        key: Vec<u8>,
+        reply: Reply<Option<Vec<u8>>, ReadError>,
+    },
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        reply: Reply<(), WriteError>,
+    },
     /// Answers whether the key existed.
-    Delete { key: Vec<u8>, reply: Reply<bool, WriteError> },
+    Delete {
+        key: Vec<u8>,
+        reply: Reply<bool, WriteError>,
+    },
     /// All-or-nothing within the shard, also across a crash.
-    Batch { ops: Vec<BatchOp>, reply: Reply<(), WriteError> },
+    Batch {
+        ops: Vec<BatchOp>,
+        reply: Reply<(), WriteError>,
+    },
     /// The shard's first `limit` items in the range, in key order.
-    Scan { start: Bound<Vec<u8>>, end: Bound<Vec<u8>>, limit: usize, reply: Reply<Vec<KeyValue>, ReadError> },
+    Scan {
+        start: Bound<Vec<u8>>,
+        end: Bound<Vec<u8>>,
+        limit: usize,
+        reply: Reply<Vec<KeyValue>, ReadError>,
+    },
     /// Answers once every write the shard accepted before it is durable.
-    Flush { reply: Reply<(), WriteError> },
-    Stats { reply: Reply<ShardStats, ReadError> },
+    Flush {
+        reply: Reply<(), WriteError>,
+    },
+    Stats {
+        reply: Reply<ShardStats, ReadError>,
+    },
 }
 
 impl Request {

@@ -152,15 +152,21 @@ fn check_batch(ops: &[BatchOp]) -> Result<(), InputError> {
 /// Takes an exclusive lock on the store directory so two processes never open one store.
 pub(crate) fn lock_directory(path: &Path) -> Result<std::fs::File, OpenError> {
     use std::os::fd::AsRawFd;
-    std::fs::create_dir_all(path)
-        .map_err(|err| OpenError::Device(crate::device::DeviceError::from_io(&err, path.display().to_string())))?;
+    std::fs::create_dir_all(path).map_err(|err| {
+        OpenError::Device(crate::device::DeviceError::from_io(&err, path.display().to_string()))
+    })?;
     let lock_path = path.join("LOCK");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .map_err(|err| OpenError::Device(crate::device::DeviceError::from_io(&err, lock_path.display().to_string())))?;
+        .map_err(|err| {
+            OpenError::Device(crate::device::DeviceError::from_io(
+                &err,
+                lock_path.display().to_string(),
+            ))
+        })?;
     // SAFETY: flock on a descriptor we own; no memory is involved.
     let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if locked != 0 {
@@ -177,7 +183,8 @@ impl Db {
             return Err(OpenError::NotFound(path.display().to_string()));
         }
         let lock = lock_directory(path)?;
-        let ring_entries = (options.io_depth.clamp(1, IO_DEPTH_MAX) as u32).next_power_of_two().max(8);
+        let ring_entries =
+            (options.io_depth.clamp(1, IO_DEPTH_MAX) as u32).next_power_of_two().max(8);
         let storage = DirStorage::new(path, options.backend, options.durability, ring_entries)?;
         Db::open_inner(Arc::new(storage), options, Some(lock))
     }
@@ -220,7 +227,8 @@ impl Db {
             );
             bar
         });
-        let cache_pages = (options.cache_bytes / PAGE_BYTES / options.shards).max(CACHE_PAGES_PER_SHARD_MIN);
+        let cache_pages =
+            (options.cache_bytes / PAGE_BYTES / options.shards).max(CACHE_PAGES_PER_SHARD_MIN);
         let poisoned = Arc::new(AtomicBool::new(false));
         let (opened_sender, opened) = std::sync::mpsc::channel();
         let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
@@ -233,7 +241,13 @@ impl Db {
                 poisoned: poisoned.clone(),
             };
             let pin_core = options.pin_threads.then_some(shard_id as usize % cores);
-            match ShardHandle::spawn(storage.clone(), config, progress.clone(), opened_sender.clone(), pin_core) {
+            match ShardHandle::spawn(
+                storage.clone(),
+                config,
+                progress.clone(),
+                opened_sender.clone(),
+                pin_core,
+            ) {
                 Ok(handle) => shards.push(handle),
                 Err(err) => {
                     close_shards(&mut shards).ok();
@@ -251,7 +265,9 @@ impl Db {
                     failure.get_or_insert(err);
                 }
                 Err(_) => {
-                    failure.get_or_insert(OpenError::Thread("a shard thread exited while opening".into()));
+                    failure.get_or_insert(OpenError::Thread(
+                        "a shard thread exited while opening".into(),
+                    ));
                 }
             }
         }
@@ -297,7 +313,9 @@ impl Db {
     /// Deletes `key`; returns whether it existed.
     pub fn delete(&self, key: &[u8]) -> Result<bool, WriteError> {
         check_key(key)?;
-        self.router().send(key, WriteError::Closed, |key, reply| Request::Delete { key, reply }).wait()
+        self.router()
+            .send(key, WriteError::Closed, |key, reply| Request::Delete { key, reply })
+            .wait()
     }
 
     /// Applies a batch: all-or-nothing within each shard, also across a crash. A batch whose
@@ -316,7 +334,11 @@ impl Db {
     }
 
     /// Up to `limit` items with keys in `range`, in key order, each with its latest value.
-    pub fn scan<R: RangeBounds<Vec<u8>>>(&self, range: R, limit: usize) -> Result<Vec<KeyValue>, ReadError> {
+    pub fn scan<R: RangeBounds<Vec<u8>>>(
+        &self,
+        range: R,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, ReadError> {
         let (start, end) = Self::scan_bounds(&range, limit)?;
         let mut runs = Vec::new();
         for pending in self.router().scan_all(&start, &end, limit) {
@@ -325,7 +347,10 @@ impl Db {
         Ok(merge_sorted(runs, limit))
     }
 
-    fn scan_bounds<R: RangeBounds<Vec<u8>>>(range: &R, limit: usize) -> Result<KeyRange, InputError> {
+    fn scan_bounds<R: RangeBounds<Vec<u8>>>(
+        range: &R,
+        limit: usize,
+    ) -> Result<KeyRange, InputError> {
         if limit > SCAN_ITEMS_MAX {
             return Err(InputError::ScanLimitTooLarge { limit, max: SCAN_ITEMS_MAX });
         }
@@ -342,7 +367,8 @@ impl Db {
     /// Returns once every write accepted before the call is durable.
     pub fn flush(&self) -> Result<(), WriteError> {
         let mut result = Ok(());
-        for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply }) {
+        for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply })
+        {
             if let Err(err) = pending.wait() {
                 result = Err(err);
             }
@@ -352,7 +378,8 @@ impl Db {
 
     pub fn stats(&self) -> Result<StoreStats, ReadError> {
         let mut shards = Vec::new();
-        for pending in self.router().broadcast(ReadError::Closed, |reply| Request::Stats { reply }) {
+        for pending in self.router().broadcast(ReadError::Closed, |reply| Request::Stats { reply })
+        {
             shards.push(pending.wait()?);
         }
         Ok(summarize(shards))
@@ -422,7 +449,8 @@ impl Db {
 
     pub async fn flush_async(&self) -> Result<(), WriteError> {
         let mut result = Ok(());
-        for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply }) {
+        for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply })
+        {
             if let Err(err) = pending.into_future().await {
                 result = Err(err);
             }
@@ -454,4 +482,3 @@ fn summarize(shards: Vec<ShardStats>) -> StoreStats {
         shards,
     }
 }
-

@@ -57,7 +57,9 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
     let stored = u32::from_le_bytes(page[MANIFEST_BYTES..MANIFEST_BYTES + 4].try_into().unwrap());
     let computed = crc32c::crc32c(&page[0..MANIFEST_BYTES]);
     if stored != computed {
-        return Err(format!("checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"));
+        return Err(format!(
+            "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+        ));
     }
     let word = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().unwrap());
     let version = word(8);
@@ -120,7 +122,9 @@ pub fn open_or_create(
             .unwrap_or(false)
     });
     if has_slabs {
-        return Err(OpenError::CorruptManifest("manifest is missing or blank but slab files exist".into()));
+        return Err(OpenError::CorruptManifest(
+            "manifest is missing or blank but slab files exist".into(),
+        ));
     }
     if !create_if_missing {
         return Err(OpenError::NotFound(describe.to_string()));
@@ -132,7 +136,13 @@ pub fn open_or_create(
     };
     let file = device.open_file(MANIFEST_FILE, true)?;
     device.grow_file(file, PAGE_BYTES as u64)?;
-    device.submit(vec![IoRequest { token: 0, file, offset: 0, kind: IoKind::Write, buf: encode(&manifest) }])?;
+    device.submit(vec![IoRequest {
+        token: 0,
+        file,
+        offset: 0,
+        kind: IoKind::Write,
+        buf: encode(&manifest),
+    }])?;
     let mut done = Vec::new();
     device.reap(1, &mut done)?;
     for completion in done {

@@ -118,7 +118,12 @@ impl Router {
             .filter(|(_, ops)| !ops.is_empty())
             .map(|(shard, ops)| {
                 let (sender, receiver) = oneshot::channel();
-                self.pending(shard, WriteError::Closed, Request::Batch { ops, reply: sender }, receiver)
+                self.pending(
+                    shard,
+                    WriteError::Closed,
+                    Request::Batch { ops, reply: sender },
+                    receiver,
+                )
             })
             .collect()
     }
@@ -219,7 +224,8 @@ mod tests {
     fn merge_interleaves_runs_in_key_order_up_to_the_limit() {
         let run = |keys: &[&str]| keys.iter().map(|k| (k.as_bytes().to_vec(), vec![])).collect();
         let merged = merge_sorted(vec![run(&["a", "d", "e"]), run(&["b", "c", "f"]), run(&[])], 5);
-        let keys: Vec<_> = merged.iter().map(|(k, _)| String::from_utf8(k.clone()).unwrap()).collect();
+        let keys: Vec<_> =
+            merged.iter().map(|(k, _)| String::from_utf8(k.clone()).unwrap()).collect();
         assert_eq!(keys, ["a", "b", "c", "d", "e"]);
     }
 }

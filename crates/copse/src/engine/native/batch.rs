@@ -66,7 +66,10 @@ pub fn encoded_batch_bytes(ops: &[BatchOp]) -> usize {
 pub fn decode_batch(bytes: &[u8]) -> Result<Vec<BatchOp>, String> {
     let mut at = 0usize;
     let mut take = |n: usize| -> Result<&[u8], String> {
-        let end = at.checked_add(n).filter(|&end| end <= bytes.len()).ok_or("batch record is truncated")?;
+        let end = at
+            .checked_add(n)
+            .filter(|&end| end <= bytes.len())
+            .ok_or("batch record is truncated")?;
         let slice = &bytes[at..end];
         at = end;
         Ok(slice)
@@ -97,7 +100,11 @@ pub fn dedupe_batch(ops: Vec<BatchOp>) -> Vec<BatchOp> {
     for (position, op) in ops.iter().enumerate() {
         last.insert(op.key().to_vec(), position);
     }
-    ops.into_iter().enumerate().filter(|(position, op)| last[op.key()] == *position).map(|(_, op)| op).collect()
+    ops.into_iter()
+        .enumerate()
+        .filter(|(position, op)| last[op.key()] == *position)
+        .map(|(_, op)| op)
+        .collect()
 }
 
 impl NativeEngine {
@@ -140,17 +147,24 @@ impl NativeEngine {
         let batch = self.next_batch_id;
         self.next_batch_id += 1;
         let held = self.hold_batch_keys(&ops);
-        self.batches.insert(batch, BatchState {
-            ops,
-            slots,
-            seq,
-            record: None,
-            members_waiting: 0,
-            durable: Vec::new(),
-            reply: Some(reply),
-            held,
-        });
-        let pages = if class.is_multi_page() { super::format::pages_for(record_bytes(0, value.len())) } else { 0 };
+        self.batches.insert(
+            batch,
+            BatchState {
+                ops,
+                slots,
+                seq,
+                record: None,
+                members_waiting: 0,
+                durable: Vec::new(),
+                reply: Some(reply),
+                held,
+            },
+        );
+        let pages = if class.is_multi_page() {
+            super::format::pages_for(record_bytes(0, value.len()))
+        } else {
+            0
+        };
         let loc = Loc::new(class.id, slot, pages);
         let write = self.new_write(loc, overwritten, Effect::BatchRecord { batch });
         let watermark = self.durable_watermark();
@@ -203,16 +217,19 @@ impl NativeEngine {
         let batch = self.next_batch_id;
         self.next_batch_id += 1;
         let held = self.hold_batch_keys(all_ops);
-        self.batches.insert(batch, BatchState {
-            ops,
-            slots,
-            seq,
-            record: Some(record),
-            members_waiting: 0,
-            durable: Vec::new(),
-            reply: None,
-            held,
-        });
+        self.batches.insert(
+            batch,
+            BatchState {
+                ops,
+                slots,
+                seq,
+                record: Some(record),
+                members_waiting: 0,
+                durable: Vec::new(),
+                reply: None,
+                held,
+            },
+        );
         self.write_batch_members(batch);
         Ok(())
     }
@@ -251,7 +268,14 @@ impl NativeEngine {
         }
     }
 
-    pub(super) fn batch_member_durable(&mut self, batch: u64, key: Key, seq: u64, loc: Loc, kind: RecordKind) {
+    pub(super) fn batch_member_durable(
+        &mut self,
+        batch: u64,
+        key: Key,
+        seq: u64,
+        loc: Loc,
+        kind: RecordKind,
+    ) {
         let Some(state) = self.batches.get_mut(&batch) else {
             // The batch failed: this member is never applied.
             self.flight_end(&key, seq, false);
@@ -353,7 +377,10 @@ mod tests {
         ];
         assert_eq!(
             dedupe_batch(ops),
-            vec![BatchOp::Put { key: b"b".to_vec(), value: b"2".to_vec() }, BatchOp::Delete { key: b"a".to_vec() }]
+            vec![
+                BatchOp::Put { key: b"b".to_vec(), value: b"2".to_vec() },
+                BatchOp::Delete { key: b"a".to_vec() }
+            ]
         );
     }
 }

@@ -275,8 +275,14 @@ pub fn encode_record(
 pub enum SlotDefect {
     BadMagic,
     UnknownKind(u8),
-    LengthsExceedSlot { record_bytes: usize, slot_bytes: usize },
-    ChecksumMismatch { stored: u32, computed: u32 },
+    LengthsExceedSlot {
+        record_bytes: usize,
+        slot_bytes: usize,
+    },
+    ChecksumMismatch {
+        stored: u32,
+        computed: u32,
+    },
     /// The slot was read only partly (a multi-page record longer than the bytes at hand).
     Truncated,
 }
@@ -477,7 +483,10 @@ mod tests {
         encode_record(&mut slot, 2, loc, RecordKind::Put, 9, 0, b"key", b"value");
         match decode_slot(&slot, 2, loc, 168).unwrap() {
             Slot::Record { header, key, value } => {
-                assert_eq!((header.kind, header.seq, key, value), (RecordKind::Put, 9, &b"key"[..], &b"value"[..]));
+                assert_eq!(
+                    (header.kind, header.seq, key, value),
+                    (RecordKind::Put, 9, &b"key"[..], &b"value"[..])
+                );
             }
             Slot::Empty => panic!("decoded an empty slot"),
         }
@@ -485,7 +494,10 @@ mod tests {
         for bit in 0..used * 8 {
             let mut flipped = slot.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode_slot(&flipped, 2, loc, 168).is_err(), "flip of bit {bit} went unnoticed");
+            assert!(
+                decode_slot(&flipped, 2, loc, 168).is_err(),
+                "flip of bit {bit} went unnoticed"
+            );
         }
     }
 
@@ -514,7 +526,9 @@ mod tests {
         let mut newer = header;
         newer.format_version = 2;
         encode_slab_header(&mut page, &newer);
-        assert!(decode_slab_header(&page).unwrap_err().contains("unsupported slab format version 2"));
+        assert!(decode_slab_header(&page)
+            .unwrap_err()
+            .contains("unsupported slab format version 2"));
         page[0] = b'X';
         assert!(decode_slab_header(&page).is_err());
     }

@@ -71,7 +71,10 @@ impl Index {
             (start, end)
         {
             // BTreeMap::range panics on an inverted range; an inverted range is simply empty.
-            if s > e || (s == e && !(matches!(start, Bound::Included(_)) && matches!(end, Bound::Included(_)))) {
+            if s > e
+                || (s == e
+                    && !(matches!(start, Bound::Included(_)) && matches!(end, Bound::Included(_))))
+            {
                 return Vec::new();
             }
         }

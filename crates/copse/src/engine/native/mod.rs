@@ -31,7 +31,9 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::device::{AlignedBuf, BlockDevice, FileId, IoCompletion, IoKind, IoRequest, WriteDurability};
+use crate::device::{
+    AlignedBuf, BlockDevice, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
+};
 use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardStats};
 use crate::error::{OpenError, ReadError, WriteError};
 use crate::limits::PAGE_BYTES;
@@ -73,16 +75,32 @@ enum Origin {
 }
 
 enum Effect {
-    Put { key: Key, seq: u64, origin: Origin },
-    Tombstone { key: Key, seq: u64, origin: Origin },
-    BatchRecord { batch: u64 },
+    Put {
+        key: Key,
+        seq: u64,
+        origin: Origin,
+    },
+    Tombstone {
+        key: Key,
+        seq: u64,
+        origin: Origin,
+    },
+    BatchRecord {
+        batch: u64,
+    },
     /// A free record: the slot joins the in-memory free set, or chain `chain` once durable.
     /// `retires`: the sequence number of a torn record this erases (see `unfinished_seqs`).
-    Erase { chain: Option<usize>, retires: Option<u64> },
+    Erase {
+        chain: Option<usize>,
+        retires: Option<u64>,
+    },
     /// The watermark record of a clean close: nothing to do once durable.
     Watermark,
     /// The free record over a finished batch record: releases the batch's keys.
-    BatchErased { batch: u64, chain: Option<usize> },
+    BatchErased {
+        batch: u64,
+        chain: Option<usize>,
+    },
 }
 
 struct PendingWrite {
@@ -114,7 +132,10 @@ enum DirectRead {
 
 enum IoPurpose {
     PageLoad(PageKey),
-    PageWrite { page: PageKey, writes: Vec<WriteId> },
+    PageWrite {
+        page: PageKey,
+        writes: Vec<WriteId>,
+    },
     DirectWrite(WriteId),
     DirectRead(DirectRead),
     /// A synchronous request issued by `sync_io`.
@@ -338,7 +359,10 @@ impl NativeEngine {
 
     fn poison(&mut self) {
         if !self.poisoned.swap(true, Ordering::AcqRel) {
-            tracing::error!(shard = self.shard_id, "a write or flush failed: the store now refuses writes");
+            tracing::error!(
+                shard = self.shard_id,
+                "a write or flush failed: the store now refuses writes"
+            );
         }
     }
 
@@ -348,7 +372,14 @@ impl NativeEngine {
         token
     }
 
-    fn queue_io(&mut self, kind: IoKind, file: FileId, offset: u64, buf: AlignedBuf, purpose: IoPurpose) {
+    fn queue_io(
+        &mut self,
+        kind: IoKind,
+        file: FileId,
+        offset: u64,
+        buf: AlignedBuf,
+        purpose: IoPurpose,
+    ) {
         let token = self.take_token();
         self.io_purpose.insert(token, purpose);
         self.io_ready.push_back(IoRequest { token, file, offset, kind, buf });
@@ -409,7 +440,11 @@ impl NativeEngine {
 
     fn complete(&mut self, completion: IoCompletion) {
         let Some(purpose) = self.io_purpose.remove(&completion.token) else {
-            tracing::error!(shard = self.shard_id, token = completion.token, "completion for unknown I/O");
+            tracing::error!(
+                shard = self.shard_id,
+                token = completion.token,
+                "completion for unknown I/O"
+            );
             return;
         };
         match purpose {
@@ -425,7 +460,11 @@ impl NativeEngine {
         }
     }
 
-    fn writes_completed(&mut self, writes: Vec<WriteId>, result: Result<(), crate::device::DeviceError>) {
+    fn writes_completed(
+        &mut self,
+        writes: Vec<WriteId>,
+        result: Result<(), crate::device::DeviceError>,
+    ) {
         match result {
             Ok(()) => match self.durability {
                 WriteDurability::Dsync => {
@@ -590,7 +629,9 @@ impl NativeEngine {
             return;
         }
         match read {
-            DirectRead::Get { key, loc, reply } => self.direct_get_done(key, loc, reply, &completion.buf),
+            DirectRead::Get { key, loc, reply } => {
+                self.direct_get_done(key, loc, reply, &completion.buf)
+            }
             DirectRead::ScanItem { scan, item, loc } => {
                 self.direct_scan_item_done(scan, item, loc, &completion.buf)
             }
@@ -648,7 +689,8 @@ impl NativeEngine {
     }
 
     fn finish_seq(&mut self, seq: u64) {
-        let holders = self.unfinished_seqs.get_mut(&seq).expect("finishing a sequence number never held");
+        let holders =
+            self.unfinished_seqs.get_mut(&seq).expect("finishing a sequence number never held");
         *holders -= 1;
         if *holders == 0 {
             self.unfinished_seqs.remove(&seq);

@@ -112,12 +112,15 @@ impl NativeEngine {
         let id = self.next_scan_id;
         self.next_scan_id += 1;
         let count = keys.len();
-        self.scans.insert(id, ScanState {
-            items: keys.into_iter().map(|(key, _)| (key, None)).collect(),
-            waiting: count,
-            error: None,
-            reply: Some(reply),
-        });
+        self.scans.insert(
+            id,
+            ScanState {
+                items: keys.into_iter().map(|(key, _)| (key, None)).collect(),
+                waiting: count,
+                error: None,
+                reply: Some(reply),
+            },
+        );
         if count == 0 {
             self.scan_finished(id);
             return;
@@ -134,7 +137,9 @@ impl NativeEngine {
             Resolved::Value(value) => self.scan_item_done(scan, item, Some(value)),
             Resolved::Failed(err) => self.scan_item_failed(scan, item, err),
             Resolved::NeedPage(page) => self.wait_page(page, PageWaiter::ScanItem { scan, item }),
-            Resolved::NeedRead(loc) => self.read_record(loc, DirectRead::ScanItem { scan, item, loc }),
+            Resolved::NeedRead(loc) => {
+                self.read_record(loc, DirectRead::ScanItem { scan, item, loc })
+            }
         }
     }
 

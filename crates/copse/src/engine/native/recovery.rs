@@ -21,6 +21,9 @@ use crate::engine::BatchOp;
 use crate::error::OpenError;
 use crate::limits::{PAGE_BYTES, RECOVERY_CHUNKS_IN_FLIGHT, RECOVERY_CHUNK_BYTES};
 
+/// Called with each slot's location, decoded content (or defect) and raw bytes.
+pub type SlotVisitor<'a> = dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>, &[u8]) + 'a;
+
 /// Corrupt slots logged one by one before recovery only counts them.
 const CORRUPT_SLOTS_LOGGED_MAX: u64 = 20;
 
@@ -48,10 +51,16 @@ pub fn read_slab_header(
     }
     let header = decode_slab_header(&page).map_err(Ok)?;
     if header.class_id != class.id {
-        return Err(Ok(format!("header says class {}, file name says {}", header.class_id, class.id)));
+        return Err(Ok(format!(
+            "header says class {}, file name says {}",
+            header.class_id, class.id
+        )));
     }
     if header.shard_id != shard_id {
-        return Err(Ok(format!("header says shard {}, file is in shard {shard_id}", header.shard_id)));
+        return Err(Ok(format!(
+            "header says shard {}, file is in shard {shard_id}",
+            header.shard_id
+        )));
     }
     if (header.slot_bytes, header.slots_per_page, header.pages_per_slot)
         != (class.slot_bytes, class.slots_per_page, class.pages_per_slot)
@@ -72,7 +81,13 @@ pub fn read_sync(
     bytes: usize,
 ) -> Result<AlignedBuf, DeviceError> {
     assert_eq!(device.in_flight(), 0, "read_sync with I/O in flight");
-    device.submit(vec![IoRequest { token: 0, file, offset, kind: IoKind::Read, buf: AlignedBuf::zeroed(bytes) }])?;
+    device.submit(vec![IoRequest {
+        token: 0,
+        file,
+        offset,
+        kind: IoKind::Read,
+        buf: AlignedBuf::zeroed(bytes),
+    }])?;
     let mut done = Vec::new();
     device.reap(1, &mut done)?;
     let completion = done.pop().expect("reap(1) returns a completion");
@@ -89,7 +104,7 @@ pub fn scan_slab(
     file: FileId,
     file_bytes: u64,
     progress: Option<&indicatif::ProgressBar>,
-    visit: &mut dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>, &[u8]),
+    visit: &mut SlotVisitor<'_>,
 ) -> Result<u64, DeviceError> {
     assert_eq!(device.in_flight(), 0);
     let slot_bytes = class.slot_bytes as usize;
@@ -110,7 +125,9 @@ pub fn scan_slab(
     let mut done = Vec::new();
     loop {
         let mut requests = Vec::new();
-        while device.in_flight() + requests.len() < RECOVERY_CHUNKS_IN_FLIGHT && next_offset < data_end {
+        while device.in_flight() + requests.len() < RECOVERY_CHUNKS_IN_FLIGHT
+            && next_offset < data_end
+        {
             let len = chunk_bytes.min(data_end - next_offset);
             requests.push(IoRequest {
                 token: next_offset,
@@ -147,7 +164,7 @@ fn visit_chunk(
     class: SizeClass,
     offset: u64,
     chunk: &[u8],
-    visit: &mut dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>, &[u8]),
+    visit: &mut SlotVisitor<'_>,
 ) {
     let slot_bytes = class.slot_bytes as usize;
     let first_page = offset / PAGE_BYTES as u64;
@@ -209,7 +226,13 @@ struct Found {
 }
 
 impl Found {
-    fn visit(&mut self, shard_id: u32, loc: Loc, result: Result<Slot<'_>, SlotDefect>, bytes: &[u8]) {
+    fn visit(
+        &mut self,
+        shard_id: u32,
+        loc: Loc,
+        result: Result<Slot<'_>, SlotDefect>,
+        bytes: &[u8],
+    ) {
         let class = loc.class() as usize;
         let touched = |found: &mut Found| {
             found.frontier[class] = found.frontier[class].max(loc.slot() + 1);
@@ -235,7 +258,8 @@ impl Found {
                                 *newest = Newest { loc, seq: header.seq, tombstone };
                             }
                             None => {
-                                self.newest.insert(key.into(), Newest { loc, seq: header.seq, tombstone });
+                                self.newest
+                                    .insert(key.into(), Newest { loc, seq: header.seq, tombstone });
                             }
                         }
                     }
@@ -269,14 +293,22 @@ impl Found {
 
     fn corrupt_slot(&mut self, shard_id: u32, loc: Loc, reason: &str) {
         if (self.corrupt.len() as u64) < CORRUPT_SLOTS_LOGGED_MAX {
-            tracing::warn!(shard = shard_id, ?loc, reason, "torn or corrupt slot: not indexed, will be erased");
+            tracing::warn!(
+                shard = shard_id,
+                ?loc,
+                reason,
+                "torn or corrupt slot: not indexed, will be erased"
+            );
         }
         self.corrupt.push(loc);
     }
 }
 
 impl NativeEngine {
-    pub(super) fn recover(&mut self, progress: Option<&indicatif::ProgressBar>) -> Result<(), OpenError> {
+    pub(super) fn recover(
+        &mut self,
+        progress: Option<&indicatif::ProgressBar>,
+    ) -> Result<(), OpenError> {
         let started = Instant::now();
         let dir = shard_dir(self.shard_id);
         let mut found = Found { frontier: vec![0; CLASS_COUNT], ..Found::default() };
@@ -288,7 +320,10 @@ impl NativeEngine {
                 continue;
             };
             if class_id as usize >= CLASS_COUNT {
-                return Err(OpenError::CorruptSlabHeader { file: path, reason: format!("no size class {class_id}") });
+                return Err(OpenError::CorruptSlabHeader {
+                    file: path,
+                    reason: format!("no size class {class_id}"),
+                });
             }
             let class = SizeClass::get(class_id);
             let file = self.device.open_file(&path, false)?;
@@ -392,7 +427,8 @@ impl NativeEngine {
         let corrupt: Vec<Loc> =
             corrupt.into_iter().filter(|loc| !kept.contains(&loc.slot_only())).collect();
         let below_frontier = |loc: &Loc| loc.slot() < frontier[loc.class() as usize];
-        let free_slots: Vec<Loc> = free.into_iter().chain(empty.into_iter().filter(below_frontier)).collect();
+        let free_slots: Vec<Loc> =
+            free.into_iter().chain(empty.into_iter().filter(below_frontier)).collect();
         self.recovery.free_slots = free_slots.len() as u64;
         for loc in free_slots {
             self.release_slot(loc, None, false);
@@ -414,7 +450,9 @@ impl NativeEngine {
                 .collect();
             self.recovery.batches_replayed += u64::from(!needed.is_empty());
             self.replay_batch(record, seq, &ops, needed).map_err(|err| {
-                OpenError::Device(DeviceError::Io { what: format!("replaying a write batch: {err}") })
+                OpenError::Device(DeviceError::Io {
+                    what: format!("replaying a write batch: {err}"),
+                })
             })?;
         }
         let mut tombstones = Vec::new();

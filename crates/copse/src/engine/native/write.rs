@@ -11,7 +11,10 @@ use super::format::{
     encode_record, encode_slab_header, pages_for, record_bytes, Loc, RecordKind, SizeClass,
     SlabHeader, SLAB_FORMAT_VERSION,
 };
-use super::{key_hash, ClassFile, Effect, Flight, IoPurpose, NativeEngine, Origin, PageWaiter, PendingWrite, WriteId};
+use super::{
+    key_hash, ClassFile, Effect, Flight, IoPurpose, NativeEngine, Origin, PageWaiter, PendingWrite,
+    WriteId,
+};
 use crate::device::{AlignedBuf, IoKind, IoRequest};
 use crate::engine::Reply;
 use crate::error::WriteError;
@@ -32,7 +35,14 @@ impl NativeEngine {
             let _ = reply.send(Ok(false));
             return;
         }
-        self.write_record(key, Vec::new(), Origin::Delete(reply), None, RecordKind::Tombstone, None);
+        self.write_record(
+            key,
+            Vec::new(),
+            Origin::Delete(reply),
+            None,
+            RecordKind::Tombstone,
+            None,
+        );
     }
 
     /// Writes a put or a tombstone for `key` into a free slot (or into `slot`, allocated
@@ -74,10 +84,14 @@ impl NativeEngine {
             // A batch registered its keys when it took its sequence number.
             self.flight_begin(&key);
         }
-        let write = self.new_write(loc, overwritten, match kind {
-            RecordKind::Put => Effect::Put { key: key.clone(), seq, origin },
-            _ => Effect::Tombstone { key: key.clone(), seq, origin },
-        });
+        let write = self.new_write(
+            loc,
+            overwritten,
+            match kind {
+                RecordKind::Put => Effect::Put { key: key.clone(), seq, origin },
+                _ => Effect::Tombstone { key: key.clone(), seq, origin },
+            },
+        );
         let watermark = self.durable_watermark();
         self.place(write, loc, kind, seq, watermark, &key, &value);
     }
@@ -88,7 +102,12 @@ impl NativeEngine {
         seq
     }
 
-    pub(super) fn new_write(&mut self, loc: Loc, overwritten: Option<u64>, effect: Effect) -> WriteId {
+    pub(super) fn new_write(
+        &mut self,
+        loc: Loc,
+        overwritten: Option<u64>,
+        effect: Effect,
+    ) -> WriteId {
         let id = self.next_write_id;
         self.next_write_id += 1;
         self.writes.insert(id, PendingWrite { loc, overwritten, effect });
@@ -193,14 +212,17 @@ impl NativeEngine {
         let file_bytes = class.file_bytes_for_slots(0).max(SLAB_GROWTH_BYTES_MIN);
         self.device.grow_file(file, file_bytes)?;
         let mut page = AlignedBuf::zeroed(PAGE_BYTES);
-        encode_slab_header(&mut page, &SlabHeader {
-            format_version: SLAB_FORMAT_VERSION,
-            class_id: class.id,
-            slot_bytes: class.slot_bytes,
-            slots_per_page: class.slots_per_page,
-            pages_per_slot: class.pages_per_slot,
-            shard_id: self.shard_id,
-        });
+        encode_slab_header(
+            &mut page,
+            &SlabHeader {
+                format_version: SLAB_FORMAT_VERSION,
+                class_id: class.id,
+                slot_bytes: class.slot_bytes,
+                slots_per_page: class.slots_per_page,
+                pages_per_slot: class.pages_per_slot,
+                shard_id: self.shard_id,
+            },
+        );
         let token = self.take_token();
         self.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
         self.device.flush()?;
@@ -287,8 +309,12 @@ impl NativeEngine {
         if self.dirty.is_empty() {
             return;
         }
-        let ready: Vec<_> =
-            self.dirty.keys().filter(|page| !self.pages_in_flight.contains(*page)).copied().collect();
+        let ready: Vec<_> = self
+            .dirty
+            .keys()
+            .filter(|page| !self.pages_in_flight.contains(*page))
+            .copied()
+            .collect();
         for page in ready {
             let writes = self.dirty.remove(&page).expect("listed above");
             if self.is_poisoned() {
@@ -468,7 +494,13 @@ impl NativeEngine {
     }
 
     /// Puts an (already counted) free slot in memory, or writes its free record.
-    pub(super) fn place_free(&mut self, loc: Loc, tag: Option<u64>, erase: bool, batch: Option<u64>) {
+    pub(super) fn place_free(
+        &mut self,
+        loc: Loc,
+        tag: Option<u64>,
+        erase: bool,
+        batch: Option<u64>,
+    ) {
         let free = &mut self.free[loc.class() as usize];
         if !erase && batch.is_none() && free.has_room() {
             free.push(loc.slot(), tag);
@@ -574,13 +606,19 @@ impl NativeEngine {
                     file,
                     offset,
                     AlignedBuf::zeroed(PAGE_BYTES),
-                    IoPurpose::DirectRead(super::DirectRead::ChainPop { class: class.id, chain, slot }),
+                    IoPurpose::DirectRead(super::DirectRead::ChainPop {
+                        class: class.id,
+                        chain,
+                        slot,
+                    }),
                 );
             } else {
                 let page = Self::page_of(loc);
                 if self.cache.contains(page) {
                     let offset = class.offset_in_page(slot);
-                    let bytes = self.cache.image(page).unwrap()[offset..offset + class.slot_bytes as usize].to_vec();
+                    let bytes = self.cache.image(page).unwrap()
+                        [offset..offset + class.slot_bytes as usize]
+                        .to_vec();
                     self.chain_head_read(class.id, chain, slot, &bytes);
                 } else {
                     self.wait_page(page, PageWaiter::ChainPop { class: class.id, chain, slot });
