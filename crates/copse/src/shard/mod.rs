@@ -4,8 +4,8 @@
 //! The event loop (KVell worker, p2KVS opportunistic batching):
 //! 1. take what is in the queue, up to `ROUND_REQUESTS_MAX`, never waiting to fill a batch
 //!    (block only when the engine has nothing in flight);
-//! 2. hand them to the engine in arrival order (the engine turns the round into page reads and
-//!    writes; a page touched by several requests is written once);
+//! 2. hand them to the engine in runs of the same kind, in arrival order (the native engine turns
+//!    the round into page reads and writes; a page touched by several requests is written once);
 //! 3. submit the round's I/O with one system call, within the queue-depth bound;
 //! 4. reap completions as they arrive and answer the requests they finish.
 
@@ -110,8 +110,16 @@ fn run(mut engine: NativeEngine, receiver: flume::Receiver<Message>) {
             }
         }
         let took = requests.len();
-        for request in requests.drain(..) {
-            engine.handle(request);
+        // Hand the round over in runs of the same kind, in arrival order (p2KVS: an engine can
+        // turn a run of puts into one write and a run of gets into one multi-read).
+        let mut round = requests.drain(..).peekable();
+        while let Some(first) = round.next() {
+            let kind = first.kind();
+            let mut run = vec![first];
+            while let Some(next) = round.next_if(|next| next.kind() == kind) {
+                run.push(next);
+            }
+            engine.handle_run(run);
         }
         engine.end_round();
         // Wait for a completion only if no new request was taken this round; otherwise just

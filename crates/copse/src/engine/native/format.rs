@@ -256,7 +256,7 @@ pub fn encode_record(
     assert!(key.len() <= u16::MAX as usize && value.len() <= u32::MAX as usize);
     let (header, body) = out.split_at_mut(RECORD_HEADER_BYTES);
     header[0] = kind as u8;
-    header[1] = 0;
+    header[1] = 0; // flags: none defined in format version 1
     header[2..4].copy_from_slice(&(key.len() as u16).to_le_bytes());
     header[4..8].copy_from_slice(&(value.len() as u32).to_le_bytes());
     header[8..16].copy_from_slice(&seq.to_le_bytes());

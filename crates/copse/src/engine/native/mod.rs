@@ -251,6 +251,15 @@ impl NativeEngine {
         self.shard_id
     }
 
+    /// Handles a run of requests of one kind. The native engine needs no special treatment of a
+    /// run: its batching happens at the page level, when the round ends.
+    pub fn handle_run(&mut self, run: Vec<Request>) {
+        debug_assert!(run.windows(2).all(|pair| pair[0].kind() == pair[1].kind()));
+        for request in run {
+            self.handle(request);
+        }
+    }
+
     /// Handles one request: answers it now (cache hits, misses of the index, bad state) or
     /// queues the I/O it needs.
     pub fn handle(&mut self, request: Request) {
