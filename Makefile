@@ -1,6 +1,7 @@
 # copse: the commands a newcomer and CI need. `make test` is exactly what CI runs (.ci/run).
 
 CARGO ?= cargo
+SHELL := /bin/bash
 
 # Python packages the tests need, installed by `make test-deps`. None yet; the RESP server's tests
 # will add `redis` (the client they talk to the server with).
@@ -23,9 +24,12 @@ ifneq ($(strip $(PYTHON_TEST_PACKAGES)),)
 	$(PYTHON) -m pip install --quiet $(PYTHON_TEST_PACKAGES)
 endif
 
-# Release mode: the crash tests run many seeds each, and are slow unoptimised.
+# Release mode: the crash tests run many seeds each, and are slow unoptimised. The last line
+# totals every test binary's result (cargo's own last line is a doc-test run with no tests).
 test: test-deps
-	CARGO_TERM_COLOR=never $(CARGO) test --workspace --release
+	@mkdir -p target
+	set -o pipefail; CARGO_TERM_COLOR=never $(CARGO) test --workspace --release 2>&1 | tee target/test-output.log
+	@awk '/^test result:/ { passed += $$4; failed += $$6 } END { printf "tests: %d passed, %d failed\n", passed, failed }' target/test-output.log
 
 fmt:
 	$(CARGO) fmt --all
