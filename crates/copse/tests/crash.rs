@@ -39,6 +39,8 @@
 //! thread interleavings are not, so a replay may need a few runs):
 //! `COPSE_CRASH_SEED_START=<seed> COPSE_CRASH_SEEDS=1 cargo test --release -p copse --test crash`
 
+mod common;
+use common::{describe_value, make_value};
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,38 +117,6 @@ fn pick_key(rng: &mut ChaCha8Rng) -> usize {
         rng.gen_range(SMALL_KEYS..KEYS)
     } else {
         rng.gen_range(0..SMALL_KEYS)
-    }
-}
-
-/// A value that names its write (`tag`, before the `|`) and is `len` bytes long (at least the tag).
-fn make_value(tag: &str, len: usize) -> Vec<u8> {
-    let mut value = Vec::with_capacity(len.max(tag.len() + 1));
-    value.extend_from_slice(tag.as_bytes());
-    value.push(b'|');
-    let mut x = tag
-        .bytes()
-        .fold(0x9e37_79b9_7f4a_7c15u64, |acc, b| (acc ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    while value.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        value.push(b'a' + (x % 26) as u8);
-    }
-    value
-}
-
-/// The tag and length of a value, for messages.
-fn describe_value(value: Option<&[u8]>) -> String {
-    match value {
-        None => "absent".to_string(),
-        Some(value) => {
-            let tag_end = value.iter().position(|&b| b == b'|').unwrap_or(value.len().min(32));
-            format!(
-                "{:?} ({} bytes)",
-                String::from_utf8_lossy(&value[..tag_end.min(40)]),
-                value.len()
-            )
-        }
     }
 }
 

@@ -31,6 +31,8 @@
 //! `G tag -` get, with the tag and length of the value seen; `E message` a failure no kill
 //! explains. Values are generated from (tag, len), so lines stay short.
 
+mod common;
+use common::{describe_value, make_value};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
@@ -62,37 +64,6 @@ const CYCLE_ENV: &str = "COPSE_KILL_CHILD_CYCLE";
 
 fn key_name(key: usize) -> Vec<u8> {
     format!("k{key:04}").into_bytes()
-}
-
-/// A value that names its write (`tag`, before the `|`) and is `len` bytes long (at least the tag).
-fn make_value(tag: &str, len: usize) -> Vec<u8> {
-    let mut value = Vec::with_capacity(len.max(tag.len() + 1));
-    value.extend_from_slice(tag.as_bytes());
-    value.push(b'|');
-    let mut x = tag
-        .bytes()
-        .fold(0x9e37_79b9_7f4a_7c15u64, |acc, b| (acc ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    while value.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        value.push(b'a' + (x % 26) as u8);
-    }
-    value
-}
-
-fn describe_value(value: Option<&[u8]>) -> String {
-    match value {
-        None => "absent".to_string(),
-        Some(value) => {
-            let tag_end = value.iter().position(|&b| b == b'|').unwrap_or(value.len().min(32));
-            format!(
-                "{:?} ({} bytes)",
-                String::from_utf8_lossy(&value[..tag_end.min(40)]),
-                value.len()
-            )
-        }
-    }
 }
 
 /// What the store is opened with in `cycle` (child and parent alike).

@@ -138,28 +138,8 @@ impl NativeEngine {
             }
         };
         let seq = self.take_seq();
-        self.hold_seq(seq);
-        // Register the keys' flights now, with the sequence number: a newer write of a key that
-        // completes before the members are written must still find the batch's write pending.
-        for op in &ops {
-            self.flight_begin(op.key());
-        }
-        let batch = self.next_batch_id;
-        self.next_batch_id += 1;
         let held = self.hold_batch_keys(&ops);
-        self.batches.insert(
-            batch,
-            BatchState {
-                ops,
-                slots,
-                seq,
-                record: None,
-                members_waiting: 0,
-                durable: Vec::new(),
-                reply: Some(reply),
-                held,
-            },
-        );
+        let batch = self.start_batch(ops, slots, seq, held, None, Some(reply));
         let pages = if class.is_multi_page() {
             super::format::pages_for(record_bytes(0, value.len()))
         } else {
@@ -210,28 +190,43 @@ impl NativeEngine {
         ops: Vec<BatchOp>,
     ) -> Result<(), WriteError> {
         let slots = self.allocate_members(&ops)?;
+        let held = self.hold_batch_keys(all_ops);
+        let batch = self.start_batch(ops, slots, seq, held, Some(record), None);
+        self.write_batch_members(batch);
+        Ok(())
+    }
+
+    /// Registers a batch: holds its sequence number (the watermark stays below it until it is
+    /// applied) and its keys' flights. The flights start now, with the sequence number, so that
+    /// a newer write of a key that completes before the members are written still finds the
+    /// batch's write pending.
+    fn start_batch(
+        &mut self,
+        ops: Vec<BatchOp>,
+        slots: Vec<(Loc, Option<u64>)>,
+        seq: u64,
+        held: Vec<u64>,
+        record: Option<Loc>,
+        reply: Option<Reply<(), WriteError>>,
+    ) -> u64 {
         self.hold_seq(seq);
         for op in &ops {
             self.flight_begin(op.key());
         }
         let batch = self.next_batch_id;
         self.next_batch_id += 1;
-        let held = self.hold_batch_keys(all_ops);
-        self.batches.insert(
-            batch,
-            BatchState {
-                ops,
-                slots,
-                seq,
-                record: Some(record),
-                members_waiting: 0,
-                durable: Vec::new(),
-                reply: None,
-                held,
-            },
-        );
-        self.write_batch_members(batch);
-        Ok(())
+        let state = BatchState {
+            ops,
+            slots,
+            seq,
+            record,
+            members_waiting: 0,
+            durable: Vec::new(),
+            reply,
+            held,
+        };
+        self.batches.insert(batch, state);
+        batch
     }
 
     pub(super) fn batch_record_durable(&mut self, batch: u64, loc: Loc) {

@@ -1,0 +1,33 @@
+//! Helpers shared by the crash and kill tests: values that name the write that made them.
+
+/// A value that names its write (`tag`, before the `|`) and is `len` bytes long (at least the tag).
+pub fn make_value(tag: &str, len: usize) -> Vec<u8> {
+    let mut value = Vec::with_capacity(len.max(tag.len() + 1));
+    value.extend_from_slice(tag.as_bytes());
+    value.push(b'|');
+    let mut x = tag
+        .bytes()
+        .fold(0x9e37_79b9_7f4a_7c15u64, |acc, b| (acc ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    while value.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        value.push(b'a' + (x % 26) as u8);
+    }
+    value
+}
+
+/// The tag and length of a value, for messages.
+pub fn describe_value(value: Option<&[u8]>) -> String {
+    match value {
+        None => "absent".to_string(),
+        Some(value) => {
+            let tag_end = value.iter().position(|&b| b == b'|').unwrap_or(value.len().min(32));
+            format!(
+                "{:?} ({} bytes)",
+                String::from_utf8_lossy(&value[..tag_end.min(40)]),
+                value.len()
+            )
+        }
+    }
+}
