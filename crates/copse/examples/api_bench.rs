@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Parser;
 use copse::{Db, Options};
@@ -63,7 +63,6 @@ struct Outcome {
 fn run_phase(db: &Db, args: &Args, phase: Phase) -> Outcome {
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let workers = args.clients * args.in_flight;
     let histograms: Vec<Histogram<u64>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..args.clients)
             .map(|client| {
@@ -118,7 +117,6 @@ fn run_phase(db: &Db, args: &Args, phase: Phase) -> Outcome {
             .collect();
         handles.into_iter().map(|handle| handle.join().unwrap()).collect()
     });
-    let _ = workers;
     let mut histogram = Histogram::<u64>::new(3).unwrap();
     for part in histograms {
         histogram.add(part).unwrap();
@@ -218,5 +216,4 @@ fn main() {
     if !args.keep {
         let _ = std::fs::remove_dir_all(&args.path);
     }
-    let _ = Duration::ZERO;
 }

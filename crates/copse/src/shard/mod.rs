@@ -132,14 +132,14 @@ fn run(mut engine: NativeEngine, receiver: flume::Receiver<Message>) {
         }
         if let Some(reply) = closing.take() {
             if engine.is_idle() {
-                finish(&mut engine, &receiver);
+                finish(&receiver);
                 let _ = futures::channel::oneshot::Sender::send(reply, engine.close());
                 return;
             }
             closing = Some(reply);
         }
     }
-    finish(&mut engine, &receiver);
+    finish(&receiver);
     if let Err(err) = engine.close() {
         tracing::error!(shard = engine.shard_id(), %err, "closing the shard failed");
     }
@@ -157,7 +157,7 @@ fn take(
 }
 
 /// Answers requests still queued at close: the store is closed to them.
-fn finish(engine: &mut NativeEngine, receiver: &flume::Receiver<Message>) {
+fn finish(receiver: &flume::Receiver<Message>) {
     while let Ok(message) = receiver.try_recv() {
         match message {
             Message::Request(request) => reject(request),
@@ -166,7 +166,6 @@ fn finish(engine: &mut NativeEngine, receiver: &flume::Receiver<Message>) {
             }
         }
     }
-    let _ = engine;
 }
 
 fn reject(request: Request) {

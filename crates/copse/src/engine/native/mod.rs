@@ -617,8 +617,8 @@ impl NativeEngine {
             PageWaiter::Get { reply, .. } => {
                 let _ = reply.send(Err(ReadError::Device(err.clone())));
             }
-            PageWaiter::ScanItem { scan, item } => {
-                self.scan_item_failed(scan, item, ReadError::Device(err.clone()))
+            PageWaiter::ScanItem { scan, .. } => {
+                self.scan_item_failed(scan, ReadError::Device(err.clone()))
             }
             PageWaiter::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
         }
@@ -630,8 +630,8 @@ impl NativeEngine {
                 DirectRead::Get { reply, .. } => {
                     let _ = reply.send(Err(ReadError::Device(err)));
                 }
-                DirectRead::ScanItem { scan, item, .. } => {
-                    self.scan_item_failed(scan, item, ReadError::Device(err))
+                DirectRead::ScanItem { scan, .. } => {
+                    self.scan_item_failed(scan, ReadError::Device(err))
                 }
                 DirectRead::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
             }

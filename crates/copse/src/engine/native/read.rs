@@ -135,7 +135,7 @@ impl NativeEngine {
         match self.resolve(&key) {
             Resolved::Missing => self.scan_item_done(scan, item, None),
             Resolved::Value(value) => self.scan_item_done(scan, item, Some(value)),
-            Resolved::Failed(err) => self.scan_item_failed(scan, item, err),
+            Resolved::Failed(err) => self.scan_item_failed(scan, err),
             Resolved::NeedPage(page) => self.wait_page(page, PageWaiter::ScanItem { scan, item }),
             Resolved::NeedRead(loc) => {
                 self.read_record(loc, DirectRead::ScanItem { scan, item, loc })
@@ -151,7 +151,7 @@ impl NativeEngine {
         let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
         match verify_value(bytes, self.shard_id, loc, slot_bytes, &key) {
             Ok(value) => self.scan_item_done(scan, item, Some(value)),
-            Err(err) => self.scan_item_failed(scan, item, err),
+            Err(err) => self.scan_item_failed(scan, err),
         }
     }
 
@@ -164,10 +164,9 @@ impl NativeEngine {
         }
     }
 
-    pub(super) fn scan_item_failed(&mut self, scan: u64, item: usize, err: ReadError) {
+    pub(super) fn scan_item_failed(&mut self, scan: u64, err: ReadError) {
         let state = self.scans.get_mut(&scan).expect("item of an unknown scan");
         state.error.get_or_insert(err);
-        let _ = item;
         state.waiting -= 1;
         if state.waiting == 0 {
             self.scan_finished(scan);
