@@ -40,7 +40,7 @@
 //! `COPSE_CRASH_SEED_START=<seed> COPSE_CRASH_SEEDS=1 cargo test --release -p copse --test crash`
 
 mod common;
-use common::{describe_value, make_value};
+use common::{describe_value, make_value, Op};
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -198,12 +198,6 @@ fn take_panics() -> Vec<String> {
 
 // ---------------------------------------------------------------------------------------------
 // The history of one round and the checks against it.
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Op {
-    Put(Vec<u8>),
-    Delete,
-}
 
 /// One write of one key (a batch contributes one per operation). Times are on the round's
 /// logical clock: `issued` before the call, `ended` after it returned.

@@ -32,7 +32,7 @@
 //! explains. Values are generated from (tag, len), so lines stay short.
 
 mod common;
-use common::{describe_value, make_value};
+use common::{describe_value, make_value, Op};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
@@ -196,12 +196,6 @@ fn child_writer() {
 
 // ---------------------------------------------------------------------------------------------
 // The parent's model of one cycle. Times are line numbers of the child's output.
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Op {
-    Put(Vec<u8>),
-    Delete,
-}
 
 struct Write {
     key: usize,

@@ -1,4 +1,12 @@
-//! Helpers shared by the crash and kill tests: values that name the write that made them.
+//! Helpers shared by the crash and kill tests: what a write did, and values that name the write
+//! that made them.
+
+/// What one write did to its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Put(Vec<u8>),
+    Delete,
+}
 
 /// A value that names its write (`tag`, before the `|`) and is `len` bytes long (at least the tag).
 pub fn make_value(tag: &str, len: usize) -> Vec<u8> {

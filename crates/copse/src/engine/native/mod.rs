@@ -58,7 +58,6 @@ pub struct EngineConfig {
 /// A slab file of one class.
 struct ClassFile {
     file: FileId,
-    capacity_slots: u64,
     /// Slots at and past this index have never been handed out since the file was scanned.
     next_append_slot: u64,
     /// Pages at and past this one were never written (zero-filled): no read needed to fill them.

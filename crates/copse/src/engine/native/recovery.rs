@@ -359,13 +359,8 @@ impl NativeEngine {
             } else {
                 1 + next_append_slot.div_ceil(class.slots_per_page as u64)
             };
-            self.classes[class.id as usize] = Some(ClassFile {
-                file,
-                capacity_slots: class.slots_in_file(file_bytes),
-                next_append_slot,
-                frontier_page,
-                file_bytes,
-            });
+            self.classes[class.id as usize] =
+                Some(ClassFile { file, next_append_slot, frontier_page, file_bytes });
         }
         self.rebuild(found)?;
         self.recovery.seconds = started.elapsed().as_secs_f64();

@@ -177,15 +177,14 @@ impl NativeEngine {
             return Ok(found);
         }
         let file = self.classes[class.id as usize].as_mut().expect("ensured above");
-        if file.next_append_slot >= file.capacity_slots {
+        if file.next_append_slot >= class.slots_in_file(file.file_bytes) {
             let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(SLAB_GROWTH_BYTES_MIN);
             let wanted = (file.file_bytes + growth)
                 .max(class.file_bytes_for_slots(file.next_append_slot + 1))
                 .next_multiple_of(PAGE_BYTES as u64);
             self.device.grow_file(file.file, wanted).map_err(WriteError::from_device)?;
             file.file_bytes = wanted;
-            file.capacity_slots = class.slots_in_file(wanted);
-            assert!(file.next_append_slot < file.capacity_slots);
+            assert!(file.next_append_slot < class.slots_in_file(wanted));
         }
         let slot = file.next_append_slot;
         file.next_append_slot += 1;
@@ -226,13 +225,8 @@ impl NativeEngine {
         let token = self.take_token();
         self.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
         self.device.flush()?;
-        self.classes[class.id as usize] = Some(ClassFile {
-            file,
-            capacity_slots: class.slots_in_file(file_bytes),
-            next_append_slot: 0,
-            frontier_page: 1,
-            file_bytes,
-        });
+        self.classes[class.id as usize] =
+            Some(ClassFile { file, next_append_slot: 0, frontier_page: 1, file_bytes });
         Ok(())
     }
 
