@@ -7,10 +7,11 @@
 //! - It holds the directory's LOCK (the same flock as `Db::open`) for its whole run, so no
 //!   process writes while it reads; a store that is open elsewhere makes it fail with `Locked`
 //!   instead of reporting pages caught mid-write as damage.
-//! - It decodes exactly as recovery does (`scan_slab`, `read_slab_header`), so a slot it calls
-//!   defective is one recovery would erase, and its live-key counts are what recovery would index:
-//!   per key the record with the highest sequence number wins (stale copies of a key are normal
-//!   with out-of-place writes), and a batch record replays its operations over older records.
+//! - It decodes and judges exactly as recovery does (`scan_slab`, `read_slab_header`, and
+//!   recovery's own `ShardScan`), so a slot it calls defective is one recovery would erase, and
+//!   its live-key counts are what recovery would leave: per key the newest record wins (stale
+//!   copies are normal with out-of-place writes), a damaged once-durable newest record decides
+//!   its key, and a batch record replays its operations over older records.
 //! - Every defect is counted in `problems_found`; the first `PROBLEMS_LISTED_MAX` are listed, so
 //!   a badly damaged store gives a report of bounded size and still an exact count.
 //! - A device error on one file becomes a problem for that file and the check goes on with a
@@ -18,7 +19,6 @@
 //! - Memory: one entry per distinct key of the shard being checked (as in recovery), freed before
 //!   the next shard.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use serde::Serialize;
@@ -30,8 +30,9 @@ use crate::engine::native::batch::decode_batch;
 use crate::engine::native::format::{
     shard_dir, Loc, RecordKind, SizeClass, Slot, SlotDefect, CLASS_COUNT,
 };
-use crate::engine::native::recovery::{class_of_file_name, read_slab_header, read_sync, scan_slab};
-use crate::engine::BatchOp;
+use crate::engine::native::recovery::{
+    class_of_file_name, read_slab_header, read_sync, scan_slab, ShardScan,
+};
 use crate::error::OpenError;
 use crate::interfaces::db::lock_directory;
 use crate::limits::{PAGE_BYTES, SHARDS_MAX};
@@ -190,57 +191,6 @@ impl Problems {
     }
 }
 
-/// The newest record of a key seen so far (recovery's rule: highest sequence number wins, the
-/// first seen wins a tie).
-struct Newest {
-    seq: u64,
-    put: bool,
-}
-
-/// What one shard's slots add up to.
-#[derive(Default)]
-struct ShardTally {
-    newest: HashMap<Box<[u8]>, Newest>,
-    batches: Vec<(u64, Vec<BatchOp>)>,
-    stale_copies: u64,
-}
-
-impl ShardTally {
-    fn record(&mut self, key: &[u8], seq: u64, put: bool) {
-        match self.newest.get_mut(key) {
-            Some(newest) if newest.seq >= seq => self.stale_copies += 1,
-            Some(newest) => {
-                self.stale_copies += 1;
-                *newest = Newest { seq, put };
-            }
-            None => {
-                self.newest.insert(key.into(), Newest { seq, put });
-            }
-        }
-    }
-
-    /// Replays batch records as recovery does: an operation applies where its key has no record
-    /// at least as new as the batch. (Recovery writes those records; here they only count.)
-    fn finish(mut self, report: &mut ShardReport) {
-        self.batches.sort_by_key(|(seq, _)| *seq);
-        for (seq, ops) in std::mem::take(&mut self.batches) {
-            for op in ops {
-                let put = matches!(op, BatchOp::Put { .. });
-                match self.newest.get_mut(op.key()) {
-                    Some(newest) if newest.seq >= seq => {}
-                    Some(newest) => *newest = Newest { seq, put },
-                    None => {
-                        self.newest.insert(op.key().into(), Newest { seq, put });
-                    }
-                }
-            }
-        }
-        report.live_keys = self.newest.values().filter(|newest| newest.put).count() as u64;
-        report.deleted_keys = self.newest.len() as u64 - report.live_keys;
-        report.stale_copies = self.stale_copies;
-    }
-}
-
 /// Checks the store in `path` without changing it. `Err` only when the check cannot run at all
 /// (no store there, the store is in use, no device); every defect of the store itself is a
 /// `Problem` in the report.
@@ -376,7 +326,7 @@ fn check_shard(
     report: &mut CheckReport,
 ) -> Result<ShardReport, OpenError> {
     let mut shard_report = ShardReport { shard, ..ShardReport::default() };
-    let mut tally = ShardTally::default();
+    let mut tally = ShardScan::default();
     for name in names {
         let file_name = format!("{}/{name}", shard_dir(shard));
         let Some(class_id) = class_of_file_name(name).filter(|&id| (id as usize) < CLASS_COUNT)
@@ -423,7 +373,10 @@ fn check_shard(
         shard_report.slots.add(&file_report.slots);
         shard_report.files.push(file_report);
     }
-    tally.finish(&mut shard_report);
+    let keys = tally.key_counts();
+    shard_report.live_keys = keys.live;
+    shard_report.deleted_keys = keys.deleted;
+    shard_report.stale_copies = keys.stale_copies;
     Ok(shard_report)
 }
 
@@ -435,7 +388,7 @@ fn check_file(
     class: SizeClass,
     file_name: &str,
     file_report: &mut FileReport,
-    tally: &mut ShardTally,
+    tally: &mut ShardScan,
     problems: &mut Problems,
 ) -> Result<u64, DeviceError> {
     let file: FileId = device.open_file(file_name, false)?;
@@ -469,22 +422,22 @@ fn check_file(
         Err(Err(err)) => return Err(err),
     }
     let counts = &mut file_report.slots;
-    let mut visit = |loc: Loc, result: Result<Slot<'_>, SlotDefect>, _bytes: &[u8]| {
+    let mut visit = |loc: Loc, result: Result<Slot<'_>, SlotDefect>, bytes: &[u8]| {
+        // Recovery's own judgement decides which keys count as live.
+        tally.visit(shard, loc, result.clone(), bytes);
         counts.slots += 1;
         let defect = match result {
             Ok(Slot::Empty) => {
                 counts.empty += 1;
                 None
             }
-            Ok(Slot::Record { header, key, value }) => match header.kind {
+            Ok(Slot::Record { header, value, .. }) => match header.kind {
                 RecordKind::Put => {
                     counts.items += 1;
-                    tally.record(key, header.seq, true);
                     None
                 }
                 RecordKind::Tombstone => {
                     counts.tombstones += 1;
-                    tally.record(key, header.seq, false);
                     None
                 }
                 // A clean close's watermark record: free space from the next open on.
@@ -493,9 +446,8 @@ fn check_file(
                     None
                 }
                 RecordKind::Batch => match decode_batch(value) {
-                    Ok(ops) => {
+                    Ok(_) => {
                         counts.batch_records += 1;
-                        tally.batches.push((header.seq, ops));
                         None
                     }
                     Err(reason) => Some(format!("batch record does not decode: {reason}")),

@@ -304,7 +304,7 @@ impl std::fmt::Display for SlotDefect {
 }
 
 /// A decoded slot.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot<'a> {
     Empty,
     Record { header: RecordHeader, key: &'a [u8], value: &'a [u8] },

@@ -7,7 +7,7 @@
 //! verify are counted, logged with their location, erased and never indexed. A durable batch
 //! record is replayed (see `batch.rs`). The sequence counter restarts above every number seen.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use super::batch::decode_batch;
@@ -210,6 +210,8 @@ struct Damaged {
 
 #[derive(Default)]
 struct Found {
+    /// Do not log defective slots (the offline check reports them itself).
+    quiet: bool,
     /// Highest durable watermark carried by a valid record: every record with a sequence number
     /// at or below it was durable once, so if it is damaged now, that is rot, not a torn write.
     watermark_max: u64,
@@ -292,7 +294,7 @@ impl Found {
     }
 
     fn corrupt_slot(&mut self, shard_id: u32, loc: Loc, reason: &str) {
-        if (self.corrupt.len() as u64) < CORRUPT_SLOTS_LOGGED_MAX {
+        if !self.quiet && (self.corrupt.len() as u64) < CORRUPT_SLOTS_LOGGED_MAX {
             tracing::warn!(
                 shard = shard_id,
                 ?loc,
@@ -301,6 +303,124 @@ impl Found {
             );
         }
         self.corrupt.push(loc);
+    }
+}
+
+/// How recovery judged the damaged records that still name their key.
+struct DamagedJudged {
+    /// Damaged records that decide their key (rot in its newest record): kept, not erased.
+    kept: HashSet<Loc>,
+    /// Damaged records that may be torn in-flight writes, with their sequence numbers.
+    torn: HashMap<Loc, u64>,
+    /// The keys whose newest record is damaged, for the log.
+    decided: Vec<(Loc, Box<[u8]>)>,
+}
+
+impl Found {
+    /// A damaged record that was durable once (rot) and is the newest of its key decides the
+    /// key: a put makes the key read as corrupt, a tombstone keeps it deleted; either way no
+    /// older copy comes back. One that may be a torn in-flight write is to be erased, and the
+    /// watermark stays below its number until the erasure is durable.
+    fn judge_damaged(&mut self) -> DamagedJudged {
+        let mut judged =
+            DamagedJudged { kept: HashSet::new(), torn: HashMap::new(), decided: Vec::new() };
+        let mut damaged = std::mem::take(&mut self.damaged);
+        damaged.sort_by_key(|damaged| damaged.seq);
+        for Damaged { loc, key, seq, tombstone } in damaged {
+            if seq > self.watermark_max {
+                judged.torn.insert(loc.slot_only(), seq);
+                continue;
+            }
+            // Only a key that still has a valid record is decided by a damaged one: if the damage
+            // hit the key bytes, the name read here may be no key ever written.
+            let is_newest = self.newest.get(&key).is_some_and(|newest| newest.seq < seq);
+            if !is_newest {
+                continue;
+            }
+            let tag = |tombstone: bool, key: &[u8]| (!tombstone).then(|| key_hash(key));
+            if let Some(previous) = self.newest.insert(key.clone(), Newest { loc, seq, tombstone })
+            {
+                if !judged.kept.remove(&previous.loc.slot_only()) {
+                    self.stale.push((previous.loc, tag(previous.tombstone, &key)));
+                }
+            }
+            judged.kept.insert(loc.slot_only());
+            judged.decided.push((loc, key));
+        }
+        self.corrupt.retain(|loc| !judged.kept.contains(&loc.slot_only()));
+        judged
+    }
+
+    /// The batch records in sequence order, each with the operations recovery writes again:
+    /// those whose key has no record at least as new as the batch.
+    fn batch_replays(&mut self) -> Vec<(Loc, u64, Vec<BatchOp>, Vec<BatchOp>)> {
+        let mut batches = std::mem::take(&mut self.batches);
+        batches.sort_by_key(|(_, seq, _)| *seq);
+        batches
+            .into_iter()
+            .map(|(record, seq, ops)| {
+                let needed = ops
+                    .iter()
+                    .filter(|op| self.newest.get(op.key()).is_none_or(|newest| newest.seq < seq))
+                    .cloned()
+                    .collect();
+                (record, seq, ops, needed)
+            })
+            .collect()
+    }
+}
+
+/// Recovery's judgement of one shard's slots without acting on it, for the offline check: feed
+/// it every slot, then ask what recovery would leave.
+pub struct ShardScan {
+    found: Found,
+}
+
+/// Keys as recovery would leave them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyCounts {
+    /// Keys whose newest record (after batch replay) is a put, damaged or not.
+    pub live: u64,
+    /// Keys whose newest record is a tombstone.
+    pub deleted: u64,
+    /// Put and tombstone records older than their key's newest record.
+    pub stale_copies: u64,
+}
+
+impl Default for ShardScan {
+    fn default() -> Self {
+        ShardScan {
+            found: Found { quiet: true, frontier: vec![0; CLASS_COUNT], ..Found::default() },
+        }
+    }
+}
+
+impl ShardScan {
+    pub fn visit(
+        &mut self,
+        shard_id: u32,
+        loc: Loc,
+        result: Result<Slot<'_>, SlotDefect>,
+        bytes: &[u8],
+    ) {
+        self.found.visit(shard_id, loc, result, bytes);
+    }
+
+    pub fn key_counts(mut self) -> KeyCounts {
+        self.found.judge_damaged();
+        for (_, seq, _, needed) in self.found.batch_replays() {
+            for op in needed {
+                let tombstone = matches!(op, BatchOp::Delete { .. });
+                let loc = Loc::new(0, 0, 0);
+                self.found.newest.insert(op.key().into(), Newest { loc, seq, tombstone });
+            }
+        }
+        let live = self.found.newest.values().filter(|newest| !newest.tombstone).count() as u64;
+        KeyCounts {
+            live,
+            deleted: self.found.newest.len() as u64 - live,
+            stale_copies: self.found.stale.len() as u64,
+        }
     }
 }
 
@@ -370,57 +490,21 @@ impl NativeEngine {
         Ok(())
     }
 
-    fn rebuild(&mut self, found: Found) -> Result<(), OpenError> {
-        let Found {
-            watermark_max,
-            mut damaged,
-            mut newest,
-            mut stale,
-            free,
-            empty,
-            corrupt,
-            mut batches,
-            max_seq,
-            frontier,
-        } = found;
-        self.next_seq = max_seq.max(damaged.iter().map(|d| d.seq).max().unwrap_or(0)) + 1;
-        self.recovery.torn_or_corrupt = corrupt.len() as u64;
-        // A damaged record that was durable once (rot) and is the newest of its key decides the
-        // key: a put makes the key read as corrupt, a tombstone keeps it deleted; either way no
-        // older copy comes back. One that may be a torn in-flight write is erased, and the
-        // watermark stays below its number until the erasure is durable.
-        damaged.sort_by_key(|damaged| damaged.seq);
-        let mut kept = std::collections::HashSet::new();
-        let mut torn = Vec::new();
-        for Damaged { loc, key, seq, tombstone } in damaged {
-            if seq > watermark_max {
-                torn.push((loc, seq));
-                continue;
-            }
-            // Only a key that still has a valid record is decided by a damaged one: if the damage
-            // hit the key bytes, the name read here may be no key ever written.
-            let is_newest = newest.get(&key).is_some_and(|newest| newest.seq < seq);
-            if !is_newest {
-                continue;
-            }
-            let tag = |tombstone: bool, key: &[u8]| (!tombstone).then(|| key_hash(key));
-            if let Some(previous) = newest.insert(key.clone(), Newest { loc, seq, tombstone }) {
-                if !kept.remove(&previous.loc.slot_only()) {
-                    stale.push((previous.loc, tag(previous.tombstone, &key)));
-                }
-            }
-            kept.insert(loc.slot_only());
-            self.recovery.damaged_items += 1;
-            tracing::error!(shard = self.shard_id, ?loc, key = %String::from_utf8_lossy(&key), "the newest record of a key is damaged: it reads as corrupt until rewritten");
+    fn rebuild(&mut self, mut found: Found) -> Result<(), OpenError> {
+        let damaged_seq_max = found.damaged.iter().map(|damaged| damaged.seq).max().unwrap_or(0);
+        self.next_seq = found.max_seq.max(damaged_seq_max) + 1;
+        let judged = found.judge_damaged();
+        let replays = found.batch_replays();
+        let Found { newest, stale, free, empty, corrupt, frontier, .. } = found;
+        self.recovery.torn_or_corrupt = (corrupt.len() + judged.kept.len()) as u64;
+        self.recovery.damaged_items = judged.decided.len() as u64;
+        for (loc, key) in &judged.decided {
+            tracing::error!(shard = self.shard_id, ?loc, key = %String::from_utf8_lossy(key), "the newest record of a key is damaged: it reads as corrupt until rewritten");
         }
         self.recovery.stale_copies = stale.len() as u64;
         for (loc, tag) in stale {
             self.release_slot(loc.slot_only(), tag, false);
         }
-        let torn_slots: std::collections::HashMap<Loc, u64> =
-            torn.into_iter().map(|(loc, seq)| (loc.slot_only(), seq)).collect();
-        let corrupt: Vec<Loc> =
-            corrupt.into_iter().filter(|loc| !kept.contains(&loc.slot_only())).collect();
         let below_frontier = |loc: &Loc| loc.slot() < frontier[loc.class() as usize];
         let free_slots: Vec<Loc> =
             free.into_iter().chain(empty.into_iter().filter(below_frontier)).collect();
@@ -429,20 +513,14 @@ impl NativeEngine {
             self.release_slot(loc, None, false);
         }
         for loc in corrupt {
-            match torn_slots.get(&loc.slot_only()) {
+            match judged.torn.get(&loc.slot_only()) {
                 Some(&seq) => self.erase_torn(loc.slot_only(), seq),
                 None => self.release_slot(loc.slot_only(), None, true),
             }
         }
         // Batches hold their keys before tombstones are judged (a tombstone must outlive a batch
         // record that mentions its key).
-        batches.sort_by_key(|(_, seq, _)| *seq);
-        for (record, seq, ops) in batches {
-            let needed: Vec<BatchOp> = ops
-                .iter()
-                .filter(|op| newest.get(op.key()).is_none_or(|newest| newest.seq < seq))
-                .cloned()
-                .collect();
+        for (record, seq, ops, needed) in replays {
             self.recovery.batches_replayed += u64::from(!needed.is_empty());
             self.replay_batch(record, seq, &ops, needed).map_err(|err| {
                 OpenError::Device(DeviceError::Io {
