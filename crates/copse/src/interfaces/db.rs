@@ -179,6 +179,8 @@ impl Db {
     /// Opens (or creates) the store in directory `path`.
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Db, OpenError> {
         let path = path.as_ref();
+        // Before taking the lock, which creates the directory: a refused open leaves nothing
+        // behind. (`manifest::open_or_create` checks again for storages that are not directories.)
         if !options.create_if_missing && !path.join(manifest::MANIFEST_FILE).exists() {
             return Err(OpenError::NotFound(path.display().to_string()));
         }
