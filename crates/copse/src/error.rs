@@ -18,6 +18,8 @@ pub enum InputError {
     BatchTooLarge { bytes: usize, max: usize },
     #[error("scan limit {limit} exceeds the maximum of {max} items")]
     ScanLimitTooLarge { limit: usize, max: usize },
+    #[error("{reads} reads in one exec step exceed the limit of {max}")]
+    TooManyReads { reads: usize, max: usize },
 }
 
 /// Opening (or creating) a store.

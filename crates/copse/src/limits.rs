@@ -48,6 +48,9 @@ pub const WRITE_BATCH_BYTES_MAX: usize = VALUE_BYTES_MAX;
 /// Items one `scan` call returns at most.
 pub const SCAN_ITEMS_MAX: usize = 100_000;
 
+/// Reads one step of an exec program may ask for (MGET's keys of one shard, say).
+pub const EXEC_READS_MAX: usize = 10_000;
+
 /// Slab files grow by this fraction of their size (at least `SLAB_GROWTH_BYTES_MIN`), so growth
 /// is rare and each growth is one fallocate.
 pub const SLAB_GROWTH_BYTES_MIN: u64 = 1024 * 1024;

@@ -5,6 +5,7 @@
 //! each request exactly once through its reply channel, and answers a write only when it is
 //! durable.
 
+pub mod input;
 pub mod native;
 
 use std::ops::Bound;

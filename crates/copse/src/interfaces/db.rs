@@ -13,16 +13,16 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::device::{Backend, DirStorage, Storage, WriteDurability};
-use crate::engine::native::batch::encoded_batch_bytes;
+use crate::engine::input::{check_batch, check_key, check_value};
 use crate::engine::native::EngineConfig;
 use crate::engine::{BatchOp, KeyValue, Request, ShardStats};
 use crate::error::{InputError, OpenError, ReadError, WriteError};
 use crate::limits::{
     CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
-    KEY_BYTES_MIN, PAGE_BYTES, SCAN_ITEMS_MAX, SHARDS_MAX, VALUE_BYTES_MAX, WRITE_BATCH_BYTES_MAX,
-    WRITE_BATCH_OPS_MAX,
+    PAGE_BYTES, SCAN_ITEMS_MAX, SHARDS_MAX,
 };
 use crate::router::{close_shards, manifest, merge_sorted, Router};
+use crate::shard::exec::{Exec, ExecRequest};
 use crate::shard::ShardHandle;
 
 /// How to open a store.
@@ -113,40 +113,6 @@ struct Inner {
     shards: std::sync::Mutex<Vec<ShardHandle>>,
     /// The directory lock, released by `close` (or drop).
     lock: std::sync::Mutex<Option<std::fs::File>>,
-}
-
-fn check_key(key: &[u8]) -> Result<(), InputError> {
-    if key.len() < KEY_BYTES_MIN {
-        return Err(InputError::KeyEmpty);
-    }
-    if key.len() > KEY_BYTES_MAX {
-        return Err(InputError::KeyTooLarge { bytes: key.len(), max: KEY_BYTES_MAX });
-    }
-    Ok(())
-}
-
-fn check_value(value: &[u8]) -> Result<(), InputError> {
-    if value.len() > VALUE_BYTES_MAX {
-        return Err(InputError::ValueTooLarge { bytes: value.len(), max: VALUE_BYTES_MAX });
-    }
-    Ok(())
-}
-
-fn check_batch(ops: &[BatchOp]) -> Result<(), InputError> {
-    if ops.len() > WRITE_BATCH_OPS_MAX {
-        return Err(InputError::BatchTooManyOps { ops: ops.len(), max: WRITE_BATCH_OPS_MAX });
-    }
-    for op in ops {
-        check_key(op.key())?;
-        if let BatchOp::Put { value, .. } = op {
-            check_value(value)?;
-        }
-    }
-    let bytes = encoded_batch_bytes(ops);
-    if bytes > WRITE_BATCH_BYTES_MAX {
-        return Err(InputError::BatchTooLarge { bytes, max: WRITE_BATCH_BYTES_MAX });
-    }
-    Ok(())
 }
 
 /// Takes an exclusive lock on the store directory so two processes never open one store.
@@ -393,6 +359,32 @@ impl Db {
         let result = close_shards(&mut shards);
         self.inner.lock.lock().unwrap_or_else(|poison| poison.into_inner()).take();
         result
+    }
+
+    /// The shard that owns `route`: where the plain requests for that key go, and where execs
+    /// that work on it must run.
+    pub fn shard_of(&self, route: &[u8]) -> u32 {
+        crate::router::shard_of(route, self.shard_count())
+    }
+
+    /// Runs an exec program in `shard`, atomically with respect to every other exec sharing one
+    /// of its `locks` (see `shard::exec`). The program answers through its own channel; this
+    /// returns once the program is queued (blocking while the queue is full). If the store is
+    /// closed the program is dropped unstarted, which its waiter sees as a closed channel.
+    pub fn exec(&self, shard: u32, locks: Vec<Vec<u8>>, exec: Box<dyn Exec>) {
+        assert!(shard < self.shard_count(), "exec sent to shard {shard} of {}", self.shard_count());
+        self.router().send_exec(shard, ExecRequest { locks, exec });
+    }
+
+    /// As `exec`, awaiting room in the shard's queue instead of blocking the thread.
+    pub async fn exec_async(&self, shard: u32, locks: Vec<Vec<u8>>, exec: Box<dyn Exec>) {
+        assert!(shard < self.shard_count(), "exec sent to shard {shard} of {}", self.shard_count());
+        self.router().send_exec_async(shard, ExecRequest { locks, exec }).await;
+    }
+
+    /// Messages waiting in each shard's queue (a gauge for operators).
+    pub fn queue_depths(&self) -> Vec<usize> {
+        self.router().queue_depths()
     }
 
     pub async fn get_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReadError> {

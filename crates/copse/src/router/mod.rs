@@ -13,6 +13,7 @@ use futures::channel::oneshot;
 
 use crate::engine::{BatchOp, KeyValue, Request};
 use crate::error::{ReadError, WriteError};
+use crate::shard::exec::ExecRequest;
 use crate::shard::{Message, ShardHandle};
 
 /// The shard that owns `key` in a store of `shards` shards.
@@ -90,6 +91,22 @@ impl Router {
         let request = Message::Request(build(key.to_vec(), sender));
         let delivered = self.shards[shard].send_async(request).await.is_ok();
         Pending { receiver: delivered.then_some(receiver), closed }
+    }
+
+    /// Queues an exec program on `shard`; blocks while the queue is full. False if the shard is
+    /// closed (the program is dropped, which its waiter sees).
+    pub fn send_exec(&self, shard: u32, exec: ExecRequest) -> bool {
+        self.shards[shard as usize].send(Message::Exec(exec)).is_ok()
+    }
+
+    /// As `send_exec`, awaiting room in the queue instead of blocking the thread.
+    pub async fn send_exec_async(&self, shard: u32, exec: ExecRequest) -> bool {
+        self.shards[shard as usize].send_async(Message::Exec(exec)).await.is_ok()
+    }
+
+    /// Messages waiting in each shard's queue.
+    pub fn queue_depths(&self) -> Vec<usize> {
+        self.shards.iter().map(|shard| shard.len()).collect()
     }
 
     /// Sends one request to every shard.

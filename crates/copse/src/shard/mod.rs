@@ -8,6 +8,12 @@
 //!    the round into page reads and writes; a page touched by several requests is written once);
 //! 3. submit the round's I/O with one system call, within the queue-depth bound;
 //! 4. reap completions as they arrive and answer the requests they finish.
+//!
+//! Exec programs (`exec.rs`) run beside plain requests: between the steps above the shard moves
+//! every exec that can move (its reads answered, its write durable, its locks free) and hands the
+//! reads and writes they ask for to the engine in the same round.
+
+pub mod exec;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -18,10 +24,12 @@ use crate::engine::native::{EngineConfig, NativeEngine};
 use crate::engine::Request;
 use crate::error::{OpenError, WriteError};
 use crate::limits::{ROUND_REQUESTS_MAX, SHARD_QUEUE_REQUESTS_MAX};
+use exec::{ExecRequest, ExecTable};
 
-/// A message on a shard's queue: a request, or the order to finish and stop.
+/// A message on a shard's queue: a request, an exec program, or the order to finish and stop.
 pub enum Message {
     Request(Request),
+    Exec(ExecRequest),
     Close(futures::channel::oneshot::Sender<Result<(), WriteError>>),
 }
 
@@ -93,18 +101,21 @@ fn pin_to_core(shard_id: u32, core: usize) {
 fn run(mut engine: NativeEngine, receiver: flume::Receiver<Message>) {
     let mut closing = None;
     let mut requests = Vec::with_capacity(ROUND_REQUESTS_MAX);
+    let mut execs = ExecTable::default();
     loop {
         if closing.is_none() {
+            // Every exec that is not blocked waits on the engine, so an idle engine with nothing
+            // queued means there is nothing to do but wait for a message.
             if engine.is_idle() {
                 match receiver.recv() {
-                    Ok(message) => take(message, &mut requests, &mut closing),
+                    Ok(message) => take(message, &mut requests, &mut execs, &mut closing),
                     // Every handle is gone without a close: finish and stop.
                     Err(flume::RecvError::Disconnected) => break,
                 }
             }
             while requests.len() < ROUND_REQUESTS_MAX && closing.is_none() {
                 match receiver.try_recv() {
-                    Ok(message) => take(message, &mut requests, &mut closing),
+                    Ok(message) => take(message, &mut requests, &mut execs, &mut closing),
                     Err(_) => break,
                 }
             }
@@ -121,17 +132,19 @@ fn run(mut engine: NativeEngine, receiver: flume::Receiver<Message>) {
             }
             engine.handle_run(run);
         }
+        let execs_moved = execs.pump(&mut engine);
         engine.end_round();
-        // Wait for a completion only if no new request was taken this round; otherwise just
+        // Wait for a completion only if nothing new arrived or moved this round; otherwise just
         // collect what has completed and go back to the queue.
-        let wait = took == 0 && engine.has_io_in_flight();
+        let wait = took == 0 && !execs_moved && engine.has_io_in_flight();
         engine.reap(wait);
+        execs.pump(&mut engine);
         if took == 0 && !engine.has_io_in_flight() && !engine.is_idle() {
             // Work waits for a later round (a deferred free, say) with no I/O to wake us.
             std::thread::sleep(Duration::from_micros(50));
         }
         if let Some(reply) = closing.take() {
-            if engine.is_idle() {
+            if engine.is_idle() && execs.is_empty() {
                 finish(&receiver);
                 let _ = futures::channel::oneshot::Sender::send(reply, engine.close());
                 return;
@@ -148,10 +161,12 @@ fn run(mut engine: NativeEngine, receiver: flume::Receiver<Message>) {
 fn take(
     message: Message,
     requests: &mut Vec<Request>,
+    execs: &mut ExecTable,
     closing: &mut Option<futures::channel::oneshot::Sender<Result<(), WriteError>>>,
 ) {
     match message {
         Message::Request(request) => requests.push(request),
+        Message::Exec(exec) => execs.arrive(exec),
         Message::Close(reply) => *closing = Some(reply),
     }
 }
@@ -161,6 +176,8 @@ fn finish(receiver: &flume::Receiver<Message>) {
     while let Ok(message) = receiver.try_recv() {
         match message {
             Message::Request(request) => reject(request),
+            // Dropping the program drops its answer channel: its waiter sees the store closed.
+            Message::Exec(exec) => drop(exec),
             Message::Close(reply) => {
                 let _ = reply.send(Ok(()));
             }

@@ -317,6 +317,21 @@ impl NativeEngine {
             && self.deferred_frees.is_empty()
     }
 
+    /// Whether the index holds `key` (its newest durable version is live). No I/O.
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        self.index.contains(key)
+    }
+
+    /// Up to `limit` indexed keys of the range, in order. No I/O.
+    pub fn index_keys(
+        &self,
+        start: std::ops::Bound<&[u8]>,
+        end: std::ops::Bound<&[u8]>,
+        limit: usize,
+    ) -> Vec<Vec<u8>> {
+        self.index.range(start, end, limit).into_iter().map(|(key, _)| key.into_vec()).collect()
+    }
+
     pub fn has_io_in_flight(&self) -> bool {
         self.device.in_flight() > 0
     }

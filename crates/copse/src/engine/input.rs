@@ -1,0 +1,44 @@
+//! The limits every request must meet before it reaches a shard (`limits.rs` names them). The
+//! embedded API checks them where a request enters the store, and the shard checks the writes
+//! and reads that an exec program asks for, so that a bad request changes nothing.
+
+use crate::engine::native::batch::encoded_batch_bytes;
+use crate::engine::BatchOp;
+use crate::error::InputError;
+use crate::limits::{
+    KEY_BYTES_MAX, KEY_BYTES_MIN, VALUE_BYTES_MAX, WRITE_BATCH_BYTES_MAX, WRITE_BATCH_OPS_MAX,
+};
+
+pub fn check_key(key: &[u8]) -> Result<(), InputError> {
+    if key.len() < KEY_BYTES_MIN {
+        return Err(InputError::KeyEmpty);
+    }
+    if key.len() > KEY_BYTES_MAX {
+        return Err(InputError::KeyTooLarge { bytes: key.len(), max: KEY_BYTES_MAX });
+    }
+    Ok(())
+}
+
+pub fn check_value(value: &[u8]) -> Result<(), InputError> {
+    if value.len() > VALUE_BYTES_MAX {
+        return Err(InputError::ValueTooLarge { bytes: value.len(), max: VALUE_BYTES_MAX });
+    }
+    Ok(())
+}
+
+pub fn check_batch(ops: &[BatchOp]) -> Result<(), InputError> {
+    if ops.len() > WRITE_BATCH_OPS_MAX {
+        return Err(InputError::BatchTooManyOps { ops: ops.len(), max: WRITE_BATCH_OPS_MAX });
+    }
+    for op in ops {
+        check_key(op.key())?;
+        if let BatchOp::Put { value, .. } = op {
+            check_value(value)?;
+        }
+    }
+    let bytes = encoded_batch_bytes(ops);
+    if bytes > WRITE_BATCH_BYTES_MAX {
+        return Err(InputError::BatchTooLarge { bytes, max: WRITE_BATCH_BYTES_MAX });
+    }
+    Ok(())
+}
