@@ -14,7 +14,7 @@ use copse::limits::{CACHE_BYTES_DEFAULT, SCAN_ITEMS_MAX, SHARDS_MAX};
 use copse::router::manifest::read_shard_count;
 use copse::{Backend, Db, Options, WriteDurability};
 
-use crate::{BackendArg, Cli, Command, Durability, Failure};
+use crate::{BackendArg, Cli, Command, Durability, Failure, ServeArgs};
 
 const BYTES_PER_MIB: usize = 1024 * 1024;
 
@@ -66,6 +66,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Demo => demo(&cli, &mut out)?,
+        Command::Serve(args) => serve(&cli, args)?,
     }
     out.finish()
 }
@@ -287,4 +288,68 @@ impl Stdout {
         let result = self.out.flush();
         self.checked(result)
     }
+}
+
+/// `copse serve`: settings are the defaults, then the config file, then the flags given.
+fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
+    let mut config = match &args.config {
+        Some(file) => copse_server::ServerConfig::from_file(file)
+            .map_err(|err| Failure::Failed(err.to_string()))?,
+        None => copse_server::ServerConfig::default(),
+    };
+    // Global store flags override the file only when given (they have defaults of their own).
+    if cli.path_given || args.config.is_none() {
+        config.path = cli.path.clone();
+    }
+    if let Some(shards) = cli.shards {
+        config.shards = shards;
+    }
+    if let Some(cache_mb) = cli.cache_mb {
+        config.cache_mb = cache_mb;
+    }
+    if cli.durability_given {
+        config.durability = match cli.durability {
+            Durability::Dsync => "dsync",
+            Durability::FlushPerRound => "flush-per-round",
+        }
+        .into();
+    }
+    if cli.backend_given {
+        config.backend = match cli.backend {
+            BackendArg::Auto => "auto",
+            BackendArg::Uring => "uring",
+            BackendArg::Sync => "sync",
+        }
+        .into();
+    }
+    if let Some(bind) = &args.bind {
+        config.bind = bind.clone();
+    }
+    if let Some(port) = args.port {
+        config.port = port;
+    }
+    if let Some(threads) = args.threads {
+        config.threads = threads;
+    }
+    if let Some(password) = &args.requirepass {
+        config.requirepass = password.clone();
+    }
+    if let Some(maxclients) = args.maxclients {
+        config.maxclients = maxclients;
+    }
+    if let Some(timeout) = args.timeout {
+        config.timeout_secs = timeout;
+    }
+    if let Some(port) = args.metrics_port {
+        config.metrics_port = port;
+    }
+    let (bind, port) = (config.bind.clone(), config.port);
+    let running = copse_server::start(config).map_err(|err| Failure::Failed(err.to_string()))?;
+    eprintln!(
+        "copse: serving the Redis protocol on {} (data in {}); connect with: redis-cli -h {bind} -p {port}",
+        running.local_addr,
+        cli.path.display()
+    );
+    copse_server::net::wait_for_signal().map_err(|err| Failure::Failed(err.to_string()))?;
+    running.stop().map_err(|err| Failure::Failed(err.to_string()))
 }

@@ -53,6 +53,32 @@ struct Cli {
     backend: BackendArg,
     #[command(subcommand)]
     command: Command,
+    /// Whether these flags were given (not defaulted): `serve` lets a config file set them.
+    #[arg(skip)]
+    path_given: bool,
+    #[arg(skip)]
+    durability_given: bool,
+    #[arg(skip)]
+    backend_given: bool,
+}
+
+/// Whether flag `id` was given on the command line, before or after the subcommand.
+fn given(matches: &clap::ArgMatches, id: &str) -> bool {
+    use clap::parser::ValueSource;
+    let here = matches.value_source(id) == Some(ValueSource::CommandLine);
+    here || matches.subcommand().is_some_and(|(_, sub)| given(sub, id))
+}
+
+impl Cli {
+    fn parse_args() -> Result<Cli, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().try_get_matches()?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        cli.path_given = given(&matches, "path");
+        cli.durability_given = given(&matches, "durability");
+        cli.backend_given = given(&matches, "backend");
+        Ok(cli)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -85,6 +111,35 @@ enum Command {
     Check,
     /// Writes a few keys, reads them back, and shows what to try next.
     Demo,
+    /// Serves the store over the Redis protocol until SIGTERM or SIGINT (then closes it cleanly).
+    /// Settings: defaults, then the --config file, then these flags. See docs/server.md.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args, Debug, Default)]
+pub(crate) struct ServeArgs {
+    /// A TOML file with any of the server's settings (copse.example.toml lists them).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on (loopback unless told otherwise).
+    #[arg(long)]
+    pub bind: Option<String>,
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Network threads (event loops); default one per core.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Require AUTH with this password.
+    #[arg(long)]
+    pub requirepass: Option<String>,
+    #[arg(long)]
+    pub maxclients: Option<usize>,
+    /// Close clients idle this many seconds (0: never).
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Serve Prometheus metrics over HTTP on this port (0: off).
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -149,19 +204,19 @@ impl From<copse::WriteError> for Failure {
     }
 }
 
-fn init_logging() {
+fn init_logging(serving: bool) {
     use tracing_subscriber::filter::{EnvFilter, LevelFilter};
     // `from_env_lossy` skips directives it cannot parse, so a typo in COPSE_LOG costs logging
     // detail, never the command.
     let filter = EnvFilter::builder()
         .with_env_var("COPSE_LOG")
-        .with_default_directive(LevelFilter::WARN.into())
+        .with_default_directive(if serving { LevelFilter::INFO } else { LevelFilter::WARN }.into())
         .from_env_lossy();
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::parse_args() {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
@@ -172,7 +227,7 @@ fn main() -> ExitCode {
             };
         }
     };
-    init_logging();
+    init_logging(matches!(cli.command, Command::Serve(_)));
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {

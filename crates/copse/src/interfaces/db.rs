@@ -441,6 +441,15 @@ impl Db {
         Ok(merge_sorted(runs, limit))
     }
 
+    pub async fn stats_async(&self) -> Result<StoreStats, ReadError> {
+        let mut shards = Vec::new();
+        for pending in self.router().broadcast(ReadError::Closed, |reply| Request::Stats { reply })
+        {
+            shards.push(pending.into_future().await?);
+        }
+        Ok(summarize(shards))
+    }
+
     pub async fn flush_async(&self) -> Result<(), WriteError> {
         let mut result = Ok(());
         for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply })

@@ -88,6 +88,11 @@ impl ExecView<'_> {
     pub fn keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>> {
         self.engine.index_keys(start, end, limit)
     }
+
+    /// Keys in the range, counting no further than `limit` (no I/O).
+    pub fn count(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize {
+        self.engine.count_keys(start, end, limit)
+    }
 }
 
 /// An exec on its way to a shard.

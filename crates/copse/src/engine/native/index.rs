@@ -67,16 +67,8 @@ impl Index {
         end: Bound<&[u8]>,
         limit: usize,
     ) -> Vec<(Box<[u8]>, Loc)> {
-        if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
-            (start, end)
-        {
-            // BTreeMap::range panics on an inverted range; an inverted range is simply empty.
-            if s > e
-                || (s == e
-                    && !(matches!(start, Bound::Included(_)) && matches!(end, Bound::Included(_))))
-            {
-                return Vec::new();
-            }
+        if is_empty_range(start, end) {
+            return Vec::new();
         }
         self.map
             .range::<[u8], _>((start, end))
@@ -85,10 +77,30 @@ impl Index {
             .collect()
     }
 
+    /// Keys in the range, counting no further than `limit`.
+    pub fn count(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize {
+        if is_empty_range(start, end) {
+            return 0;
+        }
+        self.map.range::<[u8], _>((start, end)).take(limit).count()
+    }
+
     /// Estimated heap bytes of the index.
     pub fn memory_bytes(&self) -> u64 {
         self.map.len() as u64 * ENTRY_BYTES_ESTIMATE + self.key_heap_bytes
     }
+}
+
+/// BTreeMap::range panics on an inverted range; to callers an inverted range is simply empty.
+fn is_empty_range(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
+    if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
+        (start, end)
+    {
+        return s > e
+            || (s == e
+                && !(matches!(start, Bound::Included(_)) && matches!(end, Bound::Included(_))));
+    }
+    false
 }
 
 #[cfg(test)]

@@ -332,6 +332,16 @@ impl NativeEngine {
         self.index.range(start, end, limit).into_iter().map(|(key, _)| key.into_vec()).collect()
     }
 
+    /// Indexed keys in the range, counting no further than `limit`. No I/O.
+    pub fn count_keys(
+        &self,
+        start: std::ops::Bound<&[u8]>,
+        end: std::ops::Bound<&[u8]>,
+        limit: usize,
+    ) -> usize {
+        self.index.count(start, end, limit)
+    }
+
     pub fn has_io_in_flight(&self) -> bool {
         self.device.in_flight() > 0
     }

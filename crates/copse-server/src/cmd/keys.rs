@@ -1,0 +1,431 @@
+//! Commands over keys of any type and over the whole key space: DEL, UNLINK, EXISTS, TYPE,
+//! SCAN, KEYS, DBSIZE, FLUSHALL, FLUSHDB.
+//!
+//! Key-space commands read only the shards' indexes (meta items carry the type in their key), so
+//! SCAN, KEYS and DBSIZE do no I/O. SCAN's cursor is the scan hash to continue from: meta items
+//! are ordered by it, so a cursor survives writes, and every key present for a whole iteration
+//! is returned at least once.
+
+use std::ops::Bound;
+
+use copse::engine::BatchOp;
+use copse::Db;
+
+use super::{
+    by_shard, delete_ops, key_type, lowercase, on_key, parse_i64, unexpected, Call, Input, Next,
+    Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
+};
+use crate::keyspace::{self, decode_meta, KeyType};
+use crate::net::run_outcome;
+use crate::resp::Reply;
+
+/// Keys a SCAN step looks at when COUNT is not given (Redis's default).
+pub const SCAN_COUNT_DEFAULT: usize = 10;
+/// The largest COUNT honoured; larger asks are clamped (the reply stays bounded).
+pub const SCAN_COUNT_MAX: usize = 100_000;
+/// Keys a FLUSHALL deletes per write batch.
+pub const FLUSH_BATCH_KEYS: usize = 1_000;
+
+pub fn specs() -> Vec<Spec> {
+    let spec = |name, arity, flags, first_key, last_key, key_step, summary, handler| Spec {
+        name,
+        arity,
+        flags,
+        first_key,
+        last_key,
+        key_step,
+        group: "generic",
+        summary,
+        handler,
+    };
+    const W: &[&str] = &["write"];
+    const R: &[&str] = &["readonly"];
+    vec![
+        spec("del", -2, W, 1, -1, 1, "Deletes keys.", del as _),
+        spec("unlink", -2, W, 1, -1, 1, "Deletes keys (as DEL).", del as _),
+        spec("exists", -2, R, 1, -1, 1, "Counts the given keys that exist.", exists as _),
+        spec("type", 2, R, 1, 1, 1, "Returns the type of a key.", type_of as _),
+        spec("scan", -2, R, 0, 0, 0, "Iterates over the key space.", scan as _),
+        spec("keys", 2, R, 0, 0, 0, "Returns the keys that match a pattern.", keys as _),
+        spec("dbsize", 1, R, 0, 0, 0, "Returns the number of keys.", dbsize as _),
+        spec("flushall", -1, W, 0, 0, 0, "Deletes every key.", flushall as _),
+        spec("flushdb", -1, W, 0, 0, 0, "Deletes every key of the database.", flushall as _),
+    ]
+}
+
+fn del(call: &mut Call<'_>) -> Outcome {
+    let keys: Vec<Vec<u8>> = call.args[1..].to_vec();
+    let mut plan = Plan::new();
+    for (shard, at) in by_shard(call.db(), &keys) {
+        let mut group: Vec<Vec<u8>> = at.iter().map(|&i| keys[i].clone()).collect();
+        group.sort();
+        group.dedup();
+        let mut deleted = 0;
+        plan.add(shard, group.clone(), move |view, input| match input {
+            Input::Start => {
+                let mut ops = Vec::new();
+                for key in &group {
+                    if let Some(ty) = key_type(view, key) {
+                        deleted += 1;
+                        ops.extend(delete_ops(view, key, ty));
+                    }
+                }
+                if ops.is_empty() {
+                    return Next::Reply(Reply::Integer(0));
+                }
+                Next::Write(ops)
+            }
+            Input::Written => Next::Reply(Reply::Integer(deleted)),
+            Input::Read(_) => unexpected(),
+        });
+    }
+    plan.finish(Box::new(sum_integers))
+}
+
+/// Adds integer answers; the first error wins.
+fn sum_integers(replies: Vec<Reply>) -> Reply {
+    let mut total = 0;
+    for reply in replies {
+        match reply {
+            Reply::Integer(count) => total += count,
+            other => return other,
+        }
+    }
+    Reply::Integer(total)
+}
+
+/// Execs counting which of `keys` exist (a key named twice counts twice, as in Redis).
+fn existing_plan(db: &Db, keys: &[Vec<u8>]) -> Outcome {
+    let mut plan = Plan::new();
+    for (shard, at) in by_shard(db, keys) {
+        let group: Vec<Vec<u8>> = at.iter().map(|&i| keys[i].clone()).collect();
+        let mut locks = group.clone();
+        locks.sort();
+        locks.dedup();
+        plan.add(shard, locks, move |view, input| match input {
+            Input::Start => {
+                let count = group.iter().filter(|key| key_type(view, key).is_some()).count();
+                Next::Reply(Reply::Integer(count as i64))
+            }
+            _ => unexpected(),
+        });
+    }
+    plan.finish(Box::new(sum_integers))
+}
+
+/// How many of `keys` exist, in order after the caller's earlier commands.
+pub async fn count_existing(db: &Db, keys: &[Vec<u8>]) -> Result<i64, Reply> {
+    match run_outcome(db, existing_plan(db, keys)).await {
+        Reply::Integer(count) => Ok(count),
+        other => Err(other),
+    }
+}
+
+fn exists(call: &mut Call<'_>) -> Outcome {
+    existing_plan(call.db(), &call.args[1..])
+}
+
+fn type_of(call: &mut Call<'_>) -> Outcome {
+    let key = call.args[1].clone();
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => {
+            let name = key_type(view, &key).map_or("none", KeyType::name);
+            Next::Reply(Reply::Simple(name.into()))
+        }
+        _ => unexpected(),
+    })
+}
+
+/// One page of the key space in SCAN order, from `cursor`: up to `count` meta items, and the
+/// cursor after them (0 when the key space is exhausted).
+async fn scan_page(db: &Db, cursor: u64, count: usize) -> Result<(Vec<Vec<u8>>, u64), Reply> {
+    let mut plan = Plan::new();
+    let start = keyspace::meta_scan_start(cursor);
+    let end = keyspace::meta_scan_end();
+    for shard in 0..db.shard_count() {
+        let (start, end) = (start.clone(), end.clone());
+        // One more than asked: its hash is the next cursor.
+        plan.add(shard, vec![], move |view, input| match input {
+            Input::Start => {
+                let items = view.keys(Bound::Included(&start), Bound::Excluded(&end), count + 1);
+                Next::Reply(Reply::Array(items.into_iter().map(Reply::Bulk).collect()))
+            }
+            _ => unexpected(),
+        });
+    }
+    let pages = match run_outcome(db, plan.finish(Box::new(Reply::Array))).await {
+        Reply::Array(pages) => pages,
+        other => return Err(other),
+    };
+    let mut items = Vec::new();
+    for page in pages {
+        match page {
+            Reply::Array(page) => items.extend(page.into_iter().filter_map(|item| match item {
+                Reply::Bulk(item) => Some(item),
+                _ => None,
+            })),
+            other => return Err(other),
+        }
+    }
+    items.sort_unstable();
+    let next = match items.get(count) {
+        Some(item) => decode_meta(item).map_or(0, |(hash, _, _)| hash),
+        None => 0,
+    };
+    items.truncate(count);
+    Ok((items, next))
+}
+
+/// Redis's glob matching (`*`, `?`, `[...]` with ranges and `^`, `\` escapes), byte-wise.
+pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    // Where to resume after the last `*`: (pattern position after it, text position).
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() {
+            match pattern[p] {
+                b'*' => {
+                    while p < pattern.len() && pattern[p] == b'*' {
+                        p += 1;
+                    }
+                    if p == pattern.len() {
+                        return true;
+                    }
+                    star = Some((p, t));
+                    continue;
+                }
+                b'?' => {
+                    p += 1;
+                    t += 1;
+                    continue;
+                }
+                b'[' => {
+                    if let Some((matched, next)) = class_match(pattern, p, text[t]) {
+                        if matched {
+                            p = next;
+                            t += 1;
+                            continue;
+                        }
+                    }
+                }
+                b'\\' if p + 1 < pattern.len() => {
+                    if pattern[p + 1] == text[t] {
+                        p += 2;
+                        t += 1;
+                        continue;
+                    }
+                }
+                byte => {
+                    if byte == text[t] {
+                        p += 1;
+                        t += 1;
+                        continue;
+                    }
+                }
+            }
+        }
+        match star {
+            Some((star_p, star_t)) => {
+                p = star_p;
+                t = star_t + 1;
+                star = Some((star_p, star_t + 1));
+            }
+            None => return false,
+        }
+    }
+    pattern[p..].iter().all(|&byte| byte == b'*')
+}
+
+/// Matches `byte` against the class starting at `pattern[at] == '['`: (matched, position after
+/// the class). An unterminated class runs to the end of the pattern, as in Redis.
+fn class_match(pattern: &[u8], at: usize, byte: u8) -> Option<(bool, usize)> {
+    let mut p = at + 1;
+    let negate = pattern.get(p) == Some(&b'^');
+    if negate {
+        p += 1;
+    }
+    let mut matched = false;
+    while p < pattern.len() && pattern[p] != b']' {
+        if pattern[p] == b'\\' && p + 1 < pattern.len() {
+            matched |= pattern[p + 1] == byte;
+            p += 2;
+        } else if p + 2 < pattern.len() && pattern[p + 1] == b'-' && pattern[p + 2] != b']' {
+            let (low, high) = (pattern[p].min(pattern[p + 2]), pattern[p].max(pattern[p + 2]));
+            matched |= (low..=high).contains(&byte);
+            p += 3;
+        } else {
+            matched |= pattern[p] == byte;
+            p += 1;
+        }
+    }
+    let next = if p < pattern.len() { p + 1 } else { p };
+    Some((matched != negate, next))
+}
+
+fn scan(call: &mut Call<'_>) -> Outcome {
+    let Some(cursor) = std::str::from_utf8(&call.args[1]).ok().and_then(|c| c.parse::<u64>().ok())
+    else {
+        return Outcome::error("ERR invalid cursor");
+    };
+    let mut pattern = None;
+    let mut count = SCAN_COUNT_DEFAULT;
+    let mut only_type = None;
+    let mut at = 2;
+    while at < call.args.len() {
+        let Some(argument) = call.args.get(at + 1) else { return Outcome::error(SYNTAX) };
+        match call.word(at).as_str() {
+            "match" => pattern = Some(argument.clone()),
+            "count" => match parse_i64(argument) {
+                Some(n) if n >= 1 => count = (n as usize).min(SCAN_COUNT_MAX),
+                Some(_) => return Outcome::error(SYNTAX),
+                None => return Outcome::error(NOT_INTEGER),
+            },
+            "type" => only_type = Some(lowercase(argument)),
+            _ => return Outcome::error(SYNTAX),
+        }
+        at += 2;
+    }
+    let db = call.db().clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let (items, next) = match scan_page(&db, cursor, count).await {
+            Ok(page) => page,
+            Err(reply) => return reply,
+        };
+        let keys = items
+            .iter()
+            .filter_map(|item| decode_meta(item))
+            .filter(|(_, key, ty)| {
+                pattern.as_ref().is_none_or(|pattern| glob_match(pattern, key))
+                    && only_type.as_ref().is_none_or(|wanted| wanted == ty.name())
+            })
+            .map(|(_, key, _)| Reply::Bulk(key.to_vec()))
+            .collect();
+        Reply::Array(vec![Reply::Bulk(next.to_string().into_bytes()), Reply::Array(keys)])
+    }))
+}
+
+fn keys(call: &mut Call<'_>) -> Outcome {
+    let pattern = call.args[1].clone();
+    let db = call.db().clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let mut cursor = 0;
+        let mut keys = Vec::new();
+        loop {
+            let (items, next) = match scan_page(&db, cursor, SCAN_COUNT_MAX).await {
+                Ok(page) => page,
+                Err(reply) => return reply,
+            };
+            for (_, key, _) in items.iter().filter_map(|item| decode_meta(item)) {
+                if glob_match(&pattern, key) {
+                    keys.push(Reply::Bulk(key.to_vec()));
+                }
+            }
+            if next == 0 {
+                return Reply::Array(keys);
+            }
+            cursor = next;
+        }
+    }))
+}
+
+/// Keys in the whole store (meta items, counted in each shard's index).
+pub async fn key_count(db: &Db) -> Result<i64, Reply> {
+    let mut plan = Plan::new();
+    for shard in 0..db.shard_count() {
+        plan.add(shard, vec![], move |view, input| match input {
+            Input::Start => {
+                let start = keyspace::meta_scan_start(0);
+                let end = keyspace::meta_scan_end();
+                let count = view.count(Bound::Included(&start), Bound::Excluded(&end), usize::MAX);
+                Next::Reply(Reply::Integer(count as i64))
+            }
+            _ => unexpected(),
+        });
+    }
+    match run_outcome(db, plan.finish(Box::new(sum_integers))).await {
+        Reply::Integer(count) => Ok(count),
+        other => Err(other),
+    }
+}
+
+fn dbsize(call: &mut Call<'_>) -> Outcome {
+    let db = call.db().clone();
+    Outcome::AfterPending(Box::pin(async move {
+        match key_count(&db).await {
+            Ok(count) => Reply::Integer(count),
+            Err(reply) => reply,
+        }
+    }))
+}
+
+/// Deletes every item of every shard, `FLUSH_BATCH_KEYS` per write. Each shard's part is a
+/// series of batches, so a concurrent writer on another connection may see a part-flushed
+/// store (docs/server.md); the connection that sent FLUSHALL sees it whole.
+fn flushall(call: &mut Call<'_>) -> Outcome {
+    match call.args.get(1).map(|arg| lowercase(arg)) {
+        None => {}
+        Some(mode) if (mode == "sync" || mode == "async") && call.args.len() == 2 => {}
+        Some(_) => return Outcome::error(SYNTAX),
+    }
+    let db = call.db().clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let mut plan = Plan::new();
+        for shard in 0..db.shard_count() {
+            plan.add(shard, vec![], move |view, input| match input {
+                Input::Start | Input::Written => {
+                    let keys = view.keys(Bound::Unbounded, Bound::Unbounded, FLUSH_BATCH_KEYS);
+                    if keys.is_empty() {
+                        return Next::Reply(Reply::ok());
+                    }
+                    Next::Write(keys.into_iter().map(|key| BatchOp::Delete { key }).collect())
+                }
+                Input::Read(_) => unexpected(),
+            });
+        }
+        run_outcome(
+            &db,
+            plan.finish(Box::new(|replies| {
+                replies
+                    .into_iter()
+                    .find(|reply| !matches!(reply, Reply::Simple(_)))
+                    .unwrap_or_else(Reply::ok)
+            })),
+        )
+        .await
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn globs_match_as_in_redis() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("*", "anything", true),
+            ("*", "", true),
+            ("h?llo", "hello", true),
+            ("h?llo", "hllo", false),
+            ("h*llo", "heeeello", true),
+            ("h[ae]llo", "hallo", true),
+            ("h[ae]llo", "hillo", false),
+            ("h[^e]llo", "hallo", true),
+            ("h[^e]llo", "hello", false),
+            ("h[a-b]llo", "hbllo", true),
+            ("h[a-b]llo", "hcllo", false),
+            ("h\\*llo", "h*llo", true),
+            ("h\\*llo", "hello", false),
+            ("user:*:name", "user:42:name", true),
+            ("user:*:name", "user:42:mail", false),
+            ("*a*b", "xaxxb", true),
+            ("*a*b", "xaxxbc", false),
+        ];
+        for (pattern, text, expected) in cases {
+            assert_eq!(
+                glob_match(pattern.as_bytes(), text.as_bytes()),
+                *expected,
+                "{pattern} {text}"
+            );
+        }
+    }
+}

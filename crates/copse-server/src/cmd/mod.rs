@@ -1,0 +1,431 @@
+//! Redis commands: the table of every command the server knows, and the machinery that turns a
+//! command into exec programs on the shards that own its keys.
+//!
+//! A command handler runs on the connection's thread and never blocks: it answers at once
+//! (PING, a syntax error), or returns the exec programs to queue (one per shard it touches) and
+//! how to combine their answers, or a future to run after every earlier reply of the connection
+//! (SCAN, KEYS, FLUSHALL: commands over the whole key space). Each exec runs atomically in its
+//! shard under the locks of the Redis keys it names, so a read-modify-write (INCR, HSET, ZADD)
+//! is atomic, and the commands of one connection on one key run in the order they were sent.
+//!
+//! Reading order: this file, then `strings.rs`, `keys.rs`, `hashes.rs`, `zsets.rs`, `server.rs`.
+
+pub mod hashes;
+pub mod keys;
+pub mod server;
+pub mod strings;
+pub mod zsets;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use copse::engine::BatchOp;
+use copse::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput};
+use copse::Db;
+use futures::channel::oneshot;
+use futures::future::LocalBoxFuture;
+
+use crate::keyspace::{self, KeyType, REDIS_KEY_BYTES_MAX};
+use crate::net::{ConnState, Server};
+use crate::resp::Reply;
+
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+pub const NOT_FLOAT: &str = "ERR value is not a valid float";
+pub const SYNTAX: &str = "ERR syntax error";
+
+/// What a command's exec program is told at each step (errors are answered for it).
+pub enum Input {
+    Start,
+    Read(Vec<ReadResult>),
+    Written,
+}
+
+/// What a command's exec program asks for next.
+pub enum Next {
+    Read(Vec<ReadOp>),
+    Write(Vec<BatchOp>),
+    /// Done: answer this.
+    Reply(Reply),
+}
+
+/// A Redis command as an exec program: a closure over its own state, stepped by the shard.
+struct CommandExec<F> {
+    step: F,
+    answer: Option<oneshot::Sender<Reply>>,
+}
+
+impl<F> Exec for CommandExec<F>
+where
+    F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+{
+    fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
+        let input = match input {
+            StepInput::Start => Input::Start,
+            StepInput::Read(Ok(results)) => Input::Read(results),
+            StepInput::Written(Ok(())) => Input::Written,
+            StepInput::Read(Err(err)) => return self.finish(read_error(&err)),
+            StepInput::Written(Err(err)) => return self.finish(write_error(&err)),
+        };
+        match (self.step)(view, input) {
+            Next::Read(reads) => ExecStep::Read(reads),
+            Next::Write(ops) => ExecStep::Write(ops),
+            Next::Reply(reply) => self.finish(reply),
+        }
+    }
+}
+
+impl<F> CommandExec<F> {
+    fn finish(&mut self, reply: Reply) -> ExecStep {
+        if let Some(answer) = self.answer.take() {
+            let _ = answer.send(reply);
+        }
+        ExecStep::Done
+    }
+}
+
+pub fn read_error(err: &copse::ReadError) -> Reply {
+    Reply::Error(format!("ERR {err}"))
+}
+
+pub fn write_error(err: &copse::WriteError) -> Reply {
+    match err {
+        copse::WriteError::NoSpace(_) => {
+            Reply::Error(format!("ERR no space left on the device; nothing was written ({err})"))
+        }
+        other => Reply::Error(format!("ERR {other}")),
+    }
+}
+
+/// An exec to queue: its shard, its lock keys, and the program.
+pub struct Queued {
+    pub shard: u32,
+    pub locks: Vec<Vec<u8>>,
+    pub exec: Box<dyn Exec>,
+}
+
+pub type Combine = Box<dyn FnOnce(Vec<Reply>) -> Reply>;
+
+/// What a handler decided.
+pub enum Outcome {
+    Reply(Reply),
+    /// Queue these execs now, in order; answer `combine` of their answers.
+    Execs {
+        queued: Vec<Queued>,
+        answers: Vec<oneshot::Receiver<Reply>>,
+        combine: Combine,
+    },
+    /// Run after every earlier reply of the connection is in.
+    AfterPending(LocalBoxFuture<'static, Reply>),
+    /// Answer, then close the connection (QUIT).
+    Close(Reply),
+}
+
+impl Outcome {
+    pub fn error(text: impl Into<String>) -> Outcome {
+        Outcome::Reply(Reply::Error(text.into()))
+    }
+}
+
+/// Builds the execs of one command.
+pub struct Plan {
+    queued: Vec<Queued>,
+    answers: Vec<oneshot::Receiver<Reply>>,
+}
+
+impl Plan {
+    pub fn new() -> Plan {
+        Plan { queued: Vec::new(), answers: Vec::new() }
+    }
+
+    /// Adds an exec on `shard` holding the locks of Redis keys `keys`.
+    pub fn add<F>(&mut self, shard: u32, keys: Vec<Vec<u8>>, step: F)
+    where
+        F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+    {
+        let (answer, receiver) = oneshot::channel();
+        let exec = Box::new(CommandExec { step, answer: Some(answer) });
+        self.queued.push(Queued { shard, locks: keys, exec });
+        self.answers.push(receiver);
+    }
+
+    pub fn finish(self, combine: Combine) -> Outcome {
+        Outcome::Execs { queued: self.queued, answers: self.answers, combine }
+    }
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan::new()
+    }
+}
+
+/// One exec on the shard of Redis key `key`, answering for the whole command.
+pub fn on_key<F>(db: &Db, key: &[u8], step: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+{
+    let mut plan = Plan::new();
+    plan.add(db.shard_of(key), vec![key.to_vec()], step);
+    plan.finish(Box::new(|mut replies| replies.pop().expect("one exec, one answer")))
+}
+
+/// Groups argument positions by the shard of the key at each, keeping their order.
+pub fn by_shard(db: &Db, keys: &[Vec<u8>]) -> Vec<(u32, Vec<usize>)> {
+    let mut groups: HashMap<u32, Vec<usize>> = HashMap::new();
+    let mut order = Vec::new();
+    for (at, key) in keys.iter().enumerate() {
+        let shard = db.shard_of(key);
+        groups
+            .entry(shard)
+            .or_insert_with(|| {
+                order.push(shard);
+                Vec::new()
+            })
+            .push(at);
+    }
+    order.into_iter().map(|shard| (shard, groups.remove(&shard).expect("grouped"))).collect()
+}
+
+/// The type of Redis key `key` as the shard's index knows it (no I/O).
+pub fn key_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
+    KeyType::ALL.into_iter().find(|ty| view.contains(&keyspace::meta_key(key, *ty)))
+}
+
+/// Deletes of every item of Redis key `key` of type `ty`: its meta item and, for a hash or a
+/// sorted set, each field or member (found in the index, no I/O).
+pub fn delete_ops(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Vec<BatchOp> {
+    let mut ops = vec![BatchOp::Delete { key: keyspace::meta_key(key, ty) }];
+    let ranges = match ty {
+        KeyType::String => vec![],
+        KeyType::Hash => vec![keyspace::fields_range(key)],
+        KeyType::ZSet => {
+            let prefix = keyspace::scores_prefix(key);
+            let scores = (std::ops::Bound::Included(prefix.clone()), keyspace::prefix_end(&prefix));
+            vec![keyspace::members_range(key), scores]
+        }
+    };
+    for (start, end) in ranges {
+        for item in view.keys(bound_ref(&start), bound_ref(&end), usize::MAX) {
+            ops.push(BatchOp::Delete { key: item });
+        }
+    }
+    ops
+}
+
+pub fn bound_ref(bound: &std::ops::Bound<Vec<u8>>) -> std::ops::Bound<&[u8]> {
+    bound.as_ref().map(|key| &key[..])
+}
+
+/// The value of a `Read` result holding one `Get`.
+pub fn value_of(result: Option<ReadResult>) -> Option<Vec<u8>> {
+    match result {
+        Some(ReadResult::Value(value)) => value,
+        _ => None,
+    }
+}
+
+/// The answer a program decided before its write, once the write is durable.
+pub fn answer(pending: &mut Option<Reply>) -> Next {
+    Next::Reply(pending.take().unwrap_or_else(|| Reply::error("ERR internal error: no answer")))
+}
+
+/// A step a program never asks for arrived: answer an error rather than stop the shard.
+pub fn unexpected() -> Next {
+    Next::Reply(Reply::error("ERR internal error: unexpected step"))
+}
+
+/// Refuses a Redis key copse cannot store.
+pub fn check_key(key: &[u8]) -> Result<(), Reply> {
+    if key.len() > REDIS_KEY_BYTES_MAX {
+        return Err(Reply::Error(format!(
+            "ERR key of {} bytes is too long (copse keys are at most {REDIS_KEY_BYTES_MAX} bytes)",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a string value copse cannot store.
+pub fn check_value(value: &[u8]) -> Result<(), Reply> {
+    if value.len() > copse::limits::VALUE_BYTES_MAX {
+        return Err(Reply::Error(format!(
+            "ERR string exceeds maximum allowed size ({} bytes)",
+            copse::limits::VALUE_BYTES_MAX
+        )));
+    }
+    Ok(())
+}
+
+/// Parses an integer argument as Redis does (no spaces, no "+", no leading zeros but "0").
+pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    if text.is_empty() || text.len() > 20 || text.starts_with('+') {
+        return None;
+    }
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if digits.is_empty()
+        || (digits.len() > 1 && digits.starts_with('0'))
+        || digits == "0" && text.starts_with('-')
+    {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// Parses a float argument as Redis does: finite or +/-inf, never NaN, no spaces.
+pub fn parse_f64(bytes: &[u8]) -> Option<f64> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    if text.is_empty() || text.trim() != text {
+        return None;
+    }
+    let value = match text.to_ascii_lowercase().as_str() {
+        "inf" | "+inf" | "infinity" | "+infinity" => f64::INFINITY,
+        "-inf" | "-infinity" => f64::NEG_INFINITY,
+        _ => text.parse::<f64>().ok()?,
+    };
+    (!value.is_nan()).then_some(value)
+}
+
+pub fn lowercase(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).to_ascii_lowercase()
+}
+
+/// How a command may be called (for arity checks and COMMAND INFO).
+pub struct Spec {
+    pub name: &'static str,
+    /// Redis's convention: N means exactly N arguments counting the name; -N means at least N.
+    pub arity: i32,
+    pub flags: &'static [&'static str],
+    pub first_key: i32,
+    pub last_key: i32,
+    pub key_step: i32,
+    pub group: &'static str,
+    pub summary: &'static str,
+    pub handler: Handler,
+}
+
+pub type Handler = fn(&mut Call<'_>) -> Outcome;
+
+/// A command being handled.
+pub struct Call<'a> {
+    pub server: &'a Arc<Server>,
+    pub conn: &'a mut ConnState,
+    pub args: Vec<Vec<u8>>,
+}
+
+impl Call<'_> {
+    pub fn db(&self) -> &Db {
+        &self.server.db
+    }
+
+    /// Argument `at` as lowercase text (options, subcommands).
+    pub fn word(&self, at: usize) -> String {
+        self.args.get(at).map(|arg| lowercase(arg)).unwrap_or_default()
+    }
+}
+
+/// Every command the server knows, sorted by name.
+pub fn table() -> &'static [Spec] {
+    static TABLE: std::sync::OnceLock<Vec<Spec>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut specs = Vec::new();
+        specs.extend(strings::specs());
+        specs.extend(keys::specs());
+        specs.extend(hashes::specs());
+        specs.extend(zsets::specs());
+        specs.extend(server::specs());
+        specs.sort_by_key(|spec| spec.name);
+        specs
+    })
+}
+
+pub fn find(name: &str) -> Option<&'static Spec> {
+    let table = table();
+    table.binary_search_by_key(&name, |spec| spec.name).ok().map(|at| &table[at])
+}
+
+/// Commands a client may run before AUTH when a password is set.
+const ALLOWED_BEFORE_AUTH: &[&str] = &["auth", "hello", "quit", "reset"];
+
+/// Handles one command: checks it is known, its arity and authentication, then runs it.
+pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Vec<Vec<u8>>) -> Outcome {
+    let name = lowercase(&args[0]);
+    let Some(spec) = find(&name) else {
+        return Outcome::error(unknown_command(&args));
+    };
+    let count = args.len() as i32;
+    if (spec.arity > 0 && count != spec.arity) || (spec.arity < 0 && count < -spec.arity) {
+        return Outcome::error(format!("ERR wrong number of arguments for '{name}' command"));
+    }
+    if !conn.authenticated && !ALLOWED_BEFORE_AUTH.contains(&spec.name) {
+        return Outcome::error("NOAUTH Authentication required.");
+    }
+    // Every key a command names must fit copse's keys; checked once here for all commands.
+    if spec.first_key > 0 {
+        let last = if spec.last_key < 0 { count + spec.last_key } else { spec.last_key };
+        let mut at = spec.first_key;
+        while at <= last && at < count {
+            if let Err(reply) = check_key(&args[at as usize]) {
+                return Outcome::Reply(reply);
+            }
+            at += spec.key_step.max(1);
+        }
+    }
+    server.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (spec.handler)(&mut Call { server, conn, args })
+}
+
+fn unknown_command(args: &[Vec<u8>]) -> String {
+    let mut text = format!(
+        "ERR unknown command '{}', with args beginning with: ",
+        String::from_utf8_lossy(&args[0])
+    );
+    for arg in args.iter().skip(1).take(16) {
+        text.push_str(&format!("'{}' ", String::from_utf8_lossy(arg)));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_parse_as_redis_parses_them() {
+        assert_eq!(parse_i64(b"0"), Some(0));
+        assert_eq!(parse_i64(b"-12"), Some(-12));
+        assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
+        for bad in
+            [&b""[..], b"+1", b"01", b"-0", b" 1", b"1 ", b"1.0", b"9223372036854775808", b"abc"]
+        {
+            assert_eq!(parse_i64(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn floats_parse_as_redis_parses_them() {
+        assert_eq!(parse_f64(b"1.5"), Some(1.5));
+        assert_eq!(parse_f64(b"-inf"), Some(f64::NEG_INFINITY));
+        assert_eq!(parse_f64(b"+inf"), Some(f64::INFINITY));
+        assert_eq!(parse_f64(b"1e3"), Some(1000.0));
+        for bad in [&b""[..], b"nan", b" 1", b"abc", b"1.5x"] {
+            assert_eq!(parse_f64(bad), None);
+        }
+    }
+
+    #[test]
+    fn the_command_table_is_sorted_and_every_key_position_is_consistent() {
+        let table = table();
+        assert!(table.windows(2).all(|pair| pair[0].name < pair[1].name));
+        for spec in table {
+            assert!(spec.arity != 0, "{}", spec.name);
+            assert!(
+                spec.first_key >= 0 && (spec.first_key == 0) == (spec.key_step == 0),
+                "{}",
+                spec.name
+            );
+            assert!(find(spec.name).is_some());
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! Connection and server commands: PING, ECHO, HELLO, AUTH, SELECT, QUIT, RESET, CLIENT,
+//! COMMAND, CONFIG, INFO, TIME.
+//!
+//! copse answers as a Redis 7.2 server would where clients look (`redis_version` in INFO and
+//! HELLO), so client libraries enable the features copse has; INFO has a `copse` section with
+//! the store's own figures.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{keys, lowercase, parse_i64, table, Call, Outcome, Spec, SYNTAX};
+use crate::config::PROTO_MAX_BULK_LEN_DEFAULT;
+use crate::net::Server;
+use crate::resp::{Protocol, Reply};
+
+/// The Redis version copse answers as (the command set it follows).
+pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
+
+pub fn specs() -> Vec<Spec> {
+    let spec = |name, arity, flags, summary, handler| Spec {
+        name,
+        arity,
+        flags,
+        first_key: 0,
+        last_key: 0,
+        key_step: 0,
+        group: "connection",
+        summary,
+        handler,
+    };
+    const F: &[&str] = &["fast"];
+    const A: &[&str] = &["admin"];
+    vec![
+        spec("ping", -1, F, "Returns PONG, or the argument.", ping as _),
+        spec("echo", 2, F, "Returns the argument.", echo as _),
+        spec("hello", -1, F, "Handshakes: protocol version, authentication, name.", hello as _),
+        spec("auth", -2, F, "Authenticates the connection.", auth as _),
+        spec("select", 2, F, "Selects database 0 (the only one).", select as _),
+        spec("quit", -1, F, "Closes the connection.", quit as _),
+        spec("reset", 1, F, "Resets the connection's state.", reset as _),
+        spec("client", -2, A, "Commands about client connections.", client as _),
+        spec("command", -1, F, "Returns information about commands.", command as _),
+        spec("config", -2, A, "Gets or sets settings.", config as _),
+        spec("info", -1, F, "Returns information about the server.", info as _),
+        spec("time", 1, F, "Returns the server time.", time as _),
+    ]
+}
+
+fn ping(call: &mut Call<'_>) -> Outcome {
+    match call.args.len() {
+        1 => Outcome::Reply(Reply::Simple("PONG".into())),
+        2 => Outcome::Reply(Reply::Bulk(call.args[1].clone())),
+        _ => Outcome::error("ERR wrong number of arguments for 'ping' command"),
+    }
+}
+
+fn echo(call: &mut Call<'_>) -> Outcome {
+    Outcome::Reply(Reply::Bulk(call.args[1].clone()))
+}
+
+/// Checks a password for the `default` user.
+fn check_password(server: &Server, user: &[u8], password: &[u8]) -> Result<(), Reply> {
+    let required = server.requirepass();
+    if user != b"default" || required.as_bytes() != password {
+        return Err(Reply::error("WRONGPASS invalid username-password pair or user is disabled."));
+    }
+    Ok(())
+}
+
+fn auth(call: &mut Call<'_>) -> Outcome {
+    let (user, password) = match call.args.len() {
+        2 => (&b"default"[..], &call.args[1]),
+        3 => (&call.args[1][..], &call.args[2]),
+        _ => return Outcome::error(SYNTAX),
+    };
+    if call.server.requirepass().is_empty() {
+        return Outcome::error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
+    }
+    match check_password(call.server, user, password) {
+        Ok(()) => {
+            call.conn.authenticated = true;
+            Outcome::Reply(Reply::ok())
+        }
+        Err(reply) => Outcome::Reply(reply),
+    }
+}
+
+fn hello(call: &mut Call<'_>) -> Outcome {
+    let mut protocol = call.conn.protocol;
+    let mut at = 1;
+    if let Some(version) = call.args.get(1) {
+        protocol = match parse_i64(version) {
+            Some(2) => Protocol::Resp2,
+            Some(3) => Protocol::Resp3,
+            Some(_) => return Outcome::error("NOPROTO unsupported protocol version"),
+            None => {
+                return Outcome::error("ERR Protocol version is not an integer or out of range")
+            }
+        };
+        at = 2;
+    }
+    let mut name = None;
+    while at < call.args.len() {
+        match call.word(at).as_str() {
+            "auth" if at + 2 < call.args.len() => {
+                if let Err(reply) =
+                    check_password(call.server, &call.args[at + 1], &call.args[at + 2])
+                {
+                    return Outcome::Reply(reply);
+                }
+                call.conn.authenticated = true;
+                at += 3;
+            }
+            "setname" if at + 1 < call.args.len() => {
+                name = Some(call.args[at + 1].clone());
+                at += 2;
+            }
+            option => {
+                return Outcome::error(format!("ERR Syntax error in HELLO option '{option}'"))
+            }
+        }
+    }
+    if !call.conn.authenticated {
+        return Outcome::error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+    }
+    if let Some(name) = name {
+        if let Err(reply) = set_name(call, &name) {
+            return Outcome::Reply(reply);
+        }
+    }
+    call.conn.set_protocol(protocol);
+    let text = |s: &str| Reply::Bulk(s.as_bytes().to_vec());
+    Outcome::Reply(Reply::Map(vec![
+        (text("server"), text("redis")),
+        (text("version"), text(REDIS_COMPAT_VERSION)),
+        (text("proto"), Reply::Integer(if protocol == Protocol::Resp3 { 3 } else { 2 })),
+        (text("id"), Reply::Integer(call.conn.info.id as i64)),
+        (text("mode"), text("standalone")),
+        (text("role"), text("master")),
+        (text("modules"), Reply::Array(vec![])),
+    ]))
+}
+
+fn select(call: &mut Call<'_>) -> Outcome {
+    match parse_i64(&call.args[1]) {
+        Some(0) => Outcome::Reply(Reply::ok()),
+        Some(_) => Outcome::error("ERR DB index is out of range"),
+        None => Outcome::error("ERR value is not an integer or out of range"),
+    }
+}
+
+fn quit(_call: &mut Call<'_>) -> Outcome {
+    Outcome::Close(Reply::ok())
+}
+
+fn reset(call: &mut Call<'_>) -> Outcome {
+    call.conn.set_protocol(Protocol::Resp2);
+    call.conn.authenticated = call.server.requirepass().is_empty();
+    call.conn.info.name.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
+    Outcome::Reply(Reply::Simple("RESET".into()))
+}
+
+fn set_name(call: &Call<'_>, name: &[u8]) -> Result<(), Reply> {
+    if name.iter().any(|&byte| byte <= b' ' || byte > b'~') {
+        return Err(Reply::error(
+            "ERR Client names cannot contain spaces, newlines or special characters.",
+        ));
+    }
+    *call.conn.info.name.lock().unwrap_or_else(|poison| poison.into_inner()) =
+        String::from_utf8_lossy(name).into_owned();
+    Ok(())
+}
+
+fn client(call: &mut Call<'_>) -> Outcome {
+    let server = call.server;
+    match (call.word(1).as_str(), call.args.len()) {
+        ("id", 2) => Outcome::Reply(Reply::Integer(call.conn.info.id as i64)),
+        ("setname", 3) => match set_name(call, &call.args[2].clone()) {
+            Ok(()) => Outcome::Reply(Reply::ok()),
+            Err(reply) => Outcome::Reply(reply),
+        },
+        ("getname", 2) => {
+            let name =
+                call.conn.info.name.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
+            Outcome::Reply(if name.is_empty() {
+                Reply::Null
+            } else {
+                Reply::Bulk(name.into_bytes())
+            })
+        }
+        ("list", _) => {
+            let clients: Vec<_> = server
+                .clients
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            let mut text = String::new();
+            for client in clients {
+                text.push_str(&client.describe(server.started));
+                text.push('\n');
+            }
+            Outcome::Reply(Reply::Verbatim { format: *b"txt", text: text.into_bytes() })
+        }
+        ("info", 2) => {
+            let mut text = call.conn.info.describe(server.started);
+            text.push('\n');
+            Outcome::Reply(Reply::Verbatim { format: *b"txt", text: text.into_bytes() })
+        }
+        // Client libraries announce themselves (redis-py does on connect); noted, not kept.
+        ("setinfo", 4) => Outcome::Reply(Reply::ok()),
+        (sub, _) => Outcome::error(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try CLIENT HELP."
+        )),
+    }
+}
+
+fn command_info(spec: &Spec) -> Reply {
+    let flags = spec.flags.iter().map(|flag| Reply::Simple((*flag).into())).collect();
+    Reply::Array(vec![
+        Reply::Bulk(spec.name.as_bytes().to_vec()),
+        Reply::Integer(spec.arity as i64),
+        Reply::Set(flags),
+        Reply::Integer(spec.first_key as i64),
+        Reply::Integer(spec.last_key as i64),
+        Reply::Integer(spec.key_step as i64),
+        Reply::Set(vec![]),
+        Reply::Array(vec![]),
+        Reply::Array(vec![]),
+        Reply::Array(vec![]),
+    ])
+}
+
+fn command_docs(spec: &Spec) -> Reply {
+    let text = |s: &str| Reply::Bulk(s.as_bytes().to_vec());
+    Reply::Map(vec![
+        (text("summary"), text(spec.summary)),
+        (text("since"), text("1.0.0")),
+        (text("group"), text(spec.group)),
+    ])
+}
+
+fn command(call: &mut Call<'_>) -> Outcome {
+    let specs = table();
+    let named = |at: usize| -> Vec<Option<&'static Spec>> {
+        call.args[at..].iter().map(|name| super::find(&lowercase(name))).collect()
+    };
+    match call.word(1).as_str() {
+        "" => Outcome::Reply(Reply::Array(specs.iter().map(command_info).collect())),
+        "count" => Outcome::Reply(Reply::Integer(specs.len() as i64)),
+        "info" => {
+            let chosen =
+                if call.args.len() == 2 { specs.iter().map(Some).collect() } else { named(2) };
+            Outcome::Reply(Reply::Array(
+                chosen
+                    .into_iter()
+                    .map(|spec| spec.map_or(Reply::NullArray, command_info))
+                    .collect(),
+            ))
+        }
+        "docs" => {
+            let chosen: Vec<&Spec> = if call.args.len() == 2 {
+                specs.iter().collect()
+            } else {
+                named(2).into_iter().flatten().collect()
+            };
+            Outcome::Reply(Reply::Map(
+                chosen
+                    .into_iter()
+                    .map(|spec| (Reply::Bulk(spec.name.as_bytes().to_vec()), command_docs(spec)))
+                    .collect(),
+            ))
+        }
+        "list" => Outcome::Reply(Reply::Array(
+            specs.iter().map(|spec| Reply::Bulk(spec.name.as_bytes().to_vec())).collect(),
+        )),
+        sub => Outcome::error(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try COMMAND HELP."
+        )),
+    }
+}
+
+/// The settings CONFIG GET shows, with their current values.
+fn config_values(server: &Server) -> Vec<(&'static str, String)> {
+    let settings = &server.settings;
+    vec![
+        ("bind", server.config.bind.clone()),
+        ("port", server.local_addr.port().to_string()),
+        ("dir", server.config.path.display().to_string()),
+        ("requirepass", server.requirepass()),
+        ("maxclients", settings.maxclients.load(Ordering::Relaxed).to_string()),
+        ("timeout", settings.timeout_secs.load(Ordering::Relaxed).to_string()),
+        ("proto-max-bulk-len", settings.proto_max_bulk_len.load(Ordering::Relaxed).to_string()),
+        (
+            "client-output-buffer-limit",
+            format!("normal {} 0 0", settings.client_output_bytes_max.load(Ordering::Relaxed)),
+        ),
+        // Every acknowledged write is durable without a log: there is nothing to snapshot or
+        // append, so these say what a Redis user would configure to get the same promise.
+        ("save", String::new()),
+        ("appendonly", "no".into()),
+        ("appendfsync", "always".into()),
+        ("databases", "1".into()),
+        ("io-threads", server.config.thread_count().to_string()),
+    ]
+}
+
+fn config(call: &mut Call<'_>) -> Outcome {
+    let server = call.server;
+    match call.word(1).as_str() {
+        "get" if call.args.len() >= 3 => {
+            let values = config_values(server);
+            let mut out = Vec::new();
+            for pattern in &call.args[2..] {
+                let pattern = lowercase(pattern);
+                for (name, value) in &values {
+                    if keys::glob_match(pattern.as_bytes(), name.as_bytes())
+                        && !out.iter().any(|(n, _): &(Reply, Reply)| {
+                            *n == Reply::Bulk(name.as_bytes().to_vec())
+                        })
+                    {
+                        out.push((
+                            Reply::Bulk(name.as_bytes().to_vec()),
+                            Reply::Bulk(value.clone().into_bytes()),
+                        ));
+                    }
+                }
+            }
+            Outcome::Reply(Reply::Map(out))
+        }
+        "set" if call.args.len() >= 4 && call.args.len() % 2 == 0 => {
+            // All or nothing: check every pair before applying any.
+            let mut changes: Vec<Box<dyn FnOnce(&Server)>> = Vec::new();
+            for pair in call.args[2..].chunks(2) {
+                let name = lowercase(&pair[0]);
+                let value = String::from_utf8_lossy(&pair[1]).into_owned();
+                let number = value.parse::<u64>().ok();
+                let change: Box<dyn FnOnce(&Server)> = match (name.as_str(), number) {
+                    ("requirepass", _) => Box::new(move |server: &Server| {
+                        *server.settings.requirepass.lock().unwrap_or_else(|p| p.into_inner()) = value;
+                    }),
+                    ("maxclients", Some(n)) if n >= 1 => Box::new(move |server: &Server| {
+                        server.settings.maxclients.store(n as usize, Ordering::Relaxed)
+                    }),
+                    ("timeout", Some(n)) => Box::new(move |server: &Server| {
+                        server.settings.timeout_secs.store(n, Ordering::Relaxed)
+                    }),
+                    ("proto-max-bulk-len", Some(n))
+                        if n >= 1 && n as usize <= PROTO_MAX_BULK_LEN_DEFAULT =>
+                    {
+                        Box::new(move |server: &Server| {
+                            server.settings.proto_max_bulk_len.store(n as usize, Ordering::Relaxed)
+                        })
+                    }
+                    ("maxclients" | "timeout" | "proto-max-bulk-len", _) => {
+                        return Outcome::error(format!(
+                            "ERR CONFIG SET failed (possibly related to argument '{name}') - argument couldn't be parsed into an integer or is out of range"
+                        ))
+                    }
+                    _ => {
+                        return Outcome::error(format!(
+                            "ERR Unknown option or number of arguments for CONFIG SET - '{name}'"
+                        ))
+                    }
+                };
+                changes.push(change);
+            }
+            for change in changes {
+                change(server);
+            }
+            Outcome::Reply(Reply::ok())
+        }
+        "resetstat" if call.args.len() == 2 => {
+            server.stats.commands.store(0, Ordering::Relaxed);
+            server.stats.connections_received.store(0, Ordering::Relaxed);
+            server.stats.rejected_connections.store(0, Ordering::Relaxed);
+            server.stats.protocol_errors.store(0, Ordering::Relaxed);
+            Outcome::Reply(Reply::ok())
+        }
+        sub => Outcome::error(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try CONFIG HELP."
+        )),
+    }
+}
+
+fn time(_call: &mut Call<'_>) -> Outcome {
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Outcome::Reply(Reply::Array(vec![
+        Reply::Bulk(now.as_secs().to_string().into_bytes()),
+        Reply::Bulk(now.subsec_micros().to_string().into_bytes()),
+    ]))
+}
+
+/// Bytes of resident memory (VmRSS), 0 where /proc is absent.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn capitalize(word: &str) -> String {
+    let mut chars = word.chars();
+    chars.next().map_or_else(String::new, |first| first.to_uppercase().chain(chars).collect())
+}
+
+const INFO_SECTIONS: &[&str] =
+    &["server", "clients", "memory", "persistence", "stats", "keyspace", "copse"];
+
+fn info(call: &mut Call<'_>) -> Outcome {
+    let mut wanted: Vec<String> = call.args[1..].iter().map(|arg| lowercase(arg)).collect();
+    if wanted.is_empty() || wanted.iter().any(|s| s == "all" || s == "everything" || s == "default")
+    {
+        wanted = INFO_SECTIONS.iter().map(|s| s.to_string()).collect();
+    }
+    let server = call.server.clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let text = info_text(&server, &wanted).await;
+        Reply::Verbatim { format: *b"txt", text: text.into_bytes() }
+    }))
+}
+
+pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
+    let stats = &server.stats;
+    let store = server.db.stats_async().await.ok();
+    let keys = keys::key_count(&server.db).await.unwrap_or(0);
+    let mut out = String::new();
+    for section in INFO_SECTIONS.iter().filter(|s| wanted.iter().any(|w| w == *s)) {
+        if !out.is_empty() {
+            out.push_str("\r\n");
+        }
+        let title = if *section == "copse" { "Copse".to_string() } else { capitalize(section) };
+        let _ = write!(out, "# {title}\r\n");
+        let mut line = |name: &str, value: &dyn std::fmt::Display| {
+            let _ = write!(out, "{name}:{value}\r\n");
+        };
+        match *section {
+            "server" => {
+                line("redis_version", &REDIS_COMPAT_VERSION);
+                line("copse_version", &env!("CARGO_PKG_VERSION"));
+                line("redis_mode", &"standalone");
+                line("os", &std::env::consts::OS);
+                line("arch_bits", &64);
+                line("multiplexing_api", &"epoll");
+                line("process_id", &std::process::id());
+                line("run_id", &server.run_id);
+                line("tcp_port", &server.local_addr.port());
+                line("uptime_in_seconds", &server.started.elapsed().as_secs());
+                line("uptime_in_days", &(server.started.elapsed().as_secs() / 86_400));
+                line("io_threads_active", &server.config.thread_count());
+            }
+            "clients" => {
+                line("connected_clients", &stats.connected_clients.load(Ordering::Relaxed));
+                line("maxclients", &server.settings.maxclients.load(Ordering::Relaxed));
+                line("blocked_clients", &0);
+            }
+            "memory" => {
+                let rss = rss_bytes();
+                line("used_memory", &rss);
+                line("used_memory_rss", &rss);
+                if let Some(store) = &store {
+                    line("copse_index_bytes", &store.index_bytes);
+                    let cache: u64 =
+                        store.shards.iter().map(|s| s.cache_capacity_pages * 4096).sum();
+                    line("copse_cache_bytes_max", &cache);
+                }
+            }
+            "persistence" => {
+                line("loading", &0);
+                line("aof_enabled", &0);
+                line("rdb_changes_since_last_save", &0);
+                line("copse_durability", &server.config.durability);
+                line("copse_store_dir", &server.config.path.display());
+            }
+            "stats" => {
+                line(
+                    "total_connections_received",
+                    &stats.connections_received.load(Ordering::Relaxed),
+                );
+                line("total_commands_processed", &stats.commands.load(Ordering::Relaxed));
+                line("total_net_input_bytes", &stats.net_input_bytes.load(Ordering::Relaxed));
+                line("total_net_output_bytes", &stats.net_output_bytes.load(Ordering::Relaxed));
+                line("rejected_connections", &stats.rejected_connections.load(Ordering::Relaxed));
+                line("total_error_replies", &0);
+                line("copse_protocol_errors", &stats.protocol_errors.load(Ordering::Relaxed));
+                line(
+                    "copse_output_limit_closes",
+                    &stats.output_limit_closes.load(Ordering::Relaxed),
+                );
+                if let Some(store) = &store {
+                    let hits: u64 = store.shards.iter().map(|s| s.cache_hits).sum();
+                    let misses: u64 = store.shards.iter().map(|s| s.cache_misses).sum();
+                    line("keyspace_hits", &hits);
+                    line("keyspace_misses", &misses);
+                }
+            }
+            "keyspace" => {
+                if keys > 0 {
+                    line("db0", &format!("keys={keys},expires=0,avg_ttl=0"));
+                }
+            }
+            "copse" => {
+                line("shards", &server.db.shard_count());
+                let depths = server.db.queue_depths();
+                line(
+                    "shard_queue_depths",
+                    &depths.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
+                );
+                if let Some(store) = &store {
+                    line("items", &store.items);
+                    line("file_bytes", &store.file_bytes);
+                    line("index_bytes_per_item", &format!("{:.1}", store.index_bytes_per_item));
+                    line("cache_hit_rate", &format!("{:.4}", store.cache_hit_rate));
+                    let reads: u64 = store.shards.iter().map(|s| s.device.reads).sum();
+                    let writes: u64 = store.shards.iter().map(|s| s.device.writes).sum();
+                    let flushes: u64 = store.shards.iter().map(|s| s.device.flushes).sum();
+                    line("device_reads", &reads);
+                    line("device_writes", &writes);
+                    line("device_flushes", &flushes);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}

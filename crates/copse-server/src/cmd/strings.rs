@@ -1,0 +1,564 @@
+//! String commands. A string is its meta item: the value is stored there, so a GET is one read
+//! and a SET one write. Every read-modify-write (INCR, APPEND, SETRANGE, GETSET, ...) is one
+//! exec holding the key's lock, so it is atomic and ordered with every other command on the key.
+
+use copse::engine::BatchOp;
+use copse::shard::exec::{ExecView, ReadOp};
+
+use super::{
+    answer, by_shard, check_value, delete_ops, key_type, on_key, parse_f64, parse_i64, unexpected,
+    value_of, Call, Input, Next, Outcome, Plan, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX, WRONGTYPE,
+};
+use crate::keyspace::{meta_key, KeyType};
+use crate::resp::{format_double, Reply};
+
+pub fn specs() -> Vec<Spec> {
+    let spec = |name, arity, flags, first_key, last_key, key_step, summary, handler| Spec {
+        name,
+        arity,
+        flags,
+        first_key,
+        last_key,
+        key_step,
+        group: "string",
+        summary,
+        handler,
+    };
+    const W: &[&str] = &["write"];
+    const R: &[&str] = &["readonly", "fast"];
+    vec![
+        spec("get", 2, R, 1, 1, 1, "Returns the string value of a key.", get as _),
+        spec("set", -3, W, 1, 1, 1, "Sets the string value of a key.", set as _),
+        spec("setnx", 3, W, 1, 1, 1, "Sets a key's value only if it does not exist.", setnx as _),
+        spec("getset", 3, W, 1, 1, 1, "Sets a key's value and returns the old one.", getset as _),
+        spec("getdel", 2, W, 1, 1, 1, "Returns a key's value and deletes the key.", getdel as _),
+        spec("mget", -2, R, 1, -1, 1, "Returns the values of several keys.", mget as _),
+        spec("mset", -3, W, 1, -1, 2, "Sets several keys.", mset as _),
+        spec("msetnx", -3, W, 1, -1, 2, "Sets several keys if none exists.", msetnx as _),
+        spec("strlen", 2, R, 1, 1, 1, "Returns the length of a string value.", strlen as _),
+        spec("append", 3, W, 1, 1, 1, "Appends to a string value.", append as _),
+        spec("getrange", 4, R, 1, 1, 1, "Returns a substring of a string value.", getrange as _),
+        spec("setrange", 4, W, 1, 1, 1, "Overwrites part of a string value.", setrange as _),
+        spec("incr", 2, W, 1, 1, 1, "Increments an integer value by one.", incr as _),
+        spec("decr", 2, W, 1, 1, 1, "Decrements an integer value by one.", decr as _),
+        spec("incrby", 3, W, 1, 1, 1, "Increments an integer value.", incrby as _),
+        spec("decrby", 3, W, 1, 1, 1, "Decrements an integer value.", decrby as _),
+        spec("incrbyfloat", 3, W, 1, 1, 1, "Increments a float value.", incrbyfloat as _),
+    ]
+}
+
+/// Reads a string key: `done` gets its value (None if the key does not exist) and decides.
+/// Any other type answers WRONGTYPE.
+fn with_string<F>(call: &Call<'_>, mut done: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, Option<Vec<u8>>) -> Next + Send + 'static,
+{
+    let key = call.args[1].clone();
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => match key_type(view, &key) {
+            Some(KeyType::String) => Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))]),
+            Some(_) => Next::Reply(Reply::error(WRONGTYPE)),
+            None => done(view, None),
+        },
+        Input::Read(mut results) => match value_of(results.pop()) {
+            Some(value) => done(view, Some(value)),
+            // Deleted between the index lookup and the read: impossible under the key's lock
+            // unless someone wrote the key space outside execs.
+            None => done(view, None),
+        },
+        Input::Written => unexpected(),
+    })
+}
+
+/// Writes `value` as string `key`, replacing whatever type the key held, then answers `reply`.
+fn put_string(view: &ExecView<'_>, key: &[u8], value: Vec<u8>) -> Vec<BatchOp> {
+    let mut ops = Vec::new();
+    if let Some(ty) = key_type(view, key) {
+        if ty != KeyType::String {
+            ops = delete_ops(view, key, ty);
+        }
+    }
+    ops.push(BatchOp::Put { key: meta_key(key, KeyType::String), value });
+    ops
+}
+
+/// A write step whose answer is fixed in advance.
+fn write_then(ops: Vec<BatchOp>, reply: Reply, pending: &mut Option<Reply>) -> Next {
+    *pending = Some(reply);
+    Next::Write(ops)
+}
+
+fn get(call: &mut Call<'_>) -> Outcome {
+    with_string(call, |_, value| Next::Reply(value.map_or(Reply::Null, Reply::Bulk)))
+}
+
+#[derive(Default)]
+struct SetOptions {
+    nx: bool,
+    xx: bool,
+    get: bool,
+}
+
+fn set(call: &mut Call<'_>) -> Outcome {
+    let mut options = SetOptions::default();
+    for at in 3..call.args.len() {
+        match call.word(at).as_str() {
+            "nx" if !options.xx => options.nx = true,
+            "xx" if !options.nx => options.xx = true,
+            "get" => options.get = true,
+            // Keys never expire in copse yet, so keeping the TTL keeps "none".
+            "keepttl" => {}
+            word @ ("ex" | "px" | "exat" | "pxat") => {
+                return Outcome::error(format!(
+                    "ERR key expiry ({}) is not supported yet by copse; the key was not set",
+                    word.to_uppercase()
+                ))
+            }
+            _ => return Outcome::error(SYNTAX),
+        }
+    }
+    let value = call.args[2].clone();
+    if let Err(reply) = check_value(&value) {
+        return Outcome::Reply(reply);
+    }
+    set_with(call, value, options, SetAnswer::Plain)
+}
+
+enum SetAnswer {
+    /// OK, or nil when NX/XX stopped it (with GET: the old value).
+    Plain,
+    /// SETNX: 1 if set, else 0.
+    Flag,
+}
+
+fn set_with(call: &Call<'_>, value: Vec<u8>, options: SetOptions, kind: SetAnswer) -> Outcome {
+    let key = call.args[1].clone();
+    let mut value = Some(value);
+    let mut pending = None;
+    on_key(call.db(), &key.clone(), move |view, input| {
+        let existing = key_type(view, &key);
+        match input {
+            Input::Start => {
+                if options.get && existing.is_some_and(|ty| ty != KeyType::String) {
+                    return Next::Reply(Reply::error(WRONGTYPE));
+                }
+                if options.get && existing == Some(KeyType::String) {
+                    return Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))]);
+                }
+                decide(view, &key, existing, None, &options, &kind, &mut value, &mut pending)
+            }
+            Input::Read(mut results) => {
+                let old = value_of(results.pop());
+                decide(view, &key, existing, old, &options, &kind, &mut value, &mut pending)
+            }
+            Input::Written => answer(&mut pending),
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decide(
+    view: &ExecView<'_>,
+    key: &[u8],
+    existing: Option<KeyType>,
+    old: Option<Vec<u8>>,
+    options: &SetOptions,
+    answer: &SetAnswer,
+    value: &mut Option<Vec<u8>>,
+    pending: &mut Option<Reply>,
+) -> Next {
+    let blocked = (options.nx && existing.is_some()) || (options.xx && existing.is_none());
+    let (done, skipped) = match answer {
+        SetAnswer::Flag => (Reply::Integer(1), Reply::Integer(0)),
+        SetAnswer::Plain if options.get => {
+            let old = old.map_or(Reply::Null, Reply::Bulk);
+            (old.clone(), old)
+        }
+        SetAnswer::Plain => (Reply::ok(), Reply::Null),
+    };
+    if blocked {
+        return Next::Reply(skipped);
+    }
+    let ops = put_string(view, key, value.take().expect("a set writes once"));
+    write_then(ops, done, pending)
+}
+
+fn setnx(call: &mut Call<'_>) -> Outcome {
+    let value = call.args[2].clone();
+    if let Err(reply) = check_value(&value) {
+        return Outcome::Reply(reply);
+    }
+    let options = SetOptions { nx: true, ..SetOptions::default() };
+    set_with(call, value, options, SetAnswer::Flag)
+}
+
+fn getset(call: &mut Call<'_>) -> Outcome {
+    let value = call.args[2].clone();
+    if let Err(reply) = check_value(&value) {
+        return Outcome::Reply(reply);
+    }
+    let options = SetOptions { get: true, ..SetOptions::default() };
+    set_with(call, value, options, SetAnswer::Plain)
+}
+
+fn getdel(call: &mut Call<'_>) -> Outcome {
+    let key = call.args[1].clone();
+    let mut pending = None;
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => match key_type(view, &key) {
+            Some(KeyType::String) => Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))]),
+            Some(_) => Next::Reply(Reply::error(WRONGTYPE)),
+            None => Next::Reply(Reply::Null),
+        },
+        Input::Read(mut results) => match value_of(results.pop()) {
+            Some(value) => write_then(
+                vec![BatchOp::Delete { key: meta_key(&key, KeyType::String) }],
+                Reply::Bulk(value),
+                &mut pending,
+            ),
+            None => Next::Reply(Reply::Null),
+        },
+        Input::Written => answer(&mut pending),
+    })
+}
+
+fn mget(call: &mut Call<'_>) -> Outcome {
+    let keys: Vec<Vec<u8>> = call.args[1..].to_vec();
+    let groups = by_shard(call.db(), &keys);
+    let mut plan = Plan::new();
+    let mut positions = Vec::new();
+    for (shard, at) in groups {
+        let group: Vec<Vec<u8>> = at.iter().map(|&i| keys[i].clone()).collect();
+        positions.push(at);
+        let mut reads_of = Vec::new();
+        plan.add(shard, group.clone(), move |view, input| match input {
+            Input::Start => {
+                // MGET answers nil for a key of another type.
+                reads_of = group
+                    .iter()
+                    .map(|key| key_type(view, key) == Some(KeyType::String))
+                    .collect::<Vec<bool>>();
+                let reads = group
+                    .iter()
+                    .zip(&reads_of)
+                    .filter(|(_, read)| **read)
+                    .map(|(key, _)| ReadOp::Get(meta_key(key, KeyType::String)))
+                    .collect();
+                Next::Read(reads)
+            }
+            Input::Read(results) => {
+                let mut results = results.into_iter();
+                let replies = reads_of
+                    .iter()
+                    .map(|read| {
+                        if *read {
+                            value_of(results.next()).map_or(Reply::Null, Reply::Bulk)
+                        } else {
+                            Reply::Null
+                        }
+                    })
+                    .collect();
+                Next::Reply(Reply::Array(replies))
+            }
+            Input::Written => unexpected(),
+        });
+    }
+    let count = keys.len();
+    plan.finish(Box::new(move |replies| {
+        let mut out = vec![Reply::Null; count];
+        for (reply, at) in replies.into_iter().zip(positions) {
+            match reply {
+                Reply::Array(values) => {
+                    for (value, i) in values.into_iter().zip(at) {
+                        out[i] = value;
+                    }
+                }
+                error => return error,
+            }
+        }
+        Reply::Array(out)
+    }))
+}
+
+/// The (key, value) pairs of MSET/MSETNX, or the syntax error.
+fn pairs(call: &Call<'_>) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Outcome> {
+    if call.args.len() % 2 != 1 {
+        let name = call.word(0);
+        return Err(Outcome::error(format!("ERR wrong number of arguments for '{name}' command")));
+    }
+    let mut pairs = Vec::new();
+    for pair in call.args[1..].chunks(2) {
+        if let Err(reply) = check_value(&pair[1]) {
+            return Err(Outcome::Reply(reply));
+        }
+        pairs.push((pair[0].clone(), pair[1].clone()));
+    }
+    Ok(pairs)
+}
+
+/// MSET: one all-or-nothing batch per shard. Across shards the parts are applied independently
+/// until cross-shard batches exist (docs/server.md says so).
+fn mset(call: &mut Call<'_>) -> Outcome {
+    let pairs = match pairs(call) {
+        Ok(pairs) => pairs,
+        Err(outcome) => return outcome,
+    };
+    mset_plan(call, pairs, false)
+}
+
+/// MSETNX: sets nothing if any key exists. Atomic when all keys are in one shard; across
+/// shards, each shard checks and sets its own keys (docs/server.md).
+fn msetnx(call: &mut Call<'_>) -> Outcome {
+    let pairs = match pairs(call) {
+        Ok(pairs) => pairs,
+        Err(outcome) => return outcome,
+    };
+    let db = call.db().clone();
+    let keys: Vec<Vec<u8>> = pairs.iter().map(|(key, _)| key.clone()).collect();
+    // First ask every shard whether any key exists (after this connection's earlier commands),
+    // then set.
+    Outcome::AfterPending(Box::pin(async move {
+        let exists = super::keys::count_existing(&db, &keys).await;
+        match exists {
+            Ok(0) => {}
+            Ok(_) => return Reply::Integer(0),
+            Err(reply) => return reply,
+        }
+        let outcome = mset_plan_on(&db, pairs, true);
+        match crate::net::run_outcome(&db, outcome).await {
+            Reply::Simple(_) => Reply::Integer(1),
+            Reply::Integer(0) => Reply::Integer(0),
+            other => other,
+        }
+    }))
+}
+
+fn mset_plan(call: &Call<'_>, pairs: Vec<(Vec<u8>, Vec<u8>)>, only_new: bool) -> Outcome {
+    mset_plan_on(call.db(), pairs, only_new)
+}
+
+fn mset_plan_on(db: &copse::Db, pairs: Vec<(Vec<u8>, Vec<u8>)>, only_new: bool) -> Outcome {
+    let keys: Vec<Vec<u8>> = pairs.iter().map(|(key, _)| key.clone()).collect();
+    let mut plan = Plan::new();
+    for (shard, at) in by_shard(db, &keys) {
+        // The last value of a key named twice wins, as in Redis.
+        let mut group: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        for i in at {
+            let (key, value) = pairs[i].clone();
+            group.retain(|(other, _)| *other != key);
+            group.push((key, value));
+        }
+        let locks = group.iter().map(|(key, _)| key.clone()).collect();
+        let mut group = Some(group);
+        plan.add(shard, locks, move |view, input| match input {
+            Input::Start => {
+                let group = group.take().expect("a part writes once");
+                if only_new && group.iter().any(|(key, _)| key_type(view, key).is_some()) {
+                    return Next::Reply(Reply::Integer(0));
+                }
+                let mut ops = Vec::new();
+                for (key, value) in group {
+                    ops.extend(put_string(view, &key, value));
+                }
+                Next::Write(ops)
+            }
+            Input::Written => Next::Reply(Reply::ok()),
+            Input::Read(_) => unexpected(),
+        });
+    }
+    plan.finish(Box::new(|replies| {
+        replies
+            .into_iter()
+            .find(|reply| !matches!(reply, Reply::Simple(_)))
+            .unwrap_or_else(Reply::ok)
+    }))
+}
+
+fn strlen(call: &mut Call<'_>) -> Outcome {
+    with_string(call, |_, value| Next::Reply(Reply::Integer(value.map_or(0, |v| v.len() as i64))))
+}
+
+/// Modifies a string: `change` maps the old value (empty if missing) to the new value and the
+/// answer, or to an error answer that changes nothing.
+fn modify<F>(call: &Call<'_>, mut change: F) -> Outcome
+where
+    F: FnMut(Option<Vec<u8>>) -> Result<(Vec<u8>, Reply), Reply> + Send + 'static,
+{
+    let key = call.args[1].clone();
+    let mut pending = None;
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => match key_type(view, &key) {
+            Some(KeyType::String) => Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))]),
+            Some(_) => Next::Reply(Reply::error(WRONGTYPE)),
+            None => match change(None) {
+                Ok((value, reply)) => write_then(
+                    vec![BatchOp::Put { key: meta_key(&key, KeyType::String), value }],
+                    reply,
+                    &mut pending,
+                ),
+                Err(reply) => Next::Reply(reply),
+            },
+        },
+        Input::Read(mut results) => match change(value_of(results.pop())) {
+            Ok((value, reply)) => write_then(
+                vec![BatchOp::Put { key: meta_key(&key, KeyType::String), value }],
+                reply,
+                &mut pending,
+            ),
+            Err(reply) => Next::Reply(reply),
+        },
+        Input::Written => answer(&mut pending),
+    })
+}
+
+fn append(call: &mut Call<'_>) -> Outcome {
+    let tail = call.args[2].clone();
+    modify(call, move |old| {
+        let mut value = old.unwrap_or_default();
+        value.extend_from_slice(&tail);
+        check_value(&value)?;
+        let length = value.len() as i64;
+        Ok((value, Reply::Integer(length)))
+    })
+}
+
+/// Redis's GETRANGE index arithmetic: negative indices count from the end, both ends inclusive.
+fn substring(value: &[u8], start: i64, end: i64) -> &[u8] {
+    let length = value.len() as i64;
+    if length == 0 {
+        return &[];
+    }
+    let start = if start < 0 { (length + start).max(0) } else { start };
+    let end = if end < 0 { (length + end).max(0) } else { end.min(length - 1) };
+    if start > end || start >= length {
+        return &[];
+    }
+    &value[start as usize..=end as usize]
+}
+
+fn getrange(call: &mut Call<'_>) -> Outcome {
+    let (Some(start), Some(end)) = (parse_i64(&call.args[2]), parse_i64(&call.args[3])) else {
+        return Outcome::error(NOT_INTEGER);
+    };
+    with_string(call, move |_, value| {
+        let value = value.unwrap_or_default();
+        Next::Reply(Reply::Bulk(substring(&value, start, end).to_vec()))
+    })
+}
+
+fn setrange(call: &mut Call<'_>) -> Outcome {
+    let Some(offset) = parse_i64(&call.args[2]) else {
+        return Outcome::error(NOT_INTEGER);
+    };
+    if offset < 0 {
+        return Outcome::error("ERR offset is out of range");
+    }
+    let patch = call.args[3].clone();
+    let end = (offset as u64).saturating_add(patch.len() as u64);
+    if end > copse::limits::VALUE_BYTES_MAX as u64 {
+        return Outcome::error(format!(
+            "ERR string exceeds maximum allowed size ({} bytes)",
+            copse::limits::VALUE_BYTES_MAX
+        ));
+    }
+    let key = call.args[1].clone();
+    let mut pending = None;
+    on_key(call.db(), &key.clone(), move |view, input| {
+        let apply = |old: Option<Vec<u8>>, pending: &mut Option<Reply>| {
+            let mut value = old.unwrap_or_default();
+            if patch.is_empty() {
+                // Redis: an empty patch changes nothing and creates no key.
+                return Next::Reply(Reply::Integer(value.len() as i64));
+            }
+            let end = end as usize;
+            if value.len() < end {
+                value.resize(end, 0);
+            }
+            value[offset as usize..end].copy_from_slice(&patch);
+            let length = value.len() as i64;
+            let ops = vec![BatchOp::Put { key: meta_key(&key, KeyType::String), value }];
+            write_then(ops, Reply::Integer(length), pending)
+        };
+        match input {
+            Input::Start => match key_type(view, &key) {
+                Some(KeyType::String) => {
+                    Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))])
+                }
+                Some(_) => Next::Reply(Reply::error(WRONGTYPE)),
+                None => apply(None, &mut pending),
+            },
+            Input::Read(mut results) => apply(value_of(results.pop()), &mut pending),
+            Input::Written => answer(&mut pending),
+        }
+    })
+}
+
+fn add_integer(call: &Call<'_>, by: i64) -> Outcome {
+    modify(call, move |old| {
+        let current = match old {
+            None => 0,
+            Some(bytes) => parse_i64(&bytes).ok_or_else(|| Reply::error(NOT_INTEGER))?,
+        };
+        let next = current
+            .checked_add(by)
+            .ok_or_else(|| Reply::error("ERR increment or decrement would overflow"))?;
+        Ok((next.to_string().into_bytes(), Reply::Integer(next)))
+    })
+}
+
+fn incr(call: &mut Call<'_>) -> Outcome {
+    add_integer(call, 1)
+}
+
+fn decr(call: &mut Call<'_>) -> Outcome {
+    add_integer(call, -1)
+}
+
+fn incrby(call: &mut Call<'_>) -> Outcome {
+    match parse_i64(&call.args[2]) {
+        Some(by) => add_integer(call, by),
+        None => Outcome::error(NOT_INTEGER),
+    }
+}
+
+fn decrby(call: &mut Call<'_>) -> Outcome {
+    match parse_i64(&call.args[2]).and_then(i64::checked_neg) {
+        Some(by) => add_integer(call, by),
+        None => Outcome::error(NOT_INTEGER),
+    }
+}
+
+fn incrbyfloat(call: &mut Call<'_>) -> Outcome {
+    let Some(by) = parse_f64(&call.args[2]) else {
+        return Outcome::error(NOT_FLOAT);
+    };
+    modify(call, move |old| {
+        let current = match old {
+            None => 0.0,
+            Some(bytes) => parse_f64(&bytes).ok_or_else(|| Reply::error(NOT_FLOAT))?,
+        };
+        let next = current + by;
+        if !next.is_finite() {
+            return Err(Reply::error("ERR increment would produce NaN or Infinity"));
+        }
+        let text = format_double(next).into_bytes();
+        Ok((text.clone(), Reply::Bulk(text)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::substring;
+
+    #[test]
+    fn substrings_follow_redis_index_rules() {
+        let value = b"This is a string";
+        assert_eq!(substring(value, 0, 3), b"This");
+        assert_eq!(substring(value, -3, -1), b"ing");
+        assert_eq!(substring(value, 0, -1), value);
+        assert_eq!(substring(value, 10, 100), b"string");
+        assert_eq!(substring(value, 5, 3), b"");
+        assert_eq!(substring(b"", 0, -1), b"");
+        assert_eq!(substring(value, -100, 3), b"This");
+    }
+}

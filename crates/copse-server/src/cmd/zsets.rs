@@ -1,0 +1,7 @@
+//! Sorted set commands (filled in next).
+
+use super::Spec;
+
+pub fn specs() -> Vec<Spec> {
+    vec![]
+}

@@ -1,0 +1,171 @@
+//! The server's settings: defaults, a TOML file (`--config FILE`), then command-line flags, each
+//! overriding the one before. Every setting is documented in docs/server.md, and
+//! `copse.example.toml` at the repository root lists them all.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Redis's default for `maxclients`.
+pub const MAXCLIENTS_DEFAULT: usize = 10_000;
+/// Arguments in one multibulk request (Redis: 1024 × 1024).
+pub const MULTIBULK_ARGS_MAX: usize = 1024 * 1024;
+/// Bytes of one inline request line, or of a `*`/`$` header line (Redis: 64 KiB).
+pub const INLINE_BYTES_MAX: usize = 64 * 1024;
+/// Bytes of one bulk argument (Redis's `proto-max-bulk-len`): the largest value copse stores,
+/// plus room for nothing else, so a too-large value is refused before it is read.
+pub const PROTO_MAX_BULK_LEN_DEFAULT: usize = copse::limits::VALUE_BYTES_MAX;
+/// Bytes of replies a client may have waiting before the server closes it (Redis's
+/// `client-output-buffer-limit` for normal clients is unlimited; copse bounds it).
+pub const CLIENT_OUTPUT_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// Bytes of requests a connection reads before it stops reading and answers what it has
+/// (bounds one connection's input buffer; a request larger than this is still read whole).
+pub const CLIENT_INPUT_CHUNK_BYTES: usize = 64 * 1024;
+/// Commands of one pipeline handed to the shards together before their replies are written.
+pub const PIPELINE_COMMANDS_MAX: usize = 1024;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Store directory.
+    pub path: PathBuf,
+    pub bind: String,
+    pub port: u16,
+    /// Network threads (event loops); 0 means one per core.
+    pub threads: usize,
+    /// Shards of a new store; 0 means one per core (an existing store keeps its count).
+    pub shards: usize,
+    pub cache_mb: usize,
+    /// "flush-per-round" (default) or "dsync": see docs/durability.md.
+    pub durability: String,
+    /// "auto", "uring" or "sync".
+    pub backend: String,
+    /// Password for AUTH; empty means none.
+    pub requirepass: String,
+    pub maxclients: usize,
+    /// Close a client idle this many seconds; 0 never.
+    pub timeout_secs: u64,
+    pub proto_max_bulk_len: usize,
+    pub client_output_bytes_max: usize,
+    /// Port of the Prometheus text endpoint on `bind`; 0 for none.
+    pub metrics_port: u16,
+    /// Log filter (as COPSE_LOG / RUST_LOG): "info", "copse_server=debug", ...
+    pub log: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            path: PathBuf::from("./data"),
+            bind: "127.0.0.1".into(),
+            port: 6380,
+            threads: 0,
+            shards: 0,
+            cache_mb: copse::limits::CACHE_BYTES_DEFAULT / (1024 * 1024),
+            durability: "flush-per-round".into(),
+            backend: "auto".into(),
+            requirepass: String::new(),
+            maxclients: MAXCLIENTS_DEFAULT,
+            timeout_secs: 0,
+            proto_max_bulk_len: PROTO_MAX_BULK_LEN_DEFAULT,
+            client_output_bytes_max: CLIENT_OUTPUT_BYTES_MAX_DEFAULT,
+            metrics_port: 0,
+            log: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("config file {path}: {error}")]
+    Parse { path: String, error: String },
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+}
+
+impl ServerConfig {
+    pub fn from_file(path: &std::path::Path) -> Result<ServerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| ConfigError::Read { path: path.display().to_string(), error })?;
+        toml::from_str(&text).map_err(|error| ConfigError::Parse {
+            path: path.display().to_string(),
+            error: error.to_string(),
+        })
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.proto_max_bulk_len == 0 || self.proto_max_bulk_len > PROTO_MAX_BULK_LEN_DEFAULT {
+            return Err(ConfigError::Invalid(format!(
+                "proto_max_bulk_len must be 1 to {PROTO_MAX_BULK_LEN_DEFAULT} (copse's largest value)"
+            )));
+        }
+        if self.maxclients == 0 {
+            return Err(ConfigError::Invalid("maxclients must be at least 1".into()));
+        }
+        self.store_options()?;
+        Ok(())
+    }
+
+    pub fn thread_count(&self) -> usize {
+        if self.threads > 0 {
+            self.threads
+        } else {
+            std::thread::available_parallelism().map_or(1, |cores| cores.get())
+        }
+    }
+
+    /// The store's options from these settings.
+    pub fn store_options(&self) -> Result<copse::Options, ConfigError> {
+        let mut options = copse::Options::default();
+        if self.shards > 0 {
+            options.shards = self.shards;
+        } else if let Ok(Some(existing)) = copse::router::manifest::read_shard_count(&self.path) {
+            options.shards = existing as usize;
+        }
+        options.cache_bytes = self.cache_mb.saturating_mul(1024 * 1024);
+        options.durability = match self.durability.as_str() {
+            "flush-per-round" => copse::WriteDurability::FlushPerRound,
+            "dsync" => copse::WriteDurability::Dsync,
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "durability {other:?} (expected flush-per-round or dsync)"
+                )))
+            }
+        };
+        options.backend = match self.backend.as_str() {
+            "auto" => copse::Backend::Auto,
+            "uring" => copse::Backend::Uring,
+            "sync" => copse::Backend::Sync,
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "backend {other:?} (expected auto, uring or sync)"
+                )))
+            }
+        };
+        Ok(options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_toml_file_overrides_defaults_and_unknown_settings_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("copse.toml");
+        std::fs::write(&file, "port = 7000\nrequirepass = \"secret\"\ntimeout_secs = 5\n").unwrap();
+        let config = ServerConfig::from_file(&file).unwrap();
+        assert_eq!(
+            (config.port, config.requirepass.as_str(), config.timeout_secs),
+            (7000, "secret", 5)
+        );
+        assert_eq!(config.bind, "127.0.0.1", "unset settings keep their defaults");
+        std::fs::write(&file, "prot = 7000\n").unwrap();
+        assert!(matches!(ServerConfig::from_file(&file), Err(ConfigError::Parse { .. })));
+        let bad = ServerConfig { durability: "sometimes".into(), ..ServerConfig::default() };
+        assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
+    }
+}

@@ -1,0 +1,292 @@
+//! How Redis data lives in copse's ordered key space. The byte-level spec, with worked examples,
+//! is docs/format/redis-keyspace.md; this file and that one change together.
+//!
+//! Every Redis key `K` has one meta item whose item key says its type, so that a command learns a
+//! key's type from the shard's index alone, with no I/O. Hashes and sorted sets keep one item per
+//! field or member (as Kvrocks does over RocksDB), never one big value, so a large hash stays
+//! cheap to update. Every item of `K` is routed to the shard of `K` (execs run there), so one
+//! exec can change all of them atomically.
+//!
+//! ```text
+//! meta     'm' scan_hash(K):u64be K type      -> string: the value; hash, zset: empty
+//! field    'h' len(K):u32be K scan_hash(F):u64be F   -> the field's value
+//! member   'z' len(K):u32be K 'm' M           -> score: f64 bits, u64be
+//! by score 'z' len(K):u32be K 's' sortable(score):u64be M   -> empty
+//! ```
+//!
+//! Meta items and fields are ordered by a 64-bit hash (`scan_hash`) so that a SCAN or HSCAN cursor
+//! is a plain integer, as Redis clients expect: the cursor is the hash to continue from.
+
+use std::ops::Bound;
+
+use copse::limits::KEY_BYTES_MAX;
+
+/// The byte that starts each kind of item. persisted: never renumber
+pub const TAG_META: u8 = b'm';
+pub const TAG_FIELD: u8 = b'h';
+pub const TAG_ZSET: u8 = b'z';
+/// Sub-tags of a sorted set's items. persisted: never renumber
+pub const ZSET_MEMBER: u8 = b'm';
+pub const ZSET_SCORE: u8 = b's';
+
+/// Bytes the meta item adds around a Redis key: tag, hash, type.
+pub const META_OVERHEAD_BYTES: usize = 1 + 8 + 1;
+/// Bytes a field item adds around key and field: tag, key length, field hash.
+pub const FIELD_OVERHEAD_BYTES: usize = 1 + 4 + 8;
+/// Bytes the larger of a member's two items adds around key and member: tag, key length,
+/// sub-tag, sortable score.
+pub const MEMBER_OVERHEAD_BYTES: usize = 1 + 4 + 1 + 8;
+/// The longest Redis key copse stores (its meta item must fit an item key).
+pub const REDIS_KEY_BYTES_MAX: usize = KEY_BYTES_MAX - META_OVERHEAD_BYTES;
+
+/// The type of a Redis key, as its meta item's last byte. persisted: never renumber
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KeyType {
+    String = b's',
+    Hash = b'h',
+    ZSet = b'z',
+}
+
+impl KeyType {
+    pub const ALL: [KeyType; 3] = [KeyType::String, KeyType::Hash, KeyType::ZSet];
+
+    pub fn from_byte(byte: u8) -> Option<KeyType> {
+        KeyType::ALL.into_iter().find(|ty| *ty as u8 == byte)
+    }
+
+    /// The name TYPE answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyType::String => "string",
+            KeyType::Hash => "hash",
+            KeyType::ZSet => "zset",
+        }
+    }
+}
+
+/// The position of a key or field in SCAN order: never 0, which is the cursor meaning "start"
+/// and "done".
+pub fn scan_hash(bytes: &[u8]) -> u64 {
+    (xxhash_rust::xxh3::xxh3_64(bytes) >> 1) + 1
+}
+
+pub fn meta_key(key: &[u8], ty: KeyType) -> Vec<u8> {
+    let mut out = Vec::with_capacity(META_OVERHEAD_BYTES + key.len());
+    out.push(TAG_META);
+    out.extend_from_slice(&scan_hash(key).to_be_bytes());
+    out.extend_from_slice(key);
+    out.push(ty as u8);
+    out
+}
+
+/// Where a SCAN from `cursor` starts.
+pub fn meta_scan_start(cursor: u64) -> Vec<u8> {
+    let mut out = vec![TAG_META];
+    out.extend_from_slice(&cursor.to_be_bytes());
+    out
+}
+
+/// The end of the meta items (exclusive).
+pub fn meta_scan_end() -> Vec<u8> {
+    vec![TAG_META + 1]
+}
+
+/// A meta item's (scan hash, Redis key, type), or None for an item that is not a meta item.
+pub fn decode_meta(item: &[u8]) -> Option<(u64, &[u8], KeyType)> {
+    if item.len() < META_OVERHEAD_BYTES || item[0] != TAG_META {
+        return None;
+    }
+    let hash = u64::from_be_bytes(item[1..9].try_into().ok()?);
+    let ty = KeyType::from_byte(item[item.len() - 1])?;
+    Some((hash, &item[9..item.len() - 1], ty))
+}
+
+fn sub_prefix(tag: u8, key: &[u8], extra: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + key.len() + extra);
+    out.push(tag);
+    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+/// The exclusive end of the keys that start with `prefix`.
+pub fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Bound::Excluded(end);
+        }
+    }
+    Bound::Unbounded
+}
+
+/// Owned start and end of a key range.
+pub type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+pub fn field_key(key: &[u8], field: &[u8]) -> Vec<u8> {
+    let mut out = sub_prefix(TAG_FIELD, key, 8 + field.len());
+    out.extend_from_slice(&scan_hash(field).to_be_bytes());
+    out.extend_from_slice(field);
+    out
+}
+
+/// Every field item of hash `key`.
+pub fn fields_range(key: &[u8]) -> KeyRange {
+    let prefix = sub_prefix(TAG_FIELD, key, 0);
+    let end = prefix_end(&prefix);
+    (Bound::Included(prefix), end)
+}
+
+/// The field items of hash `key` from HSCAN cursor `cursor` on.
+pub fn fields_from(key: &[u8], cursor: u64) -> KeyRange {
+    let prefix = sub_prefix(TAG_FIELD, key, 8);
+    let end = prefix_end(&prefix);
+    let mut start = prefix;
+    start.extend_from_slice(&cursor.to_be_bytes());
+    (Bound::Included(start), end)
+}
+
+/// A field item's (scan hash, field name), given the Redis key's length.
+pub fn decode_field(item: &[u8], key_bytes: usize) -> Option<(u64, &[u8])> {
+    let at = 5 + key_bytes;
+    let hash = u64::from_be_bytes(item.get(at..at + 8)?.try_into().ok()?);
+    Some((hash, &item[at + 8..]))
+}
+
+pub fn member_key(key: &[u8], member: &[u8]) -> Vec<u8> {
+    let mut out = sub_prefix(TAG_ZSET, key, 1 + member.len());
+    out.push(ZSET_MEMBER);
+    out.extend_from_slice(member);
+    out
+}
+
+pub fn score_key(key: &[u8], score: f64, member: &[u8]) -> Vec<u8> {
+    let mut out = sub_prefix(TAG_ZSET, key, 9 + member.len());
+    out.push(ZSET_SCORE);
+    out.extend_from_slice(&sortable_score(score));
+    out.extend_from_slice(member);
+    out
+}
+
+/// Every member item of sorted set `key`.
+pub fn members_range(key: &[u8]) -> KeyRange {
+    let mut prefix = sub_prefix(TAG_ZSET, key, 1);
+    prefix.push(ZSET_MEMBER);
+    let end = prefix_end(&prefix);
+    (Bound::Included(prefix), end)
+}
+
+/// The by-score items of sorted set `key`, all of them.
+pub fn scores_prefix(key: &[u8]) -> Vec<u8> {
+    let mut prefix = sub_prefix(TAG_ZSET, key, 9);
+    prefix.push(ZSET_SCORE);
+    prefix
+}
+
+/// The by-score item's key for (`score`, `member`) starts here; with an empty member it is the
+/// first key of that score.
+pub fn score_position(key: &[u8], score: f64) -> Vec<u8> {
+    let mut out = scores_prefix(key);
+    out.extend_from_slice(&sortable_score(score));
+    out
+}
+
+/// A by-score item's (score, member), given the Redis key's length.
+pub fn decode_score(item: &[u8], key_bytes: usize) -> Option<(f64, &[u8])> {
+    let at = 6 + key_bytes;
+    let bits: [u8; 8] = item.get(at..at + 8)?.try_into().ok()?;
+    Some((score_from_sortable(bits), &item[at + 8..]))
+}
+
+/// A member item's member name, given the Redis key's length.
+pub fn decode_member(item: &[u8], key_bytes: usize) -> Option<&[u8]> {
+    item.get(6 + key_bytes..)
+}
+
+pub fn encode_score(score: f64) -> Vec<u8> {
+    score.to_bits().to_be_bytes().to_vec()
+}
+
+pub fn decode_score_value(bytes: &[u8]) -> Option<f64> {
+    Some(f64::from_bits(u64::from_be_bytes(bytes.try_into().ok()?)))
+}
+
+/// Big-endian bytes whose byte order is the numeric order of the scores (no NaN: commands
+/// refuse it). Negative numbers have every bit flipped, positive ones only the sign bit.
+pub fn sortable_score(score: f64) -> [u8; 8] {
+    debug_assert!(!score.is_nan());
+    // -0.0 and 0.0 are one score to Redis.
+    let score = if score == 0.0 { 0.0 } else { score };
+    let bits = score.to_bits();
+    let ordered = if bits >> 63 == 1 { !bits } else { bits | (1 << 63) };
+    ordered.to_be_bytes()
+}
+
+pub fn score_from_sortable(bytes: [u8; 8]) -> f64 {
+    let ordered = u64::from_be_bytes(bytes);
+    let bits = if ordered >> 63 == 1 { ordered & !(1 << 63) } else { !ordered };
+    f64::from_bits(bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_keys_round_trip_and_order_by_scan_hash() {
+        let item = meta_key(b"user:1", KeyType::Hash);
+        assert_eq!(decode_meta(&item), Some((scan_hash(b"user:1"), &b"user:1"[..], KeyType::Hash)));
+        assert_eq!(item.len(), META_OVERHEAD_BYTES + 6);
+        let mut keys: Vec<_> =
+            (0..100).map(|i| meta_key(format!("k{i}").as_bytes(), KeyType::String)).collect();
+        keys.sort();
+        let hashes: Vec<_> = keys.iter().map(|k| decode_meta(k).unwrap().0).collect();
+        assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
+        assert!(decode_meta(b"h\0\0\0\x01k").is_none());
+    }
+
+    #[test]
+    fn sortable_scores_sort_like_numbers() {
+        let scores = [
+            f64::NEG_INFINITY,
+            -1e300,
+            -2.5,
+            -1.0,
+            -1e-300,
+            0.0,
+            1e-300,
+            1.0,
+            2.5,
+            1e300,
+            f64::INFINITY,
+        ];
+        let encoded: Vec<_> = scores.iter().map(|s| sortable_score(*s)).collect();
+        assert!(encoded.windows(2).all(|w| w[0] < w[1]), "{encoded:?}");
+        for score in scores {
+            assert_eq!(score_from_sortable(sortable_score(score)), score);
+        }
+        assert_eq!(sortable_score(-0.0), sortable_score(0.0));
+    }
+
+    #[test]
+    fn ranges_hold_exactly_their_key_items() {
+        let (start, end) = fields_range(b"a");
+        let inside = field_key(b"a", b"f");
+        let other = field_key(b"ab", b"f");
+        let within = |k: &Vec<u8>| {
+            matches!(&start, Bound::Included(s) if k >= s)
+                && matches!(&end, Bound::Excluded(e) if k < e)
+        };
+        assert!(within(&inside));
+        assert!(!within(&other), "a longer key's fields are outside (length prefix)");
+        assert_eq!(decode_field(&inside, 1).unwrap().1, b"f");
+        let member = member_key(b"z", b"m1");
+        assert_eq!(decode_member(&member, 1), Some(&b"m1"[..]));
+        let by_score = score_key(b"z", -3.5, b"m1");
+        assert_eq!(decode_score(&by_score, 1), Some((-3.5, &b"m1"[..])));
+        assert_eq!(prefix_end(&[1, 0xff]), Bound::Excluded(vec![2]));
+        assert_eq!(prefix_end(&[0xff]), Bound::Unbounded);
+    }
+}

@@ -1,0 +1,266 @@
+//! One client connection: read requests, hand them to the shards, write replies in order.
+//!
+//! The connection works in waves. It parses every complete request it has read (up to
+//! `PIPELINE_COMMANDS_MAX`), queues each command's execs on their shards in request order (so a
+//! pipeline reaches the shards together and they batch it), then awaits the answers in request
+//! order and writes them. Commands over the whole key space (SCAN, KEYS, FLUSHALL, ...) first
+//! wait for the answers of every earlier command, so they see its effects.
+//!
+//! Invariants:
+//! - Replies go out in request order, each encoded in the protocol in force when its command
+//!   was handled (HELLO switches it for the commands after it).
+//! - A command's execs are queued before any later command's, so commands on one key run in the
+//!   order the client sent them (each shard's queue is FIFO and its lock queues keep arrival
+//!   order).
+//! - A protocol error answers `-ERR Protocol error: ...` after the replies of the requests before
+//!   it, then closes: the stream cannot be trusted past it.
+//! - Memory per connection is bounded: input by the parser's limits, output by
+//!   `client_output_bytes_max` (a reply larger than that closes the connection), and a client
+//!   that does not read its replies stops being read (backpressure), never buffered without end.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::{collect, ConnState, Server};
+use crate::cmd::{dispatch, Combine, Outcome};
+use crate::config::{
+    CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
+};
+use crate::resp::{encode_reply, parse_command, ParseLimits, Parsed, Protocol, Reply};
+
+/// Bytes of encoded replies gathered before they are written out.
+const WRITE_CHUNK_BYTES: usize = 64 * 1024;
+
+/// A reply on its way, in request order.
+enum Slot {
+    Ready(Reply),
+    Waiting(Vec<futures::channel::oneshot::Receiver<Reply>>, Combine),
+}
+
+/// Why a connection ends.
+enum End {
+    /// The client closed, QUIT, or the server is shutting down.
+    Done,
+    /// An error to write before closing (protocol error, output limit).
+    Error(String),
+}
+
+pub async fn run(
+    server: Arc<Server>,
+    stream: std::net::TcpStream,
+    shutdown: watch::Receiver<bool>,
+) {
+    let connected = server.stats.connected_clients.fetch_add(1, Ordering::AcqRel) + 1;
+    let result = serve(&server, stream, shutdown, connected).await;
+    server.stats.connected_clients.fetch_sub(1, Ordering::AcqRel);
+    if let Err(err) = result {
+        tracing::debug!(%err, "connection ended with an I/O error");
+    }
+}
+
+async fn serve(
+    server: &Arc<Server>,
+    stream: std::net::TcpStream,
+    mut shutdown: watch::Receiver<bool>,
+    connected: usize,
+) -> std::io::Result<()> {
+    stream.set_nonblocking(true)?;
+    let mut stream = TcpStream::from_std(stream)?;
+    stream.set_nodelay(true)?;
+    if connected > server.settings.maxclients.load(Ordering::Relaxed) {
+        server.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
+        stream.write_all(b"-ERR max number of clients reached\r\n").await?;
+        return Ok(());
+    }
+    let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let info = server.register_client(addr, laddr);
+    let id = info.id;
+    let mut conn = ConnState {
+        protocol: Protocol::Resp2,
+        authenticated: server.requirepass().is_empty(),
+        info,
+    };
+    let result = connection_loop(server, &mut stream, &mut conn, &mut shutdown).await;
+    server.unregister_client(id);
+    match result {
+        Ok(End::Done) => Ok(()),
+        Ok(End::Error(text)) => {
+            let mut out = Vec::new();
+            encode_reply(&Reply::Error(text), conn.protocol, &mut out);
+            // The client may be gone already; nothing more to tell it.
+            let _ = stream.write_all(&out).await;
+            Ok(())
+        }
+        Err(err) => Err(err),
+    }
+}
+
+async fn connection_loop(
+    server: &Arc<Server>,
+    stream: &mut TcpStream,
+    conn: &mut ConnState,
+    shutdown: &mut watch::Receiver<bool>,
+) -> std::io::Result<End> {
+    let mut input: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+    loop {
+        // Read until at least one complete request is buffered.
+        let limits = ParseLimits {
+            multibulk_len_max: MULTIBULK_ARGS_MAX,
+            bulk_bytes_max: server.settings.proto_max_bulk_len.load(Ordering::Relaxed),
+            inline_bytes_max: INLINE_BYTES_MAX,
+        };
+        let mut wave = Vec::new();
+        let mut consumed_total = 0;
+        let mut protocol_error = None;
+        loop {
+            match parse_command(&input[consumed_total..], &limits) {
+                Ok(Parsed::Command { args, consumed }) => {
+                    consumed_total += consumed;
+                    wave.push(args);
+                    if wave.len() >= PIPELINE_COMMANDS_MAX {
+                        break;
+                    }
+                }
+                Ok(Parsed::Skip { consumed }) => consumed_total += consumed,
+                Ok(Parsed::Incomplete) => break,
+                Err(err) => {
+                    server.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    protocol_error = Some(format!("ERR {err}"));
+                    break;
+                }
+            }
+        }
+        input.drain(..consumed_total);
+        if wave.is_empty() && protocol_error.is_none() {
+            if *shutdown.borrow() {
+                return Ok(End::Done);
+            }
+            let timeout_secs = server.settings.timeout_secs.load(Ordering::Relaxed);
+            input.reserve(CLIENT_INPUT_CHUNK_BYTES);
+            let read = tokio::select! {
+                read = stream.read_buf(&mut input) => read?,
+                _ = shutdown.changed() => return Ok(End::Done),
+                _ = idle(timeout_secs) => {
+                    tracing::debug!(client = conn.info.id, "closing an idle client");
+                    return Ok(End::Done);
+                }
+            };
+            if read == 0 {
+                return Ok(End::Done);
+            }
+            server.stats.net_input_bytes.fetch_add(read as u64, Ordering::Relaxed);
+            conn.info
+                .last_active_ms
+                .store(server.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+            continue;
+        }
+        let mut slots: VecDeque<(Slot, Protocol)> = VecDeque::with_capacity(wave.len());
+        let mut close = false;
+        for args in wave {
+            note_command(conn, &args);
+            match dispatch(server, conn, args) {
+                Outcome::Reply(reply) => slots.push_back((Slot::Ready(reply), conn.protocol)),
+                Outcome::Execs { queued, answers, combine } => {
+                    for queued in queued {
+                        server.db.exec_async(queued.shard, queued.locks, queued.exec).await;
+                    }
+                    slots.push_back((Slot::Waiting(answers, combine), conn.protocol));
+                }
+                Outcome::AfterPending(future) => {
+                    // Everything before it is answered first, so it sees those effects.
+                    if let Some(end) = drain(server, stream, &mut slots, &mut out).await? {
+                        return Ok(end);
+                    }
+                    let reply = future.await;
+                    slots.push_back((Slot::Ready(reply), conn.protocol));
+                }
+                Outcome::Close(reply) => {
+                    slots.push_back((Slot::Ready(reply), conn.protocol));
+                    close = true;
+                    break;
+                }
+            }
+        }
+        if let Some(end) = drain(server, stream, &mut slots, &mut out).await? {
+            return Ok(end);
+        }
+        write_out(server, stream, &mut out).await?;
+        if close {
+            return Ok(End::Done);
+        }
+        if let Some(text) = protocol_error {
+            return Ok(End::Error(text));
+        }
+    }
+}
+
+/// Awaits the slots in order and encodes their replies, writing whenever a chunk is full.
+async fn drain(
+    server: &Server,
+    stream: &mut TcpStream,
+    slots: &mut VecDeque<(Slot, Protocol)>,
+    out: &mut Vec<u8>,
+) -> std::io::Result<Option<End>> {
+    while let Some((slot, protocol)) = slots.pop_front() {
+        let reply = match slot {
+            Slot::Ready(reply) => reply,
+            Slot::Waiting(answers, combine) => collect(answers, combine).await,
+        };
+        let before = out.len();
+        encode_reply(&reply, protocol, out);
+        let limit = server.settings.client_output_bytes_max.load(Ordering::Relaxed);
+        let bytes = out.len() - before;
+        if bytes > limit {
+            server.stats.output_limit_closes.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(bytes, limit, "a reply exceeds the client output limit; closing");
+            // The replies before it still go out; this one is replaced by the error.
+            out.truncate(before);
+            write_out(server, stream, out).await?;
+            return Ok(Some(End::Error(format!(
+                "ERR reply of {bytes} bytes exceeds the client output limit ({limit} bytes)"
+            ))));
+        }
+        if out.len() >= WRITE_CHUNK_BYTES {
+            write_out(server, stream, out).await?;
+        }
+    }
+    Ok(None)
+}
+
+async fn write_out(
+    server: &Server,
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    stream.write_all(out).await?;
+    server.stats.net_output_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+    out.clear();
+    Ok(())
+}
+
+/// Resolves after `timeout_secs` (never, for 0).
+async fn idle(timeout_secs: u64) {
+    if timeout_secs == 0 {
+        std::future::pending::<()>().await;
+    }
+    tokio::time::sleep(Duration::from_secs(timeout_secs)).await;
+}
+
+fn note_command(conn: &ConnState, args: &[Vec<u8>]) {
+    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+    let mut last = conn.info.last_command.lock().unwrap_or_else(|poison| poison.into_inner());
+    if *last != name {
+        *last = name;
+    }
+}

@@ -1,0 +1,392 @@
+//! The network layer (RStore's front end): thread-per-core event loops that own connections and
+//! talk to the shards only by message.
+//!
+//! Threads:
+//! - the main thread accepts connections (and serves the metrics endpoint and signals), and hands
+//!   each new connection to a network thread, round robin, over a channel;
+//! - each network thread runs one single-threaded tokio runtime: every connection it owns is a
+//!   cooperative task on it, and never moves to another thread;
+//! - each shard is a thread of the store (`copse::shard`). A command for a key becomes an exec
+//!   program queued on the owning shard's channel; the shard answers on a oneshot channel. No
+//!   lock is shared between connections and shards on the command path.
+//!
+//! The client registry (for CLIENT LIST and INFO) is the one structure under a mutex: it is
+//! touched when a client connects, disconnects, names itself or is listed, never per command.
+//!
+//! Shutdown (SIGTERM, SIGINT): stop accepting, tell every connection to finish the commands it
+//! has read and close, wait for the network threads, then close the store cleanly.
+
+pub mod conn;
+pub mod metrics;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use copse::Db;
+use tokio::sync::{mpsc, watch};
+
+use crate::cmd::Outcome;
+use crate::config::{ConfigError, ServerConfig};
+use crate::resp::{Protocol, Reply};
+
+/// Counters for INFO and the metrics endpoint.
+#[derive(Default)]
+pub struct Stats {
+    pub commands: AtomicU64,
+    pub connections_received: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    pub connected_clients: AtomicUsize,
+    pub net_input_bytes: AtomicU64,
+    pub net_output_bytes: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub output_limit_closes: AtomicU64,
+}
+
+/// Settings CONFIG SET may change while the server runs.
+pub struct Settings {
+    pub requirepass: Mutex<String>,
+    pub maxclients: AtomicUsize,
+    pub timeout_secs: AtomicU64,
+    pub proto_max_bulk_len: AtomicUsize,
+    pub client_output_bytes_max: AtomicUsize,
+}
+
+/// What CLIENT LIST shows of one connection.
+pub struct ClientInfo {
+    pub id: u64,
+    pub addr: String,
+    pub laddr: String,
+    pub name: Mutex<String>,
+    pub created: Instant,
+    pub last_active_ms: AtomicU64,
+    pub last_command: Mutex<String>,
+    pub protocol: AtomicU8,
+}
+
+impl ClientInfo {
+    /// One line of CLIENT LIST, in Redis's field=value form.
+    pub fn describe(&self, started: Instant) -> String {
+        let now_ms = started.elapsed().as_millis() as u64;
+        let idle = now_ms.saturating_sub(self.last_active_ms.load(Ordering::Relaxed)) / 1000;
+        let name = self.name.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
+        let command = self.last_command.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
+        format!(
+            "id={} addr={} laddr={} fd=0 name={} age={} idle={} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={}",
+            self.id,
+            self.addr,
+            self.laddr,
+            name,
+            self.created.elapsed().as_secs(),
+            idle,
+            if command.is_empty() { "NULL".into() } else { command },
+            self.protocol.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Everything the connections share.
+pub struct Server {
+    pub db: Db,
+    pub config: ServerConfig,
+    pub settings: Settings,
+    pub stats: Stats,
+    pub clients: Mutex<BTreeMap<u64, Arc<ClientInfo>>>,
+    next_client_id: AtomicU64,
+    pub started: Instant,
+    pub run_id: String,
+    pub local_addr: SocketAddr,
+    pub shutting_down: AtomicBool,
+}
+
+impl Server {
+    pub fn register_client(&self, addr: String, laddr: String) -> Arc<ClientInfo> {
+        let id = self.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let info = Arc::new(ClientInfo {
+            id,
+            addr,
+            laddr,
+            name: Mutex::new(String::new()),
+            created: Instant::now(),
+            last_active_ms: AtomicU64::new(self.started.elapsed().as_millis() as u64),
+            last_command: Mutex::new(String::new()),
+            protocol: AtomicU8::new(2),
+        });
+        self.clients.lock().unwrap_or_else(|poison| poison.into_inner()).insert(id, info.clone());
+        info
+    }
+
+    pub fn unregister_client(&self, id: u64) {
+        self.clients.lock().unwrap_or_else(|poison| poison.into_inner()).remove(&id);
+    }
+
+    pub fn requirepass(&self) -> String {
+        self.settings.requirepass.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
+    }
+}
+
+/// One connection's protocol state.
+pub struct ConnState {
+    pub protocol: Protocol,
+    pub authenticated: bool,
+    pub info: Arc<ClientInfo>,
+}
+
+impl ConnState {
+    pub fn set_protocol(&mut self, protocol: Protocol) {
+        self.protocol = protocol;
+        let number = if protocol == Protocol::Resp3 { 3 } else { 2 };
+        self.info.protocol.store(number, Ordering::Relaxed);
+    }
+}
+
+/// Queues the execs of `outcome` and waits for its answer (for commands that run other
+/// commands' plans, and for tests).
+pub async fn run_outcome(db: &Db, outcome: Outcome) -> Reply {
+    match outcome {
+        Outcome::Reply(reply) | Outcome::Close(reply) => reply,
+        Outcome::AfterPending(future) => future.await,
+        Outcome::Execs { queued, answers, combine } => {
+            for queued in queued {
+                db.exec_async(queued.shard, queued.locks, queued.exec).await;
+            }
+            collect(answers, combine).await
+        }
+    }
+}
+
+/// Waits for the answers of a command's execs and combines them.
+pub async fn collect(
+    answers: Vec<futures::channel::oneshot::Receiver<Reply>>,
+    combine: crate::cmd::Combine,
+) -> Reply {
+    let mut replies = Vec::with_capacity(answers.len());
+    for answer in answers {
+        replies.push(answer.await.unwrap_or_else(|_| Reply::error("ERR the store is closed")));
+    }
+    combine(replies)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot open the store: {0}")]
+    Open(#[from] copse::OpenError),
+    #[error("cannot listen on {addr}: {error}")]
+    Bind { addr: String, error: std::io::Error },
+    #[error("cannot start the server: {0}")]
+    Runtime(std::io::Error),
+    #[error("closing the store failed: {0}")]
+    Close(#[from] copse::WriteError),
+}
+
+/// A running server: its address, and a way to stop it (tests; `serve` waits for a signal).
+pub struct Running {
+    pub local_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    stop: watch::Sender<bool>,
+    main: std::thread::JoinHandle<Result<(), ServeError>>,
+}
+
+impl Running {
+    /// Shuts down as on SIGTERM and waits until the store is closed.
+    pub fn stop(self) -> Result<(), ServeError> {
+        let _ = self.stop.send(true);
+        self.main.join().unwrap_or_else(|_| {
+            Err(ServeError::Runtime(std::io::Error::other("the server thread panicked")))
+        })
+    }
+}
+
+/// Opens the store, binds, and starts serving on background threads.
+pub fn start(config: ServerConfig) -> Result<Running, ServeError> {
+    config.validate()?;
+    let options = config.store_options()?;
+    let db = Db::open(&config.path, options)?;
+    let addr = format!("{}:{}", config.bind, config.port);
+    let listener = std::net::TcpListener::bind(&addr)
+        .map_err(|error| ServeError::Bind { addr: addr.clone(), error })?;
+    listener.set_nonblocking(true).map_err(ServeError::Runtime)?;
+    let local_addr = listener.local_addr().map_err(ServeError::Runtime)?;
+    let metrics_listener = if config.metrics_port > 0 {
+        let addr = format!("{}:{}", config.bind, config.metrics_port);
+        let listener = std::net::TcpListener::bind(&addr)
+            .map_err(|error| ServeError::Bind { addr: addr.clone(), error })?;
+        listener.set_nonblocking(true).map_err(ServeError::Runtime)?;
+        Some(listener)
+    } else {
+        None
+    };
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let settings = Settings {
+        requirepass: Mutex::new(config.requirepass.clone()),
+        maxclients: AtomicUsize::new(config.maxclients),
+        timeout_secs: AtomicU64::new(config.timeout_secs),
+        proto_max_bulk_len: AtomicUsize::new(config.proto_max_bulk_len),
+        client_output_bytes_max: AtomicUsize::new(config.client_output_bytes_max),
+    };
+    let threads = config.thread_count();
+    let server = Arc::new(Server {
+        db,
+        config,
+        settings,
+        stats: Stats::default(),
+        clients: Mutex::new(BTreeMap::new()),
+        next_client_id: AtomicU64::new(0),
+        started: Instant::now(),
+        run_id: format!("{:040x}", rand_id()),
+        local_addr,
+        shutting_down: AtomicBool::new(false),
+    });
+    let (stop, stop_receiver) = watch::channel(false);
+    let main = std::thread::Builder::new()
+        .name("copse-accept".into())
+        .spawn(move || run_main(server, listener, metrics_listener, threads, stop_receiver))
+        .map_err(ServeError::Runtime)?;
+    tracing::info!(%local_addr, threads, "copse is serving the Redis protocol");
+    Ok(Running { local_addr, metrics_addr, stop, main })
+}
+
+/// Starts the server and serves until SIGTERM or SIGINT, then shuts down cleanly.
+pub fn serve(config: ServerConfig) -> Result<(), ServeError> {
+    let running = start(config)?;
+    wait_for_signal()?;
+    running.stop()
+}
+
+/// Blocks until SIGTERM or SIGINT.
+pub fn wait_for_signal() -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(ServeError::Runtime)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Runtime)?;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        Ok::<(), ServeError>(())
+    })
+}
+
+fn rand_id() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (u128::from(hasher.finish()) << 64) | u128::from(std::process::id())
+}
+
+/// The accept thread: hands connections to the network threads, serves metrics, and on stop
+/// shuts everything down in order.
+fn run_main(
+    server: Arc<Server>,
+    listener: std::net::TcpListener,
+    metrics_listener: Option<std::net::TcpListener>,
+    threads: usize,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ServeError> {
+    let (shutdown_sender, shutdown) = watch::channel(false);
+    let mut senders = Vec::with_capacity(threads);
+    let mut handles = Vec::with_capacity(threads);
+    for index in 0..threads {
+        let (sender, receiver) = mpsc::unbounded_channel::<std::net::TcpStream>();
+        senders.push(sender);
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("copse-net-{index}"))
+            .spawn(move || network_thread(server, receiver, shutdown))
+            .map_err(ServeError::Runtime)?;
+        handles.push(handle);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(ServeError::Runtime)?;
+        if let Some(metrics_listener) = metrics_listener {
+            let metrics_listener =
+                tokio::net::TcpListener::from_std(metrics_listener).map_err(ServeError::Runtime)?;
+            tokio::spawn(metrics::serve(server.clone(), metrics_listener));
+        }
+        let mut next = 0;
+        loop {
+            tokio::select! {
+                _ = stop.changed() => break,
+                accepted = listener.accept() => {
+                    let (stream, _) = match accepted {
+                        Ok(accepted) => accepted,
+                        Err(err) => {
+                            // Out of descriptors, say: keep serving the clients we have.
+                            tracing::warn!(%err, "accept failed");
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    };
+                    server.stats.connections_received.fetch_add(1, Ordering::Relaxed);
+                    let Ok(stream) = stream.into_std() else { continue };
+                    if senders[next].send(stream).is_err() {
+                        tracing::error!(thread = next, "a network thread has stopped");
+                    }
+                    next = (next + 1) % senders.len();
+                }
+            }
+        }
+        Ok::<(), ServeError>(())
+    })?;
+    drop(runtime);
+    tracing::info!("stopped accepting; finishing in-flight commands");
+    server.shutting_down.store(true, Ordering::Release);
+    let _ = shutdown_sender.send(true);
+    drop(senders);
+    for handle in handles {
+        if handle.join().is_err() {
+            tracing::error!("a network thread panicked");
+        }
+    }
+    server.db.close()?;
+    tracing::info!("store closed cleanly");
+    Ok(())
+}
+
+/// One network thread: a single-threaded runtime whose tasks are its connections.
+fn network_thread(
+    server: Arc<Server>,
+    mut connections: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(%err, "cannot start a network thread's runtime");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let mut tasks = Vec::new();
+        while let Some(stream) = connections.recv().await {
+            tasks.retain(|task: &tokio::task::JoinHandle<()>| !task.is_finished());
+            tasks.push(tokio::task::spawn_local(conn::run(
+                server.clone(),
+                stream,
+                shutdown.clone(),
+            )));
+        }
+        // The accept thread is gone: wait for the connections to finish what they read.
+        for task in tasks {
+            let _ = task.await;
+        }
+    });
+}

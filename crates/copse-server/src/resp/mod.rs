@@ -1,0 +1,25 @@
+//! The Redis protocol (RESP2 and RESP3): parsing requests and encoding replies.
+//!
+//! `parse` turns the bytes a client sent into commands; `encode` turns replies into bytes. Both
+//! are pure functions over byte slices, with no I/O and no per-connection state, so that the
+//! connection code owns buffering and the protocol can be tested byte for byte.
+//!
+//! Invariants, because these bytes come from the network and anyone can send them:
+//! - **Never panics**, whatever the input: a malformed request costs its connection a protocol
+//!   error, never the server.
+//! - **No allocation by an untrusted size**: a count or length read from the wire sizes nothing
+//!   until the bytes it announces have arrived, so memory stays proportional to what a client
+//!   actually sent, and every size is checked against `ParseLimits` first.
+//! - **Incremental**: a request's outcome depends only on its own bytes. A strict prefix of a
+//!   valid request is `Incomplete`, and a request parses the same however the network split it,
+//!   so the caller may simply re-parse from the start of its buffer after every read.
+//!
+//! Behaviour follows Redis's `networking.c` (`processInlineBuffer`, `processMultibulkBuffer`) and
+//! its error texts, so that Redis clients and Redis's own protocol tests see what they expect;
+//! `parse.rs` lists where it is deliberately stricter.
+
+pub mod encode;
+pub mod parse;
+
+pub use encode::{encode_reply, format_double, Protocol, Reply};
+pub use parse::{parse_command, ParseLimits, Parsed, ProtocolError};

@@ -1,0 +1,953 @@
+//! Parsing client requests: RESP multibulk (`*2\r\n$3\r\nGET\r\n$1\r\nk\r\n`) and inline
+//! (`GET k\r\n`, what a person types into telnet).
+//!
+//! A request is multibulk when its first byte is `*`, inline otherwise (as in Redis).
+//!
+//! Invariants (see `resp/mod.rs` for why they matter):
+//! - Never panics: every index is either checked (`get`) or bounded by a length computed just
+//!   before it; every size from the wire goes through checked arithmetic.
+//! - No allocation by an untrusted size: a multibulk request is walked twice. The first walk
+//!   copies nothing and only finds out whether the whole request is present (or malformed); the
+//!   second, run only when it is, copies the arguments. So `*1000000` or `$16000000` followed by a
+//!   few bytes allocates nothing, and the argument vector is sized only once its elements are
+//!   known to be in the buffer (each takes at least 6 bytes, `$0\r\n\r\n`).
+//! - Incremental: header lines are searched within `inline_bytes_max` bytes only, so a line that
+//!   is too long is refused at the same point whatever the split, and an error is reported as soon
+//!   as the bytes proving it have arrived. Re-parsing from the start after each read costs one
+//!   copy-free walk of the headers, not a copy of everything received so far.
+//!
+//! Where this parser is stricter than Redis (each case is malformed input either way):
+//! - A header line's `\r` must be followed by `\n`; Redis skips whichever byte follows.
+//! - A bulk must be followed by `\r\n`; Redis skips two bytes unchecked.
+//! - A bulk header whose first byte is not `$` is refused as soon as that byte arrives; Redis
+//!   waits for the next `\r` first.
+//! - A NUL byte in a header line is just an invalid digit; Redis's `strchr` stops at it and waits.
+
+use thiserror::Error;
+
+/// Bounds on one request. Redis's defaults are 1024 * 1024 arguments, 512 MiB per bulk
+/// (`proto-max-bulk-len`) and 64 KiB per inline request or header line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParseLimits {
+    /// Maximum number of arguments in one multibulk request.
+    pub multibulk_len_max: usize,
+    /// Maximum bytes of one bulk argument.
+    pub bulk_bytes_max: usize,
+    /// Maximum bytes of an inline request line, and of a `*N` / `$N` header line, without its
+    /// line ending.
+    pub inline_bytes_max: usize,
+}
+
+/// The outcome of parsing the start of a connection's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// One complete request; `consumed` bytes of the buffer belong to it.
+    Command { args: Vec<Vec<u8>>, consumed: usize },
+    /// Bytes that form no command (an empty inline line, `*0`, `*-1`, `*-10`): skip `consumed`,
+    /// no reply.
+    Skip { consumed: usize },
+    /// More bytes are needed; nothing consumed.
+    Incomplete,
+}
+
+/// A request that can never become valid. The caller replies `-ERR <display>` and closes the
+/// connection, since it cannot know where the next request would start.
+///
+/// The texts are Redis's, without the leading "ERR ", so clients matching on them keep working.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// The count of `*<count>` is not a number or exceeds `multibulk_len_max`.
+    #[error("Protocol error: invalid multibulk length")]
+    InvalidMultibulkLength,
+    /// The length of `$<length>` is not a number, is negative or exceeds `bulk_bytes_max`.
+    #[error("Protocol error: invalid bulk length")]
+    InvalidBulkLength,
+    /// An argument of a multibulk request does not start with `$`. Bytes above 0x7f are shown as
+    /// the Latin-1 character of that value, since Redis writes the raw byte, which is not UTF-8.
+    #[error("Protocol error: expected '$', got '{}'", char::from(*.got))]
+    ExpectedDollar { got: u8 },
+    /// A quoted inline argument is not closed, or its closing quote is followed by a non-space.
+    #[error("Protocol error: unbalanced quotes in request")]
+    UnbalancedQuotes,
+    /// More than `inline_bytes_max` bytes of an inline request without a newline.
+    #[error("Protocol error: too big inline request")]
+    InlineTooBig,
+    /// More than `inline_bytes_max` bytes of a `*<count>` line without its `\r`.
+    #[error("Protocol error: too big mbulk count string")]
+    MultibulkCountTooBig,
+    /// More than `inline_bytes_max` bytes of a `$<length>` line without its `\r`.
+    #[error("Protocol error: too big bulk count string")]
+    BulkCountTooBig,
+    /// The bytes after a bulk's data are not `\r\n`: the announced length is wrong.
+    #[error("Protocol error: bulk data not followed by CRLF")]
+    BulkNotTerminated,
+}
+
+/// Parses the first request at the start of `buf`. Never panics on any input.
+pub fn parse_command(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
+    match buf.first() {
+        None => Ok(Parsed::Incomplete),
+        Some(b'*') => parse_multibulk(buf, limits),
+        Some(_) => parse_inline(buf, limits),
+    }
+}
+
+fn parse_multibulk(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
+    let Some((count, args_start)) = read_header_line(buf, 0, limits, HeaderKind::Multibulk)? else {
+        return Ok(Parsed::Incomplete);
+    };
+    // Redis ignores a non-positive count silently; clients never send one for a command.
+    if count <= 0 {
+        return Ok(Parsed::Skip { consumed: args_start });
+    }
+    let count = match usize::try_from(count) {
+        Ok(count) if count <= limits.multibulk_len_max => count,
+        _ => return Err(ProtocolError::InvalidMultibulkLength),
+    };
+
+    let Some(consumed) = walk_bulks(buf, args_start, count, limits, |_| {})? else {
+        return Ok(Parsed::Incomplete);
+    };
+    // The whole request is in `buf` now, so `count` is bounded by bytes received, not by a claim.
+    let mut args = Vec::with_capacity(count);
+    let end = walk_bulks(buf, args_start, count, limits, |arg| args.push(arg.to_vec()))?;
+    // The second walk reads the same bytes as the first, so it must end at the same place.
+    debug_assert_eq!(end, Some(consumed));
+    debug_assert_eq!(args.len(), count);
+    Ok(Parsed::Command { args, consumed })
+}
+
+/// Walks `count` bulks starting at `position`, handing each one's data to `visit` in order.
+/// Returns where the last one ends, or `None` when the buffer ends first.
+fn walk_bulks(
+    buf: &[u8],
+    mut position: usize,
+    count: usize,
+    limits: &ParseLimits,
+    mut visit: impl FnMut(&[u8]),
+) -> Result<Option<usize>, ProtocolError> {
+    // Each pass of the loop either returns or advances by at least `$0\r\n\r\n`, so a huge
+    // claimed `count` costs nothing beyond the bytes actually present.
+    for _ in 0..count {
+        match buf.get(position) {
+            None => return Ok(None),
+            Some(b'$') => {}
+            Some(&got) => return Err(ProtocolError::ExpectedDollar { got }),
+        }
+        let Some((length, data_start)) = read_header_line(buf, position, limits, HeaderKind::Bulk)?
+        else {
+            return Ok(None);
+        };
+        let length_bytes = match usize::try_from(length) {
+            Ok(length_bytes) if length_bytes <= limits.bulk_bytes_max => length_bytes,
+            _ => return Err(ProtocolError::InvalidBulkLength),
+        };
+        // Checked because `bulk_bytes_max` may be configured near `usize::MAX`; a bulk whose end
+        // cannot even be addressed can never arrive.
+        let Some(data_end) = data_start.checked_add(length_bytes) else { return Ok(None) };
+        let Some(bulk_end) = data_end.checked_add(2) else { return Ok(None) };
+        // Copy nothing until the whole bulk is here: the length is only a claim until then.
+        let (Some(data), Some(terminator)) =
+            (buf.get(data_start..data_end), buf.get(data_end..bulk_end))
+        else {
+            return Ok(None);
+        };
+        if terminator != b"\r\n" {
+            return Err(ProtocolError::BulkNotTerminated);
+        }
+        visit(data);
+        position = bulk_end;
+    }
+    Ok(Some(position))
+}
+
+#[derive(Clone, Copy)]
+enum HeaderKind {
+    Multibulk,
+    Bulk,
+}
+
+impl HeaderKind {
+    fn invalid(self) -> ProtocolError {
+        match self {
+            HeaderKind::Multibulk => ProtocolError::InvalidMultibulkLength,
+            HeaderKind::Bulk => ProtocolError::InvalidBulkLength,
+        }
+    }
+
+    fn too_big(self) -> ProtocolError {
+        match self {
+            HeaderKind::Multibulk => ProtocolError::MultibulkCountTooBig,
+            HeaderKind::Bulk => ProtocolError::BulkCountTooBig,
+        }
+    }
+}
+
+/// Reads the header line `<type byte><decimal>\r\n` starting at `start`, which holds the type
+/// byte. Returns its number and the position just after its `\n`, or `None` when incomplete.
+fn read_header_line(
+    buf: &[u8],
+    start: usize,
+    limits: &ParseLimits,
+    kind: HeaderKind,
+) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let rest = buf.get(start..).unwrap_or_default();
+    // Search no further than the limit: past it the line is refused whether or not a `\r`
+    // follows, so the answer does not depend on how much of the stream has arrived.
+    let window_bytes = rest.len().min(limits.inline_bytes_max.saturating_add(1));
+    let Some(cr_offset) = rest[..window_bytes].iter().position(|&byte| byte == b'\r') else {
+        if rest.len() > limits.inline_bytes_max {
+            return Err(kind.too_big());
+        }
+        return Ok(None);
+    };
+    match rest.get(cr_offset + 1) {
+        None => return Ok(None),
+        Some(b'\n') => {}
+        Some(_) => return Err(kind.invalid()),
+    }
+    let digits = rest.get(1..cr_offset).unwrap_or_default();
+    let number = parse_decimal(digits).ok_or(kind.invalid())?;
+    Ok(Some((number, start + cr_offset + 2)))
+}
+
+/// Parses a decimal integer as strictly as Redis's `string2ll`: an optional `-`, no `+`, no
+/// leading zeros, no spaces, no `-0`, and no overflow.
+fn parse_decimal(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text {
+        [b'-', digits @ ..] => (true, digits),
+        _ => (false, text),
+    };
+    match digits {
+        [b'0'] if !negative => return Some(0),
+        [b'1'..=b'9', ..] => {}
+        _ => return None,
+    }
+    let mut value: i64 = 0;
+    for &byte in digits {
+        if !byte.is_ascii_digit() {
+            return None;
+        }
+        let digit = i64::from(byte - b'0');
+        // Accumulating negative values directly lets `i64::MIN` parse without overflowing.
+        value = value.checked_mul(10)?;
+        value = if negative { value.checked_sub(digit)? } else { value.checked_add(digit)? };
+    }
+    Some(value)
+}
+
+fn parse_inline(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
+    // As for header lines: a newline past the limit does not rescue the line, so the result is
+    // the same whether the line arrived in one read or many.
+    let window_bytes = buf.len().min(limits.inline_bytes_max.saturating_add(1));
+    let Some(newline_offset) = buf[..window_bytes].iter().position(|&byte| byte == b'\n') else {
+        if buf.len() > limits.inline_bytes_max {
+            return Err(ProtocolError::InlineTooBig);
+        }
+        return Ok(Parsed::Incomplete);
+    };
+    let consumed = newline_offset + 1;
+    let line = &buf[..newline_offset];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let args = split_inline_args(line)?;
+    if args.is_empty() {
+        return Ok(Parsed::Skip { consumed });
+    }
+    Ok(Parsed::Command { args, consumed })
+}
+
+/// Splits an inline request into arguments with the rules of Redis's `sdssplitargs`:
+/// - blanks (C `isspace`) separate arguments; an unquoted argument ends at space, tab, CR or LF
+///   (so a vertical tab or form feed inside one is kept, as in Redis);
+/// - `"..."` takes the escapes `\n \r \t \b \a \xHH`, and `\<any>` for that byte;
+/// - `'...'` takes only `\'`;
+/// - a quote may open in the middle of an argument, and a closing quote must be followed by a
+///   blank or the end of the line, else the quotes are unbalanced;
+/// - a NUL ends the line, because Redis walks it as a C string.
+fn split_inline_args(line: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
+    let line = match line.iter().position(|&byte| byte == 0) {
+        Some(nul_offset) => &line[..nul_offset],
+        None => line,
+    };
+    let mut args = Vec::new();
+    let mut position = 0;
+    loop {
+        while line.get(position).is_some_and(|&byte| is_c_space(byte)) {
+            position += 1;
+        }
+        if position >= line.len() {
+            return Ok(args);
+        }
+        // A plain run, copied at once rather than byte by byte, then possibly one quoted part,
+        // whose closing quote ends the argument (it must be followed by a blank).
+        let rest = line.get(position..).unwrap_or_default();
+        let run_bytes = rest.iter().position(|&byte| ends_unquoted_run(byte)).unwrap_or(rest.len());
+        let mut arg = rest[..run_bytes].to_vec();
+        position += run_bytes;
+        match line.get(position) {
+            Some(b'"') => position = read_double_quoted(line, position + 1, &mut arg)?,
+            Some(b'\'') => position = read_single_quoted(line, position + 1, &mut arg)?,
+            // A separator, or the end of the line.
+            _ => {}
+        }
+        args.push(arg);
+    }
+}
+
+/// C's `isspace` in the "C" locale, which is what `sdssplitargs` skips between arguments.
+fn is_c_space(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c)
+}
+
+fn ends_unquoted_run(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r' | b'"' | b'\'')
+}
+
+/// Reads a double-quoted string whose opening quote ends just before `position`, appending its
+/// bytes to `arg`. Returns the position after the closing quote.
+fn read_double_quoted(
+    line: &[u8],
+    mut position: usize,
+    arg: &mut Vec<u8>,
+) -> Result<usize, ProtocolError> {
+    loop {
+        let rest = line.get(position..).unwrap_or_default();
+        let run_bytes =
+            rest.iter().position(|&byte| byte == b'"' || byte == b'\\').unwrap_or(rest.len());
+        arg.extend_from_slice(&rest[..run_bytes]);
+        position += run_bytes;
+        match line.get(position) {
+            None => return Err(ProtocolError::UnbalancedQuotes),
+            Some(b'"') => return after_closing_quote(line, position),
+            Some(_) => {
+                // A backslash. Redis takes `\xHH` only with two hex digits, and otherwise keeps
+                // the escaped byte itself, so `\xZZ` is `xZZ`.
+                let hex_byte = match (line.get(position + 2), line.get(position + 3)) {
+                    (Some(&high), Some(&low)) => hex_pair(high, low),
+                    _ => None,
+                };
+                match (line.get(position + 1), hex_byte) {
+                    (Some(b'x'), Some(byte)) => {
+                        arg.push(byte);
+                        position += 4;
+                    }
+                    (Some(&escaped), _) => {
+                        arg.push(match escaped {
+                            b'n' => b'\n',
+                            b'r' => b'\r',
+                            b't' => b'\t',
+                            b'b' => 0x08,
+                            b'a' => 0x07,
+                            other => other,
+                        });
+                        position += 2;
+                    }
+                    // A backslash at the very end: the quote can no longer be closed.
+                    (None, _) => return Err(ProtocolError::UnbalancedQuotes),
+                }
+            }
+        }
+    }
+}
+
+/// Reads a single-quoted string whose opening quote ends just before `position`; only `\'` is
+/// an escape, any other backslash is kept.
+fn read_single_quoted(
+    line: &[u8],
+    mut position: usize,
+    arg: &mut Vec<u8>,
+) -> Result<usize, ProtocolError> {
+    loop {
+        let rest = line.get(position..).unwrap_or_default();
+        let run_bytes =
+            rest.iter().position(|&byte| byte == b'\'' || byte == b'\\').unwrap_or(rest.len());
+        arg.extend_from_slice(&rest[..run_bytes]);
+        position += run_bytes;
+        match line.get(position) {
+            None => return Err(ProtocolError::UnbalancedQuotes),
+            Some(b'\'') => return after_closing_quote(line, position),
+            Some(_) => {
+                if line.get(position + 1) == Some(&b'\'') {
+                    arg.push(b'\'');
+                    position += 2;
+                } else {
+                    arg.push(b'\\');
+                    position += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Checks what follows the closing quote at `quote_position`: Redis refuses `"a"b`, because the
+/// intended split is ambiguous.
+fn after_closing_quote(line: &[u8], quote_position: usize) -> Result<usize, ProtocolError> {
+    match line.get(quote_position + 1) {
+        Some(&next) if !is_c_space(next) => Err(ProtocolError::UnbalancedQuotes),
+        _ => Ok(quote_position + 1),
+    }
+}
+
+fn hex_pair(high: u8, low: u8) -> Option<u8> {
+    let digit = |byte: u8| char::from(byte).to_digit(16);
+    let value = digit(high)? * 16 + digit(low)?;
+    u8::try_from(value).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Redis's defaults.
+    const REDIS_LIMITS: ParseLimits = ParseLimits {
+        multibulk_len_max: 1024 * 1024,
+        bulk_bytes_max: 512 * 1024 * 1024,
+        inline_bytes_max: 64 * 1024,
+    };
+
+    /// Small enough that random inputs reach every limit.
+    const SMALL_LIMITS: ParseLimits =
+        ParseLimits { multibulk_len_max: 8, bulk_bytes_max: 16, inline_bytes_max: 32 };
+
+    fn parse(buf: &[u8]) -> Result<Parsed, ProtocolError> {
+        parse_command(buf, &REDIS_LIMITS)
+    }
+
+    fn command(args: &[&[u8]], consumed: usize) -> Result<Parsed, ProtocolError> {
+        Ok(Parsed::Command { args: args.iter().map(|arg| arg.to_vec()).collect(), consumed })
+    }
+
+    fn encode_multibulk(args: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            out.extend_from_slice(arg);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    /// Feeds `chunks` to a connection-like buffer, parsing after each one until more is needed.
+    fn parse_stream<'a>(
+        chunks: impl IntoIterator<Item = &'a [u8]>,
+        limits: &ParseLimits,
+    ) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
+        let mut pending = Vec::new();
+        let mut commands = Vec::new();
+        for chunk in chunks {
+            pending.extend_from_slice(chunk);
+            loop {
+                match parse_command(&pending, limits)? {
+                    Parsed::Command { args, consumed } => {
+                        commands.push(args);
+                        pending.drain(..consumed);
+                    }
+                    Parsed::Skip { consumed } => {
+                        pending.drain(..consumed);
+                    }
+                    Parsed::Incomplete => break,
+                }
+            }
+        }
+        assert!(pending.is_empty(), "bytes left over: {pending:?}");
+        Ok(commands)
+    }
+
+    // ---- multibulk ----
+
+    #[test]
+    fn multibulk_request_parses_with_its_exact_length() {
+        assert_eq!(parse(b"*1\r\n$4\r\nPING\r\n"), command(&[b"PING"], 14));
+        assert_eq!(
+            parse(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\nextra"),
+            command(&[b"SET", b"k", b""], 26)
+        );
+    }
+
+    #[test]
+    fn bulk_data_is_binary_safe() {
+        let buf = b"*2\r\n$3\r\nGET\r\n$6\r\n\r\n\0*$\xff\r\n";
+        assert_eq!(parse(buf), command(&[b"GET", b"\r\n\0*$\xff"], buf.len()));
+    }
+
+    #[test]
+    fn non_positive_multibulk_counts_are_skipped_silently() {
+        assert_eq!(parse(b"*0\r\n"), Ok(Parsed::Skip { consumed: 4 }));
+        assert_eq!(parse(b"*-1\r\n"), Ok(Parsed::Skip { consumed: 5 }));
+        assert_eq!(parse(b"*-10\r\n*1\r\n"), Ok(Parsed::Skip { consumed: 6 }));
+        assert_eq!(parse(b"*-3000000000\r\n"), Ok(Parsed::Skip { consumed: 14 }));
+    }
+
+    #[test]
+    fn out_of_range_multibulk_counts_are_refused() {
+        assert_eq!(parse(b"*3000000000\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(parse(b"*20000000\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(parse(b"*1048577\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(
+            parse(b"*99999999999999999999999\r\n"),
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        // At the limit the count is accepted and the request simply waits for its arguments.
+        assert_eq!(parse(b"*1048576\r\n"), Ok(Parsed::Incomplete));
+    }
+
+    #[test]
+    fn malformed_multibulk_counts_are_refused() {
+        for buf in [
+            &b"*blabla\r\n"[..],
+            b"*\r\n",
+            b"*01\r\n",
+            b"*+1\r\n",
+            b"*-0\r\n",
+            b"*-\r\n",
+            b"* 1\r\n",
+            b"*1 \r\n",
+            b"*1\0\r\n",
+            b"*\xff\xfe\r\n",
+        ] {
+            assert_eq!(parse(buf), Err(ProtocolError::InvalidMultibulkLength), "{buf:?}");
+        }
+    }
+
+    #[test]
+    fn header_cr_must_be_followed_by_lf() {
+        assert_eq!(parse(b"*1\rX$4\r\nPING\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(parse(b"*1\r\n$4\rXPING\r\n"), Err(ProtocolError::InvalidBulkLength));
+        assert_eq!(parse(b"*1\r"), Ok(Parsed::Incomplete));
+        assert_eq!(parse(b"*1\r\n$4\r"), Ok(Parsed::Incomplete));
+    }
+
+    #[test]
+    fn malformed_bulk_lengths_are_refused() {
+        for buf in [
+            &b"*1\r\n$-10\r\n"[..],
+            b"*1\r\n$-1\r\n",
+            b"*1\r\n$2000000000\r\n",
+            b"*1\r\n$blabla\r\n",
+            b"*1\r\n$\r\n",
+            b"*1\r\n$04\r\nPING\r\n",
+            b"*1\r\n$99999999999999999999\r\n",
+        ] {
+            assert_eq!(parse(buf), Err(ProtocolError::InvalidBulkLength), "{buf:?}");
+        }
+    }
+
+    #[test]
+    fn argument_not_starting_with_dollar_is_refused() {
+        assert_eq!(parse(b"*1\r\nfoo\r\n"), Err(ProtocolError::ExpectedDollar { got: b'f' }));
+        assert_eq!(
+            parse(b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz\r\n"),
+            Err(ProtocolError::ExpectedDollar { got: b'f' })
+        );
+        // Detected from the first byte, without waiting for a line ending.
+        assert_eq!(parse(b"*2\r\n$1\r\na\r\n:"), Err(ProtocolError::ExpectedDollar { got: b':' }));
+    }
+
+    #[test]
+    fn bulk_must_be_followed_by_crlf() {
+        assert_eq!(parse(b"*1\r\n$3\r\nfooXY"), Err(ProtocolError::BulkNotTerminated));
+        assert_eq!(parse(b"*1\r\n$3\r\nfoo\rX"), Err(ProtocolError::BulkNotTerminated));
+        assert_eq!(parse(b"*1\r\n$3\r\nfo\r\n\r\n"), Err(ProtocolError::BulkNotTerminated));
+        assert_eq!(parse(b"*1\r\n$3\r\nfoo\r"), Ok(Parsed::Incomplete));
+    }
+
+    #[test]
+    fn bulk_of_exactly_the_limit_is_accepted_and_one_more_byte_refused() {
+        let limits = ParseLimits { bulk_bytes_max: 16, ..REDIS_LIMITS };
+        let at_limit = encode_multibulk(&[vec![b'a'; 16]]);
+        assert_eq!(
+            parse_command(&at_limit, &limits),
+            Ok(Parsed::Command { args: vec![vec![b'a'; 16]], consumed: at_limit.len() })
+        );
+        let over_limit = encode_multibulk(&[vec![b'a'; 17]]);
+        assert_eq!(parse_command(&over_limit, &limits), Err(ProtocolError::InvalidBulkLength));
+    }
+
+    #[test]
+    fn multibulk_count_at_the_limit_is_accepted_and_one_more_refused() {
+        let limits = ParseLimits { multibulk_len_max: 3, ..REDIS_LIMITS };
+        let at_limit = encode_multibulk(&[b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        assert!(matches!(parse_command(&at_limit, &limits), Ok(Parsed::Command { .. })));
+        let over_limit = encode_multibulk(&[b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), vec![]]);
+        assert_eq!(parse_command(&over_limit, &limits), Err(ProtocolError::InvalidMultibulkLength));
+    }
+
+    #[test]
+    fn huge_claims_wait_for_their_bytes() {
+        // Neither claim may be trusted to size an allocation; both just wait.
+        assert_eq!(parse(b"*1000000\r\n$3\r\nGET\r\n"), Ok(Parsed::Incomplete));
+        assert_eq!(parse(b"*1\r\n$16000000\r\nabc"), Ok(Parsed::Incomplete));
+        let limits = ParseLimits { bulk_bytes_max: usize::MAX, ..REDIS_LIMITS };
+        let claim = format!("*1\r\n${}\r\nabc", i64::MAX);
+        assert_eq!(parse_command(claim.as_bytes(), &limits), Ok(Parsed::Incomplete));
+    }
+
+    #[test]
+    fn header_line_without_cr_beyond_the_limit_is_refused() {
+        let mut count = b"*".to_vec();
+        count.resize(70 * 1024, b'1');
+        assert_eq!(parse(&count), Err(ProtocolError::MultibulkCountTooBig));
+        let mut length = b"*1\r\n$".to_vec();
+        length.resize(70 * 1024, b'1');
+        assert_eq!(parse(&length), Err(ProtocolError::BulkCountTooBig));
+        // The limit counts the type byte; a line of exactly the limit still waits.
+        let limits = ParseLimits { inline_bytes_max: 4, ..REDIS_LIMITS };
+        assert_eq!(parse_command(b"*123", &limits), Ok(Parsed::Incomplete));
+        assert_eq!(parse_command(b"*1234", &limits), Err(ProtocolError::MultibulkCountTooBig));
+        assert_eq!(parse_command(b"*1234\r\n", &limits), Err(ProtocolError::MultibulkCountTooBig));
+    }
+
+    #[test]
+    fn every_strict_prefix_of_a_request_is_incomplete() {
+        let request = b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$5\r\nvalue\r\n";
+        for end in 0..request.len() {
+            assert_eq!(parse(&request[..end]), Ok(Parsed::Incomplete), "prefix of {end} bytes");
+        }
+        assert_eq!(parse(request), command(&[b"SET", b"key", b"value"], request.len()));
+    }
+
+    #[test]
+    fn pipelined_requests_are_consumed_one_at_a_time() {
+        let buf = b"*1\r\n$4\r\nPING\r\nECHO \"a b\"\r\n*0\r\n\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n";
+        let mut position = 0;
+        let mut outcomes = Vec::new();
+        while position < buf.len() {
+            let outcome = parse(&buf[position..]).expect("valid pipeline");
+            position += match &outcome {
+                Parsed::Command { consumed, .. } | Parsed::Skip { consumed } => *consumed,
+                Parsed::Incomplete => panic!("incomplete at {position}"),
+            };
+            outcomes.push(outcome);
+        }
+        assert_eq!(
+            outcomes,
+            vec![
+                Parsed::Command { args: vec![b"PING".to_vec()], consumed: 14 },
+                Parsed::Command { args: vec![b"ECHO".to_vec(), b"a b".to_vec()], consumed: 12 },
+                Parsed::Skip { consumed: 4 },
+                Parsed::Skip { consumed: 2 },
+                Parsed::Command { args: vec![b"GET".to_vec(), b"k".to_vec()], consumed: 20 },
+            ]
+        );
+        assert_eq!(position, buf.len());
+    }
+
+    #[test]
+    fn binary_garbage_is_refused_or_waits_but_never_panics() {
+        assert_eq!(parse(b"*\xff\x00\xfe\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(parse(b"*1\r\n\xff"), Err(ProtocolError::ExpectedDollar { got: 0xff }));
+        // Inline garbage: a NUL ends the line as in Redis, so this line holds no command.
+        assert_eq!(parse(b"\x00\xff\xfe\n"), Ok(Parsed::Skip { consumed: 4 }));
+        assert_eq!(parse(b"\x01\xff\xfe\n"), command(&[b"\x01\xff\xfe"], 4));
+        let garbage: Vec<u8> = (0..70 * 1024).map(|i| (i * 7 % 251) as u8 | 0x80).collect();
+        assert_eq!(parse(&garbage), Err(ProtocolError::InlineTooBig));
+        // Redis's protocol desync tests: "\x00", "*\x00" and "$\x00" followed by a stream
+        // without line endings.
+        for start in [&b"\x00"[..], b"*\x00", b"$\x00"] {
+            let mut buf = start.to_vec();
+            buf.resize(70 * 1024, b'A');
+            assert!(parse(&buf).is_err(), "{start:?}");
+        }
+    }
+
+    #[test]
+    fn error_texts_are_redis_texts() {
+        let texts = [
+            (ProtocolError::InvalidMultibulkLength, "Protocol error: invalid multibulk length"),
+            (ProtocolError::InvalidBulkLength, "Protocol error: invalid bulk length"),
+            (ProtocolError::ExpectedDollar { got: b'f' }, "Protocol error: expected '$', got 'f'"),
+            (ProtocolError::UnbalancedQuotes, "Protocol error: unbalanced quotes in request"),
+            (ProtocolError::InlineTooBig, "Protocol error: too big inline request"),
+            (ProtocolError::MultibulkCountTooBig, "Protocol error: too big mbulk count string"),
+            (ProtocolError::BulkCountTooBig, "Protocol error: too big bulk count string"),
+            (ProtocolError::BulkNotTerminated, "Protocol error: bulk data not followed by CRLF"),
+        ];
+        for (error, text) in texts {
+            assert_eq!(error.to_string(), text);
+        }
+        assert_eq!(
+            ProtocolError::ExpectedDollar { got: 0xe9 }.to_string(),
+            "Protocol error: expected '$', got 'é'"
+        );
+    }
+
+    #[test]
+    fn decimal_parsing_matches_string2ll() {
+        assert_eq!(parse_decimal(b"0"), Some(0));
+        assert_eq!(parse_decimal(b"-5"), Some(-5));
+        assert_eq!(parse_decimal(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_decimal(b"-9223372036854775808"), Some(i64::MIN));
+        for text in [&b""[..], b"-", b"-0", b"00", b"+1", b"1a", b"9223372036854775808"] {
+            assert_eq!(parse_decimal(text), None, "{text:?}");
+        }
+    }
+
+    // ---- inline ----
+
+    #[test]
+    fn inline_request_ends_at_lf_with_optional_cr() {
+        assert_eq!(parse(b"PING\r\n"), command(&[b"PING"], 6));
+        assert_eq!(parse(b"PING\n"), command(&[b"PING"], 5));
+        assert_eq!(parse(b"SET  k\tv \r\nGET k\r\n"), command(&[b"SET", b"k", b"v"], 11));
+        assert_eq!(parse(b"SET k v"), Ok(Parsed::Incomplete));
+        assert_eq!(parse(b"SET k v\r"), Ok(Parsed::Incomplete));
+    }
+
+    #[test]
+    fn empty_inline_lines_are_skipped() {
+        assert_eq!(parse(b"\n"), Ok(Parsed::Skip { consumed: 1 }));
+        assert_eq!(parse(b"\r\n"), Ok(Parsed::Skip { consumed: 2 }));
+        assert_eq!(parse(b"  \t \r\n"), Ok(Parsed::Skip { consumed: 6 }));
+    }
+
+    #[test]
+    fn inline_quotes_group_arguments() {
+        assert_eq!(
+            parse(b"set \"a b\" 'c d' \"\" ''\n"),
+            command(&[b"set", b"a b", b"c d", b"", b""], 22)
+        );
+        // A quote may open mid-argument, as in Redis.
+        assert_eq!(parse(b"foo\"bar baz\"\n"), command(&[b"foobar baz"], 13));
+        assert_eq!(parse(b"\"a\"\t'b'\n"), command(&[b"a", b"b"], 8));
+    }
+
+    #[test]
+    fn double_quotes_take_c_escapes_and_hex() {
+        let line = b"\"\\n\\r\\t\\b\\a\\\\\\\"\\x41\\xfF\\xzz\\q\"\n";
+        assert_eq!(parse(line), command(&[b"\n\r\t\x08\x07\\\"A\xffxzzq"], line.len()));
+        // `\x` with fewer than two hex digits keeps the `x`.
+        assert_eq!(parse(b"\"\\x4\"\n"), command(&[b"x4"], 6));
+    }
+
+    #[test]
+    fn single_quotes_take_only_escaped_quote() {
+        let line = b"'it\\'s' 'a\\nb' 'a\\\\b'\n";
+        assert_eq!(parse(line), command(&[b"it's", b"a\\nb", b"a\\\\b"], line.len()));
+    }
+
+    #[test]
+    fn unbalanced_quotes_are_refused() {
+        for line in [
+            &b"set \"\"\"test-key\"\"\" test-value\r\n"[..],
+            b"\"abc\n",
+            b"'abc\n",
+            b"\"abc\"def\n",
+            b"'abc'def\n",
+            b"\"abc\\\"\n",
+            b"\"abc\\\n",
+            b"\"ab\0c\"\n",
+            // `\'` escapes the closing quote, so `'\\'` is never closed.
+            b"'\\\\'\n",
+        ] {
+            assert_eq!(parse(line), Err(ProtocolError::UnbalancedQuotes), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn inline_whitespace_follows_c_rules() {
+        // Vertical tab and form feed separate only between arguments, not inside one.
+        assert_eq!(parse(b"\x0b a\x0bb\x0c\n"), command(&[b"a\x0bb\x0c"], 7));
+        // A closing quote may be followed by any C space.
+        assert_eq!(parse(b"\"a\"\x0bb\n"), command(&[b"a", b"b"], 6));
+        // A CR inside the line separates arguments.
+        assert_eq!(parse(b"a\rb\r\n"), command(&[b"a", b"b"], 5));
+        // A NUL ends the line, as Redis reads it as a C string.
+        assert_eq!(parse(b"GET a\0b c\n"), command(&[b"GET", b"a"], 10));
+    }
+
+    #[test]
+    fn inline_line_beyond_the_limit_is_refused() {
+        let limit_bytes = REDIS_LIMITS.inline_bytes_max;
+        let mut line = vec![b'a'; limit_bytes];
+        assert_eq!(parse(&line), Ok(Parsed::Incomplete));
+        line.push(b'\n');
+        assert!(
+            matches!(parse(&line), Ok(Parsed::Command { consumed, .. }) if consumed == limit_bytes + 1)
+        );
+        let mut long_line = vec![b'a'; limit_bytes + 1];
+        assert_eq!(parse(&long_line), Err(ProtocolError::InlineTooBig));
+        long_line.push(b'\n');
+        assert_eq!(parse(&long_line), Err(ProtocolError::InlineTooBig));
+        assert_eq!(parse(&vec![b'a'; 70 * 1024]), Err(ProtocolError::InlineTooBig));
+    }
+
+    // ---- properties ----
+
+    fn proptest_config(cases: u32) -> ProptestConfig {
+        // No regression files: a failure prints the shrunk case, which reproduces it.
+        ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
+    }
+
+    /// Bytes biased towards the protocol's own syntax, so random input reaches deep states.
+    fn protocol_soup() -> impl Strategy<Value = Vec<u8>> {
+        let byte = prop_oneof![
+            any::<u8>(),
+            prop::sample::select(b"*$\r\n0123456789-\"' \\xaf\t\0".to_vec()),
+        ];
+        prop::collection::vec(byte, 0..200)
+    }
+
+    fn args_strategy() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 1..8)
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config(512))]
+
+        #[test]
+        fn random_bytes_never_panic_and_never_overconsume(
+            buf in protocol_soup(),
+            small_limits in any::<bool>(),
+        ) {
+            let limits = if small_limits { SMALL_LIMITS } else { REDIS_LIMITS };
+            match parse_command(&buf, &limits) {
+                Ok(Parsed::Command { args, consumed }) => {
+                    prop_assert!(consumed > 0 && consumed <= buf.len());
+                    prop_assert!(!args.is_empty());
+                    // A request's outcome depends on its own bytes only.
+                    prop_assert_eq!(
+                        parse_command(&buf[..consumed], &limits),
+                        Ok(Parsed::Command { args, consumed })
+                    );
+                }
+                Ok(Parsed::Skip { consumed }) => {
+                    prop_assert!(consumed > 0 && consumed <= buf.len());
+                    prop_assert_eq!(
+                        parse_command(&buf[..consumed], &limits),
+                        Ok(Parsed::Skip { consumed })
+                    );
+                }
+                Ok(Parsed::Incomplete) | Err(_) => {}
+            }
+        }
+
+        #[test]
+        fn encoded_args_parse_back_and_every_prefix_is_incomplete(
+            args in args_strategy(),
+            trailing in prop::collection::vec(any::<u8>(), 0..16),
+        ) {
+            let request = encode_multibulk(&args);
+            for end in 0..request.len() {
+                prop_assert_eq!(parse(&request[..end]), Ok(Parsed::Incomplete));
+            }
+            let mut buf = request.clone();
+            buf.extend_from_slice(&trailing);
+            prop_assert_eq!(parse(&buf), Ok(Parsed::Command { args, consumed: request.len() }));
+        }
+
+        #[test]
+        fn requests_split_anywhere_parse_identically(
+            requests in prop::collection::vec(args_strategy(), 1..5),
+            cut_seeds in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let stream: Vec<u8> = requests.iter().flat_map(|args| encode_multibulk(args)).collect();
+            let mut cuts: Vec<usize> = cut_seeds.iter().map(|seed| seed.index(stream.len() + 1)).collect();
+            cuts.push(0);
+            cuts.push(stream.len());
+            cuts.sort_unstable();
+            let chunks = cuts.windows(2).map(|pair| &stream[pair[0]..pair[1]]);
+            prop_assert_eq!(parse_stream(chunks, &REDIS_LIMITS), Ok(requests));
+        }
+
+        #[test]
+        fn hex_quoted_inline_args_parse_back(args in args_strategy()) {
+            // Quote every argument with every byte escaped, the inverse of the inline rules.
+            let mut line = Vec::new();
+            for arg in &args {
+                line.push(b'"');
+                for byte in arg {
+                    line.extend_from_slice(format!("\\x{byte:02x}").as_bytes());
+                }
+                line.extend_from_slice(b"\" ");
+            }
+            line.extend_from_slice(b"\r\n");
+            prop_assert_eq!(parse(&line), Ok(Parsed::Command { args, consumed: line.len() }));
+        }
+    }
+}
+#[cfg(test)]
+mod tmp_stats {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream;
+
+    fn read_line(r: &mut BufReader<TcpStream>) -> Vec<u8> {
+        let mut line = Vec::new();
+        r.read_until(b'\n', &mut line).unwrap();
+        line
+    }
+
+    #[test]
+    fn tmp_differential_inline() {
+        let Ok(port) = std::env::var("REDIS_DIFF_PORT") else { return };
+        let limits = ParseLimits {
+            multibulk_len_max: 1 << 20,
+            bulk_bytes_max: 512 << 20,
+            inline_bytes_max: 64 << 10,
+        };
+        let byte = prop_oneof![
+            any::<u8>().prop_filter("no lf", |b| *b != b'\n'),
+            prop::sample::select(b"ab \t\x0b\x0c\"'\\x4fn\0\rZ".to_vec()),
+            prop::sample::select(b"ab \"'\\".to_vec()),
+        ];
+        let strat = prop::collection::vec(byte, 0..24);
+        let mut runner = proptest::test_runner::TestRunner::default();
+        let mut stats = std::collections::BTreeMap::new();
+        for _ in 0..3000 {
+            let line = strat.new_tree(&mut runner).unwrap().current();
+            let mut req = b"RPUSH l ".to_vec();
+            req.extend_from_slice(&line);
+            req.extend_from_slice(b"\r\n");
+            let ours = parse_command(&req, &limits);
+            let stream = TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+            let mut w = stream.try_clone().unwrap();
+            let mut r = BufReader::new(stream);
+            w.write_all(b"*2\r\n$3\r\nDEL\r\n$1\r\nl\r\n").unwrap();
+            read_line(&mut r);
+            w.write_all(&req).unwrap();
+            let reply = read_line(&mut r);
+            match ours {
+                Err(e) => {
+                    assert_eq!(
+                        String::from_utf8_lossy(&reply),
+                        format!("-ERR {e}\r\n"),
+                        "{line:?}"
+                    );
+                    *stats.entry("err").or_insert(0) += 1;
+                }
+                Ok(Parsed::Command { args, consumed }) => {
+                    assert_eq!(consumed, req.len());
+                    if args.len() == 2 {
+                        assert!(reply.starts_with(b"-ERR wrong number"), "{line:?} {reply:?}");
+                        *stats.entry("noargs").or_insert(0) += 1;
+                        continue;
+                    }
+                    assert_eq!(reply, format!(":{}\r\n", args.len() - 2).into_bytes(), "{line:?}");
+                    w.write_all(b"*4\r\n$6\r\nLRANGE\r\n$1\r\nl\r\n$1\r\n0\r\n$2\r\n-1\r\n")
+                        .unwrap();
+                    let header = read_line(&mut r);
+                    let n: usize =
+                        std::str::from_utf8(&header[1..header.len() - 2]).unwrap().parse().unwrap();
+                    let mut got = Vec::new();
+                    for _ in 0..n {
+                        let h = read_line(&mut r);
+                        let len: usize =
+                            std::str::from_utf8(&h[1..h.len() - 2]).unwrap().parse().unwrap();
+                        let mut data = vec![0; len + 2];
+                        r.read_exact(&mut data).unwrap();
+                        data.truncate(len);
+                        got.push(data);
+                    }
+                    assert_eq!(got, args[2..].to_vec(), "{line:?}");
+                    *stats.entry("cmd").or_insert(0) += 1;
+                }
+                other => panic!("{other:?} for {line:?}"),
+            }
+        }
+        eprintln!("{stats:?}");
+    }
+}
