@@ -49,8 +49,6 @@ pub struct ServerConfig {
     pub client_output_bytes_max: usize,
     /// Port of the Prometheus text endpoint on `bind`; 0 for none.
     pub metrics_port: u16,
-    /// Log filter (as COPSE_LOG / RUST_LOG): "info", "copse_server=debug", ...
-    pub log: String,
 }
 
 impl Default for ServerConfig {
@@ -70,7 +68,6 @@ impl Default for ServerConfig {
             proto_max_bulk_len: PROTO_MAX_BULK_LEN_DEFAULT,
             client_output_bytes_max: CLIENT_OUTPUT_BYTES_MAX_DEFAULT,
             metrics_port: 0,
-            log: "info".into(),
         }
     }
 }
@@ -165,6 +162,10 @@ mod tests {
         assert_eq!(config.bind, "127.0.0.1", "unset settings keep their defaults");
         std::fs::write(&file, "prot = 7000\n").unwrap();
         assert!(matches!(ServerConfig::from_file(&file), Err(ConfigError::Parse { .. })));
+        // The example file in the repository lists every setting with its default.
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../copse.example.toml");
+        let example = ServerConfig::from_file(std::path::Path::new(example)).unwrap();
+        assert_eq!(format!("{example:?}"), format!("{:?}", ServerConfig::default()));
         let bad = ServerConfig { durability: "sometimes".into(), ..ServerConfig::default() };
         assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
     }

@@ -21,6 +21,27 @@ use std::ops::Bound;
 
 use copse::limits::KEY_BYTES_MAX;
 
+/// The item that says a store holds the Redis key space, and in which format version. Its tag
+/// (0xff) sorts after every other item, so FLUSHALL and SCAN never meet it.
+pub const MARKER_KEY: &[u8] = b"\xffcopse:redis-keyspace";
+pub const MARKER_MAGIC: &[u8; 4] = b"CRKS";
+/// Version of this encoding. History: 1 (copse 0.1, first version).
+pub const KEYSPACE_FORMAT_VERSION: u32 = 1;
+
+pub fn marker_value() -> Vec<u8> {
+    let mut out = MARKER_MAGIC.to_vec();
+    out.extend_from_slice(&KEYSPACE_FORMAT_VERSION.to_le_bytes());
+    out
+}
+
+/// The format version a marker value names, or None if it is not a marker.
+pub fn marker_version(value: &[u8]) -> Option<u32> {
+    if value.len() != 8 || &value[..4] != MARKER_MAGIC {
+        return None;
+    }
+    Some(u32::from_le_bytes(value[4..8].try_into().ok()?))
+}
+
 /// The byte that starts each kind of item. persisted: never renumber
 pub const TAG_META: u8 = b'm';
 pub const TAG_FIELD: u8 = b'h';
@@ -245,6 +266,37 @@ mod tests {
         let hashes: Vec<_> = keys.iter().map(|k| decode_meta(k).unwrap().0).collect();
         assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
         assert!(decode_meta(b"h\0\0\0\x01k").is_none());
+    }
+
+    /// The worked examples of docs/format/redis-keyspace.md, byte for byte: a change here is a
+    /// change of the on-disk format.
+    #[test]
+    fn the_documented_examples_hold() {
+        let bytes = |hex: &str| -> Vec<u8> {
+            hex.split(' ').map(|b| u8::from_str_radix(b, 16).unwrap()).collect()
+        };
+        assert_eq!(scan_hash(b"greeting"), 0x0fe4_04f0_4817_c3a1);
+        assert_eq!(
+            meta_key(b"greeting", KeyType::String),
+            bytes("6d 0f e4 04 f0 48 17 c3 a1 67 72 65 65 74 69 6e 67 73")
+        );
+        assert_eq!(
+            meta_key(b"user:1", KeyType::Hash),
+            bytes("6d 1d ab bd 7e bf f6 ca 81 75 73 65 72 3a 31 68")
+        );
+        assert_eq!(
+            field_key(b"user:1", b"name"),
+            bytes("68 00 00 00 06 75 73 65 72 3a 31 06 1a a7 66 e1 25 3b eb 6e 61 6d 65")
+        );
+        assert_eq!(
+            member_key(b"board", b"ann"),
+            bytes("7a 00 00 00 05 62 6f 61 72 64 6d 61 6e 6e")
+        );
+        assert_eq!(
+            score_key(b"board", 2.5, b"ann"),
+            bytes("7a 00 00 00 05 62 6f 61 72 64 73 c0 04 00 00 00 00 00 00 61 6e 6e")
+        );
+        assert_eq!(encode_score(2.5), bytes("40 04 00 00 00 00 00 00"));
     }
 
     #[test]

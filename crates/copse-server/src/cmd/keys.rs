@@ -373,7 +373,9 @@ fn flushall(call: &mut Call<'_>) -> Outcome {
         for shard in 0..db.shard_count() {
             plan.add(shard, vec![], move |view, input| match input {
                 Input::Start | Input::Written => {
-                    let keys = view.keys(Bound::Unbounded, Bound::Unbounded, FLUSH_BATCH_KEYS);
+                    // Up to the marker's tag: the store stays marked as a Redis key space.
+                    let end = [keyspace::MARKER_KEY[0]];
+                    let keys = view.keys(Bound::Unbounded, Bound::Excluded(&end), FLUSH_BATCH_KEYS);
                     if keys.is_empty() {
                         return Next::Reply(Reply::ok());
                     }

@@ -169,8 +169,38 @@ pub async fn collect(
     combine(replies)
 }
 
+/// Makes sure the store holds the Redis key space in a format this build reads: a new store
+/// gets the marker; a store with items but no marker (written through the embedded API or the
+/// CLI) or with another version is refused, so the server never misreads foreign items.
+fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeError> {
+    use crate::keyspace::{marker_value, marker_version, KEYSPACE_FORMAT_VERSION, MARKER_KEY};
+    let path = config.path.display().to_string();
+    match db.get(MARKER_KEY).map_err(|err| ServeError::Store(err.to_string()))? {
+        Some(value) => match marker_version(&value) {
+            Some(KEYSPACE_FORMAT_VERSION) => Ok(()),
+            Some(version) => Err(ServeError::Keyspace(format!(
+                "store at {path} holds Redis key space format version {version}; this build reads version {KEYSPACE_FORMAT_VERSION}"
+            ))),
+            None => Err(ServeError::Keyspace(format!("store at {path} has a damaged key space marker"))),
+        },
+        None => {
+            let items = db.stats().map_err(|err| ServeError::Store(err.to_string()))?.items;
+            if items > 0 {
+                return Err(ServeError::Keyspace(format!(
+                    "store at {path} holds {items} items that copse serve did not write (it was used through the API or the CLI); serve a store of its own"
+                )));
+            }
+            db.put(MARKER_KEY, &marker_value()).map_err(|err| ServeError::Store(err.to_string()))
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    #[error("{0}")]
+    Keyspace(String),
+    #[error("store error while starting: {0}")]
+    Store(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot open the store: {0}")]
@@ -206,6 +236,10 @@ pub fn start(config: ServerConfig) -> Result<Running, ServeError> {
     config.validate()?;
     let options = config.store_options()?;
     let db = Db::open(&config.path, options)?;
+    if let Err(err) = check_keyspace_marker(&db, &config) {
+        let _ = db.close();
+        return Err(err);
+    }
     let addr = format!("{}:{}", config.bind, config.port);
     let listener = std::net::TcpListener::bind(&addr)
         .map_err(|error| ServeError::Bind { addr: addr.clone(), error })?;
