@@ -197,9 +197,12 @@ fn an_exec_write_over_the_limits_is_refused_and_changes_nothing() {
     assert_eq!(db.get(b"ok").unwrap(), None);
 }
 
+/// The keys a scan returned, and the keys the index view listed.
+type ScannedAndListed = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
 /// Reads a range with values and with the key-only view; answers both.
 struct ScanBoth {
-    answer: Option<mpsc::Sender<(Vec<Vec<u8>>, Vec<Vec<u8>>)>>,
+    answer: Option<mpsc::Sender<ScannedAndListed>>,
 }
 
 impl Exec for ScanBoth {

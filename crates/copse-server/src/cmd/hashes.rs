@@ -1,7 +1,644 @@
-//! Hash commands (filled in next).
+//! Hash commands. A hash is its meta item (empty value) plus one item per field, so HSET of one
+//! field of a large hash writes one small item, never the whole hash.
+//!
+//! Invariants:
+//! - A hash exists iff its meta item exists, and then it has at least one field: the meta item is
+//!   written in the same batch as the first field and deleted in the same batch as the last.
+//! - A hash has at most `HASH_FIELDS_MAX` fields, so DEL of the whole hash fits one batch.
+//! - Each command writes at most one batch, so it happens whole or not at all; every limit is
+//!   checked before that batch, and a refused command changes nothing.
+//! - Whatever the item keys tell (HEXISTS, HLEN, HKEYS, HSCAN NOVALUES) is answered from the
+//!   shard's index with no I/O; values are read only where they are needed.
+//! - Field order (HGETALL, HKEYS, HVALS, HSCAN) is by field scan hash, not insertion order.
 
-use super::Spec;
+use std::collections::{HashMap, HashSet};
+use std::ops::Bound;
+
+use copse::engine::native::batch::encoded_batch_bytes;
+use copse::engine::BatchOp;
+use copse::limits::{KEY_BYTES_MAX, SCAN_ITEMS_MAX, WRITE_BATCH_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+use copse::shard::exec::{ExecView, ReadOp, ReadResult};
+
+use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
+use super::{
+    answer, bound_ref, check_value, key_type, on_key, parse_f64, parse_i64, unexpected, value_of,
+    Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX, WRONGTYPE,
+};
+use crate::keyspace::{
+    decode_field, field_key, fields_from, fields_range, meta_key, KeyType, FIELD_OVERHEAD_BYTES,
+};
+use crate::resp::{format_double, Reply};
+
+/// Fields one hash may hold: DEL deletes every field and the meta item in one atomic batch, which
+/// must fit `WRITE_BATCH_OPS_MAX` operations (one spare).
+pub const HASH_FIELDS_MAX: usize = WRITE_BATCH_OPS_MAX - 2;
+const _: () = assert!(HASH_FIELDS_MAX < WRITE_BATCH_OPS_MAX, "DEL: every field and the meta item");
 
 pub fn specs() -> Vec<Spec> {
-    vec![]
+    let spec = |name, arity, flags, summary, handler| Spec {
+        name,
+        arity,
+        flags,
+        first_key: 1,
+        last_key: 1,
+        key_step: 1,
+        group: "hash",
+        summary,
+        handler,
+    };
+    const W: &[&str] = &["write", "fast"];
+    const R: &[&str] = &["readonly", "fast"];
+    const RS: &[&str] = &["readonly"];
+    vec![
+        spec("hset", -4, W, "Sets fields of a hash; returns how many are new.", hset as _),
+        spec("hmset", -4, W, "Sets fields of a hash.", hmset as _),
+        spec("hsetnx", 4, W, "Sets a field of a hash only if it does not exist.", hsetnx as _),
+        spec("hget", 3, R, "Returns the value of a field.", hget as _),
+        spec("hmget", -3, R, "Returns the values of several fields.", hmget as _),
+        spec("hgetall", 2, RS, "Returns every field and value of a hash.", hgetall as _),
+        spec("hdel", -3, W, "Deletes fields of a hash.", hdel as _),
+        spec("hexists", 3, R, "Tells whether a field exists.", hexists as _),
+        spec("hlen", 2, R, "Returns the number of fields of a hash.", hlen as _),
+        spec("hkeys", 2, RS, "Returns every field name of a hash.", hkeys as _),
+        spec("hvals", 2, RS, "Returns every value of a hash.", hvals as _),
+        spec("hstrlen", 3, R, "Returns the length of a field's value.", hstrlen as _),
+        spec("hincrby", 4, W, "Increments the integer value of a field.", hincrby as _),
+        spec("hincrbyfloat", 4, W, "Increments the float value of a field.", hincrbyfloat as _),
+        spec("hscan", -3, RS, "Iterates over the fields of a hash.", hscan as _),
+    ]
+}
+
+/// Whether `key` holds a `ty` (false: no such key), or WRONGTYPE for a key of another type.
+/// Shared with the sorted set commands.
+pub(super) fn exists_as(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Result<bool, Reply> {
+    match key_type(view, key) {
+        None => Ok(false),
+        Some(found) if found == ty => Ok(true),
+        Some(_) => Err(Reply::error(WRONGTYPE)),
+    }
+}
+
+fn hash_exists(view: &ExecView<'_>, key: &[u8]) -> Result<bool, Reply> {
+    exists_as(view, key, KeyType::Hash)
+}
+
+/// Fields of hash `key`, from the index.
+fn field_count(view: &ExecView<'_>, key: &[u8]) -> usize {
+    let (start, end) = fields_range(key);
+    view.count(bound_ref(&start), bound_ref(&end), usize::MAX)
+}
+
+/// Refuses a field whose item key would not fit copse's keys.
+fn check_field(key: &[u8], field: &[u8]) -> Result<(), Reply> {
+    if key.len() + field.len() + FIELD_OVERHEAD_BYTES > KEY_BYTES_MAX {
+        return Err(Reply::Error(format!(
+            "ERR hash field of {} bytes is too long for a key of {} bytes (copse allows key and \
+             field together up to {} bytes)",
+            field.len(),
+            key.len(),
+            KEY_BYTES_MAX - FIELD_OVERHEAD_BYTES
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a hash that would grow past `HASH_FIELDS_MAX`.
+fn check_field_count(count: usize) -> Result<(), Reply> {
+    if count > HASH_FIELDS_MAX {
+        return Err(Reply::Error(format!(
+            "ERR a hash holds at most {HASH_FIELDS_MAX} fields in copse; nothing was changed"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a write that does not fit one atomic batch, with a clearer error than the engine's.
+/// A single operation is written without a batch record, so only its key and value limits
+/// (checked with the arguments) apply. Shared with the sorted set commands.
+pub(super) fn check_batch(ops: &[BatchOp]) -> Result<(), Reply> {
+    if ops.len() <= 1 {
+        return Ok(());
+    }
+    if ops.len() > WRITE_BATCH_OPS_MAX {
+        return Err(Reply::Error(format!(
+            "ERR this command would change {} items in one atomic batch, more than copse's \
+             limit of {WRITE_BATCH_OPS_MAX}; nothing was changed",
+            ops.len()
+        )));
+    }
+    let bytes = encoded_batch_bytes(ops);
+    if bytes > WRITE_BATCH_BYTES_MAX {
+        return Err(Reply::Error(format!(
+            "ERR this command would write {bytes} bytes in one atomic batch, more than copse's \
+             limit of {WRITE_BATCH_BYTES_MAX}; nothing was changed"
+        )));
+    }
+    Ok(())
+}
+
+/// A command on a `ty` key answered from the index alone; `reply` also runs for a missing key,
+/// whose ranges are empty. Shared with the sorted set commands.
+pub(super) fn from_index<F>(call: &Call<'_>, ty: KeyType, mut reply: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, &[u8]) -> Reply + Send + 'static,
+{
+    let key = call.args[1].clone();
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => Next::Reply(match exists_as(view, &key, ty) {
+            Ok(_) => reply(view, &key),
+            Err(error) => error,
+        }),
+        _ => unexpected(),
+    })
+}
+
+/// (field, value) pairs.
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// (field, value) pairs of HSET/HMSET, the last value of a repeated field winning, or the error.
+fn field_pairs(call: &Call<'_>) -> Result<Pairs, Reply> {
+    if !call.args.len().is_multiple_of(2) {
+        let name = call.word(0);
+        return Err(Reply::Error(format!("ERR wrong number of arguments for '{name}' command")));
+    }
+    let key = &call.args[1];
+    let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut seen: HashMap<&[u8], usize> = HashMap::new();
+    for pair in call.args[2..].chunks(2) {
+        check_field(key, &pair[0])?;
+        check_value(&pair[1])?;
+        match seen.get(&pair[0][..]) {
+            Some(&at) => pairs[at].1 = pair[1].clone(),
+            None => {
+                seen.insert(&pair[0], pairs.len());
+                pairs.push((pair[0].clone(), pair[1].clone()));
+            }
+        }
+    }
+    Ok(pairs)
+}
+
+/// Sets `pairs` (distinct fields) in one batch, creating the hash if needed; answers
+/// `done(new fields)`. With `only_new`, a field that exists stops it (HSETNX: one pair).
+fn set_fields(
+    call: &Call<'_>,
+    mut pairs: Pairs,
+    only_new: bool,
+    done: fn(usize) -> Reply,
+) -> Outcome {
+    let key = call.args[1].clone();
+    let mut pending = None;
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => {
+            let exists = match hash_exists(view, &key) {
+                Ok(exists) => exists,
+                Err(error) => return Next::Reply(error),
+            };
+            let mut ops = Vec::with_capacity(pairs.len() + 1);
+            if !exists {
+                ops.push(BatchOp::Put { key: meta_key(&key, KeyType::Hash), value: Vec::new() });
+            }
+            let mut added = 0;
+            for (field, value) in std::mem::take(&mut pairs) {
+                let item = field_key(&key, &field);
+                if !view.contains(&item) {
+                    added += 1;
+                } else if only_new {
+                    return Next::Reply(Reply::Integer(0));
+                }
+                ops.push(BatchOp::Put { key: item, value });
+            }
+            let before = if exists && added > 0 { field_count(view, &key) } else { 0 };
+            if let Err(error) = check_field_count(before + added).and_then(|()| check_batch(&ops)) {
+                return Next::Reply(error);
+            }
+            pending = Some(done(added));
+            Next::Write(ops)
+        }
+        Input::Written => answer(&mut pending),
+        Input::Read(_) => unexpected(),
+    })
+}
+
+fn hset(call: &mut Call<'_>) -> Outcome {
+    match field_pairs(call) {
+        Ok(pairs) => set_fields(call, pairs, false, |added| Reply::Integer(added as i64)),
+        Err(error) => Outcome::Reply(error),
+    }
+}
+
+fn hmset(call: &mut Call<'_>) -> Outcome {
+    match field_pairs(call) {
+        Ok(pairs) => set_fields(call, pairs, false, |_| Reply::ok()),
+        Err(error) => Outcome::Reply(error),
+    }
+}
+
+fn hsetnx(call: &mut Call<'_>) -> Outcome {
+    match field_pairs(call) {
+        Ok(pairs) => set_fields(call, pairs, true, |_| Reply::Integer(1)),
+        Err(error) => Outcome::Reply(error),
+    }
+}
+
+/// Reads the values of `fields` (a missing key or field reads as None, with no I/O) and
+/// answers `reply(values)`, in the order of `fields`.
+fn read_fields<F>(call: &Call<'_>, fields: Vec<Vec<u8>>, mut reply: F) -> Outcome
+where
+    F: FnMut(Vec<Option<Vec<u8>>>) -> Reply + Send + 'static,
+{
+    let key = call.args[1].clone();
+    // Distinct fields that exist, in the order they are read.
+    let mut reads: Vec<Vec<u8>> = Vec::new();
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => {
+            if let Err(error) = hash_exists(view, &key) {
+                return Next::Reply(error);
+            }
+            let mut seen = HashSet::new();
+            for field in &fields {
+                if seen.insert(&field[..]) && view.contains(&field_key(&key, field)) {
+                    reads.push(field.clone());
+                }
+            }
+            if reads.is_empty() {
+                return Next::Reply(reply(vec![None; fields.len()]));
+            }
+            Next::Read(reads.iter().map(|field| ReadOp::Get(field_key(&key, field))).collect())
+        }
+        Input::Read(results) => {
+            let found: HashMap<&[u8], Option<Vec<u8>>> = reads
+                .iter()
+                .map(|field| &field[..])
+                .zip(results.into_iter().map(|result| value_of(Some(result))))
+                .collect();
+            let values =
+                fields.iter().map(|field| found.get(&field[..]).cloned().flatten()).collect();
+            Next::Reply(reply(values))
+        }
+        Input::Written => unexpected(),
+    })
+}
+
+fn hget(call: &mut Call<'_>) -> Outcome {
+    let field = call.args[2].clone();
+    read_fields(call, vec![field], |mut values| {
+        values.pop().flatten().map_or(Reply::Null, Reply::Bulk)
+    })
+}
+
+fn hmget(call: &mut Call<'_>) -> Outcome {
+    let fields = call.args[2..].to_vec();
+    read_fields(call, fields, |values| {
+        Reply::Array(
+            values.into_iter().map(|value| value.map_or(Reply::Null, Reply::Bulk)).collect(),
+        )
+    })
+}
+
+fn hstrlen(call: &mut Call<'_>) -> Outcome {
+    let field = call.args[2].clone();
+    read_fields(call, vec![field], |mut values| {
+        Reply::Integer(values.pop().flatten().map_or(0, |value| value.len() as i64))
+    })
+}
+
+/// Reads every (field, value) of the hash in one scan and answers `reply` of them.
+fn read_all<F>(call: &Call<'_>, mut reply: F) -> Outcome
+where
+    F: FnMut(Vec<(Vec<u8>, Vec<u8>)>) -> Reply + Send + 'static,
+{
+    let key = call.args[1].clone();
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => match hash_exists(view, &key) {
+            Ok(true) => {
+                let (start, end) = fields_range(&key);
+                // A hash holds at most HASH_FIELDS_MAX < SCAN_ITEMS_MAX fields: one scan reads all.
+                Next::Read(vec![ReadOp::Scan { start, end, limit: SCAN_ITEMS_MAX }])
+            }
+            Ok(false) => Next::Reply(reply(Vec::new())),
+            Err(error) => Next::Reply(error),
+        },
+        Input::Read(mut results) => match results.pop() {
+            Some(ReadResult::Items(items)) => {
+                let mut pairs = Vec::with_capacity(items.len());
+                for (item, value) in items {
+                    match decode_field(&item, key.len()) {
+                        Some((_, field)) => pairs.push((field.to_vec(), value)),
+                        None => return unexpected(),
+                    }
+                }
+                Next::Reply(reply(pairs))
+            }
+            _ => unexpected(),
+        },
+        Input::Written => unexpected(),
+    })
+}
+
+fn hgetall(call: &mut Call<'_>) -> Outcome {
+    read_all(call, |pairs| {
+        Reply::Map(
+            pairs
+                .into_iter()
+                .map(|(field, value)| (Reply::Bulk(field), Reply::Bulk(value)))
+                .collect(),
+        )
+    })
+}
+
+fn hvals(call: &mut Call<'_>) -> Outcome {
+    read_all(call, |pairs| Reply::Array(pairs.into_iter().map(|(_, v)| Reply::Bulk(v)).collect()))
+}
+
+/// The field names of hash `key`'s items in `[start, end)`, up to `limit`, from the index.
+fn field_names(
+    view: &ExecView<'_>,
+    key: &[u8],
+    range: &(Bound<Vec<u8>>, Bound<Vec<u8>>),
+    limit: usize,
+) -> Vec<(u64, Vec<u8>)> {
+    view.keys(bound_ref(&range.0), bound_ref(&range.1), limit)
+        .iter()
+        .filter_map(|item| decode_field(item, key.len()).map(|(hash, f)| (hash, f.to_vec())))
+        .collect()
+}
+
+fn hkeys(call: &mut Call<'_>) -> Outcome {
+    from_index(call, KeyType::Hash, |view, key| {
+        let names = field_names(view, key, &fields_range(key), usize::MAX);
+        Reply::Array(names.into_iter().map(|(_, field)| Reply::Bulk(field)).collect())
+    })
+}
+
+fn hexists(call: &mut Call<'_>) -> Outcome {
+    let field = call.args[2].clone();
+    from_index(call, KeyType::Hash, move |view, key| {
+        Reply::Integer(view.contains(&field_key(key, &field)) as i64)
+    })
+}
+
+fn hlen(call: &mut Call<'_>) -> Outcome {
+    from_index(call, KeyType::Hash, |view, key| Reply::Integer(field_count(view, key) as i64))
+}
+
+fn hdel(call: &mut Call<'_>) -> Outcome {
+    let key = call.args[1].clone();
+    let fields = call.args[2..].to_vec();
+    let mut pending = None;
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => {
+            match hash_exists(view, &key) {
+                Ok(true) => {}
+                Ok(false) => return Next::Reply(Reply::Integer(0)),
+                Err(error) => return Next::Reply(error),
+            }
+            let mut ops: Vec<BatchOp> = Vec::new();
+            let mut seen = HashSet::new();
+            for field in &fields {
+                let item = field_key(&key, field);
+                if seen.insert(&field[..]) && view.contains(&item) {
+                    ops.push(BatchOp::Delete { key: item });
+                }
+            }
+            let deleted = ops.len();
+            if deleted == 0 {
+                return Next::Reply(Reply::Integer(0));
+            }
+            if field_count(view, &key) == deleted {
+                ops.push(BatchOp::Delete { key: meta_key(&key, KeyType::Hash) });
+            }
+            pending = Some(Reply::Integer(deleted as i64));
+            Next::Write(ops)
+        }
+        Input::Written => answer(&mut pending),
+        Input::Read(_) => unexpected(),
+    })
+}
+
+/// Changes one field: `change` maps its old value (None if missing) to the new value and the
+/// answer, or to an error that changes nothing.
+fn modify_field<F>(call: &Call<'_>, mut change: F) -> Outcome
+where
+    F: FnMut(Option<Vec<u8>>) -> Result<(Vec<u8>, Reply), Reply> + Send + 'static,
+{
+    let key = call.args[1].clone();
+    let field = call.args[2].clone();
+    if let Err(error) = check_field(&key, &field) {
+        return Outcome::Reply(error);
+    }
+    let item = field_key(&key, &field);
+    let mut exists = false;
+    let mut pending = None;
+    on_key(call.db(), &key.clone(), move |view, input| {
+        let old = match input {
+            Input::Start => {
+                exists = match hash_exists(view, &key) {
+                    Ok(exists) => exists,
+                    Err(error) => return Next::Reply(error),
+                };
+                if view.contains(&item) {
+                    return Next::Read(vec![ReadOp::Get(item.clone())]);
+                }
+                None
+            }
+            Input::Read(mut results) => match value_of(results.pop()) {
+                Some(value) => Some(value),
+                None => return unexpected(),
+            },
+            Input::Written => return answer(&mut pending),
+        };
+        let is_new = old.is_none();
+        let (value, reply) = match change(old) {
+            Ok(changed) => changed,
+            Err(error) => return Next::Reply(error),
+        };
+        let mut ops = Vec::with_capacity(2);
+        if !exists {
+            ops.push(BatchOp::Put { key: meta_key(&key, KeyType::Hash), value: Vec::new() });
+        } else if is_new {
+            if let Err(error) = check_field_count(field_count(view, &key) + 1) {
+                return Next::Reply(error);
+            }
+        }
+        ops.push(BatchOp::Put { key: item.clone(), value });
+        pending = Some(reply);
+        Next::Write(ops)
+    })
+}
+
+fn hincrby(call: &mut Call<'_>) -> Outcome {
+    let Some(by) = parse_i64(&call.args[3]) else {
+        return Outcome::error(NOT_INTEGER);
+    };
+    modify_field(call, move |old| {
+        let current = match old {
+            None => 0,
+            Some(bytes) => {
+                parse_i64(&bytes).ok_or_else(|| Reply::error("ERR hash value is not an integer"))?
+            }
+        };
+        let next = current
+            .checked_add(by)
+            .ok_or_else(|| Reply::error("ERR increment or decrement would overflow"))?;
+        Ok((next.to_string().into_bytes(), Reply::Integer(next)))
+    })
+}
+
+fn hincrbyfloat(call: &mut Call<'_>) -> Outcome {
+    let Some(by) = parse_f64(&call.args[3]) else {
+        return Outcome::error(NOT_FLOAT);
+    };
+    if by.is_infinite() {
+        return Outcome::error("ERR value is NaN or Infinity");
+    }
+    modify_field(call, move |old| {
+        let current = match old {
+            None => 0.0,
+            Some(bytes) => {
+                parse_f64(&bytes).ok_or_else(|| Reply::error("ERR hash value is not a float"))?
+            }
+        };
+        let next = current + by;
+        if !next.is_finite() {
+            return Err(Reply::error("ERR increment would produce NaN or Infinity"));
+        }
+        let text = format_double(next).into_bytes();
+        Ok((text.clone(), Reply::Bulk(text)))
+    })
+}
+
+struct ScanOptions {
+    pattern: Option<Vec<u8>>,
+    count: usize,
+    values: bool,
+}
+
+/// HSCAN's options after the cursor.
+fn scan_options(call: &Call<'_>) -> Result<ScanOptions, Reply> {
+    let mut options = ScanOptions { pattern: None, count: SCAN_COUNT_DEFAULT, values: true };
+    let mut at = 3;
+    while at < call.args.len() {
+        let argument = call.args.get(at + 1);
+        match (call.word(at).as_str(), argument) {
+            ("match", Some(pattern)) => {
+                // "*" matches everything: skip the matching.
+                options.pattern = (pattern[..] != b"*"[..]).then(|| pattern.clone());
+            }
+            ("count", Some(count)) => match parse_i64(count) {
+                Some(n) if n >= 1 => options.count = (n as usize).min(SCAN_COUNT_MAX),
+                Some(_) => return Err(Reply::error(SYNTAX)),
+                None => return Err(Reply::error(NOT_INTEGER)),
+            },
+            ("novalues", _) => {
+                options.values = false;
+                at += 1;
+                continue;
+            }
+            _ => return Err(Reply::error(SYNTAX)),
+        }
+        at += 2;
+    }
+    Ok(options)
+}
+
+/// HSCAN: the cursor is the field scan hash to continue from, so it survives writes and every
+/// field present for the whole iteration is returned at least once. Unlike Redis, a small hash
+/// is paged by COUNT like a large one.
+fn hscan(call: &mut Call<'_>) -> Outcome {
+    let Some(cursor) = std::str::from_utf8(&call.args[2]).ok().and_then(|c| c.parse::<u64>().ok())
+    else {
+        return Outcome::error("ERR invalid cursor");
+    };
+    // Redis answers a missing key before looking at the options: so does this, in the exec.
+    let options = scan_options(call);
+    let key = call.args[1].clone();
+    let mut fields: Vec<Vec<u8>> = Vec::new();
+    let mut next = 0;
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => {
+            match hash_exists(view, &key) {
+                Ok(true) => {}
+                Ok(false) => return Next::Reply(scan_reply(0, Vec::new())),
+                Err(error) => return Next::Reply(error),
+            }
+            let options = match &options {
+                Ok(options) => options,
+                Err(error) => return Next::Reply(error.clone()),
+            };
+            // One more than asked: its hash is the next cursor.
+            let mut names = field_names(view, &key, &fields_from(&key, cursor), options.count + 1);
+            next = if names.len() > options.count { names.pop().map_or(0, |(h, _)| h) } else { 0 };
+            fields = names
+                .into_iter()
+                .map(|(_, field)| field)
+                .filter(|field| options.pattern.as_ref().is_none_or(|p| glob_match(p, field)))
+                .collect();
+            if !options.values {
+                let fields = std::mem::take(&mut fields);
+                return Next::Reply(scan_reply(
+                    next,
+                    fields.into_iter().map(Reply::Bulk).collect(),
+                ));
+            }
+            if fields.is_empty() {
+                return Next::Reply(scan_reply(next, Vec::new()));
+            }
+            Next::Read(fields.iter().map(|field| ReadOp::Get(field_key(&key, field))).collect())
+        }
+        Input::Read(results) => {
+            let mut flat = Vec::with_capacity(2 * fields.len());
+            for (field, result) in std::mem::take(&mut fields).into_iter().zip(results) {
+                match value_of(Some(result)) {
+                    Some(value) => flat.extend([Reply::Bulk(field), Reply::Bulk(value)]),
+                    None => return unexpected(),
+                }
+            }
+            Next::Reply(scan_reply(next, flat))
+        }
+        Input::Written => unexpected(),
+    })
+}
+
+fn scan_reply(next: u64, items: Vec<Reply>) -> Reply {
+    Reply::Array(vec![Reply::Bulk(next.to_string().into_bytes()), Reply::Array(items)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_field_fits_exactly_when_its_item_key_fits() {
+        let key = b"user:1";
+        let longest = vec![b'f'; KEY_BYTES_MAX - FIELD_OVERHEAD_BYTES - key.len()];
+        assert!(check_field(key, &longest).is_ok());
+        assert_eq!(field_key(key, &longest).len(), KEY_BYTES_MAX);
+        let longer = vec![b'f'; longest.len() + 1];
+        assert!(
+            matches!(check_field(key, &longer), Err(Reply::Error(text)) if text.starts_with("ERR "))
+        );
+    }
+
+    #[test]
+    fn a_hash_may_hold_exactly_hash_fields_max_fields() {
+        assert!(check_field_count(HASH_FIELDS_MAX).is_ok());
+        assert!(check_field_count(HASH_FIELDS_MAX + 1).is_err());
+    }
+
+    #[test]
+    fn batches_over_the_engine_limits_are_refused_up_front() {
+        let put = |value: usize| BatchOp::Put { key: b"k".to_vec(), value: vec![0; value] };
+        assert!(check_batch(&[put(10), put(10)]).is_ok());
+        assert!(check_batch(&[put(WRITE_BATCH_BYTES_MAX)]).is_ok(), "one op is no batch");
+        let too_many: Vec<BatchOp> = (0..=WRITE_BATCH_OPS_MAX).map(|_| put(0)).collect();
+        assert!(check_batch(&too_many).is_err());
+        assert!(
+            check_batch(&[put(WRITE_BATCH_BYTES_MAX / 2), put(WRITE_BATCH_BYTES_MAX / 2)]).is_err()
+        );
+        // What passes here passes the engine's own check.
+        let ops = [put(WRITE_BATCH_BYTES_MAX / 2), put(WRITE_BATCH_BYTES_MAX / 3)];
+        assert!(check_batch(&ops).is_ok());
+        assert!(copse::engine::input::check_batch(&ops).is_ok());
+    }
 }

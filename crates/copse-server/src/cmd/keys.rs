@@ -12,8 +12,8 @@ use copse::engine::BatchOp;
 use copse::Db;
 
 use super::{
-    by_shard, delete_ops, key_type, lowercase, on_key, parse_i64, unexpected, Call, Input, Next,
-    Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
+    by_shard, delete_ops, key_type, lowercase, on_key, pack_batches, parse_i64, unexpected, Call,
+    Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
 };
 use crate::keyspace::{self, decode_meta, KeyType};
 use crate::net::run_outcome;
@@ -50,7 +50,49 @@ pub fn specs() -> Vec<Spec> {
         spec("dbsize", 1, R, 0, 0, 0, "Returns the number of keys.", dbsize as _),
         spec("flushall", -1, W, 0, 0, 0, "Deletes every key.", flushall as _),
         spec("flushdb", -1, W, 0, 0, 0, "Deletes every key of the database.", flushall as _),
+        spec("expire", -3, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
+        spec("pexpire", -3, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
+        spec("expireat", -3, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
+        spec("pexpireat", -3, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
+        spec("setex", 4, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
+        spec("psetex", 4, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
+        spec(
+            "ttl",
+            2,
+            R,
+            1,
+            1,
+            1,
+            "Seconds to live: -1 (keys never expire), -2 if missing.",
+            ttl as _,
+        ),
+        spec("pttl", 2, R, 1, 1, 1, "Milliseconds to live: -1, or -2 if missing.", ttl as _),
+        spec("persist", 2, W, 1, 1, 1, "Removes a TTL: keys have none, so 0.", persist as _),
     ]
+}
+
+/// Expiry is not implemented: refuse clearly rather than store a key that would never expire.
+fn expiry(call: &mut Call<'_>) -> Outcome {
+    Outcome::error(format!(
+        "ERR key expiry ({}) is not supported yet by copse; nothing was changed",
+        call.word(0).to_uppercase()
+    ))
+}
+
+/// TTL and PTTL: keys never expire in copse, so -1 for an existing key, -2 for a missing one.
+fn ttl(call: &mut Call<'_>) -> Outcome {
+    let key = call.args[1].clone();
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => {
+            Next::Reply(Reply::Integer(if key_type(view, &key).is_some() { -1 } else { -2 }))
+        }
+        _ => unexpected(),
+    })
+}
+
+/// PERSIST: no key has a TTL to remove.
+fn persist(_call: &mut Call<'_>) -> Outcome {
+    Outcome::Reply(Reply::Integer(0))
 }
 
 fn del(call: &mut Call<'_>) -> Outcome {
@@ -61,21 +103,26 @@ fn del(call: &mut Call<'_>) -> Outcome {
         group.sort();
         group.dedup();
         let mut deleted = 0;
+        let mut batches = std::collections::VecDeque::new();
         plan.add(shard, group.clone(), move |view, input| match input {
             Input::Start => {
-                let mut ops = Vec::new();
+                let mut per_key = Vec::new();
                 for key in &group {
                     if let Some(ty) = key_type(view, key) {
                         deleted += 1;
-                        ops.extend(delete_ops(view, key, ty));
+                        per_key.push(delete_ops(view, key, ty));
                     }
                 }
-                if ops.is_empty() {
-                    return Next::Reply(Reply::Integer(0));
+                batches = pack_batches(per_key);
+                match batches.pop_front() {
+                    Some(batch) => Next::Write(batch),
+                    None => Next::Reply(Reply::Integer(0)),
                 }
-                Next::Write(ops)
             }
-            Input::Written => Next::Reply(Reply::Integer(deleted)),
+            Input::Written => match batches.pop_front() {
+                Some(batch) => Next::Write(batch),
+                None => Next::Reply(Reply::Integer(deleted)),
+            },
             Input::Read(_) => unexpected(),
         });
     }

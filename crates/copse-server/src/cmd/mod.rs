@@ -213,6 +213,28 @@ pub fn delete_ops(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Vec<BatchOp> 
     ops
 }
 
+/// Packs the writes of several keys into as few batches as the batch limits allow, never
+/// splitting one key's writes (each key changes all-or-nothing; the keys of a multi-key command
+/// share one batch when they fit, which is the common case).
+pub fn pack_batches(per_key: Vec<Vec<BatchOp>>) -> std::collections::VecDeque<Vec<BatchOp>> {
+    use copse::engine::native::batch::encoded_batch_bytes;
+    use copse::limits::{WRITE_BATCH_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+    let mut batches = std::collections::VecDeque::new();
+    let mut current: Vec<BatchOp> = Vec::new();
+    for ops in per_key {
+        let fits = current.len() + ops.len() <= WRITE_BATCH_OPS_MAX
+            && encoded_batch_bytes(&current) + encoded_batch_bytes(&ops) <= WRITE_BATCH_BYTES_MAX;
+        if !fits && !current.is_empty() {
+            batches.push_back(std::mem::take(&mut current));
+        }
+        current.extend(ops);
+    }
+    if !current.is_empty() {
+        batches.push_back(current);
+    }
+    batches
+}
+
 pub fn bound_ref(bound: &std::ops::Bound<Vec<u8>>) -> std::ops::Bound<&[u8]> {
     bound.as_ref().map(|key| &key[..])
 }
@@ -280,11 +302,15 @@ pub fn parse_f64(bytes: &[u8]) -> Option<f64> {
         return None;
     }
     let value = match text.to_ascii_lowercase().as_str() {
-        "inf" | "+inf" | "infinity" | "+infinity" => f64::INFINITY,
-        "-inf" | "-infinity" => f64::NEG_INFINITY,
+        "inf" | "+inf" | "infinity" | "+infinity" => return Some(f64::INFINITY),
+        "-inf" | "-infinity" => return Some(f64::NEG_INFINITY),
         _ => text.parse::<f64>().ok()?,
     };
-    (!value.is_nan()).then_some(value)
+    // Out of range is refused as Redis's strtold refuses it (ERANGE), not rounded to an
+    // infinity or to zero.
+    let mantissa = text.split(['e', 'E']).next().unwrap_or("");
+    let underflow = value == 0.0 && mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
+    (value.is_finite() && !underflow).then_some(value)
 }
 
 pub fn lowercase(bytes: &[u8]) -> String {
@@ -409,7 +435,7 @@ mod tests {
         assert_eq!(parse_f64(b"-inf"), Some(f64::NEG_INFINITY));
         assert_eq!(parse_f64(b"+inf"), Some(f64::INFINITY));
         assert_eq!(parse_f64(b"1e3"), Some(1000.0));
-        for bad in [&b""[..], b"nan", b" 1", b"abc", b"1.5x"] {
+        for bad in [&b""[..], b"nan", b" 1", b"abc", b"1.5x", b"1e400", b"1e-400"] {
             assert_eq!(parse_f64(bad), None);
         }
     }

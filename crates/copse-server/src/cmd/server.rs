@@ -307,6 +307,9 @@ fn config_values(server: &Server) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A checked CONFIG SET change, applied once every pair of the call is checked.
+type SettingChange = Box<dyn FnOnce(&Server)>;
+
 fn config(call: &mut Call<'_>) -> Outcome {
     let server = call.server;
     match call.word(1).as_str() {
@@ -330,14 +333,14 @@ fn config(call: &mut Call<'_>) -> Outcome {
             }
             Outcome::Reply(Reply::Map(out))
         }
-        "set" if call.args.len() >= 4 && call.args.len() % 2 == 0 => {
+        "set" if call.args.len() >= 4 && call.args.len().is_multiple_of(2) => {
             // All or nothing: check every pair before applying any.
-            let mut changes: Vec<Box<dyn FnOnce(&Server)>> = Vec::new();
+            let mut changes: Vec<SettingChange> = Vec::new();
             for pair in call.args[2..].chunks(2) {
                 let name = lowercase(&pair[0]);
                 let value = String::from_utf8_lossy(&pair[1]).into_owned();
                 let number = value.parse::<u64>().ok();
-                let change: Box<dyn FnOnce(&Server)> = match (name.as_str(), number) {
+                let change: SettingChange = match (name.as_str(), number) {
                     ("requirepass", _) => Box::new(move |server: &Server| {
                         *server.settings.requirepass.lock().unwrap_or_else(|p| p.into_inner()) = value;
                     }),
@@ -499,11 +502,7 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     line("keyspace_misses", &misses);
                 }
             }
-            "keyspace" => {
-                if keys > 0 {
-                    line("db0", &format!("keys={keys},expires=0,avg_ttl=0"));
-                }
-            }
+            "keyspace" if keys > 0 => line("db0", &format!("keys={keys},expires=0,avg_ttl=0")),
             "copse" => {
                 line("shards", &server.db.shard_count());
                 let depths = server.db.queue_depths();

@@ -6,8 +6,9 @@ use copse::engine::BatchOp;
 use copse::shard::exec::{ExecView, ReadOp};
 
 use super::{
-    answer, by_shard, check_value, delete_ops, key_type, on_key, parse_f64, parse_i64, unexpected,
-    value_of, Call, Input, Next, Outcome, Plan, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX, WRONGTYPE,
+    answer, by_shard, check_value, delete_ops, key_type, on_key, pack_batches, parse_f64,
+    parse_i64, unexpected, value_of, Call, Input, Next, Outcome, Plan, Spec, NOT_FLOAT,
+    NOT_INTEGER, SYNTAX, WRONGTYPE,
 };
 use crate::keyspace::{meta_key, KeyType};
 use crate::resp::{format_double, Reply};
@@ -280,8 +281,10 @@ fn mget(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
+type KeyValues = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// The (key, value) pairs of MSET/MSETNX, or the syntax error.
-fn pairs(call: &Call<'_>) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Outcome> {
+fn pairs(call: &Call<'_>) -> Result<KeyValues, Outcome> {
     if call.args.len() % 2 != 1 {
         let name = call.word(0);
         return Err(Outcome::error(format!("ERR wrong number of arguments for '{name}' command")));
@@ -350,19 +353,24 @@ fn mset_plan_on(db: &copse::Db, pairs: Vec<(Vec<u8>, Vec<u8>)>, only_new: bool) 
         }
         let locks = group.iter().map(|(key, _)| key.clone()).collect();
         let mut group = Some(group);
+        let mut batches = std::collections::VecDeque::new();
         plan.add(shard, locks, move |view, input| match input {
             Input::Start => {
-                let group = group.take().expect("a part writes once");
+                let Some(group) = group.take() else { return unexpected() };
                 if only_new && group.iter().any(|(key, _)| key_type(view, key).is_some()) {
                     return Next::Reply(Reply::Integer(0));
                 }
-                let mut ops = Vec::new();
-                for (key, value) in group {
-                    ops.extend(put_string(view, &key, value));
+                let per_key = group.into_iter().map(|(key, value)| put_string(view, &key, value));
+                batches = pack_batches(per_key.collect());
+                match batches.pop_front() {
+                    Some(batch) => Next::Write(batch),
+                    None => Next::Reply(Reply::ok()),
                 }
-                Next::Write(ops)
             }
-            Input::Written => Next::Reply(Reply::ok()),
+            Input::Written => match batches.pop_front() {
+                Some(batch) => Next::Write(batch),
+                None => Next::Reply(Reply::ok()),
+            },
             Input::Read(_) => unexpected(),
         });
     }

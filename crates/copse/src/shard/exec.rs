@@ -26,7 +26,7 @@ use std::ops::Bound;
 
 use futures::channel::oneshot;
 
-use crate::engine::input::{check_batch, check_key};
+use crate::engine::input::{check_batch, check_key, check_value};
 use crate::engine::native::NativeEngine;
 use crate::engine::{BatchOp, KeyValue, Request};
 use crate::error::{InputError, ReadError, WriteError};
@@ -254,7 +254,7 @@ impl ExecTable {
             }
             State::Writing(write) => {
                 let answer = match write {
-                    PendingWrite::Put(receiver) => receiver.try_recv().map(|a| a.map(|r| r)),
+                    PendingWrite::Put(receiver) => receiver.try_recv(),
                     PendingWrite::Delete(receiver) => {
                         receiver.try_recv().map(|a| a.map(|r| r.map(|_existed| ())))
                     }
@@ -347,10 +347,16 @@ fn issue_write(mut ops: Vec<BatchOp>, engine: &mut NativeEngine) -> State {
     if ops.is_empty() {
         return State::Ready(StepInput::Written(Ok(())));
     }
-    if let Err(err) = check_batch(&ops) {
+    // A single operation needs no batch record (one write instead of three), so only its key
+    // and value limits apply, not the batch record's size.
+    let checked = match ops.as_slice() {
+        [BatchOp::Put { key, value }] => check_key(key).and_then(|()| check_value(value)),
+        [BatchOp::Delete { key }] => check_key(key),
+        _ => check_batch(&ops),
+    };
+    if let Err(err) = checked {
         return State::Ready(StepInput::Written(Err(err.into())));
     }
-    // A single operation needs no batch record: one write instead of three.
     if ops.len() == 1 {
         return match ops.pop().expect("one op") {
             BatchOp::Put { key, value } => {
