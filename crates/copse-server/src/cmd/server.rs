@@ -62,7 +62,8 @@ fn echo(call: &mut Call<'_>) -> Outcome {
 /// Checks a password for the `default` user.
 fn check_password(server: &Server, user: &[u8], password: &[u8]) -> Result<(), Reply> {
     let required = server.requirepass();
-    if user != b"default" || required.as_bytes() != password {
+    let accepted = required.is_empty() || required.as_bytes() == password;
+    if user != b"default" || !accepted {
         return Err(Reply::error("WRONGPASS invalid username-password pair or user is disabled."));
     }
     Ok(())
@@ -75,6 +76,15 @@ fn auth(call: &mut Call<'_>) -> Outcome {
         _ => return Outcome::error(SYNTAX),
     };
     if call.server.requirepass().is_empty() {
+        // Without a password the default user takes any (Redis's `nopass`); only the one-argument
+        // form is refused, as Redis refuses it, because it suggests a misconfiguration.
+        if call.args.len() == 3 && user == b"default" {
+            call.conn.authenticated = true;
+            return Outcome::Reply(Reply::ok());
+        }
+        if call.args.len() == 3 {
+            return Outcome::error("WRONGPASS invalid username-password pair or user is disabled.");
+        }
         return Outcome::error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
     }
     match check_password(call.server, user, password) {

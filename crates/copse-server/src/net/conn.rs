@@ -36,6 +36,8 @@ use crate::resp::{encode_reply, parse_command, ParseLimits, Parsed, Protocol, Re
 
 /// Bytes of encoded replies gathered before they are written out.
 const WRITE_CHUNK_BYTES: usize = 64 * 1024;
+/// How long a shutdown waits for a client to take its replies before dropping it.
+const SHUTDOWN_WRITE_GRACE_MS: u64 = 2_000;
 
 /// A reply on its way, in request order.
 enum Slot {
@@ -176,7 +178,8 @@ async fn connection_loop(
                 }
                 Outcome::AfterPending(future) => {
                     // Everything before it is answered first, so it sees those effects.
-                    if let Some(end) = drain(server, stream, &mut slots, &mut out).await? {
+                    if let Some(end) = drain(server, stream, &mut slots, &mut out, shutdown).await?
+                    {
                         return Ok(end);
                     }
                     let reply = future.await;
@@ -189,10 +192,10 @@ async fn connection_loop(
                 }
             }
         }
-        if let Some(end) = drain(server, stream, &mut slots, &mut out).await? {
+        if let Some(end) = drain(server, stream, &mut slots, &mut out, shutdown).await? {
             return Ok(end);
         }
-        write_out(server, stream, &mut out).await?;
+        write_out(server, stream, &mut out, shutdown).await?;
         if close {
             return Ok(End::Done);
         }
@@ -208,6 +211,7 @@ async fn drain(
     stream: &mut TcpStream,
     slots: &mut VecDeque<(Slot, Protocol)>,
     out: &mut Vec<u8>,
+    shutdown: &mut watch::Receiver<bool>,
 ) -> std::io::Result<Option<End>> {
     while let Some((slot, protocol)) = slots.pop_front() {
         let reply = match slot {
@@ -223,30 +227,53 @@ async fn drain(
             tracing::warn!(bytes, limit, "a reply exceeds the client output limit; closing");
             // The replies before it still go out; this one is replaced by the error.
             out.truncate(before);
-            write_out(server, stream, out).await?;
+            write_out(server, stream, out, shutdown).await?;
             return Ok(Some(End::Error(format!(
                 "ERR reply of {bytes} bytes exceeds the client output limit ({limit} bytes)"
             ))));
         }
         if out.len() >= WRITE_CHUNK_BYTES {
-            write_out(server, stream, out).await?;
+            write_out(server, stream, out, shutdown).await?;
         }
     }
     Ok(None)
 }
 
+/// Writes the gathered replies. A client that does not read would hold a shutdown forever, so
+/// once the server is shutting down a write gets `SHUTDOWN_WRITE_GRACE_MS` more, then the client
+/// is dropped (its commands are done and durable; only their replies are lost).
 async fn write_out(
     server: &Server,
     stream: &mut TcpStream,
     out: &mut Vec<u8>,
+    shutdown: &mut watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     if out.is_empty() {
         return Ok(());
     }
-    stream.write_all(out).await?;
+    tokio::select! {
+        written = stream.write_all(out) => written?,
+        _ = shutdown_grace(shutdown) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "shutting down: the client is not reading its replies",
+            ));
+        }
+    }
     server.stats.net_output_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
     out.clear();
     Ok(())
+}
+
+/// Resolves `SHUTDOWN_WRITE_GRACE_MS` after the server starts shutting down.
+async fn shutdown_grace(shutdown: &mut watch::Receiver<bool>) {
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            // The sender is gone: the server is going away.
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(SHUTDOWN_WRITE_GRACE_MS)).await;
 }
 
 /// Resolves after `timeout_secs` (never, for 0).

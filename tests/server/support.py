@@ -1,0 +1,366 @@
+"""What the end-to-end tests of `copse serve` share: the server process and raw-protocol helpers.
+
+Every test here talks to a real server process over TCP. A server is started by `CopseServer`
+on a free loopback port with its store in a temporary directory, and is considered up once it
+answers PING. On teardown it gets SIGTERM and must exit with status 0 within
+`SHUTDOWN_TIMEOUT_S` (a clean shutdown is part of what is tested).
+
+The binary is `$COPSE_BIN`, by default `<repo>/target/release/copse`
+(`cargo build --release -p copse-cli`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+REPO = Path(__file__).resolve().parents[2]
+COPSE_BIN = Path(os.environ.get("COPSE_BIN", REPO / "target" / "release" / "copse"))
+
+START_TIMEOUT_S = 15.0
+SHUTDOWN_TIMEOUT_S = 15.0
+# Shards of every test store: more than one, so that multi-key commands cross shards.
+DEFAULT_SHARDS = 4
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bound to 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerFailed(Exception):
+    pass
+
+
+class CopseServer:
+    """One `copse serve` process over a store directory; can be restarted on the same store."""
+
+    def __init__(self, data_dir: Path, log_dir: Path, *extra_args: str, shards: int = DEFAULT_SHARDS):
+        self.data_dir = Path(data_dir)
+        self.log_dir = Path(log_dir)
+        self.extra_args = list(extra_args)
+        self.shards = shards
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self.starts = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> "CopseServer":
+        if not COPSE_BIN.is_file():
+            pytest.fail(
+                f"copse binary not found at {COPSE_BIN}: run `cargo build --release -p copse-cli` "
+                "or set COPSE_BIN",
+                pytrace=False,
+            )
+        # Another process may take the port between free_port() and the server's bind: retry.
+        last_error = None
+        for _attempt in range(3):
+            try:
+                self._start_once(free_port())
+                return self
+            except ServerFailed as err:
+                last_error = err
+                if "cannot listen" not in self.log_text():
+                    break
+        pytest.fail(str(last_error), pytrace=False)
+
+    def _start_once(self, port: int) -> None:
+        self.starts += 1
+        self.port = port
+        self.log_path = self.log_dir / f"copse-{port}-{self.starts}.log"
+        command = [
+            str(COPSE_BIN),
+            "--path",
+            str(self.data_dir),
+            "--shards",
+            str(self.shards),
+            "serve",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *self.extra_args,
+        ]
+        env = dict(os.environ)
+        env.setdefault("COPSE_LOG", "info")
+        env["NO_COLOR"] = "1"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerFailed(
+                    f"copse serve exited with status {self.proc.returncode} while starting "
+                    f"({' '.join(command)}):\n{self.log_text()}"
+                )
+            if self.answers_ping():
+                return
+            time.sleep(0.02)
+        self.proc.kill()
+        self.proc.wait()
+        raise ServerFailed(
+            f"copse serve did not answer PING within {START_TIMEOUT_S} s:\n{self.log_text()}"
+        )
+
+    def answers_ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as sock:
+                sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+                data = b""
+                while not data.endswith(b"\r\n"):
+                    chunk = sock.recv(64)
+                    if not chunk:
+                        break
+                    data += chunk
+                # With --requirepass the answer is NOAUTH: the server is up all the same.
+                return data.startswith((b"+PONG", b"-NOAUTH"))
+        except OSError:
+            return False
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status; fails the test unless it is 0 within the timeout."""
+        proc = self.proc
+        assert proc is not None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self.proc = None
+                pytest.fail(
+                    f"copse serve did not exit within {SHUTDOWN_TIMEOUT_S} s of SIGTERM:\n"
+                    f"{self.log_tail()}",
+                    pytrace=False,
+                )
+        status = proc.returncode
+        self.proc = None
+        assert status == 0, f"copse serve exited with status {status} after SIGTERM:\n{self.log_tail()}"
+        return status
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, with no chance to close anything."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> "CopseServer":
+        """Starts again on the same store (after stop() or kill())."""
+        assert self.proc is None
+        return self.start()
+
+    # -- inspection --------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server process (VmRSS)."""
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc status")
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def client(self, protocol: int = 2, **kwargs) -> redis.Redis:
+        kwargs.setdefault("socket_timeout", 30)
+        # No silent retries: a dropped connection or refused command must show in the test.
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        return redis.Redis(host="127.0.0.1", port=self.port, protocol=protocol, **kwargs)
+
+    def connect(self, timeout: float = 10.0) -> socket.socket:
+        """A raw TCP connection (no client library)."""
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+
+def raw_command(client: redis.Redis, *args):
+    """Sends one command and returns the parsed reply without redis-py's response callbacks
+    (so a test sees what the server sent, as the protocol's types)."""
+    connection = client.connection_pool.get_connection()
+    try:
+        connection.send_command(*args)
+        return connection.read_response()
+    finally:
+        client.connection_pool.release(connection)
+
+
+def recv_until(sock: socket.socket, terminator: bytes = b"\r\n", limit: int = 1 << 20) -> bytes:
+    """Reads until `terminator` arrives or the peer closes; returns what was read."""
+    data = b""
+    while terminator not in data and len(data) < limit:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def recv_all_until_close(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """Reads until the peer closes the connection (fails on timeout: the server must close)."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        except socket.timeout:
+            raise AssertionError(
+                f"the server did not close the connection within {timeout} s; got {data[:200]!r}"
+            )
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+class Error(bytes):
+    """An error reply read by RespReader (its text, without the leading '-')."""
+
+
+class RespReader:
+    """Reads replies from a raw socket, for tests that bypass client libraries.
+
+    Returns bytes for simple strings and bulks, `Error` for errors, int for integers, None for
+    nulls, lists for arrays and sets, dicts for maps, and ("verbatim", fmt, text) / ("double",
+    text) / bool for the RESP3 types that have no plain Python counterpart.
+    """
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = bytearray()
+        self.closed = False
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            self.closed = True
+            raise ConnectionError("the server closed the connection")
+        self.buf += chunk
+
+    def _line(self) -> bytes:
+        while True:
+            at = self.buf.find(b"\r\n")
+            if at >= 0:
+                line = bytes(self.buf[:at])
+                del self.buf[: at + 2]
+                return line
+            self._fill()
+
+    def _exact(self, n: int) -> bytes:
+        while len(self.buf) < n + 2:
+            self._fill()
+        data = bytes(self.buf[:n])
+        assert self.buf[n : n + 2] == b"\r\n", "bulk not followed by CRLF"
+        del self.buf[: n + 2]
+        return data
+
+    def read(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            return Error(rest)
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n)
+        if kind in (b"*", b"~", b">"):
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        if kind == b"%":
+            return {self._hashable(self.read()): self.read() for _ in range(int(rest))}
+        if kind == b"_":
+            return None
+        if kind == b"#":
+            return rest == b"t"
+        if kind == b",":
+            return ("double", rest)
+        if kind == b"=":
+            data = self._exact(int(rest))
+            return ("verbatim", data[:3], data[4:])
+        raise AssertionError(f"unknown reply type in line {line[:100]!r}")
+
+    @staticmethod
+    def _hashable(value):
+        return tuple(value) if isinstance(value, list) else value
+
+    def at_eof(self, timeout: float = 5.0) -> bool:
+        """Whether the server closes the connection (nothing more buffered) within `timeout`."""
+        if self.buf:
+            return False
+        self.sock.settimeout(timeout)
+        try:
+            chunk = self.sock.recv(65536)
+        except ConnectionResetError:
+            return True
+        except socket.timeout:
+            return False
+        if chunk:
+            self.buf += chunk
+            return False
+        return True
+
+
+def encode_command(*args) -> bytes:
+    """The RESP multibulk encoding of one command."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            arg = arg.encode()
+        elif isinstance(arg, int):
+            arg = str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+def connect_admitted(server, timeout: float = 5.0) -> socket.socket:
+    """A raw connection that the server admitted (answered PING). Retries while the server
+    still counts connections that just closed (it notices a close asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = server.connect()
+        sock.sendall(b"PING\r\n")
+        reply = recv_until(sock)
+        if reply == b"+PONG\r\n":
+            return sock
+        sock.close()
+        assert reply.startswith(b"-ERR max number of clients reached"), reply
+        assert time.monotonic() < deadline, "connections that closed still count against maxclients"
+        time.sleep(0.05)
