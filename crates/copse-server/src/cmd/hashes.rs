@@ -21,8 +21,8 @@ use copse::shard::exec::{ExecView, ReadOp, ReadResult};
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
-    answer, bound_ref, check_value, key_type, on_key, parse_f64, parse_i64, unexpected, value_of,
-    Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX, WRONGTYPE,
+    answer, bound_ref, key_type, on_key, parse_f64, parse_i64, unexpected, value_of, Call, Input,
+    Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX, WRONGTYPE,
 };
 use crate::keyspace::{
     decode_field, field_key, fields_from, fields_range, meta_key, KeyType, FIELD_OVERHEAD_BYTES,
@@ -32,6 +32,10 @@ use crate::resp::{format_double, Reply};
 /// Fields one hash may hold: DEL deletes every field and the meta item in one atomic batch, which
 /// must fit `WRITE_BATCH_OPS_MAX` operations (one spare).
 pub const HASH_FIELDS_MAX: usize = WRITE_BATCH_OPS_MAX - 2;
+/// The largest field value: a new hash writes its first field and its meta item in one batch
+/// record, which must fit copse's largest value, so a field leaves room for that record's
+/// framing and the meta item (at most 2 × (7 + 1024) + 4 bytes; 4 KiB is kept).
+pub const FIELD_VALUE_BYTES_MAX: usize = copse::limits::VALUE_BYTES_MAX - 4096;
 const _: () = assert!(HASH_FIELDS_MAX < WRITE_BATCH_OPS_MAX, "DEL: every field and the meta item");
 
 pub fn specs() -> Vec<Spec> {
@@ -112,6 +116,17 @@ fn check_field_count(count: usize) -> Result<(), Reply> {
     Ok(())
 }
 
+/// Refuses a field value over `FIELD_VALUE_BYTES_MAX`.
+fn check_field_value(value: &[u8]) -> Result<(), Reply> {
+    if value.len() > FIELD_VALUE_BYTES_MAX {
+        return Err(Reply::Error(format!(
+            "ERR hash field value of {} bytes exceeds copse's limit of {FIELD_VALUE_BYTES_MAX} bytes",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses a write that does not fit one atomic batch, with a clearer error than the engine's.
 /// A single operation is written without a batch record, so only its key and value limits
 /// (checked with the arguments) apply. Shared with the sorted set commands.
@@ -166,7 +181,7 @@ fn field_pairs(call: &Call<'_>) -> Result<Pairs, Reply> {
     let mut seen: HashMap<&[u8], usize> = HashMap::new();
     for pair in call.args[2..].chunks(2) {
         check_field(key, &pair[0])?;
-        check_value(&pair[1])?;
+        check_field_value(&pair[1])?;
         match seen.get(&pair[0][..]) {
             Some(&at) => pairs[at].1 = pair[1].clone(),
             None => {

@@ -180,7 +180,13 @@ fn decide(
     if blocked {
         return Next::Reply(skipped);
     }
-    let ops = put_string(view, key, value.take().expect("a set writes once"));
+    let Some(value) = value.take() else { return unexpected() };
+    let ops = put_string(view, key, value);
+    // Replacing a hash or sorted set deletes its items in the same atomic batch as the new
+    // value; a value too large to share that batch is refused, changing nothing.
+    if let Err(reply) = super::hashes::check_batch(&ops) {
+        return Next::Reply(reply);
+    }
     write_then(ops, done, pending)
 }
 
@@ -360,8 +366,14 @@ fn mset_plan_on(db: &copse::Db, pairs: Vec<(Vec<u8>, Vec<u8>)>, only_new: bool) 
                 if only_new && group.iter().any(|(key, _)| key_type(view, key).is_some()) {
                     return Next::Reply(Reply::Integer(0));
                 }
-                let per_key = group.into_iter().map(|(key, value)| put_string(view, &key, value));
-                batches = pack_batches(per_key.collect());
+                let per_key: Vec<_> =
+                    group.into_iter().map(|(key, value)| put_string(view, &key, value)).collect();
+                if let Some(reply) =
+                    per_key.iter().find_map(|ops| super::hashes::check_batch(ops).err())
+                {
+                    return Next::Reply(reply);
+                }
+                batches = pack_batches(per_key);
                 match batches.pop_front() {
                     Some(batch) => Next::Write(batch),
                     None => Next::Reply(Reply::ok()),
