@@ -14,15 +14,15 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
-use copse::engine::native::batch::encoded_batch_bytes;
 use copse::engine::BatchOp;
-use copse::limits::{KEY_BYTES_MAX, SCAN_ITEMS_MAX, WRITE_BATCH_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+use copse::limits::{KEY_BYTES_MAX, SCAN_ITEMS_MAX, WRITE_BATCH_OPS_MAX};
 use copse::shard::exec::{ExecView, ReadOp, ReadResult};
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
-    answer, bound_ref, key_type, on_key, parse_f64, parse_i64, unexpected, value_of, Call, Input,
-    Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX, WRONGTYPE,
+    answer, bound_ref, check_batch, exists_as, from_index, on_key, parse_f64, parse_i64,
+    read_items, unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER,
+    SYNTAX,
 };
 use crate::keyspace::{
     decode_field, field_key, fields_from, fields_range, meta_key, KeyType, FIELD_OVERHEAD_BYTES,
@@ -72,16 +72,6 @@ pub fn specs() -> Vec<Spec> {
     ]
 }
 
-/// Whether `key` holds a `ty` (false: no such key), or WRONGTYPE for a key of another type.
-/// Shared with the sorted set commands.
-pub(super) fn exists_as(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Result<bool, Reply> {
-    match key_type(view, key) {
-        None => Ok(false),
-        Some(found) if found == ty => Ok(true),
-        Some(_) => Err(Reply::error(WRONGTYPE)),
-    }
-}
-
 fn hash_exists(view: &ExecView<'_>, key: &[u8]) -> Result<bool, Reply> {
     exists_as(view, key, KeyType::Hash)
 }
@@ -125,46 +115,6 @@ fn check_field_value(value: &[u8]) -> Result<(), Reply> {
         )));
     }
     Ok(())
-}
-
-/// Refuses a write that does not fit one atomic batch, with a clearer error than the engine's.
-/// A single operation is written without a batch record, so only its key and value limits
-/// (checked with the arguments) apply. Shared with the sorted set commands.
-pub(super) fn check_batch(ops: &[BatchOp]) -> Result<(), Reply> {
-    if ops.len() <= 1 {
-        return Ok(());
-    }
-    if ops.len() > WRITE_BATCH_OPS_MAX {
-        return Err(Reply::Error(format!(
-            "ERR this command would change {} items in one atomic batch, more than copse's \
-             limit of {WRITE_BATCH_OPS_MAX}; nothing was changed",
-            ops.len()
-        )));
-    }
-    let bytes = encoded_batch_bytes(ops);
-    if bytes > WRITE_BATCH_BYTES_MAX {
-        return Err(Reply::Error(format!(
-            "ERR this command would write {bytes} bytes in one atomic batch, more than copse's \
-             limit of {WRITE_BATCH_BYTES_MAX}; nothing was changed"
-        )));
-    }
-    Ok(())
-}
-
-/// A command on a `ty` key answered from the index alone; `reply` also runs for a missing key,
-/// whose ranges are empty. Shared with the sorted set commands.
-pub(super) fn from_index<F>(call: &Call<'_>, ty: KeyType, mut reply: F) -> Outcome
-where
-    F: FnMut(&ExecView<'_>, &[u8]) -> Reply + Send + 'static,
-{
-    let key = call.args[1].clone();
-    on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => Next::Reply(match exists_as(view, &key, ty) {
-            Ok(_) => reply(view, &key),
-            Err(error) => error,
-        }),
-        _ => unexpected(),
-    })
 }
 
 /// (field, value) pairs.
@@ -256,43 +206,12 @@ fn hsetnx(call: &mut Call<'_>) -> Outcome {
     }
 }
 
-/// Reads the values of `fields` (a missing key or field reads as None, with no I/O) and
-/// answers `reply(values)`, in the order of `fields`.
-fn read_fields<F>(call: &Call<'_>, fields: Vec<Vec<u8>>, mut reply: F) -> Outcome
+/// Reads the values of `fields` of the hash and answers `reply(values)`, in their order.
+fn read_fields<F>(call: &Call<'_>, fields: Vec<Vec<u8>>, reply: F) -> Outcome
 where
     F: FnMut(Vec<Option<Vec<u8>>>) -> Reply + Send + 'static,
 {
-    let key = call.args[1].clone();
-    // Distinct fields that exist, in the order they are read.
-    let mut reads: Vec<Vec<u8>> = Vec::new();
-    on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => {
-            if let Err(error) = hash_exists(view, &key) {
-                return Next::Reply(error);
-            }
-            let mut seen = HashSet::new();
-            for field in &fields {
-                if seen.insert(&field[..]) && view.contains(&field_key(&key, field)) {
-                    reads.push(field.clone());
-                }
-            }
-            if reads.is_empty() {
-                return Next::Reply(reply(vec![None; fields.len()]));
-            }
-            Next::Read(reads.iter().map(|field| ReadOp::Get(field_key(&key, field))).collect())
-        }
-        Input::Read(results) => {
-            let found: HashMap<&[u8], Option<Vec<u8>>> = reads
-                .iter()
-                .map(|field| &field[..])
-                .zip(results.into_iter().map(|result| value_of(Some(result))))
-                .collect();
-            let values =
-                fields.iter().map(|field| found.get(&field[..]).cloned().flatten()).collect();
-            Next::Reply(reply(values))
-        }
-        Input::Written => unexpected(),
-    })
+    read_items(call, KeyType::Hash, fields, field_key, reply)
 }
 
 fn hget(call: &mut Call<'_>) -> Outcome {
@@ -639,21 +558,5 @@ mod tests {
     fn a_hash_may_hold_exactly_hash_fields_max_fields() {
         assert!(check_field_count(HASH_FIELDS_MAX).is_ok());
         assert!(check_field_count(HASH_FIELDS_MAX + 1).is_err());
-    }
-
-    #[test]
-    fn batches_over_the_engine_limits_are_refused_up_front() {
-        let put = |value: usize| BatchOp::Put { key: b"k".to_vec(), value: vec![0; value] };
-        assert!(check_batch(&[put(10), put(10)]).is_ok());
-        assert!(check_batch(&[put(WRITE_BATCH_BYTES_MAX)]).is_ok(), "one op is no batch");
-        let too_many: Vec<BatchOp> = (0..=WRITE_BATCH_OPS_MAX).map(|_| put(0)).collect();
-        assert!(check_batch(&too_many).is_err());
-        assert!(
-            check_batch(&[put(WRITE_BATCH_BYTES_MAX / 2), put(WRITE_BATCH_BYTES_MAX / 2)]).is_err()
-        );
-        // What passes here passes the engine's own check.
-        let ops = [put(WRITE_BATCH_BYTES_MAX / 2), put(WRITE_BATCH_BYTES_MAX / 3)];
-        assert!(check_batch(&ops).is_ok());
-        assert!(copse::engine::input::check_batch(&ops).is_ok());
     }
 }

@@ -192,6 +192,94 @@ pub fn key_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
     KeyType::ALL.into_iter().find(|ty| view.contains(&keyspace::meta_key(key, *ty)))
 }
 
+/// Whether `key` holds a `ty` (false: no such key), or WRONGTYPE for a key of another type.
+pub fn exists_as(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Result<bool, Reply> {
+    match key_type(view, key) {
+        None => Ok(false),
+        Some(found) if found == ty => Ok(true),
+        Some(_) => Err(Reply::error(WRONGTYPE)),
+    }
+}
+
+/// Refuses a write that does not fit one atomic batch (`copse::engine::input::check_write`, the
+/// shard's own check), with an error that says what it means for the command.
+pub fn check_batch(ops: &[BatchOp]) -> Result<(), Reply> {
+    use copse::InputError;
+    match copse::engine::input::check_write(ops) {
+        Ok(()) => Ok(()),
+        Err(InputError::BatchTooManyOps { ops, max }) => Err(Reply::Error(format!(
+            "ERR this command would change {ops} items in one atomic batch, more than copse's \
+             limit of {max}; nothing was changed"
+        ))),
+        Err(InputError::BatchTooLarge { bytes, max }) => Err(Reply::Error(format!(
+            "ERR this command would write {bytes} bytes in one atomic batch, more than copse's \
+             limit of {max}; nothing was changed"
+        ))),
+        Err(other) => Err(Reply::Error(format!("ERR {other}; nothing was changed"))),
+    }
+}
+
+/// A command on a `ty` key answered from the index alone; `reply` also runs for a missing key,
+/// whose ranges are empty.
+pub fn from_index<F>(call: &Call<'_>, ty: KeyType, mut reply: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, &[u8]) -> Reply + Send + 'static,
+{
+    let key = call.args[1].clone();
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => Next::Reply(match exists_as(view, &key, ty) {
+            Ok(_) => reply(view, &key),
+            Err(error) => error,
+        }),
+        _ => unexpected(),
+    })
+}
+
+/// Reads the sub-items `item_key(key, name)` of `names` (fields of a hash, members of a sorted
+/// set) of a `ty` key, and answers `reply` of their values in the order of `names`. A missing
+/// key or name reads as None with no I/O (the index says so); each name is read once.
+pub fn read_items<F>(
+    call: &Call<'_>,
+    ty: KeyType,
+    names: Vec<Vec<u8>>,
+    item_key: fn(&[u8], &[u8]) -> Vec<u8>,
+    mut reply: F,
+) -> Outcome
+where
+    F: FnMut(Vec<Option<Vec<u8>>>) -> Reply + Send + 'static,
+{
+    let key = call.args[1].clone();
+    // Distinct names that exist, in the order they are read.
+    let mut reads: Vec<Vec<u8>> = Vec::new();
+    on_key(call.db(), &key.clone(), move |view, input| match input {
+        Input::Start => {
+            if let Err(error) = exists_as(view, &key, ty) {
+                return Next::Reply(error);
+            }
+            let mut seen = std::collections::HashSet::new();
+            for name in &names {
+                if seen.insert(&name[..]) && view.contains(&item_key(&key, name)) {
+                    reads.push(name.clone());
+                }
+            }
+            if reads.is_empty() {
+                return Next::Reply(reply(vec![None; names.len()]));
+            }
+            Next::Read(reads.iter().map(|name| ReadOp::Get(item_key(&key, name))).collect())
+        }
+        Input::Read(results) => {
+            let found: HashMap<&[u8], Option<Vec<u8>>> = reads
+                .iter()
+                .map(|name| &name[..])
+                .zip(results.into_iter().map(|result| value_of(Some(result))))
+                .collect();
+            let values = names.iter().map(|name| found.get(&name[..]).cloned().flatten()).collect();
+            Next::Reply(reply(values))
+        }
+        Input::Written => unexpected(),
+    })
+}
+
 /// Deletes of every item of Redis key `key` of type `ty`: its meta item and, for a hash or a
 /// sorted set, each field or member (found in the index, no I/O).
 pub fn delete_ops(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Vec<BatchOp> {
@@ -438,6 +526,23 @@ mod tests {
         for bad in [&b""[..], b"nan", b" 1", b"abc", b"1.5x", b"1e400", b"1e-400"] {
             assert_eq!(parse_f64(bad), None);
         }
+    }
+
+    #[test]
+    fn batches_over_the_engine_limits_are_refused_up_front() {
+        use copse::limits::{WRITE_BATCH_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+        let put = |value: usize| BatchOp::Put { key: b"k".to_vec(), value: vec![0; value] };
+        assert!(check_batch(&[put(10), put(10)]).is_ok());
+        assert!(check_batch(&[put(WRITE_BATCH_BYTES_MAX)]).is_ok(), "one op is no batch");
+        let too_many: Vec<BatchOp> = (0..=WRITE_BATCH_OPS_MAX).map(|_| put(0)).collect();
+        assert!(check_batch(&too_many).is_err());
+        assert!(
+            check_batch(&[put(WRITE_BATCH_BYTES_MAX / 2), put(WRITE_BATCH_BYTES_MAX / 2)]).is_err()
+        );
+        // What passes here passes the engine's own check.
+        let ops = [put(WRITE_BATCH_BYTES_MAX / 2), put(WRITE_BATCH_BYTES_MAX / 3)];
+        assert!(check_batch(&ops).is_ok());
+        assert!(copse::engine::input::check_batch(&ops).is_ok());
     }
 
     #[test]

@@ -184,7 +184,7 @@ fn decide(
     let ops = put_string(view, key, value);
     // Replacing a hash or sorted set deletes its items in the same atomic batch as the new
     // value; a value too large to share that batch is refused, changing nothing.
-    if let Err(reply) = super::hashes::check_batch(&ops) {
+    if let Err(reply) = super::check_batch(&ops) {
         return Next::Reply(reply);
     }
     write_then(ops, done, pending)
@@ -368,9 +368,7 @@ fn mset_plan_on(db: &copse::Db, pairs: Vec<(Vec<u8>, Vec<u8>)>, only_new: bool) 
                 }
                 let per_key: Vec<_> =
                     group.into_iter().map(|(key, value)| put_string(view, &key, value)).collect();
-                if let Some(reply) =
-                    per_key.iter().find_map(|ops| super::hashes::check_batch(ops).err())
-                {
+                if let Some(reply) = per_key.iter().find_map(|ops| super::check_batch(ops).err()) {
                     return Next::Reply(reply);
                 }
                 batches = pack_batches(per_key);

@@ -21,10 +21,10 @@ use copse::engine::BatchOp;
 use copse::limits::{KEY_BYTES_MAX, WRITE_BATCH_OPS_MAX};
 use copse::shard::exec::{ExecView, ReadOp};
 
-use super::hashes::{check_batch, exists_as, from_index};
 use super::{
-    answer, bound_ref, on_key, parse_f64, parse_i64, unexpected, value_of, Call, Input, Next,
-    Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX,
+    answer, bound_ref, check_batch, exists_as, from_index, on_key, parse_f64, parse_i64,
+    read_items, unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER,
+    SYNTAX,
 };
 use crate::keyspace::{
     decode_score, decode_score_value, encode_score, member_key, members_range, meta_key, score_key,
@@ -207,35 +207,17 @@ fn read_scores<F>(call: &Call<'_>, members: Vec<Vec<u8>>, mut reply: F) -> Outco
 where
     F: FnMut(Vec<Option<f64>>) -> Reply + Send + 'static,
 {
-    let key = call.args[1].clone();
-    let mut reads: Vec<Vec<u8>> = Vec::new();
-    on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => {
-            if let Err(error) = zset_exists(view, &key) {
-                return Next::Reply(error);
+    read_items(call, KeyType::ZSet, members, member_key, move |values| {
+        let mut scores = Vec::with_capacity(values.len());
+        for value in values {
+            match value.map(|bytes| decode_score_value(&bytes)) {
+                None => scores.push(None),
+                Some(Some(score)) => scores.push(Some(score)),
+                // A member item that is not 8 bytes: not something copse writes.
+                Some(None) => return Reply::error("ERR internal error: unexpected step"),
             }
-            let mut seen = HashSet::new();
-            for member in &members {
-                if seen.insert(&member[..]) && view.contains(&member_key(&key, member)) {
-                    reads.push(member.clone());
-                }
-            }
-            if reads.is_empty() {
-                return Next::Reply(reply(vec![None; members.len()]));
-            }
-            Next::Read(reads.iter().map(|member| ReadOp::Get(member_key(&key, member))).collect())
         }
-        Input::Read(results) => {
-            let mut found: HashMap<&[u8], f64> = HashMap::new();
-            for (member, result) in reads.iter().zip(results) {
-                match value_of(Some(result)).as_deref().and_then(decode_score_value) {
-                    Some(score) => found.insert(member, score),
-                    None => return unexpected(),
-                };
-            }
-            Next::Reply(reply(members.iter().map(|m| found.get(&m[..]).copied()).collect()))
-        }
-        Input::Written => unexpected(),
+        reply(scores)
     })
 }
 

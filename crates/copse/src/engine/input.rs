@@ -42,3 +42,14 @@ pub fn check_batch(ops: &[BatchOp]) -> Result<(), InputError> {
     }
     Ok(())
 }
+
+/// The checks one write of an exec program must pass. A single operation is written without a
+/// batch record (one write instead of three), so only its key and value limits apply, not the
+/// batch record's size.
+pub fn check_write(ops: &[BatchOp]) -> Result<(), InputError> {
+    match ops {
+        [BatchOp::Put { key, value }] => check_key(key).and_then(|()| check_value(value)),
+        [BatchOp::Delete { key }] => check_key(key),
+        _ => check_batch(ops),
+    }
+}

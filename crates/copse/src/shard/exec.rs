@@ -26,7 +26,7 @@ use std::ops::Bound;
 
 use futures::channel::oneshot;
 
-use crate::engine::input::{check_batch, check_key, check_value};
+use crate::engine::input::{check_key, check_write};
 use crate::engine::native::NativeEngine;
 use crate::engine::{BatchOp, KeyValue, Request};
 use crate::error::{InputError, ReadError, WriteError};
@@ -347,16 +347,10 @@ fn issue_write(mut ops: Vec<BatchOp>, engine: &mut NativeEngine) -> State {
     if ops.is_empty() {
         return State::Ready(StepInput::Written(Ok(())));
     }
-    // A single operation needs no batch record (one write instead of three), so only its key
-    // and value limits apply, not the batch record's size.
-    let checked = match ops.as_slice() {
-        [BatchOp::Put { key, value }] => check_key(key).and_then(|()| check_value(value)),
-        [BatchOp::Delete { key }] => check_key(key),
-        _ => check_batch(&ops),
-    };
-    if let Err(err) = checked {
+    if let Err(err) = check_write(&ops) {
         return State::Ready(StepInput::Written(Err(err.into())));
     }
+    // A single operation needs no batch record: one write instead of three.
     if ops.len() == 1 {
         return match ops.pop().expect("one op") {
             BatchOp::Put { key, value } => {
