@@ -48,6 +48,15 @@ pub fn specs() -> Vec<Spec> {
     ]
 }
 
+/// The first step of a command that reads string `key`: its read, WRONGTYPE for a key of
+/// another type, or None when the key does not exist.
+fn read_string(view: &ExecView<'_>, key: &[u8]) -> Option<Next> {
+    match key_type(view, key)? {
+        KeyType::String => Some(Next::Read(vec![ReadOp::Get(meta_key(key, KeyType::String))])),
+        _ => Some(Next::Reply(Reply::error(WRONGTYPE))),
+    }
+}
+
 /// Reads a string key: `done` gets its value (None if the key does not exist) and decides.
 /// Any other type answers WRONGTYPE.
 fn with_string<F>(call: &Call<'_>, mut done: F) -> Outcome
@@ -56,17 +65,8 @@ where
 {
     let key = call.args[1].clone();
     on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => match key_type(view, &key) {
-            Some(KeyType::String) => Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))]),
-            Some(_) => Next::Reply(Reply::error(WRONGTYPE)),
-            None => done(view, None),
-        },
-        Input::Read(mut results) => match value_of(results.pop()) {
-            Some(value) => done(view, Some(value)),
-            // Deleted between the index lookup and the read: impossible under the key's lock
-            // unless someone wrote the key space outside execs.
-            None => done(view, None),
-        },
+        Input::Start => read_string(view, &key).unwrap_or_else(|| done(view, None)),
+        Input::Read(mut results) => done(view, value_of(results.pop())),
         Input::Written => unexpected(),
     })
 }
@@ -118,11 +118,7 @@ fn set(call: &mut Call<'_>) -> Outcome {
             _ => return Outcome::error(SYNTAX),
         }
     }
-    let value = call.args[2].clone();
-    if let Err(reply) = check_value(&value) {
-        return Outcome::Reply(reply);
-    }
-    set_with(call, value, options, SetAnswer::Plain)
+    set_with(call, options, SetAnswer::Plain)
 }
 
 enum SetAnswer {
@@ -132,7 +128,12 @@ enum SetAnswer {
     Flag,
 }
 
-fn set_with(call: &Call<'_>, value: Vec<u8>, options: SetOptions, kind: SetAnswer) -> Outcome {
+/// SET and its variants: the value is argument 2.
+fn set_with(call: &Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcome {
+    let value = call.args[2].clone();
+    if let Err(reply) = check_value(&value) {
+        return Outcome::Reply(reply);
+    }
     let key = call.args[1].clone();
     let mut value = Some(value);
     let mut pending = None;
@@ -191,32 +192,20 @@ fn decide(
 }
 
 fn setnx(call: &mut Call<'_>) -> Outcome {
-    let value = call.args[2].clone();
-    if let Err(reply) = check_value(&value) {
-        return Outcome::Reply(reply);
-    }
     let options = SetOptions { nx: true, ..SetOptions::default() };
-    set_with(call, value, options, SetAnswer::Flag)
+    set_with(call, options, SetAnswer::Flag)
 }
 
 fn getset(call: &mut Call<'_>) -> Outcome {
-    let value = call.args[2].clone();
-    if let Err(reply) = check_value(&value) {
-        return Outcome::Reply(reply);
-    }
     let options = SetOptions { get: true, ..SetOptions::default() };
-    set_with(call, value, options, SetAnswer::Plain)
+    set_with(call, options, SetAnswer::Plain)
 }
 
 fn getdel(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
     let mut pending = None;
     on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => match key_type(view, &key) {
-            Some(KeyType::String) => Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))]),
-            Some(_) => Next::Reply(Reply::error(WRONGTYPE)),
-            None => Next::Reply(Reply::Null),
-        },
+        Input::Start => read_string(view, &key).unwrap_or(Next::Reply(Reply::Null)),
         Input::Read(mut results) => match value_of(results.pop()) {
             Some(value) => write_then(
                 vec![BatchOp::Delete { key: meta_key(&key, KeyType::String) }],
@@ -312,7 +301,7 @@ fn mset(call: &mut Call<'_>) -> Outcome {
         Ok(pairs) => pairs,
         Err(outcome) => return outcome,
     };
-    mset_plan(call, pairs, false)
+    mset_plan(call.db(), pairs, false)
 }
 
 /// MSETNX: sets nothing if any key exists. Atomic when all keys are in one shard; across
@@ -333,7 +322,7 @@ fn msetnx(call: &mut Call<'_>) -> Outcome {
             Ok(_) => return Reply::Integer(0),
             Err(reply) => return reply,
         }
-        let outcome = mset_plan_on(&db, pairs, true);
+        let outcome = mset_plan(&db, pairs, true);
         match crate::net::run_outcome(&db, outcome).await {
             Reply::Simple(_) => Reply::Integer(1),
             Reply::Integer(0) => Reply::Integer(0),
@@ -342,11 +331,8 @@ fn msetnx(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
-fn mset_plan(call: &Call<'_>, pairs: Vec<(Vec<u8>, Vec<u8>)>, only_new: bool) -> Outcome {
-    mset_plan_on(call.db(), pairs, only_new)
-}
-
-fn mset_plan_on(db: &copse::Db, pairs: Vec<(Vec<u8>, Vec<u8>)>, only_new: bool) -> Outcome {
+/// MSET's execs, one per shard; with `only_new`, a shard whose keys exist sets none (MSETNX).
+fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
     let keys: Vec<Vec<u8>> = pairs.iter().map(|(key, _)| key.clone()).collect();
     let mut plan = Plan::new();
     for (shard, at) in by_shard(db, &keys) {
@@ -396,36 +382,31 @@ fn strlen(call: &mut Call<'_>) -> Outcome {
     with_string(call, |_, value| Next::Reply(Reply::Integer(value.map_or(0, |v| v.len() as i64))))
 }
 
-/// Modifies a string: `change` maps the old value (empty if missing) to the new value and the
-/// answer, or to an error answer that changes nothing.
+/// Modifies a string: `change` maps the old value (None if missing) to the new value and the
+/// answer, or to an answer that changes nothing (an error; SETRANGE's empty patch).
 fn modify<F>(call: &Call<'_>, mut change: F) -> Outcome
 where
     F: FnMut(Option<Vec<u8>>) -> Result<(Vec<u8>, Reply), Reply> + Send + 'static,
 {
     let key = call.args[1].clone();
     let mut pending = None;
-    on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => match key_type(view, &key) {
-            Some(KeyType::String) => Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))]),
-            Some(_) => Next::Reply(Reply::error(WRONGTYPE)),
-            None => match change(None) {
-                Ok((value, reply)) => write_then(
-                    vec![BatchOp::Put { key: meta_key(&key, KeyType::String), value }],
-                    reply,
-                    &mut pending,
-                ),
-                Err(reply) => Next::Reply(reply),
+    on_key(call.db(), &key.clone(), move |view, input| {
+        let old = match input {
+            Input::Start => match read_string(view, &key) {
+                Some(next) => return next,
+                None => None,
             },
-        },
-        Input::Read(mut results) => match change(value_of(results.pop())) {
+            Input::Read(mut results) => value_of(results.pop()),
+            Input::Written => return answer(&mut pending),
+        };
+        match change(old) {
             Ok((value, reply)) => write_then(
                 vec![BatchOp::Put { key: meta_key(&key, KeyType::String), value }],
                 reply,
                 &mut pending,
             ),
             Err(reply) => Next::Reply(reply),
-        },
-        Input::Written => answer(&mut pending),
+        }
     })
 }
 
@@ -479,35 +460,19 @@ fn setrange(call: &mut Call<'_>) -> Outcome {
             copse::limits::VALUE_BYTES_MAX
         ));
     }
-    let key = call.args[1].clone();
-    let mut pending = None;
-    on_key(call.db(), &key.clone(), move |view, input| {
-        let apply = |old: Option<Vec<u8>>, pending: &mut Option<Reply>| {
-            let mut value = old.unwrap_or_default();
-            if patch.is_empty() {
-                // Redis: an empty patch changes nothing and creates no key.
-                return Next::Reply(Reply::Integer(value.len() as i64));
-            }
-            let end = end as usize;
-            if value.len() < end {
-                value.resize(end, 0);
-            }
-            value[offset as usize..end].copy_from_slice(&patch);
-            let length = value.len() as i64;
-            let ops = vec![BatchOp::Put { key: meta_key(&key, KeyType::String), value }];
-            write_then(ops, Reply::Integer(length), pending)
-        };
-        match input {
-            Input::Start => match key_type(view, &key) {
-                Some(KeyType::String) => {
-                    Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))])
-                }
-                Some(_) => Next::Reply(Reply::error(WRONGTYPE)),
-                None => apply(None, &mut pending),
-            },
-            Input::Read(mut results) => apply(value_of(results.pop()), &mut pending),
-            Input::Written => answer(&mut pending),
+    modify(call, move |old| {
+        let mut value = old.unwrap_or_default();
+        if patch.is_empty() {
+            // Redis: an empty patch changes nothing and creates no key.
+            return Err(Reply::Integer(value.len() as i64));
         }
+        let end = end as usize;
+        if value.len() < end {
+            value.resize(end, 0);
+        }
+        value[offset as usize..end].copy_from_slice(&patch);
+        let length = value.len() as i64;
+        Ok((value, Reply::Integer(length)))
     })
 }
 
