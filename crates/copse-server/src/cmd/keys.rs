@@ -146,10 +146,8 @@ fn existing_plan(db: &Db, keys: &[Vec<u8>]) -> Outcome {
     let mut plan = Plan::new();
     for (shard, at) in by_shard(db, keys) {
         let group: Vec<Vec<u8>> = at.iter().map(|&i| keys[i].clone()).collect();
-        let mut locks = group.clone();
-        locks.sort();
-        locks.dedup();
-        plan.add(shard, locks, move |view, input| match input {
+        // The shard dedups lock keys; a key named twice is counted twice, as in Redis.
+        plan.add(shard, group.clone(), move |view, input| match input {
             Input::Start => {
                 let count = group.iter().filter(|key| key_type(view, key).is_some()).count();
                 Next::Reply(Reply::Integer(count as i64))

@@ -487,6 +487,7 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Vec<Vec<u8>>) 
         }
     }
     server.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    *conn.info.last_command.lock().unwrap_or_else(|poison| poison.into_inner()) = spec.name;
     (spec.handler)(&mut Call { server, conn, args })
 }
 

@@ -525,12 +525,9 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     line("file_bytes", &store.file_bytes);
                     line("index_bytes_per_item", &format!("{:.1}", store.index_bytes_per_item));
                     line("cache_hit_rate", &format!("{:.4}", store.cache_hit_rate));
-                    let reads: u64 = store.shards.iter().map(|s| s.device.reads).sum();
-                    let writes: u64 = store.shards.iter().map(|s| s.device.writes).sum();
-                    let flushes: u64 = store.shards.iter().map(|s| s.device.flushes).sum();
-                    line("device_reads", &reads);
-                    line("device_writes", &writes);
-                    line("device_flushes", &flushes);
+                    line("device_reads", &store.device.reads);
+                    line("device_writes", &store.device.writes);
+                    line("device_flushes", &store.device.flushes);
                 }
             }
             _ => {}

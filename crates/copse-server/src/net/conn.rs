@@ -167,7 +167,6 @@ async fn connection_loop(
         let mut slots: VecDeque<(Slot, Protocol)> = VecDeque::with_capacity(wave.len());
         let mut close = false;
         for args in wave {
-            note_command(conn, &args);
             match dispatch(server, conn, args) {
                 Outcome::Reply(reply) => slots.push_back((Slot::Ready(reply), conn.protocol)),
                 Outcome::Execs { queued, answers, combine } => {
@@ -282,12 +281,4 @@ async fn idle(timeout_secs: u64) {
         std::future::pending::<()>().await;
     }
     tokio::time::sleep(Duration::from_secs(timeout_secs)).await;
-}
-
-fn note_command(conn: &ConnState, args: &[Vec<u8>]) {
-    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
-    let mut last = conn.info.last_command.lock().unwrap_or_else(|poison| poison.into_inner());
-    if *last != name {
-        *last = name;
-    }
 }

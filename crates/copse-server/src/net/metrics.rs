@@ -97,8 +97,7 @@ pub async fn render(server: &Server) -> String {
         stats.protocol_errors.load(Ordering::Relaxed) as f64,
     );
     if let Ok(store) = server.db.stats_async().await {
-        let reads: u64 = store.shards.iter().map(|s| s.device.reads).sum();
-        let writes: u64 = store.shards.iter().map(|s| s.device.writes).sum();
+        let (reads, writes) = (store.device.reads, store.device.writes);
         metric(
             "store_items",
             "gauge",

@@ -62,7 +62,8 @@ pub struct ClientInfo {
     pub name: Mutex<String>,
     pub created: Instant,
     pub last_active_ms: AtomicU64,
-    pub last_command: Mutex<String>,
+    /// The name of the last command (a table entry: noting it allocates nothing).
+    pub last_command: Mutex<&'static str>,
     pub protocol: AtomicU8,
 }
 
@@ -81,7 +82,7 @@ impl ClientInfo {
             name,
             self.created.elapsed().as_secs(),
             idle,
-            if command.is_empty() { "NULL".into() } else { command },
+            if command.is_empty() { "NULL" } else { command },
             self.protocol.load(Ordering::Relaxed),
         )
     }
@@ -111,7 +112,7 @@ impl Server {
             name: Mutex::new(String::new()),
             created: Instant::now(),
             last_active_ms: AtomicU64::new(self.started.elapsed().as_millis() as u64),
-            last_command: Mutex::new(String::new()),
+            last_command: Mutex::new(""),
             protocol: AtomicU8::new(2),
         });
         self.clients.lock().unwrap_or_else(|poison| poison.into_inner()).insert(id, info.clone());

@@ -131,6 +131,22 @@ pub struct DeviceStats {
     pub submit_calls: u64,
 }
 
+impl std::ops::Add for DeviceStats {
+    type Output = DeviceStats;
+
+    /// Figures of two devices together (a store's total over its shards).
+    fn add(self, other: DeviceStats) -> DeviceStats {
+        DeviceStats {
+            reads: self.reads + other.reads,
+            writes: self.writes + other.writes,
+            bytes_read: self.bytes_read + other.bytes_read,
+            bytes_written: self.bytes_written + other.bytes_written,
+            flushes: self.flushes + other.flushes,
+            submit_calls: self.submit_calls + other.submit_calls,
+        }
+    }
+}
+
 /// Batched block I/O on one store directory, owned by one thread.
 pub trait BlockDevice: Send {
     /// Opens the file `name` (a relative path such as `shard-000/class-04.slab`), creating it

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::device::{Backend, DirStorage, Storage, WriteDurability};
+use crate::device::{Backend, DeviceStats, DirStorage, Storage, WriteDurability};
 use crate::engine::input::{check_batch, check_key, check_value};
 use crate::engine::native::EngineConfig;
 use crate::engine::{BatchOp, KeyValue, Request, ShardStats};
@@ -98,6 +98,8 @@ pub struct StoreStats {
     pub index_bytes: u64,
     pub index_bytes_per_item: f64,
     pub cache_hit_rate: f64,
+    /// Every shard's device figures, summed.
+    pub device: DeviceStats,
     pub shards: Vec<ShardStats>,
 }
 
@@ -482,6 +484,7 @@ fn summarize(shards: Vec<ShardStats>) -> StoreStats {
         index_bytes,
         index_bytes_per_item: if items == 0 { 0.0 } else { index_bytes as f64 / items as f64 },
         cache_hit_rate: if hits + misses == 0 { 0.0 } else { hits as f64 / (hits + misses) as f64 },
+        device: shards.iter().fold(DeviceStats::default(), |total, shard| total + shard.device),
         shards,
     }
 }
