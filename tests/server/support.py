@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -364,3 +365,34 @@ def connect_admitted(server, timeout: float = 5.0) -> socket.socket:
         assert reply.startswith(b"-ERR max number of clients reached"), reply
         assert time.monotonic() < deadline, "connections that closed still count against maxclients"
         time.sleep(0.05)
+
+
+def run_clients(server, count: int, work) -> None:
+    """Runs `work(client, n)` for n in 0..count, each on its own thread with its own connection,
+    and fails with every exception a thread raised."""
+    errors = []
+
+    def body(n):
+        client = server.client()
+        try:
+            work(client, n)
+        except Exception as err:  # reported by the calling thread
+            errors.append(err)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=body, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+
+
+def assert_store_checks(server) -> None:
+    """`copse check` (offline, on the stopped or killed server's store) finds nothing wrong."""
+    check = subprocess.run(
+        [str(COPSE_BIN), "--path", str(server.data_dir), "check"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 0, f"copse check: exit {check.returncode}\n{check.stdout[-2000:]}{check.stderr[-2000:]}"

@@ -9,13 +9,12 @@ flight at the kill (it may or may not have been applied, wholly or in part).
 from __future__ import annotations
 
 import random
-import subprocess
 import threading
 import time
 
 import redis
 
-from support import COPSE_BIN
+from support import assert_store_checks
 
 KEYS = 2000
 PIPELINE_SETS = 100
@@ -127,11 +126,7 @@ def test_acknowledged_writes_survive_sigkill(make_server):
         assert not errors, errors
         assert model.pipelines_acked > acked_before, f"cycle {cycle}: no pipeline was acknowledged"
         # The offline check finds nothing wrong with a store whose server was killed.
-        check = subprocess.run(
-            [str(COPSE_BIN), "--path", str(server.data_dir), "check"],
-            capture_output=True, text=True, timeout=60,
-        )
-        assert check.returncode == 0, f"copse check after SIGKILL: exit {check.returncode}\n{check.stdout[-2000:]}{check.stderr[-2000:]}"
+        assert_store_checks(server)
         server.restart()
         checker = server.client()
         check_store(checker, model, cycle)

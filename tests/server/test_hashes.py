@@ -7,14 +7,13 @@ per hash, bytes per atomic batch) are in docs/server.md and docs/format/redis-ke
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 
 import pytest
 import redis
 
-from support import COPSE_BIN, raw_command
+from support import assert_store_checks, raw_command, run_clients
 
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 HASH_FIELDS_MAX = 9998
@@ -592,42 +591,24 @@ def test_hashes_that_share_a_prefix_stay_apart(rc):
 
 def test_concurrent_hincrby_is_atomic(server, r):
     threads_count, per_thread = 8, 300
-    errors = []
 
-    def work():
-        client = server.client()
-        try:
-            for _ in range(per_thread):
-                client.hincrby("h", "n", 1)
-        except Exception as err:  # reported by the main thread
-            errors.append(err)
-        finally:
-            client.close()
+    def work(client, _n):
+        for _ in range(per_thread):
+            client.hincrby("h", "n", 1)
 
-    threads = [threading.Thread(target=work) for _ in range(threads_count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
+    run_clients(server, threads_count, work)
     assert r.hget("h", "n") == str(threads_count * per_thread).encode()
     assert r.hlen("h") == 1
 
 
 def test_concurrent_hset_of_distinct_fields_loses_none(server, r):
-    def work(n):
-        client = server.client()
+    def work(client, n):
         pipe = client.pipeline(transaction=False)
         for i in range(250):
             pipe.hset("h", f"t{n}:{i}", n)
         assert pipe.execute() == [1] * 250
-        client.close()
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_clients(server, 8, work)
     assert r.hlen("h") == 2000
     assert len(r.hgetall("h")) == 2000
 
@@ -696,9 +677,7 @@ def test_acknowledged_hash_writes_survive_sigkill(make_server):
     expected = write_hashes(client)
     client.close()
     server.kill()
-    check = subprocess.run([str(COPSE_BIN), "--path", str(server.data_dir), "check"],
-                           capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, f"copse check after SIGKILL:\n{check.stdout[-2000:]}{check.stderr[-2000:]}"
+    assert_store_checks(server)
     server.restart()
     client = server.client()
     check_hashes(client, expected)

@@ -3,12 +3,11 @@ both; `r` is RESP2 only, for tests whose replies do not depend on the protocol).
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 import redis
 
-from support import encode_command, raw_command, recv_all_until_close
+from support import encode_command, raw_command, recv_all_until_close, run_clients
 
 VALUE_BYTES_MAX = 16 * 1024 * 1024
 REDIS_KEY_BYTES_MAX = 1014
@@ -456,41 +455,23 @@ def test_pipeline_of_ten_thousand_mixed_commands(server, protocol):
 
 def test_concurrent_incr_is_atomic(server, r):
     threads_count, per_thread = 8, 500
-    errors = []
 
-    def work():
-        client = server.client()
-        try:
-            for _ in range(per_thread):
-                client.incr("shared")
-        except Exception as err:  # reported by the main thread
-            errors.append(err)
-        finally:
-            client.close()
+    def work(client, _n):
+        for _ in range(per_thread):
+            client.incr("shared")
 
-    threads = [threading.Thread(target=work) for _ in range(threads_count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
+    run_clients(server, threads_count, work)
     assert r.get("shared") == str(threads_count * per_thread).encode()
 
 
 def test_concurrent_append_loses_nothing(server, r):
-    def work(letter):
-        client = server.client()
+    def work(client, n):
         pipe = client.pipeline(transaction=False)
         for _ in range(300):
-            pipe.append("log", letter)
+            pipe.append("log", "abcd"[n])
         pipe.execute()
-        client.close()
 
-    threads = [threading.Thread(target=work, args=(c,)) for c in "abcd"]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_clients(server, 4, work)
     value = r.get("log")
     assert len(value) == 1200
     assert all(value.count(c.encode()) == 300 for c in "abcd")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import math
 import random
-import subprocess
 import threading
 
 import pytest
 import redis
 
-from support import COPSE_BIN, raw_command
+from support import assert_store_checks, raw_command, run_clients
 
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 ZSET_MEMBERS_MAX = 4998
@@ -743,25 +742,12 @@ def test_random_operations_match_a_model(r):
 
 
 def test_concurrent_zincrby_is_atomic(server, r):
-    errors = []
+    def work(client, n):
+        for _ in range(60):
+            client.zincrby("z", 1, "shared")
+            client.zincrby("z", 0.5, f"own:{n}")
 
-    def work(n):
-        client = server.client()
-        try:
-            for _ in range(60):
-                client.zincrby("z", 1, "shared")
-                client.zincrby("z", 0.5, f"own:{n}")
-        except Exception as err:  # reported by the main thread
-            errors.append(err)
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
+    run_clients(server, 8, work)
     assert r.zscore("z", "shared") == 480.0
     assert r.zcard("z") == 9
     assert r.zrange("z", -1, -1) == [b"shared"]
@@ -835,9 +821,7 @@ def test_acknowledged_zset_writes_survive_sigkill(make_server):
     expected = write_zsets(client)
     client.close()
     server.kill()
-    check = subprocess.run([str(COPSE_BIN), "--path", str(server.data_dir), "check"],
-                           capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, f"copse check after SIGKILL:\n{check.stdout[-2000:]}{check.stderr[-2000:]}"
+    assert_store_checks(server)
     server.restart()
     client = server.client()
     check_zsets(client, expected)
