@@ -67,6 +67,11 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Demo => demo(&cli, &mut out)?,
         Command::Serve(args) => serve(&cli, args)?,
+        Command::Bench(command) => {
+            let mut command = (**command).clone();
+            command.apply_globals(cli.cache_mb.map(|mib| mib as u64), cli.shards);
+            copse_bench::cli::run(command).map_err(Failure::Failed)?;
+        }
     }
     out.finish()
 }

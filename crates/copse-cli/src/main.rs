@@ -114,6 +114,10 @@ enum Command {
     /// Serves the store over the Redis protocol until SIGTERM or SIGINT (then closes it cleanly).
     /// Settings: defaults, then the --config file, then these flags. See docs/server.md.
     Serve(ServeArgs),
+    /// Benchmarks: YCSB workloads per engine, the device's limits, engine comparisons
+    /// (docs/benchmarks.md). Uses the global --cache-mb and --shards; not --path (see --dir).
+    #[command(subcommand)]
+    Bench(Box<copse_bench::cli::BenchCommand>),
 }
 
 #[derive(clap::Args, Debug, Default)]

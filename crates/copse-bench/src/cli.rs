@@ -1,0 +1,389 @@
+//! `copse bench ...`: the commands and their flags. The `copse` binary embeds [`BenchCommand`];
+//! `compare` re-runs this binary's `bench ycsb` once per run, so every run is its own process
+//! and its CPU, I/O and memory figures are its own.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+
+use crate::compare::{self, CompareConfig, OpenLoop};
+use crate::device::{self, DeviceProbeConfig, DeviceReport};
+use crate::engine::{EngineConfig, EngineKind};
+use crate::runner::{self, DeviceLimits, Mode, RunConfig};
+use crate::workload::{PhaseSpec, RecordSize};
+
+/// Bytes in a MiB, for the flags that take sizes in MiB.
+const MIB: u64 = 1 << 20;
+/// The benchmark's cache budget when `--cache-mb` is not given: small, so that a dataset a few
+/// times larger loads in minutes on this machine.
+pub const CACHE_MIB_DEFAULT: u64 = 32;
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum BenchCommand {
+    /// Loads records, then runs YCSB workloads (A-F, KVell's mix) on one engine; writes a JSON
+    /// report (--json) and prints a summary.
+    Ycsb(YcsbArgs),
+    /// Measures the device through copse's I/O layer: random 4 KiB IOPS at several queue depths,
+    /// 128 KiB sequential bandwidth, fdatasync latency.
+    Device(DeviceArgs),
+    /// Runs the same workloads for several engines, alternating engines run by run; prints and
+    /// writes a table of medians and ratios against the first engine, with SVG plots.
+    Compare(CompareArgs),
+}
+
+/// What a run does: shared by `ycsb` and `compare` (which passes them on to each run).
+#[derive(Args, Debug, Clone)]
+pub struct WorkloadArgs {
+    /// Parent directory for the store (each run makes and removes its own directory inside).
+    #[arg(long, default_value = "./bench-data")]
+    pub dir: PathBuf,
+    /// Records loaded before the phases.
+    #[arg(long, default_value_t = 100_000)]
+    pub records: u64,
+    /// Value bytes per record, or `kvell` for KVell's production size mix.
+    #[arg(long, default_value = "1024", value_parser = RecordSize::parse)]
+    pub record_bytes: RecordSize,
+    /// Cache budget for every engine, in MiB (copse's page cache, RocksDB's block cache): the
+    /// global `--cache-mb` flag, default [`CACHE_MIB_DEFAULT`].
+    #[arg(skip = CACHE_MIB_DEFAULT)]
+    pub cache_mib: u64,
+    /// Client threads.
+    #[arg(long, default_value_t = 16)]
+    pub threads: usize,
+    /// Phases after the load, comma-separated: a workload (load, a..f, kvell) with an optional
+    /// `@uniform`, `@zipfian` or `@latest` (default: YCSB's distribution for the workload).
+    #[arg(long, default_value = "a,b,c,f,d,e", value_delimiter = ',', value_parser = PhaseSpec::parse)]
+    pub phases: Vec<PhaseSpec>,
+    /// A phase stops after this many requests...
+    #[arg(long)]
+    pub ops: Option<u64>,
+    /// ...or after this many seconds, whichever comes first.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Open loop: requests arrive at this rate (per second) instead of back to back.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// copse shards: the global `--shards` flag (default one per core).
+    #[arg(skip)]
+    pub shards: Option<usize>,
+    /// A `copse bench device --json` report: its random 4 KiB IOPS are the limit line for the
+    /// device utilisation figures.
+    #[arg(long)]
+    pub device_json: Option<PathBuf>,
+}
+
+impl WorkloadArgs {
+    /// The same settings as flags, for a child `bench ycsb`.
+    pub fn to_args(&self) -> Vec<String> {
+        let phases: Vec<String> = self.phases.iter().map(PhaseSpec::label).collect();
+        let mut args = vec![
+            format!("--dir={}", self.dir.display()),
+            format!("--records={}", self.records),
+            format!("--record-bytes={}", self.record_bytes.label()),
+            format!("--cache-mb={}", self.cache_mib),
+            format!("--threads={}", self.threads),
+            format!("--phases={}", phases.join(",")),
+            format!("--seconds={}", self.seconds),
+            format!("--seed={}", self.seed),
+        ];
+        let optional = [
+            ("ops", self.ops.map(|ops| ops.to_string())),
+            ("rate", self.rate.map(|rate| rate.to_string())),
+            ("shards", self.shards.map(|shards| shards.to_string())),
+            ("device-json", self.device_json.as_ref().map(|path| path.display().to_string())),
+        ];
+        for (name, value) in optional {
+            if let Some(value) = value {
+                args.push(format!("--{name}={value}"));
+            }
+        }
+        args
+    }
+
+    fn run_config(
+        &self,
+        kind: EngineKind,
+        progress: bool,
+        keep_data: bool,
+    ) -> Result<RunConfig, String> {
+        let device = match &self.device_json {
+            Some(path) => {
+                let report = read_device_report(path)?;
+                Some(DeviceLimits::from_report(&report).ok_or_else(|| {
+                    format!("{}: no random 4 KiB read and write IOPS in it", path.display())
+                })?)
+            }
+            None => None,
+        };
+        let run_dir = self.dir.join(format!("run-{}-{}", kind.name(), std::process::id()));
+        Ok(RunConfig {
+            engine: EngineConfig {
+                kind,
+                dir: run_dir,
+                cache_bytes: (self.cache_mib * MIB) as usize,
+                shards: self.shards,
+                background_jobs: None,
+            },
+            record_count: self.records,
+            record_size: self.record_bytes,
+            threads: self.threads,
+            phases: self.phases.clone(),
+            mode: match self.rate {
+                Some(ops_per_second) => Mode::Open { ops_per_second },
+                None => Mode::Closed,
+            },
+            phase_ops_max: self.ops,
+            phase_seconds_max: Some(self.seconds),
+            seed: self.seed,
+            device,
+            progress,
+            keep_data,
+        })
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct YcsbArgs {
+    /// copse, rocksdb (WAL synced per write) or rocksdb-relaxed (WAL not synced: not durable).
+    #[arg(long, default_value = "copse")]
+    pub engine: String,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Write the run's report here (JSON).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Keep the store's directory afterwards.
+    #[arg(long)]
+    pub keep_data: bool,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Directory for the probe's file (the store's data directory, to measure its device).
+    #[arg(long, default_value = "./bench-data")]
+    pub dir: PathBuf,
+    #[arg(long, default_value_t = 1024)]
+    pub file_mib: u64,
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    #[arg(long, default_value = "1,32,128", value_delimiter = ',')]
+    pub depths: Vec<usize>,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// Engines, the first being the baseline of the ratios.
+    #[arg(long, default_value = "copse", value_delimiter = ',')]
+    pub engines: Vec<String>,
+    /// Runs per engine; engines alternate run by run (A B A B ...).
+    #[arg(long, default_value_t = 2)]
+    pub repeats: usize,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Where each run's JSON goes.
+    #[arg(long, default_value = "./bench-data/compare")]
+    pub out_dir: PathBuf,
+    /// Where the SVG plots go (default: --out-dir).
+    #[arg(long)]
+    pub plots_dir: Option<PathBuf>,
+    /// Write the table (markdown) to this file.
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+    /// Also put the table into this document, between `<!-- copse-bench:SECTION:begin/end -->`
+    /// markers (appended when absent).
+    #[arg(long, requires = "section")]
+    pub doc: Option<PathBuf>,
+    #[arg(long)]
+    pub section: Option<String>,
+    /// A title for the table.
+    #[arg(long, default_value = "Comparison")]
+    pub title: String,
+    /// Then run these phases open-loop (comma-separated), at --open-fraction of the median
+    /// closed-loop throughput the first engine reached on the same phase.
+    #[arg(long, value_delimiter = ',', value_parser = PhaseSpec::parse)]
+    pub open_phases: Vec<PhaseSpec>,
+    #[arg(long, default_value_t = 0.8)]
+    pub open_fraction: f64,
+    /// The engine whose closed-loop peak sets the open-loop rate (default: the first engine).
+    #[arg(long)]
+    pub open_reference: Option<String>,
+}
+
+fn read_device_report(path: &Path) -> Result<DeviceReport, String> {
+    let text = std::fs::read_to_string(path).map_err(|err| format!("{}: {err}", path.display()))?;
+    serde_json::from_str(&text).map_err(|err| format!("{}: {err}", path.display()))
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), String> {
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|err| format!("{}: {err}", parent.display()))?;
+    }
+    let text = serde_json::to_string_pretty(value).map_err(|err| err.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|err| format!("{}: {err}", path.display()))
+}
+
+impl BenchCommand {
+    /// Takes the `copse` tool's global `--cache-mb` and `--shards` flags.
+    pub fn apply_globals(&mut self, cache_mib: Option<u64>, shards: Option<usize>) {
+        let workload = match self {
+            BenchCommand::Ycsb(args) => &mut args.workload,
+            BenchCommand::Compare(args) => &mut args.workload,
+            BenchCommand::Device(_) => return,
+        };
+        workload.cache_mib = cache_mib.unwrap_or(CACHE_MIB_DEFAULT);
+        workload.shards = shards;
+    }
+}
+
+/// Runs a bench command; the error is the message to print.
+pub fn run(command: BenchCommand) -> Result<(), String> {
+    match command {
+        BenchCommand::Ycsb(args) => ycsb(args),
+        BenchCommand::Device(args) => device_probe(args),
+        BenchCommand::Compare(args) => compare(args),
+    }
+}
+
+fn ycsb(args: YcsbArgs) -> Result<(), String> {
+    let kind = EngineKind::parse(&args.engine).map_err(|err| err.to_string())?;
+    let config = args.workload.run_config(kind, !args.quiet, args.keep_data)?;
+    let report = runner::run(&config).map_err(|err| err.to_string())?;
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    println!("{}", compare::run_summary(&report));
+    if report.errors > 0 {
+        return Err(format!(
+            "{} requests saw a wrong value or an error; the figures are not valid",
+            report.errors
+        ));
+    }
+    Ok(())
+}
+
+fn device_probe(args: DeviceArgs) -> Result<(), String> {
+    let config = DeviceProbeConfig {
+        dir: args.dir,
+        file_bytes: args.file_mib * MIB,
+        seconds_per_test: args.seconds,
+        queue_depths: args.depths,
+        ..DeviceProbeConfig::default()
+    };
+    std::fs::create_dir_all(&config.dir)
+        .map_err(|err| format!("{}: {err}", config.dir.display()))?;
+    let report = device::probe(&config, !args.quiet).map_err(|err| err.to_string())?;
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    println!("{}", report.markdown());
+    Ok(())
+}
+
+fn compare(args: CompareArgs) -> Result<(), String> {
+    let engines = args
+        .engines
+        .iter()
+        .map(|name| EngineKind::parse(name))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| err.to_string())?;
+    let open_reference = match &args.open_reference {
+        Some(name) => EngineKind::parse(name).map_err(|err| err.to_string())?,
+        None => engines[0],
+    };
+    let config = CompareConfig {
+        engines,
+        repeats: args.repeats,
+        plots_dir: args.plots_dir.clone().unwrap_or_else(|| args.out_dir.clone()),
+        out_dir: args.out_dir,
+        workload: args.workload,
+        markdown: args.markdown,
+        doc: args.doc.zip(args.section),
+        title: args.title,
+        open_loop: (!args.open_phases.is_empty()).then_some(OpenLoop {
+            phases: args.open_phases,
+            fraction: args.open_fraction,
+            reference: open_reference,
+        }),
+    };
+    let table = compare::compare(&config)?;
+    println!("{table}");
+    Ok(())
+}
+
+/// Used by `compare` to run one engine's `bench ycsb` in this process's own binary.
+pub fn ycsb_command_args(
+    engine: EngineKind,
+    workload: &WorkloadArgs,
+    json: &Path,
+    mode_rate: Option<f64>,
+) -> Vec<String> {
+    let mut workload = workload.clone();
+    if mode_rate.is_some() {
+        workload.rate = mode_rate;
+    }
+    let mut args = vec![
+        "bench".to_string(),
+        "ycsb".to_string(),
+        format!("--engine={}", engine.name()),
+        format!("--json={}", json.display()),
+        "--quiet".to_string(),
+    ];
+    args.extend(workload.to_args());
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The `copse` tool's global flags that bench commands take.
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[arg(long, global = true)]
+        cache_mb: Option<u64>,
+        #[arg(long, global = true)]
+        shards: Option<usize>,
+        #[command(subcommand)]
+        bench: BenchCommand,
+    }
+
+    #[test]
+    fn workload_flags_round_trip_through_to_args() {
+        let cli = Cli::try_parse_from([
+            "copse",
+            "ycsb",
+            "--records=500",
+            "--record-bytes=kvell",
+            "--phases=a@uniform,e",
+            "--ops=100",
+            "--rate=2000",
+        ])
+        .unwrap();
+        let BenchCommand::Ycsb(args) = cli.bench else { panic!("parsed as ycsb") };
+        let mut again = vec!["copse".to_string(), "ycsb".to_string()];
+        again.extend(args.workload.to_args());
+        let BenchCommand::Ycsb(reparsed) = Cli::try_parse_from(again).unwrap().bench else {
+            panic!("parsed as ycsb")
+        };
+        assert_eq!(reparsed.workload.to_args(), args.workload.to_args());
+        assert_eq!(reparsed.workload.record_bytes, RecordSize::KvellMix);
+        assert_eq!(reparsed.workload.phases.len(), 2);
+        assert_eq!(reparsed.workload.rate, Some(2000.0));
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        assert!(Cli::try_parse_from(["copse", "ycsb", "--phases=z"]).is_err());
+        assert!(Cli::try_parse_from(["copse", "ycsb", "--record-bytes=0"]).is_err());
+    }
+}

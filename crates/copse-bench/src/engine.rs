@@ -1,0 +1,283 @@
+//! The engines under test, behind one blocking interface that many client threads call at once.
+//!
+//! `copse` is the native engine through its public API (`copse::Db`). `rocksdb` and
+//! `rocksdb-relaxed` are RocksDB through the `rocksdb` crate, built only with the `rocksdb` cargo
+//! feature (a bundled RocksDB build takes ~20 minutes on 2 cores; `make bench` builds it).
+//!
+//! Fairness rules every engine follows (docs/benchmarks.md repeats them): the same cache budget
+//! (`cache_bytes`); a write returns only when the engine's durability promise holds (for `copse`
+//! and `rocksdb`: on the device; `rocksdb-relaxed` is labelled as not durable); values are
+//! incompressible random bytes, and compression is off where an engine has it.
+
+use std::path::{Path, PathBuf};
+
+use copse::{Db, Options};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("engine {0:?} is not built into this binary: rebuild with `--features rocksdb` (`make bench` does)")]
+    NotBuilt(String),
+    #[error("unknown engine {0:?} (known: copse, rocksdb, rocksdb-relaxed)")]
+    Unknown(String),
+    #[error("opening {engine} at {dir}: {message}")]
+    Open { engine: String, dir: String, message: String },
+    #[error("{engine}: {message}")]
+    Operation { engine: String, message: String },
+}
+
+/// Which engine to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    Copse,
+    /// RocksDB with the write-ahead log synced on every write batch: durable like copse.
+    Rocksdb,
+    /// RocksDB with the WAL written but not synced: a write can be lost on power failure.
+    RocksdbRelaxed,
+}
+
+impl EngineKind {
+    pub fn parse(name: &str) -> Result<EngineKind, EngineError> {
+        match name {
+            "copse" => Ok(EngineKind::Copse),
+            "rocksdb" => Ok(EngineKind::Rocksdb),
+            "rocksdb-relaxed" => Ok(EngineKind::RocksdbRelaxed),
+            other => Err(EngineError::Unknown(other.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Copse => "copse",
+            EngineKind::Rocksdb => "rocksdb",
+            EngineKind::RocksdbRelaxed => "rocksdb-relaxed",
+        }
+    }
+
+    /// Engines compiled into this binary.
+    pub fn built() -> Vec<EngineKind> {
+        let mut kinds = vec![EngineKind::Copse];
+        if cfg!(feature = "rocksdb") {
+            kinds.extend([EngineKind::Rocksdb, EngineKind::RocksdbRelaxed]);
+        }
+        kinds
+    }
+
+    /// Whether an acknowledged write survives power loss.
+    pub fn durable(self) -> bool {
+        !matches!(self, EngineKind::RocksdbRelaxed)
+    }
+}
+
+/// How to open an engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub kind: EngineKind,
+    /// The engine's own directory (created; the caller removes it).
+    pub dir: PathBuf,
+    /// Cache budget: copse's page cache, RocksDB's block cache.
+    pub cache_bytes: usize,
+    /// copse shards (threads); `None` is one per core.
+    pub shards: Option<usize>,
+    /// RocksDB background jobs (flush and compaction threads); `None` is one per core.
+    pub background_jobs: Option<usize>,
+}
+
+/// Figures an engine knows about itself (beyond what the process counters show).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct EngineFigures {
+    pub items: Option<u64>,
+    /// copse: bytes of in-memory index per item.
+    pub index_bytes_per_item: Option<f64>,
+    /// I/Os the engine itself counted (copse's device layer), if it counts them.
+    pub device_reads: Option<u64>,
+    pub device_writes: Option<u64>,
+    pub device_bytes_written: Option<u64>,
+}
+
+/// A key-value engine as the harness drives it: blocking calls, from many threads at once.
+pub trait BenchEngine: Send + Sync {
+    /// The value's length, or `None` when the key is absent.
+    fn read(&self, key: &[u8]) -> Result<Option<usize>, EngineError>;
+    /// Inserts or overwrites; returns once durable (as the engine promises).
+    fn write(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError>;
+    /// Reads up to `items` items in key order from `start`; returns how many it read.
+    fn scan(&self, start: &[u8], items: usize) -> Result<usize, EngineError>;
+    fn figures(&self) -> Result<EngineFigures, EngineError>;
+    /// Makes everything durable and releases the store.
+    fn close(&self) -> Result<(), EngineError>;
+}
+
+/// Opens the configured engine in `config.dir`.
+pub fn open(config: &EngineConfig) -> Result<Box<dyn BenchEngine>, EngineError> {
+    std::fs::create_dir_all(&config.dir).map_err(|err| open_error(config, err))?;
+    match config.kind {
+        EngineKind::Copse => Ok(Box::new(CopseEngine::open(config)?)),
+        #[cfg(feature = "rocksdb")]
+        EngineKind::Rocksdb | EngineKind::RocksdbRelaxed => {
+            Ok(Box::new(rocks::RocksEngine::open(config)?))
+        }
+        #[cfg(not(feature = "rocksdb"))]
+        other => Err(EngineError::NotBuilt(other.name().to_string())),
+    }
+}
+
+fn open_error(config: &EngineConfig, err: impl std::fmt::Display) -> EngineError {
+    EngineError::Open {
+        engine: config.kind.name().to_string(),
+        dir: config.dir.display().to_string(),
+        message: err.to_string(),
+    }
+}
+
+fn operation_error(engine: &str, err: impl std::fmt::Display) -> EngineError {
+    EngineError::Operation { engine: engine.to_string(), message: err.to_string() }
+}
+
+/// The native engine, with its defaults except the cache budget and shard count.
+pub struct CopseEngine {
+    db: Db,
+}
+
+impl CopseEngine {
+    fn open(config: &EngineConfig) -> Result<CopseEngine, EngineError> {
+        let mut options = Options { cache_bytes: config.cache_bytes, ..Options::default() };
+        options.show_progress = false;
+        if let Some(shards) = config.shards {
+            options.shards = shards;
+        }
+        let db = Db::open(&config.dir, options).map_err(|err| open_error(config, err))?;
+        Ok(CopseEngine { db })
+    }
+}
+
+impl BenchEngine for CopseEngine {
+    fn read(&self, key: &[u8]) -> Result<Option<usize>, EngineError> {
+        let value = self.db.get(key).map_err(|err| operation_error("copse", err))?;
+        Ok(value.map(|value| value.len()))
+    }
+
+    fn write(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
+        self.db.put(key, value).map_err(|err| operation_error("copse", err))
+    }
+
+    fn scan(&self, start: &[u8], items: usize) -> Result<usize, EngineError> {
+        let found =
+            self.db.scan(start.to_vec().., items).map_err(|err| operation_error("copse", err))?;
+        Ok(found.len())
+    }
+
+    fn figures(&self) -> Result<EngineFigures, EngineError> {
+        let stats = self.db.stats().map_err(|err| operation_error("copse", err))?;
+        Ok(EngineFigures {
+            items: Some(stats.items),
+            index_bytes_per_item: Some(stats.index_bytes_per_item),
+            device_reads: Some(stats.device.reads),
+            device_writes: Some(stats.device.writes),
+            device_bytes_written: Some(stats.device.bytes_written),
+        })
+    }
+
+    fn close(&self) -> Result<(), EngineError> {
+        self.db.close().map_err(|err| operation_error("copse", err))
+    }
+}
+
+/// Bytes the files under `dir` occupy on disk (allocated blocks, not apparent sizes).
+pub fn disk_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => disk_bytes(&entry.path()),
+            Ok(meta) => meta.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+#[cfg(feature = "rocksdb")]
+mod rocks {
+    //! RocksDB as the issue configures the baseline: 4 KiB blocks, direct reads and direct
+    //! flush/compaction I/O, an LRU block cache of the shared budget, a 10-bit bloom filter (what
+    //! any tuned deployment uses for point reads), no compression (values are random), and the
+    //! WAL synced on every write batch (`rocksdb`) or not synced (`rocksdb-relaxed`).
+    use super::*;
+    use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, WriteOptions, DB};
+
+    /// Bloom filter bits per key: RocksDB's commonly recommended setting (~1% false positives).
+    const BLOOM_BITS_PER_KEY: f64 = 10.0;
+    /// RocksDB's block size, matched to copse's page size.
+    const BLOCK_BYTES: usize = 4096;
+
+    pub struct RocksEngine {
+        db: DB,
+        name: &'static str,
+        sync: bool,
+    }
+
+    impl RocksEngine {
+        pub fn open(config: &EngineConfig) -> Result<RocksEngine, EngineError> {
+            let cache = Cache::new_lru_cache(config.cache_bytes);
+            let mut table = BlockBasedOptions::default();
+            table.set_block_size(BLOCK_BYTES);
+            table.set_block_cache(&cache);
+            table.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
+            let mut options = rocksdb::Options::default();
+            options.create_if_missing(true);
+            options.set_block_based_table_factory(&table);
+            options.set_use_direct_reads(true);
+            options.set_use_direct_io_for_flush_and_compaction(true);
+            options.set_compression_type(DBCompressionType::None);
+            let cores = std::thread::available_parallelism().map_or(2, |cores| cores.get());
+            options.set_max_background_jobs(config.background_jobs.unwrap_or(cores) as i32);
+            let db = DB::open(&options, &config.dir).map_err(|err| open_error(config, err))?;
+            Ok(RocksEngine {
+                db,
+                name: config.kind.name(),
+                sync: config.kind == EngineKind::Rocksdb,
+            })
+        }
+    }
+
+    impl BenchEngine for RocksEngine {
+        fn read(&self, key: &[u8]) -> Result<Option<usize>, EngineError> {
+            let value = self.db.get_pinned(key).map_err(|err| operation_error(self.name, err))?;
+            Ok(value.map(|value| value.len()))
+        }
+
+        fn write(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
+            let mut options = WriteOptions::default();
+            options.set_sync(self.sync);
+            self.db.put_opt(key, value, &options).map_err(|err| operation_error(self.name, err))
+        }
+
+        fn scan(&self, start: &[u8], items: usize) -> Result<usize, EngineError> {
+            let mut iterator = self.db.raw_iterator();
+            iterator.seek(start);
+            let mut found = 0;
+            while found < items && iterator.valid() {
+                // Touch the value as a reader would.
+                std::hint::black_box(iterator.value());
+                found += 1;
+                iterator.next();
+            }
+            iterator.status().map_err(|err| operation_error(self.name, err))?;
+            Ok(found)
+        }
+
+        fn figures(&self) -> Result<EngineFigures, EngineError> {
+            let items = self
+                .db
+                .property_int_value("rocksdb.estimate-num-keys")
+                .map_err(|err| operation_error(self.name, err))?;
+            Ok(EngineFigures { items, ..EngineFigures::default() })
+        }
+
+        fn close(&self) -> Result<(), EngineError> {
+            self.db.flush_wal(true).map_err(|err| operation_error(self.name, err))
+        }
+    }
+}
