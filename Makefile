@@ -8,7 +8,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 PYTHON_TEST_PACKAGES ?= redis pytest
 
-.PHONY: build run test test-deps fmt clippy bench
+.PHONY: build run test test-deps fmt clippy bench bench-deps
 
 build:
 	$(CARGO) build --release -p copse-cli
@@ -42,6 +42,40 @@ fmt:
 clippy:
 	$(CARGO) clippy --all-targets -- -D warnings
 
-# The API benchmark (crates/copse/examples/api_bench.rs); it removes ./bench-data when done.
-bench:
-	$(CARGO) run --release --example api_bench -p copse -- --path ./bench-data
+# The standard comparison (docs/benchmarks.md): copse against RocksDB, built with the rocksdb
+# feature (a bundled RocksDB 11 build: ~20 minutes on 2 cores the first time, then cached; needs
+# libclang for bindgen). It probes the device, runs YCSB load, A, B, C, F, E (uniform and zipfian,
+# 1 KiB records, dataset > 3x the cache), then load and A with 128-B records, then A open-loop at
+# 80% of copse's peak; engines alternate run by run. It rewrites the sections between the
+# copse-bench markers in docs/benchmarks.md and the plots in docs/bench/. About 30 minutes.
+BENCH_DIR ?= ./bench-data
+BENCH_REPEATS ?= 2
+BENCH_SECONDS ?= 15
+BENCH_CACHE_MB ?= 64
+BENCH_RECORDS ?= 220000
+BENCH_SMALL_CACHE_MB ?= 16
+BENCH_SMALL_RECORDS ?= 400000
+BENCH_THREADS ?= 16
+BENCH_ENGINES ?= rocksdb,copse
+COPSE_BENCH = ./target/release/copse
+
+bench-deps:
+	@ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || (command -v apt-get >/dev/null && apt-get install -y -qq libclang-dev >/dev/null) || echo "make: libclang not found; the rocksdb crate's bindgen needs it"
+
+bench: bench-deps
+	$(CARGO) build --release -p copse-cli --features rocksdb
+	@mkdir -p $(BENCH_DIR) docs/bench
+	$(COPSE_BENCH) bench device --dir $(BENCH_DIR) --json $(BENCH_DIR)/device.json --quiet \
+		--doc docs/benchmarks.md --section device
+	$(COPSE_BENCH) --cache-mb $(BENCH_CACHE_MB) bench compare --engines $(BENCH_ENGINES) \
+		--repeats $(BENCH_REPEATS) --records $(BENCH_RECORDS) --record-bytes 1024 --threads $(BENCH_THREADS) \
+		--phases a@uniform,a@zipfian,b@uniform,b@zipfian,c@uniform,c@zipfian,f@uniform,f@zipfian,e@uniform,e@zipfian \
+		--seconds $(BENCH_SECONDS) --dir $(BENCH_DIR) --device-json $(BENCH_DIR)/device.json \
+		--open-phases a@zipfian --open-fraction 0.8 --open-reference copse \
+		--out-dir $(BENCH_DIR)/standard --plots-dir docs/bench/standard \
+		--doc docs/benchmarks.md --section standard --title "Standard comparison: YCSB, 1 KiB records"
+	$(COPSE_BENCH) --cache-mb $(BENCH_SMALL_CACHE_MB) bench compare --engines $(BENCH_ENGINES) \
+		--repeats $(BENCH_REPEATS) --records $(BENCH_SMALL_RECORDS) --record-bytes 128 --threads $(BENCH_THREADS) \
+		--phases a@uniform,a@zipfian --seconds $(BENCH_SECONDS) --dir $(BENCH_DIR) \
+		--device-json $(BENCH_DIR)/device.json --out-dir $(BENCH_DIR)/small --plots-dir docs/bench/small \
+		--doc docs/benchmarks.md --section small --title "Small records: YCSB load and A, 128-B records"

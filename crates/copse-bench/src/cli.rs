@@ -175,6 +175,12 @@ pub struct DeviceArgs {
     pub depths: Vec<usize>,
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also put the table into this document, between `<!-- copse-bench:SECTION:begin/end -->`
+    /// markers (appended when absent).
+    #[arg(long, requires = "section")]
+    pub doc: Option<PathBuf>,
+    #[arg(long)]
+    pub section: Option<String>,
     #[arg(long)]
     pub quiet: bool,
 }
@@ -280,11 +286,26 @@ fn device_probe(args: DeviceArgs) -> Result<(), String> {
     };
     std::fs::create_dir_all(&config.dir)
         .map_err(|err| format!("{}: {err}", config.dir.display()))?;
+    let started = crate::report::unix_seconds_now();
     let report = device::probe(&config, !args.quiet).map_err(|err| err.to_string())?;
     if let Some(path) = &args.json {
         write_json(path, &report)?;
     }
     println!("{}", report.markdown());
+    if let (Some(doc), Some(section)) = (&args.doc, &args.section) {
+        let command: Vec<String> = std::env::args().collect();
+        let body = format!(
+            "### Device limit line\n\n- Command: `{}`\n- Date: {}; machine: {}\n- File: {} MiB in {}, backend {}\n\n{}",
+            command.join(" "),
+            crate::report::format_utc(started),
+            crate::report::Machine::current().describe(),
+            report.file_bytes >> 20,
+            report.dir,
+            report.backend,
+            report.markdown()
+        );
+        compare::update_doc(doc, section, &body)?;
+    }
     Ok(())
 }
 
