@@ -66,7 +66,7 @@ pub fn compare(config: &CompareConfig) -> Result<String, String> {
     markdown.push_str(&context(config, &runs));
     markdown.push_str(&closed.markdown());
     markdown.push_str(&closed.losses());
-    markdown.push_str(&plots(config, "closed", &closed, &runs)?);
+    markdown.push_str(&plots(config, "closed", &closed)?);
 
     if let Some(open) = &config.open_loop {
         let mut open_runs = Vec::new();
@@ -98,14 +98,19 @@ pub fn compare(config: &CompareConfig) -> Result<String, String> {
                 open.reference.name()
             );
         }
-        let table = Table::new(&config.engines, &open_runs);
+        let mut table = Table::new(&config.engines, &open_runs);
+        // Each open-loop run loads first (closed loop); only the open phases belong here.
+        let open_labels: Vec<String> = open.phases.iter().map(PhaseSpec::label).collect();
+        table.phases.retain(|phase| open_labels.contains(phase));
         markdown.push_str(&table.markdown());
-        markdown.push_str(&plots(config, "open", &table, &open_runs)?);
+        markdown.push_str(&plots(config, "open", &table)?);
+        runs.extend(open_runs);
     }
     let errors: u64 = runs.iter().map(|run| run.errors).sum();
     let _ = writeln!(
         markdown,
-        "\nErrors (wrong or missing values, engine errors) over all runs: {errors}."
+        "\nErrors (wrong or missing values, engine errors) over all {} runs: {errors}.",
+        runs.len()
     );
     if let Some(path) = &config.markdown {
         write_file(path, &markdown)?;
@@ -159,6 +164,10 @@ fn context(config: &CompareConfig, runs: &[RunReport]) -> String {
         c.threads,
         bound_text(c.phase_ops_max, c.phase_seconds_max),
         config.repeats,
+    );
+    let _ = writeln!(
+        text,
+        "- After each phase the engine finishes the background work it caused (RocksDB: memtable flushes and compactions), outside the phase's window; `CPU s` and `write amp` include that settle, so each phase is charged for its own work."
     );
     if let (Some(read), Some(write)) = (c.device_read_iops, c.device_write_iops) {
         let _ = writeln!(
@@ -264,7 +273,7 @@ impl<'a> Table<'a> {
                     .optional_median(*engine, phase, |p| p.device_utilisation)
                     .map_or("–".to_string(), |u| format!("{:.0}%", u * 100.0));
                 let amplification = self
-                    .optional_median(*engine, phase, |p| p.write_amplification)
+                    .optional_median(*engine, phase, |p| p.write_amplification_with_settle)
                     .map_or("–".to_string(), |a| format!("{a:.1}"));
                 let _ = writeln!(
                     text,
@@ -275,7 +284,7 @@ impl<'a> Table<'a> {
                     figure(&|p| p.latency.max_us),
                     figure(&|p| p.read_ios_per_op),
                     figure(&|p| p.write_ios_per_op),
-                    figure(&|p| p.cpu_user_seconds + p.cpu_system_seconds),
+                    figure(&|p| p.cpu_user_seconds + p.cpu_system_seconds + p.settle_cpu_seconds),
                     figure(&|p| p.rss_bytes_end as f64) / MIB,
                     figure(&|p| p.disk_bytes_end as f64) / MIB,
                 );
@@ -326,12 +335,7 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
 
 /// Per phase: throughput over time (every run) and latency percentile curves (each engine's
 /// run closest to its median throughput). Returns markdown links.
-fn plots(
-    config: &CompareConfig,
-    prefix: &str,
-    table: &Table,
-    runs: &[RunReport],
-) -> Result<String, String> {
+fn plots(config: &CompareConfig, prefix: &str, table: &Table) -> Result<String, String> {
     std::fs::create_dir_all(&config.plots_dir)
         .map_err(|err| format!("{}: {err}", config.plots_dir.display()))?;
     let link_base = config
@@ -389,7 +393,6 @@ fn plots(
             link(&latency_path)
         );
     }
-    let _ = runs;
     Ok(text)
 }
 

@@ -103,6 +103,10 @@ pub trait BenchEngine: Send + Sync {
     /// Reads up to `items` items in key order from `start`; returns how many it read.
     fn scan(&self, start: &[u8], items: usize) -> Result<usize, EngineError>;
     fn figures(&self) -> Result<EngineFigures, EngineError>;
+    /// Finishes the background work the requests so far caused (RocksDB: memtable flushes and
+    /// compactions), so that the next phase does not pay for this one. The runner measures it
+    /// and charges it to the phase that caused it.
+    fn settle(&self) -> Result<(), EngineError>;
     /// Makes everything durable and releases the store.
     fn close(&self) -> Result<(), EngineError>;
 }
@@ -177,6 +181,11 @@ impl BenchEngine for CopseEngine {
         })
     }
 
+    /// copse has no background work: a write is at its final place when acknowledged.
+    fn settle(&self) -> Result<(), EngineError> {
+        self.db.flush().map_err(|err| operation_error("copse", err))
+    }
+
     fn close(&self) -> Result<(), EngineError> {
         self.db.close().map_err(|err| operation_error("copse", err))
     }
@@ -204,8 +213,19 @@ mod rocks {
     //! flush/compaction I/O, an LRU block cache of the shared budget, a 10-bit bloom filter (what
     //! any tuned deployment uses for point reads), no compression (values are random), and the
     //! WAL synced on every write batch (`rocksdb`) or not synced (`rocksdb-relaxed`).
+    //! Memtables are charged to the same budget (a write buffer manager over the block cache),
+    //! as copse's dirty pages live in its page cache: otherwise RocksDB's default 2 x 64 MiB of
+    //! memtables would hold a large part of a small dataset outside the budget.
     use super::*;
-    use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, WriteOptions, DB};
+    use rocksdb::{
+        BlockBasedOptions, Cache, DBCompressionType, WaitForCompactOptions, WriteBufferManager,
+        WriteOptions, DB,
+    };
+
+    /// Share of the budget memtables may take (charged to the block cache).
+    const MEMTABLE_BUDGET_DIVISOR: usize = 2;
+    /// One memtable is this share of the budget, so two fit in the memtables' share.
+    const MEMTABLE_BYTES_DIVISOR: usize = 4;
 
     /// Bloom filter bits per key: RocksDB's commonly recommended setting (~1% false positives).
     const BLOOM_BITS_PER_KEY: f64 = 10.0;
@@ -227,6 +247,13 @@ mod rocks {
             table.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
             let mut options = rocksdb::Options::default();
             options.create_if_missing(true);
+            let memtables = WriteBufferManager::new_write_buffer_manager_with_cache(
+                config.cache_bytes / MEMTABLE_BUDGET_DIVISOR,
+                false,
+                cache.clone(),
+            );
+            options.set_write_buffer_manager(&memtables);
+            options.set_write_buffer_size(config.cache_bytes / MEMTABLE_BYTES_DIVISOR);
             options.set_block_based_table_factory(&table);
             options.set_use_direct_reads(true);
             options.set_use_direct_io_for_flush_and_compaction(true);
@@ -274,6 +301,12 @@ mod rocks {
                 .property_int_value("rocksdb.estimate-num-keys")
                 .map_err(|err| operation_error(self.name, err))?;
             Ok(EngineFigures { items, ..EngineFigures::default() })
+        }
+
+        fn settle(&self) -> Result<(), EngineError> {
+            let mut options = WaitForCompactOptions::default();
+            options.set_flush(true);
+            self.db.wait_for_compact(&options).map_err(|err| operation_error(self.name, err))
         }
 
         fn close(&self) -> Result<(), EngineError> {

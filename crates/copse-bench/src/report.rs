@@ -77,6 +77,9 @@ pub struct PhaseReport {
     pub operations: BTreeMap<String, OpReport>,
     /// Every operation together.
     pub latency: LatencySummary,
+    /// Open loop: how late requests were issued after they were due (the harness's own delay,
+    /// included in the latencies); null in closed loop.
+    pub schedule_lag: Option<LatencySummary>,
     pub errors: u64,
     /// The first few errors, for the reader.
     pub error_samples: Vec<String>,
@@ -86,8 +89,17 @@ pub struct PhaseReport {
     pub device_write_bytes: u64,
     /// Key and value bytes the clients wrote.
     pub user_write_bytes: u64,
-    /// Device bytes written per user byte written (null when nothing was written).
+    /// Device bytes written per user byte written in the phase's window (null when nothing
+    /// was written).
     pub write_amplification: Option<f64>,
+    /// After the phase the engine finishes the background work it caused (RocksDB: flushes and
+    /// compactions; copse: nothing), measured here and charged to this phase.
+    pub settle_seconds: f64,
+    pub settle_cpu_seconds: f64,
+    pub settle_device_read_bytes: u64,
+    pub settle_device_write_bytes: u64,
+    /// Device bytes written in the window and the settle, per user byte.
+    pub write_amplification_with_settle: Option<f64>,
     /// 4 KiB-equivalent device I/Os per request, read and write.
     pub read_ios_per_op: f64,
     pub write_ios_per_op: f64,

@@ -282,6 +282,9 @@ pub struct Shared {
     /// YCSB's `expectednewkeys`: the zipfian chooser's range covers the records the phase may
     /// insert, and draws beyond the last acknowledged insert are redrawn.
     pub expected_new_records: u64,
+    /// Zipfian draws beyond the last insert are redrawn at most this many times in a row; then
+    /// the draw is taken modulo the records present (a tiny dataset cannot livelock).
+    pub redraws_max: u32,
 }
 
 /// The per-thread key chooser (each thread owns its generator and random source).
@@ -382,12 +385,18 @@ impl OpGenerator {
         match &mut self.chooser {
             Chooser::Uniform(uniform) => uniform.next(&mut self.rng),
             Chooser::Latest(latest) => latest.next(&mut self.rng, last),
-            Chooser::Zipfian(zipfian) => loop {
-                let record = zipfian.next(&mut self.rng);
-                if record <= last {
-                    break record;
+            Chooser::Zipfian(zipfian) => {
+                let mut record = zipfian.next(&mut self.rng);
+                let mut redraws = 0;
+                while record > last {
+                    if redraws == self.shared.redraws_max {
+                        return record % (last + 1);
+                    }
+                    record = zipfian.next(&mut self.rng);
+                    redraws += 1;
                 }
-            },
+                record
+            }
         }
     }
 }
@@ -407,6 +416,7 @@ mod tests {
             inserts: Arc::new(AcknowledgedCounter::new(records)),
             record_count: records,
             expected_new_records: records / 10,
+            redraws_max: 1000,
         })
     }
 

@@ -6,6 +6,12 @@ use copse_bench::generator::key_name;
 use copse_bench::runner::{self, DeviceLimits, Mode, RunConfig};
 use copse_bench::workload::{PhaseSpec, RecordSize};
 use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use copse_bench::engine::{BenchEngine, EngineError, EngineFigures};
 
 const RECORDS: u64 = 400;
 
@@ -114,6 +120,9 @@ fn every_ycsb_workload_closed_loop() {
     let phases = json["phases"].as_array().unwrap();
     let kinds = |index: usize| shares(&phases[index]).into_keys().collect::<Vec<_>>();
     assert_eq!(kinds(1), ["read", "update"]);
+    let a = shares(&phases[1]);
+    let read_share = a["read"] as f64 / (a["read"] + a["update"]) as f64;
+    assert!((0.35..0.65).contains(&read_share), "A is 50/50: read share {read_share}");
     assert_eq!(kinds(3), ["read"]);
     assert_eq!(kinds(4), ["read", "read-modify-write"]);
     assert_eq!(kinds(5), ["insert", "read"]);
@@ -143,6 +152,72 @@ fn open_loop_paces_requests() {
     let seconds = phase["seconds"].as_f64().unwrap();
     assert!(seconds >= 0.49, "open loop at 400/s finished 200 requests in {seconds} s");
     assert_eq!(json["config"]["target_ops_per_second"], 400.0);
+}
+
+/// An in-memory engine that pauses everything once for `PAUSE`, like a write stall. It tests
+/// the harness's measurement, so it stands in for no part of copse.
+struct PausingEngine {
+    values: Mutex<HashMap<Vec<u8>, usize>>,
+    requests: AtomicU64,
+    pause_at_request: u64,
+}
+
+const PAUSE: Duration = Duration::from_millis(300);
+
+impl BenchEngine for PausingEngine {
+    fn read(&self, key: &[u8]) -> Result<Option<usize>, EngineError> {
+        let values = self.values.lock().unwrap();
+        if self.requests.fetch_add(1, Ordering::SeqCst) == self.pause_at_request {
+            std::thread::sleep(PAUSE); // holding the lock: every request waits
+        }
+        Ok(values.get(key).copied())
+    }
+    fn write(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
+        self.values.lock().unwrap().insert(key.to_vec(), value.len());
+        Ok(())
+    }
+    fn scan(&self, _: &[u8], _: usize) -> Result<usize, EngineError> {
+        Ok(1)
+    }
+    fn figures(&self) -> Result<EngineFigures, EngineError> {
+        Ok(EngineFigures::default())
+    }
+    fn settle(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+    fn close(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+/// Open loop measures from each request's due time: a 300 ms pause delays every request due
+/// during it, and the percentiles show that queue, where measuring from the actual start would
+/// show one slow request (coordinated omission).
+#[test]
+fn open_loop_latency_includes_the_queue_behind_a_stall() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        config(dir.path(), "c", RecordSize::Fixed(100), Mode::Open { ops_per_second: 1000.0 });
+    config.phase_ops_max = Some(1000);
+    let engine = PausingEngine {
+        values: Mutex::new(HashMap::new()),
+        requests: AtomicU64::new(0),
+        pause_at_request: RECORDS + 200,
+    };
+    let (phases, _) = runner::run_phases(&config, &engine).unwrap();
+    let phase = &phases[1];
+    assert_eq!((phase.ops, phase.errors), (1000, 0));
+    // ~300 of 1,000 requests were due during the pause: p90 sits well inside it.
+    assert!(phase.latency.p90_us >= 50_000.0, "p90 {} µs hides the queue", phase.latency.p90_us);
+    assert!(phase.latency.max_us >= 250_000.0, "max {} µs", phase.latency.max_us);
+    let mut closed = config.clone();
+    closed.mode = Mode::Closed;
+    engine.requests.store(0, Ordering::SeqCst);
+    let (phases, _) = runner::run_phases(&closed, &engine).unwrap();
+    assert!(
+        phases[1].latency.p90_us < 50_000.0,
+        "closed loop: the pause is one slow request per thread"
+    );
 }
 
 #[test]

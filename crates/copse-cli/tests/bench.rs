@@ -154,7 +154,11 @@ fn compare_alternates_runs_and_refreshes_a_document() {
     let text = std::fs::read_to_string(&doc).unwrap();
     assert!(text.starts_with("# Benchmarks\n\nHand-written text.\n"), "{text}");
     assert!(text.contains("<!-- copse-bench:smoke:begin -->") && text.contains("### Smoke"));
-    assert!(text.contains("device util") && text.contains('%'), "utilisation from the probe");
+    let closed = json(&out.join("closed-copse-0.json"));
+    let utilisation = closed["phases"][1]["device_utilisation"].as_f64();
+    assert!(utilisation.is_some_and(|u| u > 0.0), "utilisation from the probe: {utilisation:?}");
+    let row = text.lines().find(|line| line.starts_with("| a@uniform | copse |")).unwrap();
+    assert!(row.split('|').nth(9).is_some_and(|cell| cell.trim().ends_with('%')), "{row}");
     let open = json(&out.join("open-copse-a@uniform-0.json"));
     assert_eq!(open["config"]["mode"], "open");
     assert!(open["config"]["target_ops_per_second"].as_f64().unwrap() > 0.0);
