@@ -65,6 +65,7 @@ pub fn compare(config: &CompareConfig) -> Result<String, String> {
     let _ = writeln!(markdown, "### {}\n", config.title);
     markdown.push_str(&context(config, &runs));
     markdown.push_str(&closed.markdown());
+    markdown.push_str(&engine_lines(&config.engines, &runs));
     markdown.push_str(&closed.losses());
     markdown.push_str(&plots(config, "closed", &closed)?);
 
@@ -189,6 +190,28 @@ fn context(config: &CompareConfig, runs: &[RunReport]) -> String {
         );
     }
     text.push('\n');
+    text
+}
+
+/// Per engine, over its runs: peak RSS, disk use at the end, and index bytes per item.
+fn engine_lines(engines: &[EngineKind], runs: &[RunReport]) -> String {
+    let mut text = String::from("\n");
+    for engine in engines {
+        let mine: Vec<&RunReport> =
+            runs.iter().filter(|run| run.config.engine == engine.name()).collect();
+        let peak = median(mine.iter().map(|run| run.peak_rss_bytes as f64).collect());
+        let disk = median(mine.iter().map(|run| run.disk_bytes_end as f64).collect());
+        let index =
+            median(mine.iter().filter_map(|run| run.engine_figures.index_bytes_per_item).collect());
+        let _ = writeln!(
+            text,
+            "- {}: peak RSS {:.0} MiB, {:.0} MiB on disk after the run{} (medians over runs).",
+            engine.name(),
+            peak.unwrap_or(f64::NAN) / MIB,
+            disk.unwrap_or(f64::NAN) / MIB,
+            index.map_or(String::new(), |bytes| format!(", index {bytes:.1} B per item")),
+        );
+    }
     text
 }
 
