@@ -49,7 +49,7 @@ clippy:
 # 80% of copse's peak; engines alternate run by run. It rewrites the sections between the
 # copse-bench markers in docs/benchmarks.md and the plots in docs/bench/. About 30 minutes.
 BENCH_DIR ?= ./bench-data
-BENCH_REPEATS ?= 2
+BENCH_REPEATS ?= 3
 BENCH_SECONDS ?= 15
 BENCH_CACHE_MB ?= 64
 BENCH_RECORDS ?= 220000

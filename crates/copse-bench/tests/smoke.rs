@@ -230,3 +230,19 @@ fn a_non_empty_directory_is_refused() {
     assert!(err.to_string().contains("not empty"), "{err}");
     assert!(config.engine.dir.join("precious").exists(), "nothing removed");
 }
+
+/// With the `rocksdb` feature (`make bench` builds it), the baselines run every workload too.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn rocksdb_engines_run_every_workload() {
+    for kind in [EngineKind::Rocksdb, EngineKind::RocksdbRelaxed] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config =
+            config(dir.path(), "a,b,c,f,d,e,kvell", RecordSize::Fixed(1024), Mode::Closed);
+        config.engine.kind = kind;
+        let report = runner::run(&config).unwrap();
+        assert_eq!(report.errors, 0, "{kind:?}");
+        assert_eq!(report.config.durable, kind == EngineKind::Rocksdb);
+        assert_eq!(report.phases.len(), 8);
+    }
+}
