@@ -21,7 +21,7 @@ use crate::limits::{
     CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
     PAGE_BYTES, SCAN_ITEMS_MAX, SHARDS_MAX,
 };
-use crate::router::{close_shards, manifest, merge_sorted, Router};
+use crate::router::{close_shards, manifest, Router};
 use crate::shard::exec::{Exec, ExecRequest};
 use crate::shard::ShardHandle;
 
@@ -310,11 +310,7 @@ impl Db {
         limit: usize,
     ) -> Result<Vec<KeyValue>, ReadError> {
         let (start, end) = Self::scan_bounds(&range, limit)?;
-        let mut runs = Vec::new();
-        for pending in self.router().scan_all(&start, &end, limit) {
-            runs.push(pending.wait()?);
-        }
-        Ok(merge_sorted(runs, limit))
+        futures::executor::block_on(crate::router::scan::scan(self.router(), start, end, limit))
     }
 
     fn scan_bounds<R: RangeBounds<Vec<u8>>>(
@@ -436,11 +432,7 @@ impl Db {
         limit: usize,
     ) -> Result<Vec<KeyValue>, ReadError> {
         let (start, end) = Self::scan_bounds(&range, limit)?;
-        let mut runs = Vec::new();
-        for pending in self.router().scan_all(&start, &end, limit) {
-            runs.push(pending.into_future().await?);
-        }
-        Ok(merge_sorted(runs, limit))
+        crate::router::scan::scan(self.router(), start, end, limit).await
     }
 
     pub async fn stats_async(&self) -> Result<StoreStats, ReadError> {

@@ -6,13 +6,12 @@
 //! manifest, so a store always routes a key to the shard that holds it.
 
 pub mod manifest;
-
-use std::ops::Bound;
+pub mod scan;
 
 use futures::channel::oneshot;
 
 use crate::engine::{BatchOp, KeyValue, Request};
-use crate::error::{ReadError, WriteError};
+use crate::error::WriteError;
 use crate::shard::exec::ExecRequest;
 use crate::shard::{Message, ShardHandle};
 
@@ -144,21 +143,6 @@ impl Router {
             })
             .collect()
     }
-
-    /// Sends a scan to every shard; each answers its first `limit` items in the range.
-    pub fn scan_all(
-        &self,
-        start: &Bound<Vec<u8>>,
-        end: &Bound<Vec<u8>>,
-        limit: usize,
-    ) -> Vec<Pending<Vec<KeyValue>, ReadError>> {
-        self.broadcast(ReadError::Closed, |reply| Request::Scan {
-            start: start.clone(),
-            end: end.clone(),
-            limit,
-            reply,
-        })
-    }
 }
 
 /// Asks every shard to finish its work and stop, joins the threads, then collects their answers.
@@ -189,31 +173,10 @@ pub fn close_shards(shards: &mut Vec<ShardHandle>) -> Result<(), WriteError> {
 /// Merges per-shard sorted runs into one sorted list of at most `limit` items. Keys are unique
 /// across shards (each key lives in exactly one shard).
 pub fn merge_sorted(runs: Vec<Vec<KeyValue>>, limit: usize) -> Vec<KeyValue> {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    let mut iterators: Vec<_> = runs.into_iter().map(|run| run.into_iter()).collect();
-    let mut heap = BinaryHeap::new();
-    let mut heads: Vec<Option<Vec<u8>>> = vec![None; iterators.len()];
-    let mut values: Vec<Option<Vec<u8>>> = vec![None; iterators.len()];
-    for (index, iterator) in iterators.iter_mut().enumerate() {
-        if let Some((key, value)) = iterator.next() {
-            heap.push(Reverse((key.clone(), index)));
-            heads[index] = Some(key);
-            values[index] = Some(value);
-        }
-    }
-    let mut out = Vec::with_capacity(limit.min(1024));
-    while out.len() < limit {
-        let Some(Reverse((key, index))) = heap.pop() else { break };
-        let value = values[index].take().expect("a head has its value");
-        out.push((key, value));
-        if let Some((key, value)) = iterators[index].next() {
-            heap.push(Reverse((key.clone(), index)));
-            heads[index] = Some(key);
-            values[index] = Some(value);
-        }
-    }
-    out
+    scan::merge_runs(runs, limit, |(key, _)| key.as_slice())
+        .into_iter()
+        .map(|(_, item)| item)
+        .collect()
 }
 
 #[cfg(test)]

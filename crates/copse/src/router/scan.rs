@@ -1,0 +1,213 @@
+//! Range scans across shards (p2KVS's RANGE), reading from each shard only what the merge needs.
+//!
+//! A shard's index is in memory and its items are on disk, so a scan asks in two steps: first
+//! every shard, in parallel, for the keys of its first `limit` items of the range (index only, no
+//! I/O); the keys are merged and cut at `limit`; then each shard reads exactly its chosen items.
+//! Asking every shard for `limit` whole items instead reads up to `shards x limit` items to
+//! return `limit` (twice the reads on two shards).
+//!
+//! Invariants:
+//! - The result is in key order, has no key twice (each key lives in one shard), and holds at
+//!   most `limit` items, each with a verified value read after its key was chosen.
+//! - A chosen key deleted between the two steps is skipped, and the scan continues after the last
+//!   chosen key for what is missing, so a concurrent delete never shortens a scan that has more
+//!   items to give. Like every scan here, it is not a snapshot: shards answer at their own time.
+//! - Both steps are exec programs with no lock keys, so they run as soon as they reach a shard
+//!   and never wait for (or delay) an exec holding locks.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::ops::Bound;
+
+use futures::channel::oneshot;
+
+use super::Router;
+use crate::engine::KeyValue;
+use crate::error::ReadError;
+use crate::limits::EXEC_READS_MAX;
+use crate::shard::exec::{Exec, ExecRequest, ExecStep, ExecView, ReadOp, ReadResult, StepInput};
+
+/// Merges runs sorted by `key` (keys unique across runs) into one sorted list of at most
+/// `limit` items, each with the index of the run it came from.
+pub fn merge_runs<T>(
+    runs: Vec<Vec<T>>,
+    limit: usize,
+    key: impl Fn(&T) -> &[u8],
+) -> Vec<(usize, T)> {
+    let mut iterators: Vec<_> = runs.into_iter().map(|run| run.into_iter()).collect();
+    let mut heads: Vec<Option<T>> = iterators.iter_mut().map(|run| run.next()).collect();
+    let mut heap = BinaryHeap::new();
+    for (index, head) in heads.iter().enumerate() {
+        if let Some(item) = head {
+            heap.push(Reverse((key(item).to_vec(), index)));
+        }
+    }
+    let mut out = Vec::with_capacity(limit.min(1024));
+    while out.len() < limit {
+        let Some(Reverse((_, index))) = heap.pop() else { break };
+        let item = heads[index].take().expect("a run in the heap has a head");
+        out.push((index, item));
+        if let Some(next) = iterators[index].next() {
+            heap.push(Reverse((key(&next).to_vec(), index)));
+            heads[index] = Some(next);
+        }
+    }
+    out
+}
+
+/// Up to `limit` items with keys in `start..end`, in key order. `limit` is already checked.
+pub async fn scan(
+    router: &Router,
+    start: Bound<Vec<u8>>,
+    end: Bound<Vec<u8>>,
+    limit: usize,
+) -> Result<Vec<KeyValue>, ReadError> {
+    let shards = router.shard_count() as usize;
+    let mut out: Vec<KeyValue> = Vec::new();
+    let mut from = start;
+    while out.len() < limit {
+        let wanted = limit - out.len();
+        let mut key_runs = Vec::with_capacity(shards);
+        for receiver in send_to_shards(router, shards, |_| {
+            let (reply, receiver) = oneshot::channel();
+            let exec = IndexKeys {
+                start: from.clone(),
+                end: end.clone(),
+                limit: wanted,
+                reply: Some(reply),
+            };
+            (Box::new(exec) as Box<dyn Exec>, receiver)
+        })
+        .await?
+        {
+            key_runs.push(receiver.await.map_err(|_| ReadError::Closed)?);
+        }
+        let chosen = merge_runs(key_runs, wanted, |key| key.as_slice());
+        let Some((_, last_chosen)) = chosen.last() else { break };
+        let last_chosen = last_chosen.clone();
+        let chosen_count = chosen.len();
+        let mut per_shard: Vec<Vec<Vec<u8>>> = vec![Vec::new(); shards];
+        for (shard, key) in chosen {
+            per_shard[shard].push(key);
+        }
+        let mut item_runs = Vec::with_capacity(shards);
+        for receiver in send_to_shards(router, shards, |shard| {
+            let (reply, receiver) = oneshot::channel();
+            let keys = std::mem::take(&mut per_shard[shard]);
+            let exec = ReadKeys { keys, asked: 0..0, found: Vec::new(), reply: Some(reply) };
+            (Box::new(exec) as Box<dyn Exec>, receiver)
+        })
+        .await?
+        {
+            item_runs.push(receiver.await.map_err(|_| ReadError::Closed)??);
+        }
+        let found = merge_runs(item_runs, wanted, |(key, _)| key.as_slice());
+        let complete = found.len() == chosen_count;
+        out.extend(found.into_iter().map(|(_, item)| item));
+        if complete && chosen_count < wanted {
+            break; // the range has no more keys
+        }
+        // Some chosen keys vanished before they were read: continue past the last chosen key.
+        from = Bound::Excluded(last_chosen);
+    }
+    Ok(out)
+}
+
+/// Sends one exec to every shard, built by `build(shard)`; returns the receivers in shard order.
+async fn send_to_shards<T>(
+    router: &Router,
+    shards: usize,
+    mut build: impl FnMut(usize) -> (Box<dyn Exec>, oneshot::Receiver<T>),
+) -> Result<Vec<oneshot::Receiver<T>>, ReadError> {
+    let mut receivers = Vec::with_capacity(shards);
+    for shard in 0..shards {
+        let (exec, receiver) = build(shard);
+        let request = ExecRequest { locks: Vec::new(), exec };
+        if !router.send_exec_async(shard as u32, request).await {
+            return Err(ReadError::Closed);
+        }
+        receivers.push(receiver);
+    }
+    Ok(receivers)
+}
+
+/// Step one: a shard's first `limit` keys of the range, from its index.
+struct IndexKeys {
+    start: Bound<Vec<u8>>,
+    end: Bound<Vec<u8>>,
+    limit: usize,
+    reply: Option<oneshot::Sender<Vec<Vec<u8>>>>,
+}
+
+impl Exec for IndexKeys {
+    fn step(&mut self, view: &ExecView<'_>, _input: StepInput) -> ExecStep {
+        let start = self.start.as_ref().map(Vec::as_slice);
+        let end = self.end.as_ref().map(Vec::as_slice);
+        let keys = view.keys(start, end, self.limit);
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(keys); // a caller that went away no longer wants them
+        }
+        ExecStep::Done
+    }
+}
+
+/// Step two: read the chosen keys of one shard (in key order), at most `EXEC_READS_MAX` a step.
+struct ReadKeys {
+    keys: Vec<Vec<u8>>,
+    /// The keys the last read step asked for.
+    asked: std::ops::Range<usize>,
+    found: Vec<KeyValue>,
+    reply: Option<oneshot::Sender<Result<Vec<KeyValue>, ReadError>>>,
+}
+
+impl ReadKeys {
+    fn answer(&mut self, result: Result<Vec<KeyValue>, ReadError>) -> ExecStep {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(result);
+        }
+        ExecStep::Done
+    }
+}
+
+impl Exec for ReadKeys {
+    fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
+        match input {
+            StepInput::Start => {}
+            StepInput::Read(Ok(results)) => {
+                for (key, result) in self.keys[self.asked.clone()].iter().zip(results) {
+                    // A key deleted since step one reads as absent and is skipped.
+                    if let ReadResult::Value(Some(value)) = result {
+                        self.found.push((key.clone(), value));
+                    }
+                }
+            }
+            StepInput::Read(Err(err)) => return self.answer(Err(err)),
+            StepInput::Written(_) => {
+                return self.answer(Err(ReadError::Closed));
+            }
+        }
+        let next = self.asked.end;
+        if next == self.keys.len() {
+            let found = std::mem::take(&mut self.found);
+            return self.answer(Ok(found));
+        }
+        self.asked = next..(next + EXEC_READS_MAX).min(self.keys.len());
+        ExecStep::Read(self.keys[self.asked.clone()].iter().cloned().map(ReadOp::Get).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge_in_key_order_with_their_origin() {
+        let run = |keys: &[&str]| keys.iter().map(|k| k.as_bytes().to_vec()).collect::<Vec<_>>();
+        let merged =
+            merge_runs(vec![run(&["a", "d", "e"]), run(&["b", "c", "f"]), run(&[])], 5, |k| k);
+        let keys: Vec<(usize, &str)> =
+            merged.iter().map(|(run, key)| (*run, std::str::from_utf8(key).unwrap())).collect();
+        assert_eq!(keys, [(0, "a"), (1, "b"), (1, "c"), (0, "d"), (0, "e")]);
+        assert!(merge_runs(Vec::<Vec<Vec<u8>>>::new(), 3, |k| k).is_empty());
+    }
+}
