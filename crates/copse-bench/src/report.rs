@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::device::LatencySummary;
 use crate::engine::EngineFigures;
 
-/// Version of the run JSON. History: 1 (2026-11-22) first version.
+/// Version of the run JSON (spec: docs/format/bench-run.md). History: 1 (2026-11-22) first.
 pub const SCHEMA_VERSION: u32 = 1;
 /// Linux reports CPU time in clock ticks of USER_HZ, which is 100 on every Linux ABI.
 const USER_HZ: f64 = 100.0;
