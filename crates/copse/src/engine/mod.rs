@@ -1,9 +1,10 @@
 //! Engines: what a shard runs its requests against. Today the native engine (KVell slabs);
-//! the RocksDB and Dotori engines come with their issues behind the same request contract.
+//! the RocksDB and Dotori engines come with their issues behind the same contract.
 //!
-//! The contract between a shard and its engine is the [`Request`] message: the engine answers
-//! each request exactly once through its reply channel, and answers a write only when it is
-//! durable.
+//! The contract between a shard and its engine is the [`ShardEngine`] trait and the [`Request`]
+//! message: the engine answers each request exactly once through its reply channel, and answers
+//! a write only when it is durable. Adding an engine means implementing [`ShardEngine`]; the
+//! router, the shard loop, exec programs and everything above them then work unchanged.
 
 pub mod input;
 pub mod native;
@@ -136,4 +137,52 @@ pub struct ShardStats {
     pub recovery: RecoveryStats,
     pub classes: Vec<ClassStats>,
     pub tombstones_held: u64,
+}
+
+/// One shard's engine, as the shard thread drives it (`shard/mod.rs`). The shard thread owns the
+/// engine; nothing else touches it. The loop, per round:
+/// 1. hands over the round's requests in runs of one kind, in arrival order ([`handle_run`]): an
+///    engine may turn a run of puts into one write and a run of gets into one multi-read;
+/// 2. lets exec programs add their reads and writes ([`handle`]) and ask index questions
+///    ([`contains_key`], [`index_keys`], [`count_keys`]: answered from memory, no I/O);
+/// 3. ends the round ([`end_round`]: submit the round's I/O together);
+/// 4. reaps completions ([`reap`], blocking for one only when told to) and answers what they
+///    finish.
+///
+/// Obligations: answer every request exactly once (also on failure, also at [`close`]); answer a
+/// write only once it is durable; never panic on a request (limits were checked by the caller,
+/// but I/O errors and corrupt data are answered as errors); after a failed flush refuse writes
+/// (poisoned). [`is_idle`] must be true only when nothing is queued, in flight or deferred, so the
+/// loop may block on its queue.
+///
+/// [`handle_run`]: ShardEngine::handle_run
+/// [`handle`]: ShardEngine::handle
+/// [`contains_key`]: ShardEngine::contains_key
+/// [`index_keys`]: ShardEngine::index_keys
+/// [`count_keys`]: ShardEngine::count_keys
+/// [`end_round`]: ShardEngine::end_round
+/// [`reap`]: ShardEngine::reap
+/// [`close`]: ShardEngine::close
+/// [`is_idle`]: ShardEngine::is_idle
+pub trait ShardEngine: Send {
+    fn shard_id(&self) -> u32;
+    /// A run of requests of one kind, in arrival order.
+    fn handle_run(&mut self, run: Vec<Request>);
+    /// One request (exec programs issue theirs one at a time).
+    fn handle(&mut self, request: Request);
+    /// Submits the round's work.
+    fn end_round(&mut self);
+    /// Completes finished work, waiting for at least one completion if `wait` and any is in
+    /// flight.
+    fn reap(&mut self, wait: bool);
+    fn is_idle(&self) -> bool;
+    fn has_io_in_flight(&self) -> bool;
+    /// Whether `key` holds a live value. No I/O.
+    fn contains_key(&self, key: &[u8]) -> bool;
+    /// Up to `limit` live keys of the range, in order. No I/O.
+    fn index_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>>;
+    /// Live keys in the range, counting no further than `limit`. No I/O.
+    fn count_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize;
+    /// Finishes all outstanding work and makes it durable.
+    fn close(&mut self) -> Result<(), WriteError>;
 }

@@ -27,8 +27,7 @@ use std::ops::Bound;
 use futures::channel::oneshot;
 
 use crate::engine::input::{check_key, check_write};
-use crate::engine::native::NativeEngine;
-use crate::engine::{BatchOp, KeyValue, Request};
+use crate::engine::{BatchOp, KeyValue, Request, ShardEngine};
 use crate::error::{InputError, ReadError, WriteError};
 use crate::limits::{EXEC_READS_MAX, SCAN_ITEMS_MAX};
 
@@ -76,7 +75,7 @@ pub enum StepInput {
 /// Questions an exec may ask the shard's index without I/O. The answers are current for the
 /// keys the exec holds locks over, provided all writes of those keys go through locking execs.
 pub struct ExecView<'a> {
-    engine: &'a NativeEngine,
+    engine: &'a dyn ShardEngine,
 }
 
 impl ExecView<'_> {
@@ -175,7 +174,7 @@ impl ExecTable {
     /// Runs every exec that can make progress until none can: collects answers the engine has
     /// given, steps the programs and hands their new reads and writes to the engine. Returns
     /// whether anything moved.
-    pub fn pump(&mut self, engine: &mut NativeEngine) -> bool {
+    pub fn pump(&mut self, engine: &mut dyn ShardEngine) -> bool {
         let mut moved_any = false;
         loop {
             let mut moved = false;
@@ -204,7 +203,7 @@ impl ExecTable {
         }
     }
 
-    fn advance(&mut self, id: u64, engine: &mut NativeEngine) -> Advance {
+    fn advance(&mut self, id: u64, engine: &mut dyn ShardEngine) -> Advance {
         let running = self.running.get_mut(&id).expect("an active exec is running");
         let input = match &mut running.state {
             State::Blocked => unreachable!("a blocked exec is never active"),
@@ -305,7 +304,7 @@ enum Advance {
     Finished,
 }
 
-fn issue_reads(reads: Vec<ReadOp>, engine: &mut NativeEngine) -> State {
+fn issue_reads(reads: Vec<ReadOp>, engine: &mut dyn ShardEngine) -> State {
     if reads.len() > EXEC_READS_MAX {
         return State::Ready(StepInput::Read(Err(ReadError::Input(InputError::TooManyReads {
             reads: reads.len(),
@@ -343,7 +342,7 @@ fn issue_reads(reads: Vec<ReadOp>, engine: &mut NativeEngine) -> State {
     State::Reading { pending, results }
 }
 
-fn issue_write(mut ops: Vec<BatchOp>, engine: &mut NativeEngine) -> State {
+fn issue_write(mut ops: Vec<BatchOp>, engine: &mut dyn ShardEngine) -> State {
     if ops.is_empty() {
         return State::Ready(StepInput::Written(Ok(())));
     }

@@ -22,6 +22,7 @@ use std::time::Duration;
 use crate::device::Storage;
 use crate::engine::native::{EngineConfig, NativeEngine};
 use crate::engine::Request;
+use crate::engine::ShardEngine;
 use crate::error::{OpenError, WriteError};
 use crate::limits::{ROUND_REQUESTS_MAX, SHARD_QUEUE_REQUESTS_MAX};
 use exec::{ExecRequest, ExecTable};
@@ -62,7 +63,7 @@ impl ShardHandle {
                 match engine {
                     Ok(engine) => {
                         let _ = opened.send((shard_id, Ok(())));
-                        run(engine, receiver);
+                        run(Box::new(engine), receiver);
                     }
                     Err(err) => {
                         let _ = opened.send((shard_id, Err(err)));
@@ -98,7 +99,8 @@ fn pin_to_core(shard_id: u32, core: usize) {
     }
 }
 
-fn run(mut engine: NativeEngine, receiver: flume::Receiver<Message>) {
+/// The shard's event loop over any engine (the contract: `engine::ShardEngine`).
+fn run(mut engine: Box<dyn ShardEngine>, receiver: flume::Receiver<Message>) {
     let mut closing = None;
     let mut requests = Vec::with_capacity(ROUND_REQUESTS_MAX);
     let mut execs = ExecTable::default();
@@ -132,13 +134,13 @@ fn run(mut engine: NativeEngine, receiver: flume::Receiver<Message>) {
             }
             engine.handle_run(run);
         }
-        let execs_moved = execs.pump(&mut engine);
+        let execs_moved = execs.pump(engine.as_mut());
         engine.end_round();
         // Wait for a completion only if nothing new arrived or moved this round; otherwise just
         // collect what has completed and go back to the queue.
         let wait = took == 0 && !execs_moved && engine.has_io_in_flight();
         engine.reap(wait);
-        execs.pump(&mut engine);
+        execs.pump(engine.as_mut());
         if took == 0 && !engine.has_io_in_flight() && !engine.is_idle() {
             // Work waits for a later round (a deferred free, say) with no I/O to wake us.
             std::thread::sleep(Duration::from_micros(50));

@@ -735,3 +735,50 @@ impl NativeEngine {
 fn key_hash(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(key, 0x5741_4c45)
 }
+
+/// The native engine behind the shard contract (its inherent methods carry the documentation).
+impl crate::engine::ShardEngine for NativeEngine {
+    fn shard_id(&self) -> u32 {
+        NativeEngine::shard_id(self)
+    }
+    fn handle_run(&mut self, run: Vec<Request>) {
+        NativeEngine::handle_run(self, run)
+    }
+    fn handle(&mut self, request: Request) {
+        NativeEngine::handle(self, request)
+    }
+    fn end_round(&mut self) {
+        NativeEngine::end_round(self)
+    }
+    fn reap(&mut self, wait: bool) {
+        NativeEngine::reap(self, wait)
+    }
+    fn is_idle(&self) -> bool {
+        NativeEngine::is_idle(self)
+    }
+    fn has_io_in_flight(&self) -> bool {
+        NativeEngine::has_io_in_flight(self)
+    }
+    fn contains_key(&self, key: &[u8]) -> bool {
+        NativeEngine::contains_key(self, key)
+    }
+    fn index_keys(
+        &self,
+        start: std::ops::Bound<&[u8]>,
+        end: std::ops::Bound<&[u8]>,
+        limit: usize,
+    ) -> Vec<Vec<u8>> {
+        NativeEngine::index_keys(self, start, end, limit)
+    }
+    fn count_keys(
+        &self,
+        start: std::ops::Bound<&[u8]>,
+        end: std::ops::Bound<&[u8]>,
+        limit: usize,
+    ) -> usize {
+        NativeEngine::count_keys(self, start, end, limit)
+    }
+    fn close(&mut self) -> Result<(), WriteError> {
+        NativeEngine::close(self)
+    }
+}
