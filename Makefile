@@ -47,7 +47,8 @@ clippy:
 # libclang for bindgen). It probes the device, runs YCSB load, A, B, C, F, E (uniform and zipfian,
 # 1 KiB records, dataset > 3x the cache), then load and A with 128-B records, then A open-loop at
 # 80% of copse's peak; engines alternate run by run. It rewrites the sections between the
-# copse-bench markers in docs/benchmarks.md and the plots in docs/bench/. About 30 minutes.
+# copse-bench markers in docs/benchmarks.md and the plots in docs/bench/. About 25 minutes
+# (24 measured on 2026-11-22), plus the first RocksDB build.
 BENCH_DIR ?= ./bench-data
 BENCH_REPEATS ?= 3
 BENCH_SECONDS ?= 15
