@@ -258,8 +258,7 @@ impl<'a> Table<'a> {
         phase: &str,
         figure: impl Fn(&PhaseReport) -> f64,
     ) -> Option<f64> {
-        let index = self.engines.iter().position(|e| *e == engine)?;
-        median(self.cells.get(&(index, phase.to_string()))?.iter().map(|p| figure(p)).collect())
+        self.optional_median(engine, phase, |p| Some(figure(p)))
     }
 
     fn optional_median(

@@ -139,7 +139,7 @@ impl Machine {
         Machine {
             hostname: read("/proc/sys/kernel/hostname"),
             cores: std::thread::available_parallelism().map_or(1, |cores| cores.get()),
-            memory_bytes: proc_field_kib("/proc/meminfo", "MemTotal:").unwrap_or(0) * 1024,
+            memory_bytes: proc_field("/proc/meminfo", "MemTotal:").unwrap_or(0) * 1024,
             kernel: read("/proc/sys/kernel/osrelease"),
         }
     }
@@ -176,8 +176,8 @@ impl ProcessSample {
             cpu_system_seconds,
             read_bytes: proc_field("/proc/self/io", "read_bytes:").unwrap_or(0),
             write_bytes: proc_field("/proc/self/io", "write_bytes:").unwrap_or(0),
-            rss_bytes: proc_field_kib("/proc/self/status", "VmRSS:").unwrap_or(0) * 1024,
-            peak_rss_bytes: proc_field_kib("/proc/self/status", "VmHWM:").unwrap_or(0) * 1024,
+            rss_bytes: proc_field("/proc/self/status", "VmRSS:").unwrap_or(0) * 1024,
+            peak_rss_bytes: proc_field("/proc/self/status", "VmHWM:").unwrap_or(0) * 1024,
         }
     }
 }
@@ -194,16 +194,13 @@ fn cpu_seconds() -> (f64, f64) {
     (ticks(11) / USER_HZ, ticks(12) / USER_HZ)
 }
 
+/// The first number after `name` on its line (/proc files give kB figures as a number of KiB).
 fn proc_field(path: &str, name: &str) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines()
         .find_map(|line| line.strip_prefix(name))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|number| number.parse().ok())
-}
-
-fn proc_field_kib(path: &str, name: &str) -> Option<u64> {
-    proc_field(path, name)
 }
 
 /// The UTC date and time of a Unix timestamp, as `YYYY-MM-DD HH:MM:SS UTC`.

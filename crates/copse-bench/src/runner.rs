@@ -192,7 +192,8 @@ pub fn run(config: &RunConfig) -> Result<RunReport, BenchError> {
     let (phases, engine_figures) = result?;
     close?;
     guard.finish()?;
-    let record_bytes = config.record_size.mean_value_bytes() + config.key_bytes_mean();
+    let key_bytes_mean = config.key_bytes_mean();
+    let record_bytes = config.record_size.mean_value_bytes() + key_bytes_mean;
     let dataset_bytes = (record_bytes * config.record_count as f64) as u64;
     Ok(RunReport {
         schema_version: SCHEMA_VERSION,
@@ -204,7 +205,7 @@ pub fn run(config: &RunConfig) -> Result<RunReport, BenchError> {
             durable: config.engine.kind.durable(),
             record_count: config.record_count,
             record_bytes: config.record_size.label(),
-            key_bytes_mean: config.key_bytes_mean(),
+            key_bytes_mean,
             dataset_bytes,
             cache_bytes: config.engine.cache_bytes as u64,
             dataset_to_cache: dataset_bytes as f64 / config.engine.cache_bytes.max(1) as f64,

@@ -353,10 +353,6 @@ impl OpGenerator {
         }
     }
 
-    pub fn rng(&mut self) -> &mut StdRng {
-        &mut self.rng
-    }
-
     /// The next operation. Inserts take the next record number from the shared sequence; the
     /// caller must [`AcknowledgedCounter::acknowledge`] it once the insert is durable.
     pub fn next_op(&mut self) -> Op {

@@ -10,7 +10,7 @@ pub mod scan;
 
 use futures::channel::oneshot;
 
-use crate::engine::{BatchOp, KeyValue, Request};
+use crate::engine::{BatchOp, Request};
 use crate::error::WriteError;
 use crate::shard::exec::ExecRequest;
 use crate::shard::{Message, ShardHandle};
@@ -170,15 +170,6 @@ pub fn close_shards(shards: &mut Vec<ShardHandle>) -> Result<(), WriteError> {
     result
 }
 
-/// Merges per-shard sorted runs into one sorted list of at most `limit` items. Keys are unique
-/// across shards (each key lives in exactly one shard).
-pub fn merge_sorted(runs: Vec<Vec<KeyValue>>, limit: usize) -> Vec<KeyValue> {
-    scan::merge_runs(runs, limit, |(key, _)| key.as_slice())
-        .into_iter()
-        .map(|(_, item)| item)
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,14 +189,5 @@ mod tests {
         }
         assert!(counts.iter().all(|&count| count > 800), "uneven spread {counts:?}");
         assert_eq!(shard_of(b"copse", 1 << 20), XXH3_COPSE_MOD_2_20);
-    }
-
-    #[test]
-    fn merge_interleaves_runs_in_key_order_up_to_the_limit() {
-        let run = |keys: &[&str]| keys.iter().map(|k| (k.as_bytes().to_vec(), vec![])).collect();
-        let merged = merge_sorted(vec![run(&["a", "d", "e"]), run(&["b", "c", "f"]), run(&[])], 5);
-        let keys: Vec<_> =
-            merged.iter().map(|(k, _)| String::from_utf8(k.clone()).unwrap()).collect();
-        assert_eq!(keys, ["a", "b", "c", "d", "e"]);
     }
 }
