@@ -39,16 +39,8 @@ pub const FIELD_VALUE_BYTES_MAX: usize = copse::limits::VALUE_BYTES_MAX - 4096;
 const _: () = assert!(HASH_FIELDS_MAX < WRITE_BATCH_OPS_MAX, "DEL: every field and the meta item");
 
 pub fn specs() -> Vec<Spec> {
-    let spec = |name, arity, flags, summary, handler| Spec {
-        name,
-        arity,
-        flags,
-        first_key: 1,
-        last_key: 1,
-        key_step: 1,
-        group: "hash",
-        summary,
-        handler,
+    let spec = |name, arity, flags, summary, handler| {
+        Spec::new("hash", name, arity, flags, (1, 1, 1), summary, handler)
     };
     const W: &[&str] = &["write", "fast"];
     const R: &[&str] = &["readonly", "fast"];

@@ -27,16 +27,8 @@ pub const SCAN_COUNT_MAX: usize = 100_000;
 pub const FLUSH_BATCH_KEYS: usize = 1_000;
 
 pub fn specs() -> Vec<Spec> {
-    let spec = |name, arity, flags, first_key, last_key, key_step, summary, handler| Spec {
-        name,
-        arity,
-        flags,
-        first_key,
-        last_key,
-        key_step,
-        group: "generic",
-        summary,
-        handler,
+    let spec = |name, arity, flags, first, last, step, summary, handler| {
+        Spec::new("generic", name, arity, flags, (first, last, step), summary, handler)
     };
     const W: &[&str] = &["write"];
     const R: &[&str] = &["readonly"];

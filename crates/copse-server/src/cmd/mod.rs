@@ -421,6 +421,22 @@ pub struct Spec {
 
 pub type Handler = fn(&mut Call<'_>) -> Outcome;
 
+impl Spec {
+    /// A command of `group`; `keys` is Redis's (first key, last key, step) of its arguments.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        group: &'static str,
+        name: &'static str,
+        arity: i32,
+        flags: &'static [&'static str],
+        (first_key, last_key, key_step): (i32, i32, i32),
+        summary: &'static str,
+        handler: Handler,
+    ) -> Spec {
+        Spec { name, arity, flags, first_key, last_key, key_step, group, summary, handler }
+    }
+}
+
 /// A command being handled.
 pub struct Call<'a> {
     pub server: &'a Arc<Server>,

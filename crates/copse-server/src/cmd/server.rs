@@ -18,16 +18,8 @@ use crate::resp::{Protocol, Reply};
 pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
 
 pub fn specs() -> Vec<Spec> {
-    let spec = |name, arity, flags, summary, handler| Spec {
-        name,
-        arity,
-        flags,
-        first_key: 0,
-        last_key: 0,
-        key_step: 0,
-        group: "connection",
-        summary,
-        handler,
+    let spec = |name, arity, flags, summary, handler| {
+        Spec::new("connection", name, arity, flags, (0, 0, 0), summary, handler)
     };
     const F: &[&str] = &["fast"];
     const A: &[&str] = &["admin"];

@@ -14,16 +14,8 @@ use crate::keyspace::{meta_key, KeyType};
 use crate::resp::{format_double, Reply};
 
 pub fn specs() -> Vec<Spec> {
-    let spec = |name, arity, flags, first_key, last_key, key_step, summary, handler| Spec {
-        name,
-        arity,
-        flags,
-        first_key,
-        last_key,
-        key_step,
-        group: "string",
-        summary,
-        handler,
+    let spec = |name, arity, flags, first, last, step, summary, handler| {
+        Spec::new("string", name, arity, flags, (first, last, step), summary, handler)
     };
     const W: &[&str] = &["write"];
     const R: &[&str] = &["readonly", "fast"];

@@ -42,16 +42,8 @@ const MIN_MAX_NOT_FLOAT: &str = "ERR min or max is not a float";
 const SCORE_NAN: &str = "ERR resulting score is not a number (NaN)";
 
 pub fn specs() -> Vec<Spec> {
-    let spec = |name, arity, flags, summary, handler| Spec {
-        name,
-        arity,
-        flags,
-        first_key: 1,
-        last_key: 1,
-        key_step: 1,
-        group: "sorted-set",
-        summary,
-        handler,
+    let spec = |name, arity, flags, summary, handler| {
+        Spec::new("sorted-set", name, arity, flags, (1, 1, 1), summary, handler)
     };
     const W: &[&str] = &["write", "fast"];
     const R: &[&str] = &["readonly", "fast"];
