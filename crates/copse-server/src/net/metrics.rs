@@ -60,42 +60,26 @@ pub async fn render(server: &Server) -> String {
         "Open client connections.",
         stats.connected_clients.load(Ordering::Relaxed) as f64,
     );
-    metric(
-        "connections_received_total",
-        "counter",
-        "Connections accepted.",
-        stats.connections_received.load(Ordering::Relaxed) as f64,
-    );
-    metric(
-        "rejected_connections_total",
-        "counter",
-        "Connections refused by maxclients.",
-        stats.rejected_connections.load(Ordering::Relaxed) as f64,
-    );
-    metric(
-        "commands_processed_total",
-        "counter",
-        "Commands handled.",
-        stats.commands.load(Ordering::Relaxed) as f64,
-    );
-    metric(
-        "net_input_bytes_total",
-        "counter",
-        "Bytes read from clients.",
-        stats.net_input_bytes.load(Ordering::Relaxed) as f64,
-    );
-    metric(
-        "net_output_bytes_total",
-        "counter",
-        "Bytes written to clients.",
-        stats.net_output_bytes.load(Ordering::Relaxed) as f64,
-    );
-    metric(
-        "protocol_errors_total",
-        "counter",
-        "Connections closed for a protocol error.",
-        stats.protocol_errors.load(Ordering::Relaxed) as f64,
-    );
+    // Every one a counter: it only grows while the server runs.
+    let counters = [
+        ("connections_received_total", "Connections accepted.", &stats.connections_received),
+        (
+            "rejected_connections_total",
+            "Connections refused by maxclients.",
+            &stats.rejected_connections,
+        ),
+        ("commands_processed_total", "Commands handled.", &stats.commands),
+        ("net_input_bytes_total", "Bytes read from clients.", &stats.net_input_bytes),
+        ("net_output_bytes_total", "Bytes written to clients.", &stats.net_output_bytes),
+        (
+            "protocol_errors_total",
+            "Connections closed for a protocol error.",
+            &stats.protocol_errors,
+        ),
+    ];
+    for (name, help, value) in counters {
+        metric(name, "counter", help, value.load(Ordering::Relaxed) as f64);
+    }
     if let Ok(store) = server.db.stats_async().await {
         let (reads, writes) = (store.device.reads, store.device.writes);
         metric(
