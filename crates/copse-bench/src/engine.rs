@@ -235,7 +235,8 @@ mod rocks {
     pub struct RocksEngine {
         db: DB,
         name: &'static str,
-        sync: bool,
+        /// Made once: each `WriteOptions` is a C object, not worth a malloc per write.
+        write_options: WriteOptions,
     }
 
     impl RocksEngine {
@@ -261,11 +262,9 @@ mod rocks {
             let cores = std::thread::available_parallelism().map_or(2, |cores| cores.get());
             options.set_max_background_jobs(config.background_jobs.unwrap_or(cores) as i32);
             let db = DB::open(&options, &config.dir).map_err(|err| open_error(config, err))?;
-            Ok(RocksEngine {
-                db,
-                name: config.kind.name(),
-                sync: config.kind == EngineKind::Rocksdb,
-            })
+            let mut write_options = WriteOptions::default();
+            write_options.set_sync(config.kind == EngineKind::Rocksdb);
+            Ok(RocksEngine { db, name: config.kind.name(), write_options })
         }
     }
 
@@ -276,9 +275,9 @@ mod rocks {
         }
 
         fn write(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
-            let mut options = WriteOptions::default();
-            options.set_sync(self.sync);
-            self.db.put_opt(key, value, &options).map_err(|err| operation_error(self.name, err))
+            self.db
+                .put_opt(key, value, &self.write_options)
+                .map_err(|err| operation_error(self.name, err))
         }
 
         fn scan(&self, start: &[u8], items: usize) -> Result<usize, EngineError> {
