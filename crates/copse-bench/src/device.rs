@@ -665,7 +665,8 @@ fn nanos_to_micros(nanos: u64) -> u64 {
     nanos.saturating_add(NANOS_PER_MICRO / 2) / NANOS_PER_MICRO
 }
 
-fn duration_micros(duration: Duration) -> u64 {
+/// A duration in microseconds, rounded to the nearest (the runner records its latencies so too).
+pub(crate) fn duration_micros(duration: Duration) -> u64 {
     nanos_to_micros(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
 }
 

@@ -304,7 +304,7 @@ fn histogram() -> Histogram<u64> {
 
 /// Microseconds, rounded, at least 1 (the histograms' lowest value), at most their highest.
 fn micros(duration: Duration) -> u64 {
-    ((duration.as_nanos() + 500) / 1000).clamp(1, u128::from(LATENCY_US_MAX)) as u64
+    crate::device::duration_micros(duration).clamp(1, LATENCY_US_MAX)
 }
 
 impl ThreadTally {
