@@ -34,7 +34,7 @@ use std::sync::Arc;
 use crate::device::{
     AlignedBuf, BlockDevice, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
 };
-use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardStats};
+use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
 use crate::error::{OpenError, ReadError, WriteError};
 use crate::limits::PAGE_BYTES;
 
@@ -244,122 +244,6 @@ impl NativeEngine {
             engine.reap(true);
         }
         Ok(engine)
-    }
-
-    pub fn shard_id(&self) -> u32 {
-        self.shard_id
-    }
-
-    /// Handles a run of requests of one kind. The native engine needs no special treatment of a
-    /// run: its batching happens at the page level, when the round ends.
-    pub fn handle_run(&mut self, run: Vec<Request>) {
-        debug_assert!(run.windows(2).all(|pair| pair[0].kind() == pair[1].kind()));
-        for request in run {
-            self.handle(request);
-        }
-    }
-
-    /// Handles one request: answers it now (cache hits, misses of the index, bad state) or
-    /// queues the I/O it needs.
-    pub fn handle(&mut self, request: Request) {
-        match request {
-            Request::Get { key, reply } => self.get(key, reply),
-            Request::Put { key, value, reply } => self.put(key, value, Origin::Put(reply), None),
-            Request::Delete { key, reply } => self.delete(key, reply),
-            Request::Batch { ops, reply } => self.batch(ops, reply),
-            Request::Scan { start, end, limit, reply } => self.scan(start, end, limit, reply),
-            Request::Flush { reply } => {
-                if self.is_poisoned() {
-                    let _ = reply.send(Err(WriteError::Poisoned));
-                } else {
-                    self.flush_waiters.push((self.next_write_id, reply));
-                }
-            }
-            Request::Stats { reply } => {
-                let _ = reply.send(Ok(self.stats()));
-            }
-        }
-    }
-
-    /// Ends a round: hands dirty pages to the device and submits the round's I/O with one call.
-    pub fn end_round(&mut self) {
-        self.retry_deferred_frees();
-        self.refill_free_lists();
-        self.schedule_page_writes();
-        self.submit_ready();
-        self.answer_flush_waiters();
-    }
-
-    /// Reaps completions (waiting for at least one if `wait` and I/O is in flight) and
-    /// completes the requests they finish.
-    pub fn reap(&mut self, wait: bool) {
-        let mut completions = std::mem::take(&mut self.stashed);
-        let min = usize::from(wait && completions.is_empty() && self.device.in_flight() > 0);
-        if let Err(err) = self.device.reap(min, &mut completions) {
-            tracing::error!(shard = self.shard_id, %err, "reaping I/O failed");
-            self.poison();
-        }
-        for completion in completions {
-            self.complete(completion);
-        }
-        self.flush_round();
-        self.answer_flush_waiters();
-    }
-
-    /// True when nothing is queued, in flight, or waiting for a later round.
-    pub fn is_idle(&self) -> bool {
-        self.io_ready.is_empty()
-            && self.device.in_flight() == 0
-            && self.dirty.is_empty()
-            && self.awaiting_flush.is_empty()
-            && self.stashed.is_empty()
-            && self.flush_waiters.is_empty()
-            && self.deferred_frees.is_empty()
-    }
-
-    /// Whether the index holds `key` (its newest durable version is live). No I/O.
-    pub fn contains_key(&self, key: &[u8]) -> bool {
-        self.index.contains(key)
-    }
-
-    /// Up to `limit` indexed keys of the range, in order. No I/O.
-    pub fn index_keys(
-        &self,
-        start: std::ops::Bound<&[u8]>,
-        end: std::ops::Bound<&[u8]>,
-        limit: usize,
-    ) -> Vec<Vec<u8>> {
-        self.index.range(start, end, limit).into_iter().map(|(key, _)| key.into_vec()).collect()
-    }
-
-    /// Indexed keys in the range, counting no further than `limit`. No I/O.
-    pub fn count_keys(
-        &self,
-        start: std::ops::Bound<&[u8]>,
-        end: std::ops::Bound<&[u8]>,
-        limit: usize,
-    ) -> usize {
-        self.index.count(start, end, limit)
-    }
-
-    pub fn has_io_in_flight(&self) -> bool {
-        self.device.in_flight() > 0
-    }
-
-    /// Finishes all outstanding work and makes it durable.
-    pub fn close(&mut self) -> Result<(), WriteError> {
-        while !self.is_idle() {
-            self.end_round();
-            self.reap(true);
-            if self.is_poisoned() && self.device.in_flight() == 0 {
-                break;
-            }
-        }
-        if self.is_poisoned() {
-            return Err(WriteError::Poisoned);
-        }
-        self.write_watermark_record()?;
-        self.device.flush().map_err(WriteError::from_device)
     }
 
     /// Records, durably, that every write so far is durable: recovery then treats any damaged
@@ -736,49 +620,121 @@ fn key_hash(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(key, 0x5741_4c45)
 }
 
-/// The native engine behind the shard contract (its inherent methods carry the documentation).
-impl crate::engine::ShardEngine for NativeEngine {
+/// The native engine is a shard engine (the contract: `engine::ShardEngine`).
+impl ShardEngine for NativeEngine {
     fn shard_id(&self) -> u32 {
-        NativeEngine::shard_id(self)
+        self.shard_id
     }
+
+    /// Handles a run of requests of one kind. The native engine needs no special treatment of a
+    /// run: its batching happens at the page level, when the round ends.
     fn handle_run(&mut self, run: Vec<Request>) {
-        NativeEngine::handle_run(self, run)
+        debug_assert!(run.windows(2).all(|pair| pair[0].kind() == pair[1].kind()));
+        for request in run {
+            self.handle(request);
+        }
     }
+
+    /// Handles one request: answers it now (cache hits, misses of the index, bad state) or
+    /// queues the I/O it needs.
     fn handle(&mut self, request: Request) {
-        NativeEngine::handle(self, request)
+        match request {
+            Request::Get { key, reply } => self.get(key, reply),
+            Request::Put { key, value, reply } => self.put(key, value, Origin::Put(reply), None),
+            Request::Delete { key, reply } => self.delete(key, reply),
+            Request::Batch { ops, reply } => self.batch(ops, reply),
+            Request::Scan { start, end, limit, reply } => self.scan(start, end, limit, reply),
+            Request::Flush { reply } => {
+                if self.is_poisoned() {
+                    let _ = reply.send(Err(WriteError::Poisoned));
+                } else {
+                    self.flush_waiters.push((self.next_write_id, reply));
+                }
+            }
+            Request::Stats { reply } => {
+                let _ = reply.send(Ok(self.stats()));
+            }
+        }
     }
+
+    /// Ends a round: hands dirty pages to the device and submits the round's I/O with one call.
     fn end_round(&mut self) {
-        NativeEngine::end_round(self)
+        self.retry_deferred_frees();
+        self.refill_free_lists();
+        self.schedule_page_writes();
+        self.submit_ready();
+        self.answer_flush_waiters();
     }
+
+    /// Reaps completions (waiting for at least one if `wait` and I/O is in flight) and
+    /// completes the requests they finish.
     fn reap(&mut self, wait: bool) {
-        NativeEngine::reap(self, wait)
+        let mut completions = std::mem::take(&mut self.stashed);
+        let min = usize::from(wait && completions.is_empty() && self.device.in_flight() > 0);
+        if let Err(err) = self.device.reap(min, &mut completions) {
+            tracing::error!(shard = self.shard_id, %err, "reaping I/O failed");
+            self.poison();
+        }
+        for completion in completions {
+            self.complete(completion);
+        }
+        self.flush_round();
+        self.answer_flush_waiters();
     }
+
+    /// True when nothing is queued, in flight, or waiting for a later round.
     fn is_idle(&self) -> bool {
-        NativeEngine::is_idle(self)
+        self.io_ready.is_empty()
+            && self.device.in_flight() == 0
+            && self.dirty.is_empty()
+            && self.awaiting_flush.is_empty()
+            && self.stashed.is_empty()
+            && self.flush_waiters.is_empty()
+            && self.deferred_frees.is_empty()
     }
-    fn has_io_in_flight(&self) -> bool {
-        NativeEngine::has_io_in_flight(self)
-    }
+
+    /// Whether the index holds `key` (its newest durable version is live). No I/O.
     fn contains_key(&self, key: &[u8]) -> bool {
-        NativeEngine::contains_key(self, key)
+        self.index.contains(key)
     }
+
+    /// Up to `limit` indexed keys of the range, in order. No I/O.
     fn index_keys(
         &self,
         start: std::ops::Bound<&[u8]>,
         end: std::ops::Bound<&[u8]>,
         limit: usize,
     ) -> Vec<Vec<u8>> {
-        NativeEngine::index_keys(self, start, end, limit)
+        self.index.range(start, end, limit).into_iter().map(|(key, _)| key.into_vec()).collect()
     }
+
+    /// Indexed keys in the range, counting no further than `limit`. No I/O.
     fn count_keys(
         &self,
         start: std::ops::Bound<&[u8]>,
         end: std::ops::Bound<&[u8]>,
         limit: usize,
     ) -> usize {
-        NativeEngine::count_keys(self, start, end, limit)
+        self.index.count(start, end, limit)
     }
+
+    fn has_io_in_flight(&self) -> bool {
+        self.device.in_flight() > 0
+    }
+
+    /// Finishes all outstanding work and makes it durable.
     fn close(&mut self) -> Result<(), WriteError> {
-        NativeEngine::close(self)
+        while !self.is_idle() {
+            self.end_round();
+            self.reap(true);
+            if self.is_poisoned() && self.device.in_flight() == 0 {
+                break;
+            }
+        }
+        if self.is_poisoned() {
+            return Err(WriteError::Poisoned);
+        }
+        self.write_watermark_record()?;
+        self.device.flush().map_err(WriteError::from_device)
     }
 }
