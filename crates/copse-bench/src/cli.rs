@@ -146,7 +146,7 @@ impl WorkloadArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct YcsbArgs {
-    /// copse, rocksdb (WAL synced per write) or rocksdb-relaxed (WAL not synced: not durable).
+    /// copse, rocksdb (WAL synced per write), rocksdb-relaxed (WAL not synced: not durable) or rocksdb-sharded (copse's router over one RocksDB per shard).
     #[arg(long, default_value = "copse")]
     pub engine: String,
     #[command(flatten)]

@@ -1,8 +1,10 @@
 //! The engines under test, behind one blocking interface that many client threads call at once.
 //!
 //! `copse` is the native engine through its public API (`copse::Db`). `rocksdb` and
-//! `rocksdb-relaxed` are RocksDB through the `rocksdb` crate, built only with the `rocksdb` cargo
-//! feature (a bundled RocksDB build takes ~20 minutes on 2 cores; `make bench` builds it).
+//! `rocksdb-relaxed` are one RocksDB instance through the `rocksdb` crate; `rocksdb-sharded` is
+//! copse's router and shards over one RocksDB instance per shard (copse's RocksDB engine, p2KVS).
+//! The three are built only with the `rocksdb` cargo feature (a bundled RocksDB build takes ~20
+//! minutes on 2 cores; `make bench` builds it).
 //!
 //! Fairness rules every engine follows (docs/benchmarks.md repeats them): the same cache budget
 //! (`cache_bytes`); a write returns only when the engine's durability promise holds (for `copse`
@@ -17,7 +19,7 @@ use copse::{Db, Options};
 pub enum EngineError {
     #[error("engine {0:?} is not built into this binary: rebuild with `--features rocksdb` (`make bench` does)")]
     NotBuilt(String),
-    #[error("unknown engine {0:?} (known: copse, rocksdb, rocksdb-relaxed)")]
+    #[error("unknown engine {0:?} (known: copse, rocksdb, rocksdb-relaxed, rocksdb-sharded)")]
     Unknown(String),
     #[error("opening {engine} at {dir}: {message}")]
     Open { engine: String, dir: String, message: String },
@@ -33,6 +35,9 @@ pub enum EngineKind {
     Rocksdb,
     /// RocksDB with the WAL written but not synced: a write can be lost on power failure.
     RocksdbRelaxed,
+    /// copse's router and shards over one RocksDB per shard (`copse::EngineKind::RocksDb`): each
+    /// shard's round of writes is one synced WriteBatch, a run of gets one MultiGet.
+    RocksdbSharded,
 }
 
 impl EngineKind {
@@ -41,6 +46,7 @@ impl EngineKind {
             "copse" => Ok(EngineKind::Copse),
             "rocksdb" => Ok(EngineKind::Rocksdb),
             "rocksdb-relaxed" => Ok(EngineKind::RocksdbRelaxed),
+            "rocksdb-sharded" => Ok(EngineKind::RocksdbSharded),
             other => Err(EngineError::Unknown(other.to_string())),
         }
     }
@@ -50,6 +56,7 @@ impl EngineKind {
             EngineKind::Copse => "copse",
             EngineKind::Rocksdb => "rocksdb",
             EngineKind::RocksdbRelaxed => "rocksdb-relaxed",
+            EngineKind::RocksdbSharded => "rocksdb-sharded",
         }
     }
 
@@ -57,7 +64,11 @@ impl EngineKind {
     pub fn built() -> Vec<EngineKind> {
         let mut kinds = vec![EngineKind::Copse];
         if cfg!(feature = "rocksdb") {
-            kinds.extend([EngineKind::Rocksdb, EngineKind::RocksdbRelaxed]);
+            kinds.extend([
+                EngineKind::Rocksdb,
+                EngineKind::RocksdbRelaxed,
+                EngineKind::RocksdbSharded,
+            ]);
         }
         kinds
     }
@@ -115,7 +126,11 @@ pub trait BenchEngine: Send + Sync {
 pub fn open(config: &EngineConfig) -> Result<Box<dyn BenchEngine>, EngineError> {
     std::fs::create_dir_all(&config.dir).map_err(|err| open_error(config, err))?;
     match config.kind {
-        EngineKind::Copse => Ok(Box::new(CopseEngine::open(config)?)),
+        EngineKind::Copse => Ok(Box::new(CopseEngine::open(config, copse::EngineKind::Native)?)),
+        #[cfg(feature = "rocksdb")]
+        EngineKind::RocksdbSharded => {
+            Ok(Box::new(CopseEngine::open(config, copse::EngineKind::RocksDb)?))
+        }
         #[cfg(feature = "rocksdb")]
         EngineKind::Rocksdb | EngineKind::RocksdbRelaxed => {
             Ok(Box::new(rocks::RocksEngine::open(config)?))
@@ -137,57 +152,64 @@ fn operation_error(engine: &str, err: impl std::fmt::Display) -> EngineError {
     EngineError::Operation { engine: engine.to_string(), message: err.to_string() }
 }
 
-/// The native engine, with its defaults except the cache budget and shard count.
+/// copse through its public API, with its defaults except the cache budget and shard count:
+/// the native engine (`copse`) or the RocksDB engine (`rocksdb-sharded`).
 pub struct CopseEngine {
     db: Db,
+    name: &'static str,
+    kind: copse::EngineKind,
 }
 
 impl CopseEngine {
-    fn open(config: &EngineConfig) -> Result<CopseEngine, EngineError> {
-        let mut options = Options { cache_bytes: config.cache_bytes, ..Options::default() };
+    fn open(config: &EngineConfig, engine: copse::EngineKind) -> Result<CopseEngine, EngineError> {
+        let mut options = Options { cache_bytes: config.cache_bytes, engine, ..Options::default() };
         options.show_progress = false;
         if let Some(shards) = config.shards {
             options.shards = shards;
         }
         let db = Db::open(&config.dir, options).map_err(|err| open_error(config, err))?;
-        Ok(CopseEngine { db })
+        Ok(CopseEngine { db, name: config.kind.name(), kind: engine })
     }
 }
 
 impl BenchEngine for CopseEngine {
     fn read(&self, key: &[u8]) -> Result<Option<usize>, EngineError> {
-        let value = self.db.get(key).map_err(|err| operation_error("copse", err))?;
+        let value = self.db.get(key).map_err(|err| operation_error(self.name, err))?;
         Ok(value.map(|value| value.len()))
     }
 
     fn write(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
-        self.db.put(key, value).map_err(|err| operation_error("copse", err))
+        self.db.put(key, value).map_err(|err| operation_error(self.name, err))
     }
 
     fn scan(&self, start: &[u8], items: usize) -> Result<usize, EngineError> {
         let found =
-            self.db.scan(start.to_vec().., items).map_err(|err| operation_error("copse", err))?;
+            self.db.scan(start.to_vec().., items).map_err(|err| operation_error(self.name, err))?;
         Ok(found.len())
     }
 
     fn figures(&self) -> Result<EngineFigures, EngineError> {
-        let stats = self.db.stats().map_err(|err| operation_error("copse", err))?;
+        let stats = self.db.stats().map_err(|err| operation_error(self.name, err))?;
+        // Over RocksDB, copse's device layer sees no I/O and holds no index: those figures are
+        // RocksDB's, which the process counters measure.
+        let native = self.kind == copse::EngineKind::Native;
         Ok(EngineFigures {
             items: Some(stats.items),
-            index_bytes_per_item: Some(stats.index_bytes_per_item),
-            device_reads: Some(stats.device.reads),
-            device_writes: Some(stats.device.writes),
-            device_bytes_written: Some(stats.device.bytes_written),
+            index_bytes_per_item: native.then_some(stats.index_bytes_per_item),
+            device_reads: native.then_some(stats.device.reads),
+            device_writes: native.then_some(stats.device.writes),
+            device_bytes_written: native.then_some(stats.device.bytes_written),
         })
     }
 
-    /// copse has no background work: a write is at its final place when acknowledged.
+    /// The native engine has no background work (a write is at its final place when
+    /// acknowledged); the RocksDB engine waits for its instances' flushes and compactions.
     fn settle(&self) -> Result<(), EngineError> {
-        self.db.flush().map_err(|err| operation_error("copse", err))
+        self.db.settle().map_err(|err| operation_error(self.name, err))
     }
 
     fn close(&self) -> Result<(), EngineError> {
-        self.db.close().map_err(|err| operation_error("copse", err))
+        self.db.close().map_err(|err| operation_error(self.name, err))
     }
 }
 

@@ -235,14 +235,14 @@ fn a_non_empty_directory_is_refused() {
 #[cfg(feature = "rocksdb")]
 #[test]
 fn rocksdb_engines_run_every_workload() {
-    for kind in [EngineKind::Rocksdb, EngineKind::RocksdbRelaxed] {
+    for kind in [EngineKind::Rocksdb, EngineKind::RocksdbRelaxed, EngineKind::RocksdbSharded] {
         let dir = tempfile::tempdir().unwrap();
         let mut config =
             config(dir.path(), "a,b,c,f,d,e,kvell", RecordSize::Fixed(1024), Mode::Closed);
         config.engine.kind = kind;
         let report = runner::run(&config).unwrap();
         assert_eq!(report.errors, 0, "{kind:?}");
-        assert_eq!(report.config.durable, kind == EngineKind::Rocksdb);
+        assert_eq!(report.config.durable, kind != EngineKind::RocksdbRelaxed);
         assert_eq!(report.phases.len(), 8);
     }
 }

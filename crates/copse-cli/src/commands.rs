@@ -11,7 +11,7 @@ use std::path::Path;
 
 use copse::interfaces::check::{check_store, CheckOptions};
 use copse::limits::{CACHE_BYTES_DEFAULT, SCAN_ITEMS_MAX, SHARDS_MAX};
-use copse::router::manifest::read_shard_count;
+use copse::router::manifest::read_manifest;
 use copse::{Backend, Db, Options, WriteDurability};
 
 use crate::{BackendArg, Cli, Command, Durability, Failure, ServeArgs};
@@ -82,11 +82,19 @@ fn shard_count(cli: &Cli) -> Result<usize, Failure> {
     if let Some(shards) = cli.shards {
         return Ok(shards);
     }
-    if let Some(shards) = read_shard_count(&cli.path)? {
-        return Ok(shards as usize);
+    if let Some(manifest) = read_manifest(&cli.path)? {
+        return Ok(manifest.shard_count as usize);
     }
     let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
     Ok(cores.min(SHARDS_MAX))
+}
+
+/// The engine to open with: the one asked for, else the existing store's, else native.
+fn engine(cli: &Cli) -> Result<copse::EngineKind, Failure> {
+    if let Some(engine) = cli.engine {
+        return Ok(engine);
+    }
+    Ok(read_manifest(&cli.path)?.map_or(copse::EngineKind::Native, |manifest| manifest.engine))
 }
 
 fn backend(arg: BackendArg) -> Backend {
@@ -115,6 +123,7 @@ fn open(cli: &Cli, create_if_missing: bool) -> Result<Db, Failure> {
         },
         backend: backend(cli.backend),
         create_if_missing,
+        engine: engine(cli)?,
         ..Options::default()
     };
     Db::open(&cli.path, options).map_err(|err| missing_store(err, &cli.path))
@@ -326,6 +335,9 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
             BackendArg::Sync => "sync",
         }
         .into();
+    }
+    if let Some(engine) = args.engine.or(cli.engine) {
+        config.engine = engine.name().into();
     }
     if let Some(bind) = &args.bind {
         config.bind = bind.clone();

@@ -51,6 +51,11 @@ struct Cli {
     /// How to do I/O: io_uring if the kernel allows it (auto), io_uring, or pread/pwrite.
     #[arg(long, global = true, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
+    /// The engine of a new store: native (KVell slabs) or rocksdb (one RocksDB per shard; a build
+    /// with `--features rocksdb`). By default an existing store's engine, else native. Given
+    /// before the command (`copse --engine rocksdb put k v`); `serve --engine` also takes it.
+    #[arg(long)]
+    engine: Option<copse::EngineKind>,
     #[command(subcommand)]
     command: Command,
     /// Whether these flags were given (not defaulted): `serve` lets a config file set them.
@@ -144,6 +149,9 @@ pub(crate) struct ServeArgs {
     /// Serve Prometheus metrics over HTTP on this port (0: off).
     #[arg(long)]
     pub metrics_port: Option<u16>,
+    /// The engine of a new store: native or rocksdb (see the global --engine).
+    #[arg(long)]
+    pub engine: Option<copse::EngineKind>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

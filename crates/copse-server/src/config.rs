@@ -40,6 +40,9 @@ pub struct ServerConfig {
     pub durability: String,
     /// "auto", "uring" or "sync".
     pub backend: String,
+    /// The engine: "native", "rocksdb" (a build with the rocksdb feature), or "auto": an existing
+    /// store's engine (from its manifest), native for a new store.
+    pub engine: String,
     /// Password for AUTH; empty means none.
     pub requirepass: String,
     pub maxclients: usize,
@@ -62,6 +65,7 @@ impl Default for ServerConfig {
             cache_mb: copse::limits::CACHE_BYTES_DEFAULT / (1024 * 1024),
             durability: "flush-per-round".into(),
             backend: "auto".into(),
+            engine: "auto".into(),
             requirepass: String::new(),
             maxclients: MAXCLIENTS_DEFAULT,
             timeout_secs: 0,
@@ -116,11 +120,18 @@ impl ServerConfig {
     /// The store's options from these settings.
     pub fn store_options(&self) -> Result<copse::Options, ConfigError> {
         let mut options = copse::Options::default();
+        let existing = copse::router::manifest::read_manifest(&self.path).ok().flatten();
         if self.shards > 0 {
             options.shards = self.shards;
-        } else if let Ok(Some(existing)) = copse::router::manifest::read_shard_count(&self.path) {
-            options.shards = existing as usize;
+        } else if let Some(existing) = existing {
+            options.shards = existing.shard_count as usize;
         }
+        options.engine = match self.engine.as_str() {
+            "auto" => existing.map_or(copse::EngineKind::Native, |existing| existing.engine),
+            name => name
+                .parse()
+                .map_err(|err: String| ConfigError::Invalid(format!("engine: {err} (or auto)")))?,
+        };
         options.cache_bytes = self.cache_mb.saturating_mul(1024 * 1024);
         options.durability = match self.durability.as_str() {
             "flush-per-round" => copse::WriteDurability::FlushPerRound,

@@ -44,6 +44,15 @@ pub enum OpenError {
     InvalidOption(String),
     #[error("shard thread failed to start: {0}")]
     Thread(String),
+    #[error(
+        "store at {path} was created with the {found} engine; it cannot be opened with {requested}"
+    )]
+    EngineMismatch { path: String, found: crate::EngineKind, requested: crate::EngineKind },
+    #[error("this build has no {0} engine (build with `--features rocksdb`)")]
+    EngineUnavailable(crate::EngineKind),
+    /// An engine that is not copse's own (RocksDB) failed to open; its message.
+    #[error("engine failed to open: {0}")]
+    Engine(String),
 }
 
 /// get, scan, stats.
@@ -56,6 +65,9 @@ pub enum ReadError {
     Device(DeviceError),
     #[error("corrupt item at shard {shard} {location}: {defect}")]
     Corrupt { shard: u32, location: String, defect: String },
+    /// An engine that is not copse's own (RocksDB) failed; its message.
+    #[error("read failed in shard {shard}: {message}")]
+    Engine { shard: u32, message: String },
     #[error("the store is closed")]
     Closed,
 }
@@ -72,6 +84,9 @@ pub enum WriteError {
     NoSpace(DeviceError),
     #[error("write failed: {0}")]
     Device(DeviceError),
+    /// An engine that is not copse's own (RocksDB) failed; its message.
+    #[error("write failed in shard {shard}: {message}")]
+    Engine { shard: u32, message: String },
     #[error("the store is closed")]
     Closed,
 }

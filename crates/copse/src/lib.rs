@@ -12,6 +12,6 @@ pub mod router;
 pub mod shard;
 
 pub use device::{Backend, WriteDurability};
-pub use engine::{BatchOp, KeyValue, RecoveryStats, ShardStats};
+pub use engine::{BatchOp, EngineKind, KeyValue, RecoveryStats, ShardStats};
 pub use error::{Error, InputError, OpenError, ReadError, WriteError};
 pub use interfaces::db::{Db, Options, StoreStats, WriteBatch};

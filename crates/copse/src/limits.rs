@@ -59,3 +59,10 @@ pub const SLAB_GROWTH_DIVISOR: u64 = 8;
 /// Recovery reads slabs in chunks of this size, this many at a time (sequential bandwidth).
 pub const RECOVERY_CHUNK_BYTES: usize = 1024 * 1024;
 pub const RECOVERY_CHUNKS_IN_FLIGHT: usize = 4;
+
+/// The RocksDB engine (`engine/rocks`): data block size (one page, as the native engine reads),
+/// bloom filter bits per key, and how `settle` waits for background work.
+pub const ROCKSDB_BLOCK_BYTES: usize = 4096;
+pub const ROCKSDB_BLOOM_BITS_PER_KEY: f64 = 10.0;
+pub const ROCKSDB_SETTLE_POLL_MS: u64 = 50;
+pub const ROCKSDB_SETTLE_SECONDS_MAX: u64 = 600;

@@ -1,12 +1,20 @@
 //! End-to-end behaviour of the API on the real device (io_uring, O_DIRECT) and the simulated one.
 
+mod common;
+
 use std::sync::Arc;
 
 use copse::device::sim::SimDisk;
 use copse::{Db, Options, WriteBatch, WriteDurability};
 
 fn options(shards: usize) -> Options {
-    Options { shards, cache_bytes: 4 << 20, show_progress: false, ..Options::default() }
+    Options {
+        shards,
+        cache_bytes: 4 << 20,
+        show_progress: false,
+        engine: common::engine(),
+        ..Options::default()
+    }
 }
 
 fn exercise(db: &Db) {

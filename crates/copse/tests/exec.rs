@@ -1,17 +1,23 @@
 //! Exec programs: atomic read-modify-write inside a shard, ordered per lock key, durable before
 //! the next exec on the key sees it, and refused (changing nothing) when they break a limit.
 
+mod common;
+
 use std::ops::Bound;
 use std::sync::mpsc;
-use std::sync::Arc;
 
-use copse::device::sim::SimDisk;
 use copse::engine::BatchOp;
 use copse::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput};
-use copse::{Db, Options, WriteDurability};
+use copse::{Db, Options};
 
 fn options(shards: usize) -> Options {
-    Options { shards, cache_bytes: 4 << 20, show_progress: false, ..Options::default() }
+    Options {
+        shards,
+        cache_bytes: 4 << 20,
+        show_progress: false,
+        engine: common::engine(),
+        ..Options::default()
+    }
 }
 
 /// Adds `by` to a decimal counter stored under `key`; answers the new value.
@@ -137,10 +143,8 @@ impl Exec for Transfer {
 
 #[test]
 fn multi_key_execs_are_atomic_and_see_each_other_in_order() {
-    let disk = SimDisk::new(11);
-    let db =
-        Db::open_with_storage(Arc::new(disk.storage(WriteDurability::FlushPerRound)), options(1))
-            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options(1)).unwrap();
     let receivers: Vec<_> = (0..200)
         .map(|_| {
             let (answer, receiver) = mpsc::channel();

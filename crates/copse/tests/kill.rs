@@ -78,6 +78,7 @@ fn options(cycle: u64) -> Options {
         },
         backend: if (cycle / 2).is_multiple_of(2) { Backend::Auto } else { Backend::Sync },
         show_progress: false,
+        engine: common::engine(),
         ..Options::default()
     }
 }

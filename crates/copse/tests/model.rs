@@ -12,6 +12,8 @@
 //! A failure prints the shrunk operation list; values are described by (length, seed), so it is
 //! short. `PROPTEST_CASES` overrides the number of cases.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +36,7 @@ fn options(shards: usize) -> Options {
         show_progress: false,
         // Many stores run at once in a test run; pinning would stack their shards on core 0.
         pin_threads: false,
+        engine: common::engine(),
         ..Options::default()
     }
 }

@@ -3,13 +3,21 @@
 //! reads `shards x limit` items to return `limit`, and a concurrent delete that shortens a scan
 //! or makes it skip a key that never went away.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use copse::{Db, Options};
 
 fn options(shards: usize) -> Options {
-    Options { shards, cache_bytes: 4 << 20, show_progress: false, ..Options::default() }
+    Options {
+        shards,
+        cache_bytes: 4 << 20,
+        show_progress: false,
+        engine: common::engine(),
+        ..Options::default()
+    }
 }
 
 fn key(i: u32) -> Vec<u8> {

@@ -21,7 +21,7 @@
 //!   caller must assume nothing about that range (the engine poisons the store).
 
 pub mod aligned;
-mod files;
+pub(crate) mod files;
 pub mod sim;
 pub mod sync;
 pub mod uring;

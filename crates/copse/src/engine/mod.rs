@@ -1,5 +1,6 @@
-//! Engines: what a shard runs its requests against. Today the native engine (KVell slabs);
-//! the RocksDB and Dotori engines come with their issues behind the same contract.
+//! Engines: what a shard runs its requests against: the native engine (KVell slabs, `native/`)
+//! or, behind the `rocksdb` cargo feature, one RocksDB instance per shard (`rocks/`, p2KVS).
+//! The Dotori engine comes with its issue behind the same contract.
 //!
 //! The contract between a shard and its engine is the [`ShardEngine`] trait and the [`Request`]
 //! message: the engine answers each request exactly once through its reply channel, and answers
@@ -8,6 +9,8 @@
 
 pub mod input;
 pub mod native;
+#[cfg(feature = "rocksdb")]
+pub mod rocks;
 
 use std::ops::Bound;
 
@@ -18,6 +21,61 @@ use crate::device::DeviceStats;
 use crate::error::{ReadError, WriteError};
 
 pub type Reply<T, E> = oneshot::Sender<Result<T, E>>;
+
+/// Which engine a store's shards run. Recorded in the manifest at creation; a store is always
+/// opened with the engine that created it. persisted: never renumber.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// KVell slabs over copse's own device layer (`engine/native`).
+    #[default]
+    Native = 1,
+    /// One RocksDB instance per shard (`engine/rocks`); needs the `rocksdb` cargo feature.
+    RocksDb = 2,
+}
+
+impl EngineKind {
+    pub fn from_persisted(value: u32) -> Option<EngineKind> {
+        match value {
+            1 => Some(EngineKind::Native),
+            2 => Some(EngineKind::RocksDb),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Native => "native",
+            EngineKind::RocksDb => "rocksdb",
+        }
+    }
+
+    /// Whether this build can open stores of this engine.
+    pub fn available(self) -> bool {
+        match self {
+            EngineKind::Native => true,
+            EngineKind::RocksDb => cfg!(feature = "rocksdb"),
+        }
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(text: &str) -> Result<EngineKind, String> {
+        match text {
+            "native" => Ok(EngineKind::Native),
+            "rocksdb" => Ok(EngineKind::RocksDb),
+            other => Err(format!("unknown engine {other:?} (expected native or rocksdb)")),
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// One operation of a write batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +126,11 @@ pub enum Request {
     Flush {
         reply: Reply<(), WriteError>,
     },
+    /// As `Flush`, and also waits until the engine's background work (RocksDB's flushes and
+    /// compactions) is done, so that a benchmark phase does not pay for the previous one's.
+    Settle {
+        reply: Reply<(), WriteError>,
+    },
     Stats {
         reply: Reply<ShardStats, ReadError>,
     },
@@ -82,7 +145,9 @@ impl Request {
                 RequestKind::Write
             }
             Request::Scan { .. } => RequestKind::Scan,
-            Request::Flush { .. } | Request::Stats { .. } => RequestKind::Control,
+            Request::Flush { .. } | Request::Settle { .. } | Request::Stats { .. } => {
+                RequestKind::Control
+            }
         }
     }
 }

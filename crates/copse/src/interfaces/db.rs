@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use crate::device::{Backend, DeviceStats, DirStorage, Storage, WriteDurability};
 use crate::engine::input::{check_batch, check_key, check_value};
-use crate::engine::native::EngineConfig;
-use crate::engine::{BatchOp, KeyValue, Request, ShardStats};
+use crate::engine::native::{EngineConfig, NativeEngine};
+use crate::engine::{BatchOp, EngineKind, KeyValue, Request, ShardEngine, ShardStats};
 use crate::error::{InputError, OpenError, ReadError, WriteError};
 use crate::limits::{
     CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
@@ -23,7 +23,7 @@ use crate::limits::{
 };
 use crate::router::{close_shards, manifest, Router};
 use crate::shard::exec::{Exec, ExecRequest};
-use crate::shard::ShardHandle;
+use crate::shard::{EngineOpener, ShardHandle};
 
 /// How to open a store.
 #[derive(Clone, Debug)]
@@ -41,6 +41,10 @@ pub struct Options {
     pub show_progress: bool,
     /// Pin shard `i` to core `i % cores` (KVell: one worker per core).
     pub pin_threads: bool,
+    /// The engine of a new store; an existing store must be opened with the engine that created
+    /// it (recorded in the manifest). `RocksDb` needs the `rocksdb` cargo feature and a directory
+    /// (`Db::open`); `durability`, `backend` and `io_depth` apply to the native engine only.
+    pub engine: EngineKind,
 }
 
 impl Default for Options {
@@ -57,6 +61,7 @@ impl Default for Options {
             create_if_missing: true,
             show_progress: true,
             pin_threads: true,
+            engine: EngineKind::Native,
         }
     }
 }
@@ -152,23 +157,37 @@ impl Db {
         if !options.create_if_missing && !path.join(manifest::MANIFEST_FILE).exists() {
             return Err(OpenError::NotFound(path.display().to_string()));
         }
+        if !options.engine.available() {
+            return Err(OpenError::EngineUnavailable(options.engine));
+        }
         let lock = lock_directory(path)?;
         let ring_entries =
             (options.io_depth.clamp(1, IO_DEPTH_MAX) as u32).next_power_of_two().max(8);
         let storage = DirStorage::new(path, options.backend, options.durability, ring_entries)?;
-        Db::open_inner(Arc::new(storage), options, Some(lock))
+        Db::open_inner(Arc::new(storage), options, Some(lock), Some(path))
     }
 
-    /// Opens a store on any storage (the simulated device in tests).
+    /// Opens a store on any storage (the simulated device in tests). Native engine only: other
+    /// engines keep their own files in a directory (`Db::open`).
     pub fn open_with_storage(storage: Arc<dyn Storage>, options: Options) -> Result<Db, OpenError> {
-        Db::open_inner(storage, options, None)
+        if options.engine != EngineKind::Native {
+            return Err(OpenError::InvalidOption(format!(
+                "the {} engine needs a directory (Db::open), not a storage",
+                options.engine
+            )));
+        }
+        Db::open_inner(storage, options, None, None)
     }
 
     fn open_inner(
         storage: Arc<dyn Storage>,
         options: Options,
         lock: Option<std::fs::File>,
+        dir: Option<&Path>,
     ) -> Result<Db, OpenError> {
+        if !options.engine.available() {
+            return Err(OpenError::EngineUnavailable(options.engine));
+        }
         if options.shards == 0 || options.shards > SHARDS_MAX {
             return Err(OpenError::ShardCountOutOfRange(options.shards));
         }
@@ -183,6 +202,7 @@ impl Db {
             manifest::open_or_create(
                 device.as_mut(),
                 options.shards as u32,
+                options.engine,
                 options.create_if_missing,
                 &storage.describe(),
             )?;
@@ -200,24 +220,53 @@ impl Db {
         let cache_pages =
             (options.cache_bytes / PAGE_BYTES / options.shards).max(CACHE_PAGES_PER_SHARD_MIN);
         let poisoned = Arc::new(AtomicBool::new(false));
+        #[cfg(feature = "rocksdb")]
+        let rocks_shared = match options.engine {
+            EngineKind::RocksDb => {
+                Some(crate::engine::rocks::RocksShared::new(options.cache_bytes, options.shards)?)
+            }
+            EngineKind::Native => None,
+        };
         let (opened_sender, opened) = std::sync::mpsc::channel();
         let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
         let mut shards = Vec::with_capacity(options.shards);
         for shard_id in 0..options.shards as u32 {
-            let config = EngineConfig {
-                shard_id,
-                cache_pages,
-                io_depth_max: options.io_depth,
-                poisoned: poisoned.clone(),
+            let open: EngineOpener = match options.engine {
+                EngineKind::Native => {
+                    let config = EngineConfig {
+                        shard_id,
+                        cache_pages,
+                        io_depth_max: options.io_depth,
+                        poisoned: poisoned.clone(),
+                    };
+                    let storage = storage.clone();
+                    let progress = progress.clone();
+                    Box::new(move || {
+                        let device = storage.open_device()?;
+                        let engine = NativeEngine::open(device, config, progress.as_ref())?;
+                        Ok(Box::new(engine) as Box<dyn ShardEngine>)
+                    })
+                }
+                #[cfg(feature = "rocksdb")]
+                EngineKind::RocksDb => {
+                    let config = crate::engine::rocks::RocksConfig {
+                        shard_id,
+                        store_dir: dir
+                            .expect("Db::open gives the rocksdb engine a directory")
+                            .into(),
+                        shared: rocks_shared.clone().expect("made above for this engine"),
+                        poisoned: poisoned.clone(),
+                    };
+                    Box::new(move || {
+                        let engine = crate::engine::rocks::RocksEngine::open(config)?;
+                        Ok(Box::new(engine) as Box<dyn ShardEngine>)
+                    })
+                }
+                #[cfg(not(feature = "rocksdb"))]
+                EngineKind::RocksDb => unreachable!("refused above: {dir:?}"),
             };
             let pin_core = options.pin_threads.then_some(shard_id as usize % cores);
-            match ShardHandle::spawn(
-                storage.clone(),
-                config,
-                progress.clone(),
-                opened_sender.clone(),
-                pin_core,
-            ) {
+            match ShardHandle::spawn(shard_id, open, opened_sender.clone(), pin_core) {
                 Ok(handle) => shards.push(handle),
                 Err(err) => {
                     close_shards(&mut shards).ok();
@@ -334,6 +383,20 @@ impl Db {
     pub fn flush(&self) -> Result<(), WriteError> {
         let mut result = Ok(());
         for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply })
+        {
+            if let Err(err) = pending.wait() {
+                result = Err(err);
+            }
+        }
+        result
+    }
+
+    /// As `flush`, and also waits for the engine's background work to finish (RocksDB's memtable
+    /// flushes and compactions; the native engine has none). For benchmarks and operators.
+    pub fn settle(&self) -> Result<(), WriteError> {
+        let mut result = Ok(());
+        for pending in
+            self.router().broadcast(WriteError::Closed, |reply| Request::Settle { reply })
         {
             if let Err(err) = pending.wait() {
                 result = Err(err);

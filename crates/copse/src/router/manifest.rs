@@ -1,18 +1,22 @@
 //! The store manifest: one page at the top of the store that fixes what every later open must
-//! agree with (shard count and key hash). Spec: docs/format/manifest.md.
+//! agree with (shard count, key hash and engine). Spec: docs/format/manifest.md.
 //!
 //! It is written once, durably, when the store is created, before any shard writes a slab;
 //! so a store whose manifest is missing or blank and which has no slab files was interrupted
 //! during creation and is created again, while a blank manifest beside slab files is corruption.
 
 use crate::device::{AlignedBuf, BlockDevice, IoKind, IoRequest};
+use crate::engine::native::format::SLAB_FORMAT_VERSION;
 use crate::engine::native::recovery::read_sync;
+use crate::engine::EngineKind;
 use crate::error::OpenError;
 use crate::limits::PAGE_BYTES;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
+/// Where the RocksDB engine keeps its instances (`rocksdb/shard-NNN`), relative to the store.
+pub const ENGINE_DIR_ROCKSDB: &str = "rocksdb";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"COPSEMAN";
-pub const MANIFEST_FORMAT_VERSION: u32 = 1;
+pub const MANIFEST_FORMAT_VERSION: u32 = 2;
 
 /// How keys map to shards. persisted: never renumber.
 #[repr(u32)]
@@ -26,10 +30,29 @@ pub enum KeyHash {
 pub struct Manifest {
     pub shard_count: u32,
     pub key_hash: KeyHash,
+    /// The slab format of a native store; 0 for engines that keep their own files.
     pub slab_format_version: u32,
+    pub engine: EngineKind,
 }
 
-const MANIFEST_BYTES: usize = 24;
+impl Manifest {
+    /// The manifest a new store of `shard_count` shards running `engine` is created with.
+    pub fn new(shard_count: u32, engine: EngineKind) -> Manifest {
+        Manifest {
+            shard_count,
+            key_hash: KeyHash::Xxh3Seed0Modulo,
+            slab_format_version: match engine {
+                EngineKind::Native => SLAB_FORMAT_VERSION,
+                EngineKind::RocksDb => 0,
+            },
+            engine,
+        }
+    }
+}
+
+/// Header bytes covered by the crc, by format version (version 1 had no engine field).
+const MANIFEST_V1_BYTES: usize = 24;
+const MANIFEST_BYTES: usize = 28;
 
 pub fn encode(manifest: &Manifest) -> AlignedBuf {
     let mut page = AlignedBuf::zeroed(PAGE_BYTES);
@@ -38,12 +61,14 @@ pub fn encode(manifest: &Manifest) -> AlignedBuf {
     page[12..16].copy_from_slice(&manifest.shard_count.to_le_bytes());
     page[16..20].copy_from_slice(&(manifest.key_hash as u32).to_le_bytes());
     page[20..24].copy_from_slice(&manifest.slab_format_version.to_le_bytes());
+    page[24..28].copy_from_slice(&(manifest.engine as u32).to_le_bytes());
     let crc = crc32c::crc32c(&page[0..MANIFEST_BYTES]);
     page[MANIFEST_BYTES..MANIFEST_BYTES + 4].copy_from_slice(&crc.to_le_bytes());
     page
 }
 
-/// Decodes a manifest page. `Ok(None)`: the page is blank (creation was interrupted).
+/// Decodes a manifest page (format version 1 or 2). `Ok(None)`: the page is blank (creation was
+/// interrupted).
 pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
     if page.len() < MANIFEST_BYTES + 4 {
         return Err("manifest is shorter than its header".into());
@@ -54,39 +79,54 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
     if page[0..8] != MANIFEST_MAGIC {
         return Err("not a copse manifest (bad magic)".into());
     }
-    let stored = u32::from_le_bytes(page[MANIFEST_BYTES..MANIFEST_BYTES + 4].try_into().unwrap());
-    let computed = crc32c::crc32c(&page[0..MANIFEST_BYTES]);
+    let word = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().unwrap());
+    let version = word(8);
+    let header_bytes = match version {
+        1 => MANIFEST_V1_BYTES,
+        MANIFEST_FORMAT_VERSION => MANIFEST_BYTES,
+        // The crc cannot be placed without a known version: a flipped version bit lands here.
+        _ => {
+            return Err(format!(
+                "unsupported manifest format version {version} (this build reads versions 1 and {MANIFEST_FORMAT_VERSION})"
+            ))
+        }
+    };
+    let stored = word(header_bytes);
+    let computed = crc32c::crc32c(&page[0..header_bytes]);
     if stored != computed {
         return Err(format!(
             "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
-        ));
-    }
-    let word = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().unwrap());
-    let version = word(8);
-    if version != MANIFEST_FORMAT_VERSION {
-        return Err(format!(
-            "unsupported manifest format version {version} (this build reads version {MANIFEST_FORMAT_VERSION})"
         ));
     }
     let key_hash = match word(16) {
         1 => KeyHash::Xxh3Seed0Modulo,
         other => return Err(format!("unknown key hash {other}")),
     };
+    let engine = if version == 1 {
+        EngineKind::Native
+    } else {
+        EngineKind::from_persisted(word(24))
+            .ok_or_else(|| format!("unknown engine {}", word(24)))?
+    };
     let slab_format_version = word(20);
-    if slab_format_version != crate::engine::native::format::SLAB_FORMAT_VERSION {
-        return Err(format!("unsupported slab format version {slab_format_version}"));
+    let expected_slab_version = Manifest::new(1, engine).slab_format_version;
+    if slab_format_version != expected_slab_version {
+        return Err(format!(
+            "unsupported slab format version {slab_format_version} for the {engine} engine"
+        ));
     }
     let shard_count = word(12);
     if shard_count == 0 || shard_count as usize > crate::limits::SHARDS_MAX {
         return Err(format!("shard count {shard_count} out of range"));
     }
-    Ok(Some(Manifest { shard_count, key_hash, slab_format_version }))
+    Ok(Some(Manifest { shard_count, key_hash, slab_format_version, engine }))
 }
 
 /// Reads the manifest, or creates it (durably) with `shard_count` if the store is new.
 pub fn open_or_create(
     device: &mut dyn BlockDevice,
     shard_count: u32,
+    engine: EngineKind,
     create_if_missing: bool,
     describe: &str,
 ) -> Result<Manifest, OpenError> {
@@ -111,16 +151,24 @@ pub fn open_or_create(
                 requested: shard_count,
             });
         }
+        if manifest.engine != engine {
+            return Err(OpenError::EngineMismatch {
+                path: describe.to_string(),
+                found: manifest.engine,
+                requested: engine,
+            });
+        }
         return Ok(manifest);
     }
     // Any shard directory counts, whatever the requested count: a store created with more shards
     // and a lost manifest must not be taken for a new store.
-    let has_slabs = (0..crate::limits::SHARDS_MAX as u32).any(|shard| {
-        device
-            .list_files(&crate::engine::native::format::shard_dir(shard))
-            .map(|files| !files.is_empty())
-            .unwrap_or(false)
-    });
+    let has_slabs =
+        (0..crate::limits::SHARDS_MAX as u32).any(|shard| {
+            device
+                .list_files(&crate::engine::native::format::shard_dir(shard))
+                .map(|files| !files.is_empty())
+                .unwrap_or(false)
+        }) || device.list_files(ENGINE_DIR_ROCKSDB).map(|files| !files.is_empty()).unwrap_or(false);
     if has_slabs {
         return Err(OpenError::CorruptManifest(
             "manifest is missing or blank but slab files exist".into(),
@@ -129,11 +177,7 @@ pub fn open_or_create(
     if !create_if_missing {
         return Err(OpenError::NotFound(describe.to_string()));
     }
-    let manifest = Manifest {
-        shard_count,
-        key_hash: KeyHash::Xxh3Seed0Modulo,
-        slab_format_version: crate::engine::native::format::SLAB_FORMAT_VERSION,
-    };
+    let manifest = Manifest::new(shard_count, engine);
     let file = device.open_file(MANIFEST_FILE, true)?;
     device.grow_file(file, PAGE_BYTES as u64)?;
     device.submit(vec![IoRequest {
@@ -159,7 +203,7 @@ pub fn open_or_create(
 /// Reads with `std::fs`, not through a device: the manifest is metadata, one small page read once
 /// before the store opens, so it needs neither O_DIRECT nor the simulated device. It takes no
 /// lock; `Db::open` then checks the count again under the lock.
-pub fn read_shard_count(path: &std::path::Path) -> Result<Option<u32>, OpenError> {
+pub fn read_manifest(path: &std::path::Path) -> Result<Option<Manifest>, OpenError> {
     let manifest_path = path.join(MANIFEST_FILE);
     let bytes = match std::fs::read(&manifest_path) {
         Ok(bytes) => bytes,
@@ -175,8 +219,7 @@ pub fn read_shard_count(path: &std::path::Path) -> Result<Option<u32>, OpenError
         // As in `open_or_create`: a short manifest is one whose creation did not finish.
         return Ok(None);
     }
-    let manifest = decode(&bytes[..PAGE_BYTES]).map_err(OpenError::CorruptManifest)?;
-    Ok(manifest.map(|manifest| manifest.shard_count))
+    decode(&bytes[..PAGE_BYTES]).map_err(OpenError::CorruptManifest)
 }
 
 #[cfg(test)]
@@ -184,34 +227,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shard_count_is_read_from_the_manifest_file() {
+    fn manifest_is_read_from_its_file() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read_shard_count(dir.path()).unwrap(), None);
-        let manifest = Manifest {
-            shard_count: 3,
-            key_hash: KeyHash::Xxh3Seed0Modulo,
-            slab_format_version: crate::engine::native::format::SLAB_FORMAT_VERSION,
-        };
+        assert_eq!(read_manifest(dir.path()).unwrap(), None);
+        let manifest = Manifest::new(3, EngineKind::RocksDb);
         let path = dir.path().join(MANIFEST_FILE);
         std::fs::write(&path, &encode(&manifest)[..]).unwrap();
-        assert_eq!(read_shard_count(dir.path()).unwrap(), Some(3));
+        assert_eq!(read_manifest(dir.path()).unwrap(), Some(manifest));
         std::fs::write(&path, vec![0u8; PAGE_BYTES]).unwrap();
-        assert_eq!(read_shard_count(dir.path()).unwrap(), None);
+        assert_eq!(read_manifest(dir.path()).unwrap(), None);
         let mut damaged = encode(&manifest).to_vec();
         damaged[12] ^= 1;
         std::fs::write(&path, damaged).unwrap();
-        assert!(matches!(read_shard_count(dir.path()), Err(OpenError::CorruptManifest(_))));
+        assert!(matches!(read_manifest(dir.path()), Err(OpenError::CorruptManifest(_))));
+    }
+
+    /// A version-1 manifest (written before the engine field existed) still opens, as native.
+    #[test]
+    fn version_1_manifest_reads_as_a_native_store() {
+        let mut page = vec![0u8; PAGE_BYTES];
+        page[0..8].copy_from_slice(&MANIFEST_MAGIC);
+        page[8..12].copy_from_slice(&1u32.to_le_bytes());
+        page[12..16].copy_from_slice(&4u32.to_le_bytes());
+        page[16..20].copy_from_slice(&1u32.to_le_bytes());
+        page[20..24].copy_from_slice(&SLAB_FORMAT_VERSION.to_le_bytes());
+        let crc = crc32c::crc32c(&page[0..24]);
+        page[24..28].copy_from_slice(&crc.to_le_bytes());
+        // The bytes of docs/format/manifest.md's version-1 example.
+        assert_eq!(&page[24..28], &[0xbb, 0x69, 0x21, 0x0e]);
+        assert_eq!(decode(&page).unwrap(), Some(Manifest::new(4, EngineKind::Native)));
     }
 
     #[test]
     fn manifest_round_trips_and_detects_damage() {
-        let manifest = Manifest {
-            shard_count: 4,
-            key_hash: KeyHash::Xxh3Seed0Modulo,
-            slab_format_version: crate::engine::native::format::SLAB_FORMAT_VERSION,
-        };
+        let manifest = Manifest::new(4, EngineKind::Native);
         let page = encode(&manifest);
         assert_eq!(decode(&page).unwrap(), Some(manifest));
+        let rocks = Manifest::new(4, EngineKind::RocksDb);
+        assert_eq!(decode(&encode(&rocks)).unwrap(), Some(rocks));
         assert_eq!(decode(&[0u8; PAGE_BYTES]).unwrap(), None);
         for byte in 0..MANIFEST_BYTES + 4 {
             let mut damaged = page.to_vec();

@@ -15,12 +15,9 @@
 
 pub mod exec;
 
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::device::Storage;
-use crate::engine::native::{EngineConfig, NativeEngine};
 use crate::engine::Request;
 use crate::engine::ShardEngine;
 use crate::error::{OpenError, WriteError};
@@ -34,21 +31,23 @@ pub enum Message {
     Close(futures::channel::oneshot::Sender<Result<(), WriteError>>),
 }
 
+/// Opens (recovers) one shard's engine; runs on the shard's own thread.
+pub type EngineOpener = Box<dyn FnOnce() -> Result<Box<dyn ShardEngine>, OpenError> + Send>;
+
 pub struct ShardHandle {
     pub sender: flume::Sender<Message>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl ShardHandle {
-    /// Starts the shard thread; it opens (recovers) its engine and reports through `opened`.
+    /// Starts the shard thread; it opens (recovers) its engine with `open`, on the shard thread,
+    /// and reports through `opened`.
     pub fn spawn(
-        storage: Arc<dyn Storage>,
-        config: EngineConfig,
-        progress: Option<indicatif::ProgressBar>,
+        shard_id: u32,
+        open: EngineOpener,
         opened: std::sync::mpsc::Sender<(u32, Result<(), OpenError>)>,
         pin_core: Option<usize>,
     ) -> Result<ShardHandle, OpenError> {
-        let shard_id = config.shard_id;
         let (sender, receiver) = flume::bounded(SHARD_QUEUE_REQUESTS_MAX);
         let thread = std::thread::Builder::new()
             .name(format!("copse-shard-{shard_id}"))
@@ -56,14 +55,10 @@ impl ShardHandle {
                 if let Some(core) = pin_core {
                     pin_to_core(shard_id, core);
                 }
-                let engine = storage
-                    .open_device()
-                    .map_err(OpenError::from)
-                    .and_then(|device| NativeEngine::open(device, config, progress.as_ref()));
-                match engine {
+                match open() {
                     Ok(engine) => {
                         let _ = opened.send((shard_id, Ok(())));
-                        run(Box::new(engine), receiver);
+                        run(engine, receiver);
                     }
                     Err(err) => {
                         let _ = opened.send((shard_id, Err(err)));
@@ -199,7 +194,10 @@ fn reject(request: Request) {
         Request::Stats { reply } => {
             let _ = reply.send(Err(ReadError::Closed));
         }
-        Request::Put { reply, .. } | Request::Batch { reply, .. } | Request::Flush { reply } => {
+        Request::Put { reply, .. }
+        | Request::Batch { reply, .. }
+        | Request::Flush { reply }
+        | Request::Settle { reply } => {
             let _ = reply.send(Err(WriteError::Closed));
         }
         Request::Delete { reply, .. } => {

@@ -1,5 +1,16 @@
-//! Helpers shared by the crash and kill tests: what a write did, and values that name the write
-//! that made them.
+//! Helpers shared by the integration tests: which engine they run over, what a write did, and
+//! values that name the write that made them. (Each test binary uses a part of this module.)
+#![allow(dead_code)]
+
+/// The engine the engine-generic tests run over: `COPSE_TEST_ENGINE` (`native`, the default, or
+/// `rocksdb`; `make test-rocksdb` sets it). Tests on the simulated device are native-only and are
+/// left out of that run by name (`simulated`).
+pub fn engine() -> copse::EngineKind {
+    match std::env::var("COPSE_TEST_ENGINE") {
+        Ok(name) => name.parse().unwrap_or_else(|err| panic!("COPSE_TEST_ENGINE: {err}")),
+        Err(_) => copse::EngineKind::Native,
+    }
+}
 
 /// What one write did to its key.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -644,7 +644,9 @@ impl ShardEngine for NativeEngine {
             Request::Delete { key, reply } => self.delete(key, reply),
             Request::Batch { ops, reply } => self.batch(ops, reply),
             Request::Scan { start, end, limit, reply } => self.scan(start, end, limit, reply),
-            Request::Flush { reply } => {
+            // The native engine has no background work: a write is at its final place once
+            // durable, so settling is flushing.
+            Request::Flush { reply } | Request::Settle { reply } => {
                 if self.is_poisoned() {
                     let _ = reply.send(Err(WriteError::Poisoned));
                 } else {

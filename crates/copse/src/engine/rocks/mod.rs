@@ -1,0 +1,523 @@
+//! The RocksDB engine (p2KVS): one RocksDB instance per shard, in `rocksdb/shard-NNN` under the
+//! store, each driven only by its shard thread. The router, shard loop and exec programs are the
+//! same as for the native engine; what p2KVS adds over a plain RocksDB is the access layer in
+//! front of it (hash-partitioned workers with their own queues and opportunistic batching).
+//!
+//! How the shard loop's rounds map onto RocksDB:
+//! - every write of a round (puts, deletes, batches, from plain requests and exec programs alike)
+//!   goes into one `WriteBatch`, written with `sync = true` when the round ends: one WAL append
+//!   and one fsync for the whole round (group commit), so a write is answered only when durable;
+//! - a run of gets becomes one `multi_get`, each key with its own result buffer (p2KVS's public
+//!   harness read one key's buffer for all keys of a multi-get; here each answer is its own);
+//! - scans and the exec programs' index questions use an iterator over the instance.
+//!
+//! Invariants:
+//! 1. A write is answered only after the synced `WriteBatch` holding it returned Ok; when it
+//!    fails, every write of that batch is answered with the error and the store is poisoned
+//!    (later writes are refused), as after a failed flush in the native engine.
+//! 2. A read sees only written batches: writes of the current round are invisible until the
+//!    round's batch is durable, as in the native engine (a write is visible once durable).
+//! 3. A delete answers whether the key existed just before it, counting the earlier writes of
+//!    its own round (`round_state`), so deletes in one round answer as if run one by one.
+//!
+//! Every engine call here is synchronous: the shard thread waits for RocksDB, and RocksDB's own
+//! background threads (flushes, compactions) do the rest. The RocksDB crate's API used here is
+//! the part common to rocksdb 0.20 (which links Debian's librocksdb 7.8, for the tests in CI)
+//! and 0.25 (bundled RocksDB 11, for every published benchmark); see docs/engines.md.
+
+use std::collections::HashMap;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, ReadOptions, WriteBatch, DB};
+
+use crate::engine::{BatchOp, KeyValue, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
+use crate::error::{OpenError, ReadError, WriteError};
+use crate::limits::{
+    ROCKSDB_BLOCK_BYTES, ROCKSDB_BLOOM_BITS_PER_KEY, ROCKSDB_SETTLE_POLL_MS,
+    ROCKSDB_SETTLE_SECONDS_MAX,
+};
+
+/// What every shard's instance shares: the block cache (one budget for the store, as the native
+/// engine's page cache is one budget split over shards).
+#[derive(Clone)]
+pub struct RocksShared {
+    cache: Cache,
+    /// Memtable bytes of one instance (RocksDB keeps up to two per instance: one filling, one
+    /// being flushed).
+    write_buffer_bytes: usize,
+}
+
+/// `Cache::new_lru_cache` returns the cache itself in rocksdb 0.25 and a `Result` in 0.20; the
+/// engine builds with either (see the module comment).
+trait IntoCache {
+    fn into_cache(self) -> Result<Cache, String>;
+}
+
+impl IntoCache for Cache {
+    fn into_cache(self) -> Result<Cache, String> {
+        Ok(self)
+    }
+}
+
+impl<E: std::fmt::Display> IntoCache for Result<Cache, E> {
+    fn into_cache(self) -> Result<Cache, String> {
+        self.map_err(|err| err.to_string())
+    }
+}
+
+impl RocksShared {
+    /// Splits `cache_bytes` as the benchmark's single RocksDB does: half block cache, half
+    /// memtables (spread over the shards' instances).
+    pub fn new(cache_bytes: usize, shards: usize) -> Result<RocksShared, OpenError> {
+        let cache = Cache::new_lru_cache((cache_bytes / 2).max(1 << 20))
+            .into_cache()
+            .map_err(OpenError::Engine)?;
+        let write_buffer_bytes = (cache_bytes / 4 / shards.max(1)).max(1 << 20);
+        Ok(RocksShared { cache, write_buffer_bytes })
+    }
+}
+
+/// The directory of shard `shard`'s instance, relative to the store.
+pub fn shard_dir(store: &Path, shard: u32) -> PathBuf {
+    store.join(crate::router::manifest::ENGINE_DIR_ROCKSDB).join(format!("shard-{shard:03}"))
+}
+
+/// RocksDB options for one shard's instance.
+fn db_options(shared: &RocksShared) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_size(ROCKSDB_BLOCK_BYTES);
+    table.set_block_cache(&shared.cache);
+    table.set_bloom_filter(ROCKSDB_BLOOM_BITS_PER_KEY, false);
+    table.set_cache_index_and_filter_blocks(true);
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.set_block_based_table_factory(&table);
+    options.set_compression_type(DBCompressionType::None);
+    options.set_write_buffer_size(shared.write_buffer_bytes);
+    options.set_max_write_buffer_number(2);
+    // Reads and background I/O bypass the page cache, like the native engine's O_DIRECT: the
+    // memory budget is the block cache, not whatever the kernel keeps.
+    options.set_use_direct_reads(true);
+    options.set_use_direct_io_for_flush_and_compaction(true);
+    options
+}
+
+/// Settings of one shard's engine.
+pub struct RocksConfig {
+    pub shard_id: u32,
+    pub store_dir: PathBuf,
+    pub shared: RocksShared,
+    /// Shared by all shards: once any write fails, every shard refuses writes.
+    pub poisoned: Arc<AtomicBool>,
+}
+
+/// The round's writes, applied together when the round ends.
+enum Waiter {
+    Put(Reply<(), WriteError>),
+    Delete { reply: Reply<bool, WriteError>, existed: bool },
+    Batch(Reply<(), WriteError>),
+}
+
+pub struct RocksEngine {
+    shard_id: u32,
+    db: DB,
+    poisoned: Arc<AtomicBool>,
+    batch: WriteBatch,
+    waiters: Vec<Waiter>,
+    /// Whether each key written this round exists after the round's writes so far (invariant 3).
+    round_state: HashMap<Vec<u8>, bool>,
+    open_seconds: f64,
+    writes_applied: u64,
+    write_batches: u64,
+}
+
+impl RocksEngine {
+    pub fn open(config: RocksConfig) -> Result<RocksEngine, OpenError> {
+        let started = Instant::now();
+        let dir = shard_dir(&config.store_dir, config.shard_id);
+        create_dir_durably(&dir)?;
+        let db = DB::open(&db_options(&config.shared), &dir)
+            .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
+        Ok(RocksEngine {
+            shard_id: config.shard_id,
+            db,
+            poisoned: config.poisoned,
+            batch: WriteBatch::default(),
+            waiters: Vec::new(),
+            round_state: HashMap::new(),
+            open_seconds: started.elapsed().as_secs_f64(),
+            writes_applied: 0,
+            write_batches: 0,
+        })
+    }
+
+    fn read_error(&self, err: rocksdb::Error) -> ReadError {
+        match err.kind() {
+            rocksdb::ErrorKind::Corruption => ReadError::Corrupt {
+                shard: self.shard_id,
+                location: "in its RocksDB instance".into(),
+                defect: err.to_string(),
+            },
+            _ => ReadError::Engine { shard: self.shard_id, message: err.to_string() },
+        }
+    }
+
+    fn write_error(&self, err: &rocksdb::Error) -> WriteError {
+        let message = err.to_string();
+        if message.contains("No space left") {
+            WriteError::NoSpace(crate::device::DeviceError::NoSpace {
+                what: format!("shard {} RocksDB instance: {message}", self.shard_id),
+            })
+        } else {
+            WriteError::Engine { shard: self.shard_id, message }
+        }
+    }
+
+    fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Whether `key` exists, counting this round's earlier writes.
+    fn exists_now(&self, key: &[u8]) -> Result<bool, ReadError> {
+        if let Some(&exists) = self.round_state.get(key) {
+            return Ok(exists);
+        }
+        self.db.get_pinned(key).map(|value| value.is_some()).map_err(|err| self.read_error(err))
+    }
+
+    /// Adds one write to the round's batch.
+    fn write(&mut self, request: Request) {
+        if self.is_poisoned() {
+            return refuse(request, WriteError::Poisoned);
+        }
+        match request {
+            Request::Put { key, value, reply } => {
+                self.batch.put(&key, &value);
+                self.round_state.insert(key, true);
+                self.waiters.push(Waiter::Put(reply));
+            }
+            Request::Delete { key, reply } => match self.exists_now(&key) {
+                Ok(existed) => {
+                    self.batch.delete(&key);
+                    self.round_state.insert(key, false);
+                    self.waiters.push(Waiter::Delete { reply, existed });
+                }
+                Err(err) => {
+                    let message = err.to_string();
+                    let _ = reply.send(Err(WriteError::Engine { shard: self.shard_id, message }));
+                }
+            },
+            Request::Batch { ops, reply } => {
+                for op in ops {
+                    match op {
+                        BatchOp::Put { key, value } => {
+                            self.batch.put(&key, &value);
+                            self.round_state.insert(key, true);
+                        }
+                        BatchOp::Delete { key } => {
+                            self.batch.delete(&key);
+                            self.round_state.insert(key, false);
+                        }
+                    }
+                }
+                self.waiters.push(Waiter::Batch(reply));
+            }
+            other => unreachable!("not a write: {:?}", other.kind()),
+        }
+    }
+
+    /// Writes the round's batch, synced, and answers its writers (invariant 1).
+    fn commit_round(&mut self) {
+        if self.waiters.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let waiters = std::mem::take(&mut self.waiters);
+        self.round_state.clear();
+        let mut options = rocksdb::WriteOptions::default();
+        options.set_sync(true);
+        let result = self.db.write_opt(batch, &options);
+        if let Err(err) = &result {
+            tracing::error!(shard = self.shard_id, %err, "RocksDB write failed; refusing writes");
+            self.poisoned.store(true, Ordering::Release);
+        } else {
+            self.writes_applied += waiters.len() as u64;
+            self.write_batches += 1;
+        }
+        for waiter in waiters {
+            let failure = result.as_ref().err().map(|err| self.write_error(err));
+            match waiter {
+                Waiter::Put(reply) | Waiter::Batch(reply) => {
+                    let _ = reply.send(failure.map_or(Ok(()), Err));
+                }
+                Waiter::Delete { reply, existed } => {
+                    let _ = reply.send(failure.map_or(Ok(existed), Err));
+                }
+            }
+        }
+    }
+
+    /// A run of gets as one multi-get; each key gets its own answer.
+    fn get_run(&mut self, run: Vec<Request>) {
+        let mut keys = Vec::with_capacity(run.len());
+        let mut replies = Vec::with_capacity(run.len());
+        for request in run {
+            match request {
+                Request::Get { key, reply } => {
+                    keys.push(key);
+                    replies.push(reply);
+                }
+                other => unreachable!("not a get: {:?}", other.kind()),
+            }
+        }
+        let results = self.db.multi_get(&keys);
+        assert_eq!(results.len(), replies.len(), "multi_get answered a different number of keys");
+        for (result, reply) in results.into_iter().zip(replies) {
+            let _ = reply.send(result.map_err(|err| self.read_error(err)));
+        }
+    }
+
+    /// Iterates the range in key order, handing each item to `visit` until it returns false.
+    fn iterate(
+        &self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), ReadError> {
+        let mut options = ReadOptions::default();
+        options.set_verify_checksums(true);
+        if let Bound::Excluded(end) = end {
+            options.set_iterate_upper_bound(end.to_vec());
+        }
+        let mut iterator = self.db.raw_iterator_opt(options);
+        match start {
+            Bound::Included(start) | Bound::Excluded(start) => iterator.seek(start),
+            Bound::Unbounded => iterator.seek_to_first(),
+        }
+        while iterator.valid() {
+            let (Some(key), Some(value)) = (iterator.key(), iterator.value()) else { break };
+            let past_end = matches!(end, Bound::Included(end) if key > end);
+            let at_excluded_start = matches!(start, Bound::Excluded(start) if key == start);
+            if past_end {
+                break;
+            }
+            if !at_excluded_start && !visit(key, value) {
+                return Ok(());
+            }
+            iterator.next();
+        }
+        iterator.status().map_err(|err| self.read_error(err))
+    }
+
+    fn scan(
+        &self,
+        start: Bound<Vec<u8>>,
+        end: Bound<Vec<u8>>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, ReadError> {
+        let mut items = Vec::new();
+        if limit == 0 {
+            return Ok(items);
+        }
+        self.iterate(as_ref(&start), as_ref(&end), |key, value| {
+            items.push((key.to_vec(), value.to_vec()));
+            items.len() < limit
+        })?;
+        Ok(items)
+    }
+
+    fn property(&self, name: &str) -> u64 {
+        self.db.property_int_value(name).ok().flatten().unwrap_or(0)
+    }
+
+    /// The shard's figures. `items` is exact: the instance's keys are counted by iterating them
+    /// (O(items) per call), because RocksDB's own estimate counts overwritten and deleted keys
+    /// until compaction drops them, and an exact running count would cost a read per write.
+    fn stats(&self) -> ShardStats {
+        let items = self.count_keys(Bound::Unbounded, Bound::Unbounded, usize::MAX) as u64;
+        ShardStats {
+            shard: self.shard_id,
+            items,
+            file_bytes: self.property("rocksdb.total-sst-files-size"),
+            index_bytes: self.property("rocksdb.estimate-table-readers-mem")
+                + self.property("rocksdb.cur-size-all-mem-tables"),
+            recovery: RecoveryStats { seconds: self.open_seconds, ..RecoveryStats::default() },
+            ..ShardStats::default()
+        }
+    }
+
+    /// Waits until the instance has no flush or compaction running or pending, so a benchmark
+    /// phase does not pay for the previous one's background work; bounded by
+    /// `ROCKSDB_SETTLE_SECONDS_MAX`.
+    fn settle(&self) -> Result<(), WriteError> {
+        let deadline = Instant::now() + Duration::from_secs(ROCKSDB_SETTLE_SECONDS_MAX);
+        loop {
+            let busy = self.property("rocksdb.num-running-compactions")
+                + self.property("rocksdb.num-running-flushes")
+                + self.property("rocksdb.compaction-pending")
+                + self.property("rocksdb.mem-table-flush-pending");
+            if busy == 0 || Instant::now() >= deadline {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(ROCKSDB_SETTLE_POLL_MS));
+        }
+    }
+}
+
+fn as_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match bound {
+        Bound::Included(key) => Bound::Included(key),
+        Bound::Excluded(key) => Bound::Excluded(key),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+fn refuse(request: Request, err: WriteError) {
+    match request {
+        Request::Put { reply, .. } | Request::Batch { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
+        Request::Delete { reply, .. } => {
+            let _ = reply.send(Err(err));
+        }
+        other => unreachable!("not a write: {:?}", other.kind()),
+    }
+}
+
+/// Creates `dir` and its parents, and fsyncs each parent whose entry was created, so a store's
+/// instance directories survive a crash right after creation.
+fn create_dir_durably(dir: &Path) -> Result<(), OpenError> {
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !at.exists() {
+        missing.push(at.to_path_buf());
+        match at.parent() {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    let device_error = |err: std::io::Error, path: &Path| {
+        crate::device::DeviceError::from_io(&err, path.display().to_string())
+    };
+    std::fs::create_dir_all(dir).map_err(|err| OpenError::Device(device_error(err, dir)))?;
+    for created in missing.iter().rev() {
+        if let Some(parent) = created.parent() {
+            crate::device::files::fsync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
+impl ShardEngine for RocksEngine {
+    fn shard_id(&self) -> u32 {
+        self.shard_id
+    }
+
+    fn handle_run(&mut self, run: Vec<Request>) {
+        match run.first().map(Request::kind) {
+            Some(crate::engine::RequestKind::Get) => self.get_run(run),
+            _ => {
+                for request in run {
+                    self.handle(request);
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, request: Request) {
+        match request {
+            Request::Get { key, reply } => {
+                let result = self.db.get(&key).map_err(|err| self.read_error(err));
+                let _ = reply.send(result);
+            }
+            write @ (Request::Put { .. } | Request::Delete { .. } | Request::Batch { .. }) => {
+                self.write(write)
+            }
+            Request::Scan { start, end, limit, reply } => {
+                let _ = reply.send(self.scan(start, end, limit));
+            }
+            Request::Flush { reply } => {
+                // Every write is synced when its round ends; what was accepted before this flush
+                // is durable once this round's batch is (it is written before the next message).
+                self.commit_round();
+                let _ =
+                    reply.send(if self.is_poisoned() { Err(WriteError::Poisoned) } else { Ok(()) });
+            }
+            Request::Settle { reply } => {
+                self.commit_round();
+                let _ = reply.send(self.settle());
+            }
+            Request::Stats { reply } => {
+                let _ = reply.send(Ok(self.stats()));
+            }
+        }
+    }
+
+    fn end_round(&mut self) {
+        self.commit_round();
+    }
+
+    fn reap(&mut self, _wait: bool) {}
+
+    fn is_idle(&self) -> bool {
+        self.waiters.is_empty()
+    }
+
+    fn has_io_in_flight(&self) -> bool {
+        false
+    }
+
+    /// A read of the instance (RocksDB keeps no full index in memory). A failed read is logged
+    /// and answered "present", so that the exec's next step reads the key and reports the error.
+    fn contains_key(&self, key: &[u8]) -> bool {
+        match self.db.get_pinned(key) {
+            Ok(value) => value.is_some(),
+            Err(err) => {
+                tracing::error!(shard = self.shard_id, %err, "RocksDB read failed in an index question");
+                true
+            }
+        }
+    }
+
+    fn index_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>> {
+        let mut keys = Vec::new();
+        if limit == 0 {
+            return keys;
+        }
+        let result = self.iterate(start, end, |key, _| {
+            keys.push(key.to_vec());
+            keys.len() < limit
+        });
+        if let Err(err) = result {
+            tracing::error!(shard = self.shard_id, %err, "RocksDB scan failed in an index question");
+        }
+        keys
+    }
+
+    fn count_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize {
+        let mut count = 0;
+        if limit == 0 {
+            return count;
+        }
+        let result = self.iterate(start, end, |_, _| {
+            count += 1;
+            count < limit
+        });
+        if let Err(err) = result {
+            tracing::error!(shard = self.shard_id, %err, "RocksDB scan failed in an index question");
+        }
+        count
+    }
+
+    fn close(&mut self) -> Result<(), WriteError> {
+        self.commit_round();
+        if self.is_poisoned() {
+            return Err(WriteError::Poisoned);
+        }
+        self.db.flush_wal(true).map_err(|err| self.write_error(&err))
+    }
+}

@@ -1,0 +1,120 @@
+//! The engine a store runs is chosen at creation and recorded in its manifest. Risks: a store
+//! opened with another engine than the one that wrote it (every key would read as missing, and
+//! writes would split the data over two engines), a build without an engine opening a store of
+//! that engine, and, for the RocksDB engine, a run of gets answered with another key's value
+//! (p2KVS's public harness read one key's buffer for every key of a multi-get).
+
+mod common;
+
+use copse::{Db, EngineKind, OpenError, Options};
+
+fn options(engine: EngineKind) -> Options {
+    Options {
+        shards: 2,
+        cache_bytes: 4 << 20,
+        show_progress: false,
+        pin_threads: false,
+        engine,
+        ..Options::default()
+    }
+}
+
+fn other(engine: EngineKind) -> EngineKind {
+    match engine {
+        EngineKind::Native => EngineKind::RocksDb,
+        EngineKind::RocksDb => EngineKind::Native,
+    }
+}
+
+#[test]
+fn a_store_is_refused_with_another_engine_than_the_one_that_made_it() {
+    let engine = common::engine();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options(engine)).unwrap();
+    db.put(b"key", b"value").unwrap();
+    db.close().unwrap();
+    drop(db);
+    let manifest = copse::router::manifest::read_manifest(dir.path()).unwrap().unwrap();
+    assert_eq!(manifest.engine, engine, "the manifest records the engine");
+    match Db::open(dir.path(), options(other(engine))) {
+        Err(OpenError::EngineMismatch { found, requested, .. }) => {
+            assert_eq!((found, requested), (engine, other(engine)));
+        }
+        Err(OpenError::EngineUnavailable(kind)) => {
+            assert_eq!(kind, EngineKind::RocksDb);
+            assert!(!kind.available(), "refused an engine this build has");
+        }
+        Err(err) => panic!("unexpected error {err}"),
+        Ok(_) => panic!("opened a {engine} store with the {} engine", other(engine)),
+    }
+    let db = Db::open(dir.path(), options(engine)).unwrap();
+    assert_eq!(db.get(b"key").unwrap().as_deref(), Some(&b"value"[..]));
+}
+
+#[cfg(not(feature = "rocksdb"))]
+#[test]
+fn a_build_without_rocksdb_refuses_the_engine_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    match Db::open(&store, options(EngineKind::RocksDb)) {
+        Err(err @ OpenError::EngineUnavailable(_)) => {
+            assert!(err.to_string().contains("--features rocksdb"), "{err}");
+        }
+        Err(err) => panic!("unexpected error {err}"),
+        Ok(_) => panic!("opened a rocksdb store without the engine"),
+    }
+    assert!(!store.exists(), "a refused open leaves nothing behind");
+}
+
+/// Many concurrent readers: their gets meet in the shard's rounds and reach the engine as runs
+/// (for RocksDB, one multi_get per run); each must get its own key's value.
+#[test]
+fn gets_that_share_a_round_each_get_their_own_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options(common::engine())).unwrap();
+    const KEYS: u32 = 500;
+    for i in 0..KEYS {
+        db.put(format!("key{i}").as_bytes(), format!("value of {i}").as_bytes()).unwrap();
+    }
+    let readers: Vec<_> = (0..8u32)
+        .map(|reader| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                for round in 0..5u32 {
+                    for i in (0..KEYS).map(|i| (i * 7 + reader * 13 + round) % (KEYS + 20)) {
+                        let got = db.get(format!("key{i}").as_bytes()).unwrap();
+                        let expected = (i < KEYS).then(|| format!("value of {i}").into_bytes());
+                        assert_eq!(got, expected, "key{i}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for reader in readers {
+        reader.join().unwrap();
+    }
+}
+
+/// Deletes in one round answer as if they ran one by one: the second delete of a key sees the
+/// first. Many threads delete the same keys at once; exactly one delete per key may say it
+/// existed.
+#[test]
+fn concurrent_deletes_of_one_key_report_it_existed_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options(common::engine())).unwrap();
+    const KEYS: u32 = 300;
+    for i in 0..KEYS {
+        db.put(format!("key{i}").as_bytes(), b"x").unwrap();
+    }
+    let deleters: Vec<_> = (0..6)
+        .map(|_| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                (0..KEYS).filter(|i| db.delete(format!("key{i}").as_bytes()).unwrap()).count()
+            })
+        })
+        .collect();
+    let existed: usize = deleters.into_iter().map(|deleter| deleter.join().unwrap()).sum();
+    assert_eq!(existed, KEYS as usize);
+    assert!(db.scan(.., 10).unwrap().is_empty());
+}
