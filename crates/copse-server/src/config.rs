@@ -177,6 +177,8 @@ mod tests {
         let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../copse.example.toml");
         let example = ServerConfig::from_file(std::path::Path::new(example)).unwrap();
         assert_eq!(format!("{example:?}"), format!("{:?}", ServerConfig::default()));
+        let engine = ServerConfig { engine: "leveldb".into(), ..ServerConfig::default() };
+        assert!(engine.store_options().unwrap_err().to_string().contains("leveldb"));
         let bad = ServerConfig { durability: "sometimes".into(), ..ServerConfig::default() };
         assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
     }

@@ -64,5 +64,8 @@ pub const RECOVERY_CHUNKS_IN_FLIGHT: usize = 4;
 /// bloom filter bits per key, and how `settle` waits for background work.
 pub const ROCKSDB_BLOCK_BYTES: usize = 4096;
 pub const ROCKSDB_BLOOM_BITS_PER_KEY: f64 = 10.0;
+/// Memtable bytes of one RocksDB instance: the cache budget over this, over the shard count (two
+/// memtables per instance: a quarter of the budget in all).
+pub const ROCKSDB_MEMTABLE_BUDGET_DIVISOR: usize = 8;
 pub const ROCKSDB_SETTLE_POLL_MS: u64 = 50;
 pub const ROCKSDB_SETTLE_SECONDS_MAX: u64 = 600;

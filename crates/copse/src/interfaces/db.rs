@@ -338,8 +338,9 @@ impl Db {
     }
 
     /// Applies a batch: all-or-nothing within each shard, also across a crash. A batch whose
-    /// keys live in several shards is applied per shard (cross-shard atomicity comes with the
-    /// global sequence numbers of the portability issue).
+    /// keys live in several shards is applied per shard: a crash can keep one shard's part and
+    /// not another's, and a reader can see one part first. Cross-shard atomicity (global
+    /// sequence numbers) is designed in docs/atomic-batches.md and not built yet.
     pub fn write_batch(&self, batch: WriteBatch) -> Result<(), WriteError> {
         check_batch(&batch.ops)?;
         let pending = self.router().send_batch(batch.ops);

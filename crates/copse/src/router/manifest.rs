@@ -263,8 +263,11 @@ mod tests {
         let manifest = Manifest::new(4, EngineKind::Native);
         let page = encode(&manifest);
         assert_eq!(decode(&page).unwrap(), Some(manifest));
+        // The worked example of docs/format/manifest.md.
+        assert_eq!(&page[24..32], &[1, 0, 0, 0, 0xca, 0x6c, 0x01, 0x4f]);
         let rocks = Manifest::new(4, EngineKind::RocksDb);
         assert_eq!(decode(&encode(&rocks)).unwrap(), Some(rocks));
+        assert_eq!(&encode(&rocks)[20..32], &[0, 0, 0, 0, 2, 0, 0, 0, 0xd4, 0x98, 0x1f, 0x64]);
         assert_eq!(decode(&[0u8; PAGE_BYTES]).unwrap(), None);
         for byte in 0..MANIFEST_BYTES + 4 {
             let mut damaged = page.to_vec();
