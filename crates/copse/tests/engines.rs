@@ -139,3 +139,68 @@ fn check_counts_the_live_keys_of_a_store_of_either_engine() {
     assert_eq!(report.live_keys, 80);
     assert_eq!(report.manifest.unwrap().engine, common::engine());
 }
+
+#[cfg(feature = "rocksdb")]
+mod rocksdb_store {
+    use super::*;
+    use copse::interfaces::check::check_store;
+
+    /// A RocksDB store of 2 shards with 100 keys, closed.
+    fn store() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), options(EngineKind::RocksDb)).unwrap();
+        for i in 0..100u32 {
+            db.put(format!("key{i}").as_bytes(), b"value").unwrap();
+        }
+        db.close().unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_native_store_is_refused_by_the_rocksdb_engine() {
+        let dir = tempfile::tempdir().unwrap();
+        Db::open(dir.path(), options(EngineKind::Native)).unwrap().close().unwrap();
+        match Db::open(dir.path(), options(EngineKind::RocksDb)) {
+            Err(OpenError::EngineMismatch { found: EngineKind::Native, .. }) => {}
+            Err(err) => panic!("unexpected error {err}"),
+            Ok(_) => panic!("opened a native store with the rocksdb engine"),
+        }
+    }
+
+    /// Losing the manifest must not make the store look new: recreating it with another shard
+    /// count (or engine) would route keys to the wrong instances.
+    #[test]
+    fn a_rocksdb_store_whose_manifest_is_lost_is_refused_not_recreated() {
+        let dir = store();
+        std::fs::write(dir.path().join("MANIFEST"), vec![0u8; 4096]).unwrap();
+        for engine in [EngineKind::RocksDb, EngineKind::Native] {
+            let reopened = Db::open(dir.path(), Options { shards: 4, ..options(engine) });
+            match reopened {
+                Err(OpenError::CorruptManifest(reason)) => {
+                    assert!(reason.contains("RocksDB instances"), "{reason}");
+                }
+                Err(err) => panic!("unexpected error {err}"),
+                Ok(_) => panic!("a store with a lost manifest opened as new ({engine})"),
+            }
+        }
+        let report = check_store(dir.path(), &Default::default()).unwrap();
+        assert_eq!(report.problems_found, 1, "{:?}", report.problems);
+        assert_eq!(report.problems[0].file, "MANIFEST");
+    }
+
+    /// An instance directory that disappears must not come back empty.
+    #[test]
+    fn a_lost_instance_is_refused_not_recreated_empty() {
+        let dir = store();
+        std::fs::remove_dir_all(dir.path().join("rocksdb/shard-001")).unwrap();
+        match Db::open(dir.path(), options(EngineKind::RocksDb)) {
+            Err(OpenError::Engine(reason)) => assert!(reason.contains("missing"), "{reason}"),
+            Err(err) => panic!("unexpected error {err}"),
+            Ok(_) => panic!("opened a store that lost an instance"),
+        }
+        assert!(!dir.path().join("rocksdb/shard-001").exists(), "nothing recreated");
+        let report = check_store(dir.path(), &Default::default()).unwrap();
+        assert_eq!(report.problems_found, 1, "{:?}", report.problems);
+        assert_eq!(report.problems[0].shard, Some(1));
+    }
+}

@@ -205,6 +205,7 @@ impl Db {
                 options.engine,
                 options.create_if_missing,
                 &storage.describe(),
+                dir.is_some_and(manifest::rocksdb_files_exist),
             )?;
         }
         let progress = (options.show_progress && std::io::stderr().is_terminal()).then(|| {
@@ -227,6 +228,10 @@ impl Db {
             }
             EngineKind::Native => None,
         };
+        // RocksDB instances may be created only until the store's first open finished (see
+        // `rocks::CREATED_MARKER`); after that a missing instance is a lost one.
+        #[cfg(feature = "rocksdb")]
+        let rocks_created = dir.is_some_and(crate::engine::rocks::creation_finished);
         let (opened_sender, opened) = std::sync::mpsc::channel();
         let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
         let mut shards = Vec::with_capacity(options.shards);
@@ -256,6 +261,7 @@ impl Db {
                             .into(),
                         shared: rocks_shared.clone().expect("made above for this engine"),
                         poisoned: poisoned.clone(),
+                        create_if_missing: !rocks_created,
                     };
                     Box::new(move || {
                         let engine = crate::engine::rocks::RocksEngine::open(config)?;
@@ -292,6 +298,14 @@ impl Db {
         }
         if let Some(progress) = &progress {
             progress.finish_and_clear();
+        }
+        #[cfg(feature = "rocksdb")]
+        if failure.is_none() && options.engine == EngineKind::RocksDb && !rocks_created {
+            if let Some(dir) = dir {
+                if let Err(err) = crate::engine::rocks::mark_creation_finished(dir) {
+                    failure = Some(err);
+                }
+            }
         }
         if let Some(err) = failure {
             close_shards(&mut shards).ok();

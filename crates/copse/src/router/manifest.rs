@@ -15,6 +15,14 @@ use crate::limits::PAGE_BYTES;
 pub const MANIFEST_FILE: &str = "MANIFEST";
 /// Where the RocksDB engine keeps its instances (`rocksdb/shard-NNN`), relative to the store.
 pub const ENGINE_DIR_ROCKSDB: &str = "rocksdb";
+
+/// Whether the store in `path` holds anything under `rocksdb/` (an instance directory, or the
+/// engine's creation marker). Read with `std::fs`: devices list files, not directories.
+pub fn rocksdb_files_exist(path: &std::path::Path) -> bool {
+    std::fs::read_dir(path.join(ENGINE_DIR_ROCKSDB))
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false)
+}
 pub const MANIFEST_MAGIC: [u8; 8] = *b"COPSEMAN";
 pub const MANIFEST_FORMAT_VERSION: u32 = 2;
 
@@ -84,12 +92,14 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
     let header_bytes = match version {
         1 => MANIFEST_V1_BYTES,
         MANIFEST_FORMAT_VERSION => MANIFEST_BYTES,
-        // The crc cannot be placed without a known version: a flipped version bit lands here.
-        _ => {
+        // A newer format (its header verifies where this version's would) or a damaged version
+        // field (nothing verifies): say which.
+        _ if word(MANIFEST_BYTES) == crc32c::crc32c(&page[0..MANIFEST_BYTES]) => {
             return Err(format!(
                 "unsupported manifest format version {version} (this build reads versions 1 and {MANIFEST_FORMAT_VERSION})"
             ))
         }
+        _ => return Err(format!("checksum mismatch (format version field reads {version})")),
     };
     let stored = word(header_bytes);
     let computed = crc32c::crc32c(&page[0..header_bytes]);
@@ -123,12 +133,17 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
 }
 
 /// Reads the manifest, or creates it (durably) with `shard_count` if the store is new.
+///
+/// `engine_files_exist`: the caller found files of an engine that keeps its own (RocksDB
+/// instances under `rocksdb/`, which a device does not list), so a missing manifest is a lost
+/// one, as with slab files.
 pub fn open_or_create(
     device: &mut dyn BlockDevice,
     shard_count: u32,
     engine: EngineKind,
     create_if_missing: bool,
     describe: &str,
+    engine_files_exist: bool,
 ) -> Result<Manifest, OpenError> {
     let existing = match device.open_file(MANIFEST_FILE, false) {
         Ok(file) => {
@@ -162,17 +177,21 @@ pub fn open_or_create(
     }
     // Any shard directory counts, whatever the requested count: a store created with more shards
     // and a lost manifest must not be taken for a new store.
-    let has_slabs =
-        (0..crate::limits::SHARDS_MAX as u32).any(|shard| {
-            device
-                .list_files(&crate::engine::native::format::shard_dir(shard))
-                .map(|files| !files.is_empty())
-                .unwrap_or(false)
-        }) || device.list_files(ENGINE_DIR_ROCKSDB).map(|files| !files.is_empty()).unwrap_or(false);
+    let has_slabs = (0..crate::limits::SHARDS_MAX as u32).any(|shard| {
+        device
+            .list_files(&crate::engine::native::format::shard_dir(shard))
+            .map(|files| !files.is_empty())
+            .unwrap_or(false)
+    });
     if has_slabs {
         return Err(OpenError::CorruptManifest(
             "manifest is missing or blank but slab files exist".into(),
         ));
+    }
+    if engine_files_exist {
+        return Err(OpenError::CorruptManifest(format!(
+            "manifest is missing or blank but {ENGINE_DIR_ROCKSDB}/ holds RocksDB instances"
+        )));
     }
     if !create_if_missing {
         return Err(OpenError::NotFound(describe.to_string()));
@@ -269,6 +288,10 @@ mod tests {
         assert_eq!(decode(&encode(&rocks)).unwrap(), Some(rocks));
         assert_eq!(&encode(&rocks)[20..32], &[0, 0, 0, 0, 2, 0, 0, 0, 0xd4, 0x98, 0x1f, 0x64]);
         assert_eq!(decode(&[0u8; PAGE_BYTES]).unwrap(), None);
+        // A flipped version bit reads as damage, not as a store from a newer build.
+        let mut version_flipped = page.to_vec();
+        version_flipped[8] ^= 0x04;
+        assert!(decode(&version_flipped).unwrap_err().contains("checksum mismatch"));
         for byte in 0..MANIFEST_BYTES + 4 {
             let mut damaged = page.to_vec();
             damaged[byte] ^= 0x10;

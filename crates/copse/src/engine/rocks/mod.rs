@@ -92,13 +92,13 @@ pub fn shard_dir(store: &Path, shard: u32) -> PathBuf {
 }
 
 /// RocksDB options for one shard's instance.
-fn db_options(shared: &RocksShared) -> Options {
+fn db_options(shared: &RocksShared, create_if_missing: bool) -> Options {
     let mut table = BlockBasedOptions::default();
     table.set_block_size(ROCKSDB_BLOCK_BYTES);
     table.set_block_cache(&shared.cache);
     table.set_bloom_filter(ROCKSDB_BLOOM_BITS_PER_KEY, false);
     let mut options = Options::default();
-    options.create_if_missing(true);
+    options.create_if_missing(create_if_missing);
     options.set_block_based_table_factory(&table);
     options.set_compression_type(DBCompressionType::None);
     options.set_write_buffer_size(shared.write_buffer_bytes);
@@ -117,6 +117,33 @@ pub struct RocksConfig {
     pub shared: RocksShared,
     /// Shared by all shards: once any write fails, every shard refuses writes.
     pub poisoned: Arc<AtomicBool>,
+    /// Create the instance if it does not exist: only while the store is being created (see
+    /// `CREATED_MARKER`); later a missing instance is lost data, and the open is refused.
+    pub create_if_missing: bool,
+}
+
+/// The file, in `rocksdb/`, that says every instance of the store was created: `Db::open` writes
+/// it (durably) after the first open's shards all opened, before any write is accepted. Until it
+/// exists, instances are created as needed (a crash during creation lost no data, since no write
+/// was accepted); once it exists, a missing instance directory refuses the open instead of
+/// coming back empty.
+pub const CREATED_MARKER: &str = "CREATED";
+
+/// Whether the RocksDB store in `store` finished its creation.
+pub fn creation_finished(store: &Path) -> bool {
+    store.join(crate::router::manifest::ENGINE_DIR_ROCKSDB).join(CREATED_MARKER).is_file()
+}
+
+/// Writes the creation marker durably (the file, then its directory).
+pub fn mark_creation_finished(store: &Path) -> Result<(), OpenError> {
+    let dir = store.join(crate::router::manifest::ENGINE_DIR_ROCKSDB);
+    let path = dir.join(CREATED_MARKER);
+    let device_error =
+        |err: std::io::Error| crate::device::DeviceError::from_io(&err, path.display().to_string());
+    let file = std::fs::File::create(&path).map_err(device_error)?;
+    file.sync_all().map_err(device_error)?;
+    crate::device::files::fsync_dir(&dir)?;
+    Ok(())
 }
 
 /// The round's writes, applied together when the round ends.
@@ -143,8 +170,16 @@ impl RocksEngine {
     pub fn open(config: RocksConfig) -> Result<RocksEngine, OpenError> {
         let started = Instant::now();
         let dir = shard_dir(&config.store_dir, config.shard_id);
-        create_dir_durably(&dir)?;
-        let db = DB::open(&db_options(&config.shared), &dir)
+        if config.create_if_missing {
+            create_dir_durably(&dir)?;
+        } else if !dir.is_dir() {
+            return Err(OpenError::Engine(format!(
+                "{}: the instance of shard {} is missing (the store was created with it)",
+                dir.display(),
+                config.shard_id
+            )));
+        }
+        let db = DB::open(&db_options(&config.shared, config.create_if_missing), &dir)
             .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
         Ok(RocksEngine {
             shard_id: config.shard_id,
@@ -474,7 +509,11 @@ impl ShardEngine for RocksEngine {
             }
             Request::Settle { reply } => {
                 self.commit_round();
-                let _ = reply.send(self.settle());
+                let _ = reply.send(if self.is_poisoned() {
+                    Err(WriteError::Poisoned)
+                } else {
+                    self.settle()
+                });
             }
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.stats()));
