@@ -5,17 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use copse::device::sim::SimDisk;
-use copse::{Db, Options, WriteBatch, WriteDurability};
-
-fn options(shards: usize) -> Options {
-    Options {
-        shards,
-        cache_bytes: 4 << 20,
-        show_progress: false,
-        engine: common::engine(),
-        ..Options::default()
-    }
-}
+use copse::{Db, WriteBatch, WriteDurability};
 
 fn exercise(db: &Db) {
     db.put(b"alpha", b"1").unwrap();
@@ -46,11 +36,11 @@ fn exercise(db: &Db) {
 fn real_device_round_trip_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = Db::open(dir.path(), options(2)).unwrap();
+        let db = Db::open(dir.path(), common::options(2)).unwrap();
         exercise(&db);
         db.close().unwrap();
     }
-    let db = Db::open(dir.path(), options(2)).unwrap();
+    let db = Db::open(dir.path(), common::options(2)).unwrap();
     assert_eq!(db.get(b"k1").unwrap().as_deref(), Some(&b"v1"[..]));
     assert_eq!(db.get(b"big").unwrap().unwrap(), vec![7u8; 100_000]);
     assert_eq!(db.get(b"alpha").unwrap(), None);
@@ -61,13 +51,17 @@ fn real_device_round_trip_survives_reopen() {
 fn simulated_device_round_trip_survives_reopen() {
     let disk = SimDisk::new(7);
     {
-        let db = Db::open_with_storage(Arc::new(disk.storage(WriteDurability::Dsync)), options(3))
-            .unwrap();
+        let db = Db::open_with_storage(
+            Arc::new(disk.storage(WriteDurability::Dsync)),
+            common::options(3),
+        )
+        .unwrap();
         exercise(&db);
         db.close().unwrap();
     }
     let db =
-        Db::open_with_storage(Arc::new(disk.storage(WriteDurability::Dsync)), options(3)).unwrap();
+        Db::open_with_storage(Arc::new(disk.storage(WriteDurability::Dsync)), common::options(3))
+            .unwrap();
     assert_eq!(db.get(b"k2").unwrap().as_deref(), Some(&b"v2"[..]));
     assert_eq!(db.scan(.., 10).unwrap().len(), 3);
 }

@@ -8,17 +8,7 @@ use std::sync::mpsc;
 
 use copse::engine::BatchOp;
 use copse::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput};
-use copse::{Db, Options};
-
-fn options(shards: usize) -> Options {
-    Options {
-        shards,
-        cache_bytes: 4 << 20,
-        show_progress: false,
-        engine: common::engine(),
-        ..Options::default()
-    }
-}
+use copse::Db;
 
 /// Adds `by` to a decimal counter stored under `key`; answers the new value.
 struct Increment {
@@ -72,7 +62,7 @@ fn increment(db: &Db, key: &[u8], by: i64) -> mpsc::Receiver<Result<i64, String>
 #[test]
 fn concurrent_increments_of_one_key_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options(2)).unwrap();
+    let db = Db::open(dir.path(), common::options(2)).unwrap();
     let threads = 4;
     let per_thread = 300;
     std::thread::scope(|scope| {
@@ -95,7 +85,7 @@ fn concurrent_increments_of_one_key_lose_nothing() {
     assert_eq!(db.get(b"counter").unwrap().unwrap(), expected.as_bytes());
     db.close().unwrap();
     // The counter's last value was durable before it was answered.
-    let db = Db::open(dir.path(), options(2)).unwrap();
+    let db = Db::open(dir.path(), common::options(2)).unwrap();
     assert_eq!(db.get(b"counter").unwrap().unwrap(), expected.as_bytes());
 }
 
@@ -144,7 +134,7 @@ impl Exec for Transfer {
 #[test]
 fn multi_key_execs_are_atomic_and_see_each_other_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options(1)).unwrap();
+    let db = Db::open(dir.path(), common::options(1)).unwrap();
     let receivers: Vec<_> = (0..200)
         .map(|_| {
             let (answer, receiver) = mpsc::channel();
@@ -189,7 +179,7 @@ impl Exec for WriteOnce {
 #[test]
 fn an_exec_write_over_the_limits_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options(1)).unwrap();
+    let db = Db::open(dir.path(), common::options(1)).unwrap();
     let (answer, receiver) = mpsc::channel();
     let ops = vec![
         BatchOp::Put { key: b"ok".to_vec(), value: b"1".to_vec() },
@@ -232,7 +222,7 @@ impl Exec for ScanBoth {
 #[test]
 fn exec_scans_and_index_views_agree() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options(1)).unwrap();
+    let db = Db::open(dir.path(), common::options(1)).unwrap();
     for i in 0..8 {
         db.put(format!("k{i}").as_bytes(), b"v").unwrap();
     }
@@ -247,7 +237,7 @@ fn exec_scans_and_index_views_agree() {
 #[test]
 fn execs_queued_at_close_are_dropped_and_their_waiters_learn_it() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options(1)).unwrap();
+    let db = Db::open(dir.path(), common::options(1)).unwrap();
     db.close().unwrap();
     let receiver = increment(&db, b"late", 1);
     assert!(receiver.recv().is_err(), "a dropped exec closes its answer channel");

@@ -8,17 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use copse::{Db, Options};
-
-fn options(shards: usize) -> Options {
-    Options {
-        shards,
-        cache_bytes: 4 << 20,
-        show_progress: false,
-        engine: common::engine(),
-        ..Options::default()
-    }
-}
+use copse::Db;
 
 fn key(i: u32) -> Vec<u8> {
     format!("key{i:06}").into_bytes()
@@ -30,14 +20,14 @@ fn a_scan_reads_only_the_items_it_returns() {
     const LIMIT: usize = 100;
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = Db::open(dir.path(), options(4)).unwrap();
+        let db = Db::open(dir.path(), common::options(4)).unwrap();
         // One item per page (3 KiB values): a read of an uncached item is one device read.
         for i in 0..ITEMS {
             db.put(&key(i), &vec![(i % 251) as u8; 3000]).unwrap();
         }
         db.close().unwrap();
     }
-    let db = Db::open(dir.path(), options(4)).unwrap();
+    let db = Db::open(dir.path(), common::options(4)).unwrap();
     let before = db.stats().unwrap().device.reads;
     let items = db.scan(key(1000).., LIMIT).unwrap();
     let reads = db.stats().unwrap().device.reads - before;
@@ -56,7 +46,7 @@ fn scans_stay_full_and_ordered_while_keys_are_deleted() {
     const ITEMS: u32 = 2000;
     const LIMIT: usize = 300;
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options(2)).unwrap();
+    let db = Db::open(dir.path(), common::options(2)).unwrap();
     for i in 0..ITEMS {
         db.put(&key(i), format!("value{i}").as_bytes()).unwrap();
     }

@@ -185,6 +185,17 @@ fn fsync_chain(root: &Path, parent: &Path, created_outermost: Option<PathBuf>) -
     chain
 }
 
+/// Creates `dir` (inside `root`, which exists) and its missing ancestors, and fsyncs every
+/// directory that gained an entry, outermost first. (The RocksDB engine's instance directories.)
+#[cfg(feature = "rocksdb")]
+pub(crate) fn create_dirs_durably(root: &Path, dir: &Path) -> Result<(), DeviceError> {
+    let Some(created) = create_dirs(dir)? else { return Ok(()) };
+    for parent in fsync_chain(root, dir.parent().unwrap_or(root), Some(created)) {
+        fsync_dir(&parent)?;
+    }
+    Ok(())
+}
+
 /// fsyncs a directory, making the entries created in it durable.
 pub(crate) fn fsync_dir(dir: &Path) -> Result<(), DeviceError> {
     let what = || format!("fsync directory {}", dir.display());

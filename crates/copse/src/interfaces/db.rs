@@ -185,9 +185,6 @@ impl Db {
         lock: Option<std::fs::File>,
         dir: Option<&Path>,
     ) -> Result<Db, OpenError> {
-        if !options.engine.available() {
-            return Err(OpenError::EngineUnavailable(options.engine));
-        }
         if options.shards == 0 || options.shards > SHARDS_MAX {
             return Err(OpenError::ShardCountOutOfRange(options.shards));
         }
@@ -396,23 +393,22 @@ impl Db {
 
     /// Returns once every write accepted before the call is durable.
     pub fn flush(&self) -> Result<(), WriteError> {
-        let mut result = Ok(());
-        for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply })
-        {
-            if let Err(err) = pending.wait() {
-                result = Err(err);
-            }
-        }
-        result
+        self.on_every_shard(|reply| Request::Flush { reply })
     }
 
     /// As `flush`, and also waits for the engine's background work to finish (RocksDB's memtable
     /// flushes and compactions; the native engine has none). For benchmarks and operators.
     pub fn settle(&self) -> Result<(), WriteError> {
+        self.on_every_shard(|reply| Request::Settle { reply })
+    }
+
+    /// Sends one request to every shard and waits for all; the last failure if any failed.
+    fn on_every_shard(
+        &self,
+        build: impl Fn(crate::engine::Reply<(), WriteError>) -> Request,
+    ) -> Result<(), WriteError> {
         let mut result = Ok(());
-        for pending in
-            self.router().broadcast(WriteError::Closed, |reply| Request::Settle { reply })
-        {
+        for pending in self.router().broadcast(WriteError::Closed, build) {
             if let Err(err) = pending.wait() {
                 result = Err(err);
             }

@@ -12,6 +12,17 @@ pub fn engine() -> copse::EngineKind {
     }
 }
 
+/// A small store of `shards` shards (4 MiB of cache) over the engine under test.
+pub fn options(shards: usize) -> copse::Options {
+    copse::Options {
+        shards,
+        cache_bytes: 4 << 20,
+        show_progress: false,
+        engine: engine(),
+        ..copse::Options::default()
+    }
+}
+
 /// What one write did to its key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {

@@ -171,7 +171,7 @@ impl RocksEngine {
         let started = Instant::now();
         let dir = shard_dir(&config.store_dir, config.shard_id);
         if config.create_if_missing {
-            create_dir_durably(&dir)?;
+            crate::device::files::create_dirs_durably(&config.store_dir, &dir)?;
         } else if !dir.is_dir() {
             return Err(OpenError::Engine(format!(
                 "{}: the instance of shard {} is missing (the store was created with it)",
@@ -446,30 +446,6 @@ fn refuse(request: Request, err: WriteError) {
         }
         other => unreachable!("not a write: {:?}", other.kind()),
     }
-}
-
-/// Creates `dir` and its parents, and fsyncs each parent whose entry was created, so a store's
-/// instance directories survive a crash right after creation.
-fn create_dir_durably(dir: &Path) -> Result<(), OpenError> {
-    let mut missing = Vec::new();
-    let mut at = dir;
-    while !at.exists() {
-        missing.push(at.to_path_buf());
-        match at.parent() {
-            Some(parent) => at = parent,
-            None => break,
-        }
-    }
-    let device_error = |err: std::io::Error, path: &Path| {
-        crate::device::DeviceError::from_io(&err, path.display().to_string())
-    };
-    std::fs::create_dir_all(dir).map_err(|err| OpenError::Device(device_error(err, dir)))?;
-    for created in missing.iter().rev() {
-        if let Some(parent) = created.parent() {
-            crate::device::files::fsync_dir(parent)?;
-        }
-    }
-    Ok(())
 }
 
 impl ShardEngine for RocksEngine {
