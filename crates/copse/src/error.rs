@@ -87,6 +87,12 @@ pub enum WriteError {
     /// An engine that is not copse's own (RocksDB) failed; its message.
     #[error("write failed in shard {shard}: {message}")]
     Engine { shard: u32, message: String },
+    /// A cross-shard batch was called off before it committed; nothing of it was applied.
+    #[error("the cross-shard batch was aborted: {0}")]
+    Aborted(String),
+    /// A shard was asked to commit a cross-shard batch's part it does not hold (a bug).
+    #[error("shard {shard} holds no part of batch {gsn}")]
+    UnknownPart { shard: u32, gsn: u64 },
     #[error("the store is closed")]
     Closed,
 }

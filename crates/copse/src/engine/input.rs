@@ -43,6 +43,18 @@ pub fn check_batch(ops: &[BatchOp]) -> Result<(), InputError> {
     Ok(())
 }
 
+/// The checks one shard's part of a cross-shard batch must pass, beyond the whole batch's: its
+/// stored form (the operations plus the part header, `part.rs`) stays within the batch bound, so
+/// an engine stores it wherever it stores a batch record.
+pub fn check_part(participants: usize, ops: &[BatchOp]) -> Result<(), InputError> {
+    check_batch(ops)?;
+    let bytes = crate::engine::part::encoded_bytes(participants, ops);
+    if bytes > WRITE_BATCH_BYTES_MAX {
+        return Err(InputError::BatchTooLarge { bytes, max: WRITE_BATCH_BYTES_MAX });
+    }
+    Ok(())
+}
+
 /// The checks one write of an exec program must pass. A single operation is written without a
 /// batch record (one write instead of three), so only its key and value limits apply, not the
 /// batch record's size.

@@ -9,6 +9,7 @@
 
 pub mod input;
 pub mod native;
+pub mod part;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
 
@@ -134,6 +135,30 @@ pub enum Request {
     Stats {
         reply: Reply<ShardStats, ReadError>,
     },
+    /// Makes this shard's part of a cross-shard batch durable without applying it (see
+    /// `part.rs`): nothing reads its operations until `CommitPart`. Answers once durable. The
+    /// shard never sends two parts with the same gsn, nor a part whose keys another live part
+    /// holds. `ops` hold one operation per key and pass `input::check_part`.
+    PreparePart {
+        gsn: u64,
+        participants: Vec<u32>,
+        ops: Vec<BatchOp>,
+        reply: Reply<(), WriteError>,
+    },
+    /// Applies a prepared part (from `PreparePart`, or found by recovery) and marks it
+    /// committed, both or neither across a crash: its writes are newer than every write the
+    /// engine accepted before. Answers once durable and visible. A committed part stays stored
+    /// until `ForgetPart`.
+    CommitPart {
+        gsn: u64,
+        reply: Reply<(), WriteError>,
+    },
+    /// Erases a part, prepared or committed, durably; answers once the erasure is durable. A
+    /// prepared part's operations are dropped unapplied. Forgetting an unknown gsn is Ok.
+    ForgetPart {
+        gsn: u64,
+        reply: Reply<(), WriteError>,
+    },
 }
 
 impl Request {
@@ -148,6 +173,9 @@ impl Request {
             Request::Flush { .. } | Request::Settle { .. } | Request::Stats { .. } => {
                 RequestKind::Control
             }
+            Request::PreparePart { .. }
+            | Request::CommitPart { .. }
+            | Request::ForgetPart { .. } => RequestKind::Part,
         }
     }
 }
@@ -158,6 +186,8 @@ pub enum RequestKind {
     Write,
     Scan,
     Control,
+    /// The cross-shard batch protocol; never parked behind the keys it holds.
+    Part,
 }
 
 /// What recovery found when the shard opened.
@@ -248,6 +278,9 @@ pub trait ShardEngine: Send {
     fn index_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>>;
     /// Live keys in the range, counting no further than `limit`. No I/O.
     fn count_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize;
+    /// The parts recovery found when the engine opened and that are not forgotten yet (see
+    /// `part.rs`), each with the state on the device. Asked once, right after open.
+    fn recovered_parts(&self) -> Vec<part::PartRecord>;
     /// Finishes all outstanding work and makes it durable.
     fn close(&mut self) -> Result<(), WriteError>;
 }

@@ -197,7 +197,10 @@ fn reject(request: Request) {
         Request::Put { reply, .. }
         | Request::Batch { reply, .. }
         | Request::Flush { reply }
-        | Request::Settle { reply } => {
+        | Request::Settle { reply }
+        | Request::PreparePart { reply, .. }
+        | Request::CommitPart { reply, .. }
+        | Request::ForgetPart { reply, .. } => {
             let _ = reply.send(Err(WriteError::Closed));
         }
         Request::Delete { reply, .. } => {

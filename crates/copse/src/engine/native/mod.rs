@@ -656,6 +656,12 @@ impl ShardEngine for NativeEngine {
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.stats()));
             }
+            // Cross-shard parts: being built (issue 6); refused until then.
+            Request::PreparePart { gsn, reply, .. }
+            | Request::CommitPart { gsn, reply }
+            | Request::ForgetPart { gsn, reply } => {
+                let _ = reply.send(Err(WriteError::UnknownPart { shard: self.shard_id, gsn }));
+            }
         }
     }
 
@@ -722,6 +728,10 @@ impl ShardEngine for NativeEngine {
 
     fn has_io_in_flight(&self) -> bool {
         self.device.in_flight() > 0
+    }
+
+    fn recovered_parts(&self) -> Vec<crate::engine::part::PartRecord> {
+        Vec::new()
     }
 
     /// Finishes all outstanding work and makes it durable.
