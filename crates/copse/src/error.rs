@@ -53,6 +53,9 @@ pub enum OpenError {
     /// An engine that is not copse's own (RocksDB) failed to open; its message.
     #[error("engine failed to open: {0}")]
     Engine(String),
+    /// Applying or erasing the parts of cross-shard batches that a crash interrupted failed.
+    #[error("resolving interrupted cross-shard batches failed: {0}")]
+    Batches(WriteError),
 }
 
 /// get, scan, stats.

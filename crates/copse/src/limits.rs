@@ -69,3 +69,7 @@ pub const ROCKSDB_BLOOM_BITS_PER_KEY: f64 = 10.0;
 pub const ROCKSDB_MEMTABLE_BUDGET_DIVISOR: usize = 8;
 pub const ROCKSDB_SETTLE_POLL_MS: u64 = 50;
 pub const ROCKSDB_SETTLE_SECONDS_MAX: u64 = 600;
+
+/// Attempts a multi-key read (`Db::multi_get`, scans, MGET) makes while cross-shard batches keep
+/// deciding during it, before it makes new batches wait until it is done (router/txn.rs).
+pub const MULTI_READ_ATTEMPTS_BEFORE_EXCLUSIVE: usize = 4;

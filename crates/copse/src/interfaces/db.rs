@@ -21,7 +21,8 @@ use crate::limits::{
     CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
     PAGE_BYTES, SCAN_ITEMS_MAX, SHARDS_MAX,
 };
-use crate::router::{close_shards, manifest, Router};
+use crate::router::txn::{self, AtomicExec, Coordination};
+use crate::router::{close_shards, manifest, shard_of, Router};
 use crate::shard::exec::{Exec, ExecRequest};
 use crate::shard::{EngineOpener, ShardHandle};
 
@@ -69,7 +70,8 @@ impl Default for Options {
 /// Owned start and end bounds of a scan.
 type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
-/// A batch of puts and deletes, applied all-or-nothing within each shard.
+/// A batch of puts and deletes, applied all or nothing, also across a crash, and never seen in
+/// part by a reader (a batch over several shards is a cross-shard batch: router/txn.rs).
 #[derive(Clone, Debug, Default)]
 pub struct WriteBatch {
     ops: Vec<BatchOp>,
@@ -116,6 +118,8 @@ pub struct Db {
 
 struct Inner {
     router: Router,
+    /// Cross-shard batches: gsns and the decision count multi-key reads check.
+    coordination: Coordination,
     /// The shard threads; taken (under the mutex) only to close.
     shards: std::sync::Mutex<Vec<ShardHandle>>,
     /// The directory lock, released by `close` (or drop).
@@ -279,9 +283,12 @@ impl Db {
         }
         drop(opened_sender);
         let mut failure = None;
+        let mut parts = Vec::new();
         for _ in 0..options.shards {
             match opened.recv() {
-                Ok((_, Ok(()))) => {}
+                Ok((shard, Ok(found))) => {
+                    parts.extend(found.into_iter().map(|part| (shard, part)));
+                }
                 Ok((shard, Err(err))) => {
                     tracing::error!(shard, %err, "shard failed to open");
                     failure.get_or_insert(err);
@@ -308,9 +315,24 @@ impl Db {
             close_shards(&mut shards).ok();
             return Err(err);
         }
+        // Batches a crash interrupted are decided and finished before anyone reads.
+        let router = Router::new(&shards);
+        let resolution = txn::resolve(&parts);
+        if !parts.is_empty() {
+            tracing::info!(
+                committed = resolution.committed_batches,
+                aborted = resolution.aborted_batches,
+                "resolved interrupted cross-shard batches"
+            );
+        }
+        if let Err(err) = txn::carry_out(&router, &resolution) {
+            close_shards(&mut shards).ok();
+            return Err(OpenError::Batches(err));
+        }
         Ok(Db {
             inner: Arc::new(Inner {
-                router: Router::new(&shards),
+                router,
+                coordination: Coordination::new(resolution.next_gsn),
                 shards: std::sync::Mutex::new(shards),
                 lock: std::sync::Mutex::new(lock),
             }),
@@ -348,20 +370,81 @@ impl Db {
             .wait()
     }
 
-    /// Applies a batch: all-or-nothing within each shard, also across a crash. A batch whose
-    /// keys live in several shards is applied per shard: a crash can keep one shard's part and
-    /// not another's, and a reader can see one part first. Cross-shard atomicity (global
-    /// sequence numbers) is designed in docs/atomic-batches.md and not built yet.
+    /// Applies a batch all or nothing, also across a crash; no reader sees part of it. A batch
+    /// within one shard is one all-or-nothing write there; a batch over several shards is a
+    /// cross-shard batch (two-phase commit, docs/atomic-batches.md), whose parts lock their keys
+    /// until applied. An error means the batch was not applied, except after an I/O error,
+    /// when its outcome is unknown until the store is reopened (it is then whole or absent).
     pub fn write_batch(&self, batch: WriteBatch) -> Result<(), WriteError> {
-        check_batch(&batch.ops)?;
-        let pending = self.router().send_batch(batch.ops);
-        let mut result = Ok(());
-        for part in pending {
-            if let Err(err) = part.wait() {
-                result = Err(err);
+        futures::executor::block_on(self.write_batch_async(batch))
+    }
+
+    /// The batch's operations by shard, ascending, the last operation of each key only; each
+    /// part checked if there are several.
+    fn split_batch(&self, ops: Vec<BatchOp>) -> Result<Vec<(u32, Vec<BatchOp>)>, WriteError> {
+        check_batch(&ops)?;
+        let mut parts: std::collections::BTreeMap<u32, Vec<BatchOp>> = Default::default();
+        for op in crate::engine::native::batch::dedupe_batch(ops) {
+            parts.entry(shard_of(op.key(), self.shard_count())).or_default().push(op);
+        }
+        if parts.len() > 1 {
+            for ops in parts.values() {
+                crate::engine::input::check_part(parts.len(), ops)?;
             }
         }
-        result
+        Ok(parts.into_iter().collect())
+    }
+
+    /// Several keys' values, as of one moment: a cross-shard batch is seen whole or not at all.
+    pub fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, ReadError> {
+        futures::executor::block_on(self.multi_get_async(keys))
+    }
+
+    pub async fn multi_get_async(
+        &self,
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<Option<Vec<u8>>>, ReadError> {
+        for key in keys {
+            check_key(key)?;
+        }
+        self.read_consistently(|| async {
+            let pending: Vec<_> = keys
+                .iter()
+                .map(|key| {
+                    self.router()
+                        .send(key, ReadError::Closed, |key, reply| Request::Get { key, reply })
+                })
+                .collect();
+            let mut values = Vec::with_capacity(keys.len());
+            for reply in pending {
+                values.push(reply.into_future().await?);
+            }
+            Ok(values)
+        })
+        .await
+    }
+
+    /// Runs a read of several keys (or shards) until no cross-shard batch was decided during
+    /// it, so that it saw every batch whole (router/txn.rs, `Decisions::read`). For callers that
+    /// compose their own multi-key reads from execs (the server's MGET).
+    pub async fn read_consistently<T, E, F, Fut>(&self, attempt: F) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        self.inner.coordination.decisions.read(attempt).await
+    }
+
+    /// Runs one exec per shard as one cross-shard batch (see `txn::AtomicExec`): each exec ends
+    /// in `ExecStep::Prepare` with the vote it was built with, or refuses it. Returns once every
+    /// exec is queued and started (or the batch was called off); each answers its own caller.
+    /// `parts` must name at least two shards, each once.
+    pub async fn exec_atomic(&self, mut parts: Vec<AtomicExec>) {
+        parts.sort_by_key(|part| part.shard);
+        assert!(parts.len() >= 2, "a cross-shard batch spans at least two shards");
+        assert!(parts.windows(2).all(|pair| pair[0].shard < pair[1].shard), "one exec per shard");
+        assert!(parts.iter().all(|part| part.shard < self.shard_count()), "no such shard");
+        self.inner.coordination.run(self.router(), parts).await;
     }
 
     /// Up to `limit` items with keys in `range`, in key order, each with its latest value.
@@ -370,8 +453,7 @@ impl Db {
         range: R,
         limit: usize,
     ) -> Result<Vec<KeyValue>, ReadError> {
-        let (start, end) = Self::scan_bounds(&range, limit)?;
-        futures::executor::block_on(crate::router::scan::scan(self.router(), start, end, limit))
+        futures::executor::block_on(self.scan_async(range, limit))
     }
 
     fn scan_bounds<R: RangeBounds<Vec<u8>>>(
@@ -490,14 +572,15 @@ impl Db {
     }
 
     pub async fn write_batch_async(&self, batch: WriteBatch) -> Result<(), WriteError> {
-        check_batch(&batch.ops)?;
-        let mut result = Ok(());
-        for part in self.router().send_batch(batch.ops) {
-            if let Err(err) = part.into_future().await {
-                result = Err(err);
-            }
+        let mut parts = self.split_batch(batch.ops)?;
+        if parts.len() > 1 {
+            return self.inner.coordination.write(self.router(), parts).await;
         }
-        result
+        let Some((_, ops)) = parts.pop() else { return Ok(()) };
+        let (reply, receiver) = futures::channel::oneshot::channel();
+        let shard = shard_of(ops[0].key(), self.shard_count());
+        let request = Request::Batch { ops, reply };
+        self.router().send_to(shard, WriteError::Closed, request, receiver).into_future().await
     }
 
     pub async fn scan_async<R: RangeBounds<Vec<u8>>>(
@@ -506,7 +589,10 @@ impl Db {
         limit: usize,
     ) -> Result<Vec<KeyValue>, ReadError> {
         let (start, end) = Self::scan_bounds(&range, limit)?;
-        crate::router::scan::scan(self.router(), start, end, limit).await
+        self.read_consistently(|| {
+            crate::router::scan::scan(self.router(), start.clone(), end.clone(), limit)
+        })
+        .await
     }
 
     pub async fn stats_async(&self) -> Result<StoreStats, ReadError> {

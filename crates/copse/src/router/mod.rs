@@ -7,10 +7,11 @@
 
 pub mod manifest;
 pub mod scan;
+pub mod txn;
 
 use futures::channel::oneshot;
 
-use crate::engine::{BatchOp, Request};
+use crate::engine::Request;
 use crate::error::WriteError;
 use crate::shard::exec::ExecRequest;
 use crate::shard::{Message, ShardHandle};
@@ -66,6 +67,23 @@ impl Router {
         Pending { receiver: delivered.then_some(receiver), closed }
     }
 
+    /// Sends a request to shard `shard`; blocks while its queue is full.
+    pub fn send_to<T, E>(
+        &self,
+        shard: u32,
+        closed: E,
+        request: Request,
+        receiver: oneshot::Receiver<Result<T, E>>,
+    ) -> Pending<T, E> {
+        self.pending(shard as usize, closed, request, receiver)
+    }
+
+    /// Tells shard `shard` to look at its cross-shard parts again; never blocks (see
+    /// `Message::Wake`).
+    pub fn wake(&self, shard: u32) {
+        let _ = self.shards[shard as usize].try_send(Message::Wake);
+    }
+
     /// Sends a request for `key` to its shard; blocks while that shard's queue is full.
     pub fn send<T, E>(
         &self,
@@ -118,28 +136,6 @@ impl Router {
             .map(|shard| {
                 let (sender, receiver) = oneshot::channel();
                 self.pending(shard, closed.clone(), build(sender), receiver)
-            })
-            .collect()
-    }
-
-    /// Splits a batch by shard and sends each part (each is all-or-nothing in its shard).
-    pub fn send_batch(&self, ops: Vec<BatchOp>) -> Vec<Pending<(), WriteError>> {
-        let mut parts: Vec<Vec<BatchOp>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
-        for op in ops {
-            parts[shard_of(op.key(), self.shard_count()) as usize].push(op);
-        }
-        parts
-            .into_iter()
-            .enumerate()
-            .filter(|(_, ops)| !ops.is_empty())
-            .map(|(shard, ops)| {
-                let (sender, receiver) = oneshot::channel();
-                self.pending(
-                    shard,
-                    WriteError::Closed,
-                    Request::Batch { ops, reply: sender },
-                    receiver,
-                )
             })
             .collect()
     }

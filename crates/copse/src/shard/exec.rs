@@ -18,15 +18,23 @@
 //! 3. Nothing an exec asks for reaches the engine unchecked: keys, values and batch sizes are
 //!    checked against the limits, and a bad write is answered with an error and changes nothing.
 //!
+//! 4. An exec may write its shard's part of a cross-shard batch (`ExecStep::Prepare`, see
+//!    docs/atomic-batches.md): the part is made durable, its keys are locked in the gate
+//!    (`gate.rs`), the exec waits for the batch's decision (its coordinator's, shared by every
+//!    participant), then the part is applied or erased and the exec resumes with the outcome.
+//!    It keeps its exec locks throughout.
+//!
 //! Plain requests (`Db::put`, `Db::get`, ...) take no locks: they are ordered with execs only by
 //! arrival at the engine. A key space is used either through execs or through plain requests.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Bound;
+use std::sync::Arc;
 
 use futures::channel::oneshot;
 
-use crate::engine::input::{check_key, check_write};
+use super::gate::Gate;
+use crate::engine::input::{check_key, check_part, check_write};
 use crate::engine::{BatchOp, KeyValue, Request, ShardEngine};
 use crate::error::{InputError, ReadError, WriteError};
 use crate::limits::{EXEC_READS_MAX, SCAN_ITEMS_MAX};
@@ -44,6 +52,10 @@ pub enum ExecStep {
     Read(Vec<ReadOp>),
     /// One write: a single put or delete, or an all-or-nothing batch. Resumes once durable.
     Write(Vec<BatchOp>),
+    /// This shard's part of a cross-shard batch (invariant 4). Resumes with `Written`: Ok once
+    /// the batch committed and the part is applied here (durable and visible), or the error
+    /// that called the batch off.
+    Prepare { vote: Vote, ops: Vec<BatchOp> },
     /// Finished; the locks are released.
     Done,
 }
@@ -70,6 +82,72 @@ pub enum StepInput {
     /// The results of a `Read` step, in the order asked; the first failure if any failed.
     Read(Result<Vec<ReadResult>, ReadError>),
     Written(Result<(), WriteError>),
+}
+
+/// A cross-shard batch's outcome, as its coordinator knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Pending,
+    Committed,
+    /// Called off: nothing of the batch is applied anywhere; the reason.
+    Aborted(WriteError),
+}
+
+/// The coordinator of one cross-shard batch (the router's `Txn`), as its participants see it.
+/// Every participant shares it; the decision changes once, from pending to final.
+pub trait Coordinator: Send + Sync {
+    fn gsn(&self) -> u64;
+    /// Every shard holding a part, ascending.
+    fn participants(&self) -> &[u32];
+    fn decision(&self) -> Decision;
+    /// Shard `shard`'s part is durable (Ok), or could not be made so; may decide the batch.
+    fn prepared(&self, shard: u32, result: Result<(), WriteError>);
+    /// A participant does not take part (a condition failed, the exec was dropped): aborts.
+    fn refuse(&self, reason: WriteError);
+    /// Shard `shard` applied its part (Ok) or failed to.
+    fn applied(&self, shard: u32, result: Result<(), WriteError>);
+    /// Every participant applied its part: parts may be erased (forgotten) now.
+    fn all_applied(&self) -> bool;
+}
+
+/// A participant's say in a cross-shard batch. Dropped before it was cast (the exec never ran,
+/// the store closed), it calls the batch off.
+pub struct Vote {
+    coordinator: Arc<dyn Coordinator>,
+    shard: u32,
+    cast: bool,
+}
+
+impl Vote {
+    pub fn new(coordinator: Arc<dyn Coordinator>, shard: u32) -> Vote {
+        Vote { coordinator, shard, cast: false }
+    }
+
+    pub fn coordinator(&self) -> &Arc<dyn Coordinator> {
+        &self.coordinator
+    }
+
+    /// Calls the batch off (a condition of this shard's part failed).
+    pub fn refuse(mut self, reason: WriteError) {
+        self.cast = true;
+        self.coordinator.refuse(reason);
+    }
+
+    fn prepared(&mut self, result: Result<(), WriteError>) {
+        self.cast = true;
+        self.coordinator.prepared(self.shard, result);
+    }
+}
+
+impl Drop for Vote {
+    fn drop(&mut self) {
+        if !self.cast {
+            self.coordinator.refuse(WriteError::Aborted(format!(
+                "shard {}'s part was dropped before it was prepared (the store closed)",
+                self.shard
+            )));
+        }
+    }
 }
 
 /// Questions an exec may ask the shard's index without I/O. The answers are current for the
@@ -119,6 +197,22 @@ enum State {
         results: Vec<Option<ReadResult>>,
     },
     Writing(PendingWrite),
+    /// Its part is being made durable.
+    Preparing { part: Part, receiver: WriteReceiver },
+    /// Its part is durable (or failed); waiting for the batch's decision.
+    Deciding(Part),
+    /// Committed: the part is being applied.
+    Committing { part: Part, receiver: WriteReceiver },
+    /// Aborted: the part is being erased; then the exec resumes with `reason`.
+    Aborting { part: Part, receiver: WriteReceiver, reason: WriteError },
+}
+
+type WriteReceiver = oneshot::Receiver<Result<(), WriteError>>;
+
+/// An exec's part of a cross-shard batch, while it is live in this shard.
+struct Part {
+    vote: Vote,
+    ops: Vec<BatchOp>,
 }
 
 struct Running {
@@ -137,6 +231,8 @@ pub struct ExecTable {
     /// Execs that are not blocked; checked by `pump`.
     active: Vec<u64>,
     next_id: u64,
+    /// Parts applied here, waiting until every participant applied theirs to be erased.
+    to_forget: Vec<Arc<dyn Coordinator>>,
 }
 
 impl ExecTable {
@@ -174,8 +270,10 @@ impl ExecTable {
     /// Runs every exec that can make progress until none can: collects answers the engine has
     /// given, steps the programs and hands their new reads and writes to the engine. Returns
     /// whether anything moved.
-    pub fn pump(&mut self, engine: &mut dyn ShardEngine) -> bool {
-        let mut moved_any = false;
+    pub fn pump(&mut self, engine: &mut Gate) -> bool {
+        // Reads the gate answers itself go first: before this pump unlocks any key.
+        let mut moved_any = engine.poll();
+        self.forget_applied(engine);
         loop {
             let mut moved = false;
             let active = std::mem::take(&mut self.active);
@@ -203,7 +301,25 @@ impl ExecTable {
         }
     }
 
-    fn advance(&mut self, id: u64, engine: &mut dyn ShardEngine) -> Advance {
+    /// Erases parts whose batch every participant applied (the last step of the protocol).
+    fn forget_applied(&mut self, engine: &mut Gate) {
+        if self.to_forget.is_empty() {
+            return;
+        }
+        let mut kept = Vec::new();
+        for coordinator in std::mem::take(&mut self.to_forget) {
+            if coordinator.all_applied() {
+                // A failed erasure poisons the engine; recovery forgets the part later.
+                let (reply, _) = oneshot::channel();
+                engine.handle(Request::ForgetPart { gsn: coordinator.gsn(), reply });
+            } else {
+                kept.push(coordinator);
+            }
+        }
+        self.to_forget = kept;
+    }
+
+    fn advance(&mut self, id: u64, engine: &mut Gate) -> Advance {
         let running = self.running.get_mut(&id).expect("an active exec is running");
         let input = match &mut running.state {
             State::Blocked => unreachable!("a blocked exec is never active"),
@@ -264,12 +380,30 @@ impl ExecTable {
                     Err(oneshot::Canceled) => StepInput::Written(Err(WriteError::Closed)),
                 }
             }
+            State::Preparing { .. }
+            | State::Deciding(_)
+            | State::Committing { .. }
+            | State::Aborting { .. } => {
+                let state = std::mem::replace(&mut running.state, State::Blocked);
+                match advance_part(state, engine, &mut self.to_forget) {
+                    PartProgress::Still(state) => {
+                        running.state = state;
+                        return Advance::Waiting;
+                    }
+                    PartProgress::Moved(state) => {
+                        running.state = state;
+                        return Advance::Moved;
+                    }
+                    PartProgress::Done(input) => input,
+                }
+            }
         };
         let step = running.exec.step(&ExecView { engine }, input);
         running.state = match step {
             ExecStep::Done => return Advance::Finished,
             ExecStep::Read(reads) => issue_reads(reads, engine),
             ExecStep::Write(ops) => issue_write(ops, engine),
+            ExecStep::Prepare { vote, ops } => issue_prepare(vote, ops, engine),
         };
         Advance::Moved
     }
@@ -302,6 +436,108 @@ enum Advance {
     Waiting,
     Moved,
     Finished,
+}
+
+enum PartProgress {
+    /// Nothing changed.
+    Still(State),
+    /// The part moved to another state.
+    Moved(State),
+    /// The part is settled here; resume the exec with this.
+    Done(StepInput),
+}
+
+fn poll_write(receiver: &mut WriteReceiver) -> Option<Result<(), WriteError>> {
+    match receiver.try_recv() {
+        Ok(None) => None,
+        Ok(Some(result)) => Some(result),
+        Err(oneshot::Canceled) => Some(Err(WriteError::Closed)),
+    }
+}
+
+/// Moves a part through the protocol (invariant 4): prepared, decided, applied or erased.
+fn advance_part(
+    state: State,
+    engine: &mut Gate,
+    to_forget: &mut Vec<Arc<dyn Coordinator>>,
+) -> PartProgress {
+    match state {
+        State::Preparing { mut part, mut receiver } => match poll_write(&mut receiver) {
+            None => PartProgress::Still(State::Preparing { part, receiver }),
+            Some(result) => {
+                part.vote.prepared(result);
+                PartProgress::Moved(State::Deciding(part))
+            }
+        },
+        State::Deciding(part) => {
+            let gsn = part.vote.coordinator().gsn();
+            let (reply, receiver) = oneshot::channel();
+            match part.vote.coordinator().decision() {
+                Decision::Pending => PartProgress::Still(State::Deciding(part)),
+                Decision::Committed => {
+                    engine.handle(Request::CommitPart { gsn, reply });
+                    PartProgress::Moved(State::Committing { part, receiver })
+                }
+                Decision::Aborted(reason) => {
+                    engine.handle(Request::ForgetPart { gsn, reply });
+                    PartProgress::Moved(State::Aborting { part, receiver, reason })
+                }
+            }
+        }
+        State::Committing { part, mut receiver } => match poll_write(&mut receiver) {
+            None => PartProgress::Still(State::Committing { part, receiver }),
+            Some(result) => {
+                let coordinator = part.vote.coordinator().clone();
+                let gsn = coordinator.gsn();
+                match &result {
+                    Ok(()) => {
+                        engine.unlock(gsn, &part.ops);
+                        to_forget.push(coordinator.clone());
+                    }
+                    // The engine is poisoned; the batch is committed, so its keys here must not
+                    // read as before it: they answer errors until a reopen applies the part.
+                    Err(err) => {
+                        tracing::error!(shard = engine.shard_id(), gsn, %err, "a committed part failed to apply");
+                        engine.fail(gsn, &part.ops);
+                    }
+                }
+                coordinator.applied(engine.shard_id(), result.clone());
+                PartProgress::Done(StepInput::Written(result))
+            }
+        },
+        State::Aborting { part, mut receiver, reason } => match poll_write(&mut receiver) {
+            None => PartProgress::Still(State::Aborting { part, receiver, reason }),
+            Some(result) => {
+                if let Err(err) = result {
+                    // The engine is poisoned: no later write can be accepted, so the old values
+                    // stand until a reopen resolves the part.
+                    tracing::error!(shard = engine.shard_id(), %err, "erasing an aborted part failed");
+                }
+                engine.unlock(part.vote.coordinator().gsn(), &part.ops);
+                PartProgress::Done(StepInput::Written(Err(reason)))
+            }
+        },
+        other => PartProgress::Still(other),
+    }
+}
+
+/// Starts a part: checks it, locks its keys in the gate, and asks the engine to make it durable.
+fn issue_prepare(mut vote: Vote, ops: Vec<BatchOp>, engine: &mut Gate) -> State {
+    let ops = crate::engine::native::batch::dedupe_batch(ops);
+    let coordinator = vote.coordinator().clone();
+    if let Err(err) = check_part(coordinator.participants().len(), &ops) {
+        vote.prepared(Err(err.into()));
+        return State::Deciding(Part { vote, ops: Vec::new() });
+    }
+    engine.lock(coordinator.clone(), &ops);
+    let (reply, receiver) = oneshot::channel();
+    engine.handle(Request::PreparePart {
+        gsn: coordinator.gsn(),
+        participants: coordinator.participants().to_vec(),
+        ops: ops.clone(),
+        reply,
+    });
+    State::Preparing { part: Part { vote, ops }, receiver }
 }
 
 fn issue_reads(reads: Vec<ReadOp>, engine: &mut dyn ShardEngine) -> State {

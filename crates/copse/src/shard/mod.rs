@@ -14,6 +14,7 @@
 //! reads and writes they ask for to the engine in the same round.
 
 pub mod exec;
+pub mod gate;
 
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,13 +23,18 @@ use crate::engine::Request;
 use crate::engine::ShardEngine;
 use crate::error::{OpenError, WriteError};
 use crate::limits::{ROUND_REQUESTS_MAX, SHARD_QUEUE_REQUESTS_MAX};
+use crate::engine::part::PartRecord;
 use exec::{ExecRequest, ExecTable};
+use gate::Gate;
 
 /// A message on a shard's queue: a request, an exec program, or the order to finish and stop.
 pub enum Message {
     Request(Request),
     Exec(ExecRequest),
     Close(futures::channel::oneshot::Sender<Result<(), WriteError>>),
+    /// Look again at the parts of cross-shard batches (a decision was made elsewhere). Sent
+    /// with `try_send`: when the queue is full the shard is busy and looks anyway.
+    Wake,
 }
 
 /// Opens (recovers) one shard's engine; runs on the shard's own thread.
@@ -45,7 +51,7 @@ impl ShardHandle {
     pub fn spawn(
         shard_id: u32,
         open: EngineOpener,
-        opened: std::sync::mpsc::Sender<(u32, Result<(), OpenError>)>,
+        opened: std::sync::mpsc::Sender<(u32, Result<Vec<PartRecord>, OpenError>)>,
         pin_core: Option<usize>,
     ) -> Result<ShardHandle, OpenError> {
         let (sender, receiver) = flume::bounded(SHARD_QUEUE_REQUESTS_MAX);
@@ -57,8 +63,8 @@ impl ShardHandle {
                 }
                 match open() {
                     Ok(engine) => {
-                        let _ = opened.send((shard_id, Ok(())));
-                        run(engine, receiver);
+                        let _ = opened.send((shard_id, Ok(engine.recovered_parts())));
+                        run(Gate::new(engine), receiver);
                     }
                     Err(err) => {
                         let _ = opened.send((shard_id, Err(err)));
@@ -94,8 +100,9 @@ fn pin_to_core(shard_id: u32, core: usize) {
     }
 }
 
-/// The shard's event loop over any engine (the contract: `engine::ShardEngine`).
-fn run(mut engine: Box<dyn ShardEngine>, receiver: flume::Receiver<Message>) {
+/// The shard's event loop over any engine (the contract: `engine::ShardEngine`), behind the
+/// gate that keeps cross-shard batches whole (`gate.rs`).
+fn run(mut engine: Gate, receiver: flume::Receiver<Message>) {
     let mut closing = None;
     let mut requests = Vec::with_capacity(ROUND_REQUESTS_MAX);
     let mut execs = ExecTable::default();
@@ -129,13 +136,13 @@ fn run(mut engine: Box<dyn ShardEngine>, receiver: flume::Receiver<Message>) {
             }
             engine.handle_run(run);
         }
-        let execs_moved = execs.pump(engine.as_mut());
+        let execs_moved = execs.pump(&mut engine);
         engine.end_round();
         // Wait for a completion only if nothing new arrived or moved this round; otherwise just
         // collect what has completed and go back to the queue.
         let wait = took == 0 && !execs_moved && engine.has_io_in_flight();
         engine.reap(wait);
-        execs.pump(engine.as_mut());
+        execs.pump(&mut engine);
         if took == 0 && !engine.has_io_in_flight() && !engine.is_idle() {
             // Work waits for a later round (a deferred free, say) with no I/O to wake us.
             std::thread::sleep(Duration::from_micros(50));
@@ -165,6 +172,7 @@ fn take(
         Message::Request(request) => requests.push(request),
         Message::Exec(exec) => execs.arrive(exec),
         Message::Close(reply) => *closing = Some(reply),
+        Message::Wake => {}
     }
 }
 
@@ -178,11 +186,12 @@ fn finish(receiver: &flume::Receiver<Message>) {
             Message::Close(reply) => {
                 let _ = reply.send(Ok(()));
             }
+            Message::Wake => {}
         }
     }
 }
 
-fn reject(request: Request) {
+pub(crate) fn reject(request: Request) {
     use crate::error::ReadError;
     match request {
         Request::Get { reply, .. } => {

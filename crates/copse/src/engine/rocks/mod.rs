@@ -19,6 +19,11 @@
 //!    round's batch is durable, as in the native engine (a write is visible once durable).
 //! 3. A delete answers whether the key existed just before it, counting the earlier writes of
 //!    its own round (`round_state`), so deletes in one round answer as if run one by one.
+//! 4. Parts of cross-shard batches (`engine/part.rs`) live in their own column family,
+//!    `PARTS_COLUMN_FAMILY`, keyed by the gsn (8 bytes, big-endian), so no read, scan or count
+//!    of the default family sees them. Prepare, commit (the operations plus the part rewritten
+//!    as committed) and forget each ride the round's one synced `WriteBatch`, so each is atomic
+//!    and durable when answered.
 //!
 //! Every engine call here is synchronous: the shard thread waits for RocksDB, and RocksDB's own
 //! background threads (flushes, compactions) do the rest. The RocksDB crate's API used here is
@@ -34,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, ReadOptions, WriteBatch, DB};
 
+use crate::engine::part::{self, PartRecord, PartState};
 use crate::engine::{BatchOp, KeyValue, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
 use crate::error::{OpenError, ReadError, WriteError};
 use crate::limits::{
@@ -110,6 +116,13 @@ fn db_options(shared: &RocksShared, create_if_missing: bool) -> Options {
     options
 }
 
+/// The column family holding parts of cross-shard batches (invariant 4).
+pub const PARTS_COLUMN_FAMILY: &str = "copse-parts";
+
+fn part_key(gsn: u64) -> [u8; 8] {
+    gsn.to_be_bytes()
+}
+
 /// Settings of one shard's engine.
 pub struct RocksConfig {
     pub shard_id: u32,
@@ -164,6 +177,10 @@ pub struct RocksEngine {
     open_seconds: f64,
     writes_applied: u64,
     write_batches: u64,
+    /// The parts stored in `PARTS_COLUMN_FAMILY`, by gsn (as of the round's batch).
+    parts: HashMap<u64, PartRecord>,
+    /// What the open found there, for `recovered_parts`.
+    recovered_parts: Vec<PartRecord>,
 }
 
 impl RocksEngine {
@@ -179,7 +196,12 @@ impl RocksEngine {
                 config.shard_id
             )));
         }
-        let db = DB::open(&db_options(&config.shared, config.create_if_missing), &dir)
+        let mut options = db_options(&config.shared, config.create_if_missing);
+        // Stores made before parts existed get the family on their next open.
+        options.create_missing_column_families(true);
+        let db = DB::open_cf(&options, &dir, [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, PARTS_COLUMN_FAMILY])
+            .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
+        let recovered_parts = read_parts(&db)
             .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
         Ok(RocksEngine {
             shard_id: config.shard_id,
@@ -191,6 +213,8 @@ impl RocksEngine {
             open_seconds: started.elapsed().as_secs_f64(),
             writes_applied: 0,
             write_batches: 0,
+            parts: recovered_parts.iter().map(|part| (part.gsn, part.clone())).collect(),
+            recovered_parts,
         })
     }
 
@@ -265,8 +289,52 @@ impl RocksEngine {
                 }
                 self.waiters.push(Waiter::Batch(reply));
             }
+            Request::PreparePart { gsn, participants, ops, reply } => {
+                let record = PartRecord { state: PartState::Prepared, gsn, participants, ops };
+                self.put_part(&record);
+                self.parts.insert(gsn, record);
+                self.waiters.push(Waiter::Batch(reply));
+            }
+            Request::CommitPart { gsn, reply } => {
+                let Some(record) = self.parts.get_mut(&gsn) else {
+                    let _ = reply.send(Err(WriteError::UnknownPart { shard: self.shard_id, gsn }));
+                    return;
+                };
+                record.state = PartState::Committed;
+                let record = record.clone();
+                for op in &record.ops {
+                    match op {
+                        BatchOp::Put { key, value } => {
+                            self.batch.put(key, value);
+                            self.round_state.insert(key.clone(), true);
+                        }
+                        BatchOp::Delete { key } => {
+                            self.batch.delete(key);
+                            self.round_state.insert(key.clone(), false);
+                        }
+                    }
+                }
+                self.put_part(&record);
+                self.waiters.push(Waiter::Batch(reply));
+            }
+            Request::ForgetPart { gsn, reply } => {
+                if self.parts.remove(&gsn).is_none() {
+                    let _ = reply.send(Ok(()));
+                    return;
+                }
+                let family = self.db.cf_handle(PARTS_COLUMN_FAMILY).expect("opened with parts");
+                self.batch.delete_cf(family, part_key(gsn));
+                self.waiters.push(Waiter::Batch(reply));
+            }
             other => unreachable!("not a write: {:?}", other.kind()),
         }
+    }
+
+    /// Adds a part's stored form to the round's batch (invariant 4).
+    fn put_part(&mut self, record: &PartRecord) {
+        let value = part::encode(record.state, record.gsn, &record.participants, &record.ops);
+        let family = self.db.cf_handle(PARTS_COLUMN_FAMILY).expect("opened with parts");
+        self.batch.put_cf(family, part_key(record.gsn), value);
     }
 
     /// Writes the round's batch, synced, and answers its writers (invariant 1).
@@ -407,14 +475,40 @@ impl RocksEngine {
     }
 }
 
+/// Every part stored in the instance (invariant 4).
+fn read_parts(db: &DB) -> Result<Vec<PartRecord>, String> {
+    let family = db.cf_handle(PARTS_COLUMN_FAMILY).ok_or("the parts column family is missing")?;
+    let mut options = ReadOptions::default();
+    options.set_verify_checksums(true);
+    let mut iterator = db.raw_iterator_cf_opt(family, options);
+    iterator.seek_to_first();
+    let mut parts = Vec::new();
+    while iterator.valid() {
+        let (Some(key), Some(value)) = (iterator.key(), iterator.value()) else { break };
+        let record = part::decode(value).map_err(|err| format!("part {key:?}: {err}"))?;
+        if key != part_key(record.gsn) {
+            return Err(format!("part stored under {key:?} names gsn {}", record.gsn));
+        }
+        parts.push(record);
+        iterator.next();
+    }
+    iterator.status().map_err(|err| format!("reading parts failed: {err}"))?;
+    Ok(parts)
+}
+
 /// `copse check` of one shard's instance: opens it read-only and reads every item with block
 /// checksums verified. Returns the live keys, or what went wrong.
 pub fn check_instance(dir: &Path) -> Result<u64, String> {
     if !dir.is_dir() {
         return Err("the instance's directory is missing".into());
     }
-    let db = DB::open_for_read_only(&Options::default(), dir, false)
+    let families = DB::list_cf(&Options::default(), dir)
+        .map_err(|err| format!("cannot list the instance's column families: {err}"))?;
+    let db = DB::open_cf_for_read_only(&Options::default(), dir, &families, false)
         .map_err(|err| format!("cannot open the instance: {err}"))?;
+    if families.iter().any(|name| name == PARTS_COLUMN_FAMILY) {
+        read_parts(&db)?;
+    }
     let mut options = ReadOptions::default();
     options.set_verify_checksums(true);
     let mut iterator = db.raw_iterator_opt(options);
@@ -438,7 +532,11 @@ fn as_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 
 fn refuse(request: Request, err: WriteError) {
     match request {
-        Request::Put { reply, .. } | Request::Batch { reply, .. } => {
+        Request::Put { reply, .. }
+        | Request::Batch { reply, .. }
+        | Request::PreparePart { reply, .. }
+        | Request::CommitPart { reply, .. }
+        | Request::ForgetPart { reply, .. } => {
             let _ = reply.send(Err(err));
         }
         Request::Delete { reply, .. } => {
@@ -470,9 +568,12 @@ impl ShardEngine for RocksEngine {
                 let result = self.db.get(&key).map_err(|err| self.read_error(err));
                 let _ = reply.send(result);
             }
-            write @ (Request::Put { .. } | Request::Delete { .. } | Request::Batch { .. }) => {
-                self.write(write)
-            }
+            write @ (Request::Put { .. }
+            | Request::Delete { .. }
+            | Request::Batch { .. }
+            | Request::PreparePart { .. }
+            | Request::CommitPart { .. }
+            | Request::ForgetPart { .. }) => self.write(write),
             Request::Scan { start, end, limit, reply } => {
                 let _ = reply.send(self.scan(start, end, limit));
             }
@@ -509,6 +610,10 @@ impl ShardEngine for RocksEngine {
 
     fn has_io_in_flight(&self) -> bool {
         false
+    }
+
+    fn recovered_parts(&self) -> Vec<PartRecord> {
+        self.recovered_parts.clone()
     }
 
     /// A read of the instance (RocksDB keeps no full index in memory). A failed read is logged
