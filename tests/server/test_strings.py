@@ -358,19 +358,73 @@ def test_value_of_exactly_the_limit_is_accepted(r):
     assert r.get("max") == value
 
 
-def test_mset_of_large_values_sharing_a_shard(r):
-    """Eight 9 MiB values over four shards: at least two share a shard, 18 MiB in one part."""
+def test_mset_too_large_for_one_atomic_batch_is_refused_whole(r):
+    """Eight 9 MiB values over four shards: at least two share a shard, 18 MiB in one part,
+    more than one atomic batch holds (16 MiB): refused, and nothing is set."""
+    r.set("large:0", "before")
     values = {f"large:{i}": bytes([65 + i]) * (9 * MiB) for i in range(8)}
-    assert r.mset(values) is True
-    for key, value in values.items():
-        assert r.strlen(key) == len(value)
+    with pytest.raises(redis.ResponseError, match="exceeds the limit"):
+        r.mset(values)
+    assert r.get("large:0") == b"before"
+    assert r.exists(*[f"large:{i}" for i in range(1, 8)]) == 0
 
 
-def test_mset_of_fifty_thousand_keys(r):
-    pairs = {f"many:{i}": str(i) for i in range(50_000)}
+def test_mset_of_thirty_thousand_keys(r):
+    pairs = {f"many:{i}": str(i) for i in range(30_000)}
     assert r.mset(pairs) is True
-    assert r.dbsize() == 50_000
-    assert r.mget(["many:0", "many:49999"]) == [b"0", b"49999"]
+    assert r.dbsize() == 30_000
+    assert r.mget(["many:0", "many:29999"]) == [b"0", b"29999"]
+
+
+def test_mset_over_the_batch_limit_in_one_shard_is_refused_whole(r):
+    """50,000 keys over four shards put over 10,000 keys (WRITE_BATCH_OPS_MAX) in each part."""
+    pairs = {f"many:{i}": str(i) for i in range(50_000)}
+    with pytest.raises(redis.ResponseError, match="exceeds the limit"):
+        r.mset(pairs)
+    assert r.dbsize() == 0
+
+
+def test_mget_never_sees_half_of_an_mset_across_shards(server, r):
+    """A writer rewrites eight keys (over every shard) with MSET; readers' MGET of them always
+    sees one MSET's values, never a mix."""
+    import threading
+
+    keys = [f"atomic:{i}" for i in range(8)]
+    r.mset({key: "0" for key in keys})
+    stop = threading.Event()
+    failures = []
+
+    def writer():
+        client = server.client(protocol=2)
+        n = 0
+        while not stop.is_set():
+            n += 1
+            client.mset({key: str(n) for key in keys})
+        client.close()
+
+    def reader():
+        client = server.client(protocol=2)
+        reads = 0
+        while not stop.is_set():
+            values = client.mget(keys)
+            reads += 1
+            if len(set(values)) != 1:
+                failures.append(values)
+                break
+        client.close()
+        assert reads > 0
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for thread in threads:
+        thread.start()
+    import time
+
+    time.sleep(2)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert not failures, f"MGET saw half an MSET: {failures[0]}"
+    assert int(r.get(keys[0])) > 5, "the writer made too few MSETs to test anything"
 
 
 def test_bulk_over_the_limit_is_a_protocol_error_and_closes(server, r):

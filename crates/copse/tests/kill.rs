@@ -13,7 +13,7 @@
 //!   acknowledged value, or a later write that was in flight at the kill), or it is absent and
 //!   such a write is a delete; and no get the child saw after that write was acknowledged saw
 //!   another state (what that get saw is newer); nothing else;
-//! - a batch is all-or-nothing per shard;
+//! - a batch is all-or-nothing, across shards too (cross-shard batches, router/txn.rs);
 //! - every get the child saw returned a value written to its key (or nothing), not replaced by a
 //!   write acknowledged before the get began;
 //! - a scan agrees with the gets, and `stats()` counts the live keys.
@@ -39,7 +39,6 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use copse::router::shard_of;
 use copse::{Backend, Db, Options, WriteBatch, WriteDurability};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -497,15 +496,10 @@ impl Cycle {
                 violations.push(format!("key {key} {problem}"));
             }
         }
-        // Batches: all-or-nothing per shard.
+        // Batches: all-or-nothing, across every shard they touch (one group per batch).
         for (issued, members, tag) in &self.batches {
-            let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-            for &w in members {
-                by_shard
-                    .entry(shard_of(&key_name(self.writes[w].key), SHARDS as u32))
-                    .or_default()
-                    .push(w);
-            }
+            let by_shard: BTreeMap<&str, Vec<usize>> =
+                BTreeMap::from([("of the batch", members.clone())]);
             let applied = |w: usize| match (&self.writes[w].op, &state[self.writes[w].key]) {
                 (Op::Put(value), Some(held)) => value == held,
                 (Op::Delete, None) => true,
@@ -535,7 +529,7 @@ impl Cycle {
                     };
                     if !newer {
                         violations.push(format!(
-                            "batch {tag} is partly applied in shard {shard}: {} is visible but key {key} holds {} instead of {}",
+                            "batch {tag} is partly applied ({shard}): {} is visible but key {key} holds {} instead of {}",
                             self.describe(witness),
                             describe_value(state[key].as_deref()),
                             self.describe(member)

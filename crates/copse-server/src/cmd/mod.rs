@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use copse::engine::BatchOp;
-use copse::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput};
+use copse::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote};
 use copse::Db;
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
@@ -45,6 +45,9 @@ pub enum Input {
 pub enum Next {
     Read(Vec<ReadOp>),
     Write(Vec<BatchOp>),
+    /// This shard's part of a cross-shard batch (MSET over several shards): resumes with
+    /// `Written` once the batch committed and the part is applied here.
+    Prepare(Vote, Vec<BatchOp>),
     /// Done: answer this.
     Reply(Reply),
 }
@@ -70,6 +73,7 @@ where
         match (self.step)(view, input) {
             Next::Read(reads) => ExecStep::Read(reads),
             Next::Write(ops) => ExecStep::Write(ops),
+            Next::Prepare(vote, ops) => ExecStep::Prepare { vote, ops },
             Next::Reply(reply) => self.finish(reply),
         }
     }
@@ -151,6 +155,53 @@ impl Plan {
 
     pub fn finish(self, combine: Combine) -> Outcome {
         Outcome::Execs { queued: self.queued, answers: self.answers, combine }
+    }
+}
+
+/// Builds one exec per shard for a cross-shard batch (`Db::exec_atomic`): each step function
+/// is made from its vote when the coordinator queues it.
+pub struct AtomicPlan {
+    parts: Vec<copse::router::txn::AtomicExec>,
+    answers: Vec<oneshot::Receiver<Reply>>,
+}
+
+impl AtomicPlan {
+    pub fn new() -> AtomicPlan {
+        AtomicPlan { parts: Vec::new(), answers: Vec::new() }
+    }
+
+    /// Adds the exec of `shard` holding the locks of Redis keys `keys`; `make` builds its step
+    /// function from its vote, which the step must end with (`Next::Prepare`) or refuse.
+    pub fn add<M, F>(&mut self, shard: u32, keys: Vec<Vec<u8>>, make: M)
+    where
+        M: FnOnce(Vote) -> F + Send + 'static,
+        F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+    {
+        let (answer, receiver) = oneshot::channel();
+        self.parts.push(copse::router::txn::AtomicExec {
+            shard,
+            locks: keys,
+            build: Box::new(move |vote| {
+                Box::new(CommandExec { step: make(vote), answer: Some(answer) }) as Box<dyn Exec>
+            }),
+        });
+        self.answers.push(receiver);
+    }
+
+    /// Runs after the connection's earlier replies: queues the execs in shard order (the
+    /// coordinator's rule) and combines their answers.
+    pub fn finish(self, db: &Db, combine: Combine) -> Outcome {
+        let db = db.clone();
+        Outcome::AfterPending(Box::pin(async move {
+            db.exec_atomic(self.parts).await;
+            crate::net::collect(self.answers, combine).await
+        }))
+    }
+}
+
+impl Default for AtomicPlan {
+    fn default() -> Self {
+        AtomicPlan::new()
     }
 }
 

@@ -210,9 +210,31 @@ fn getdel(call: &mut Call<'_>) -> Outcome {
     })
 }
 
+/// MGET. Over several shards it reads until no cross-shard batch was decided meanwhile, so it
+/// never sees half of an MSET (`Db::read_consistently`); it then runs after the connection's
+/// earlier replies.
 fn mget(call: &mut Call<'_>) -> Outcome {
     let keys: Vec<Vec<u8>> = call.args[1..].to_vec();
-    let groups = by_shard(call.db(), &keys);
+    if by_shard(call.db(), &keys).len() <= 1 {
+        return mget_plan(call.db(), &keys);
+    }
+    let db = call.db().clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let read = db.read_consistently(|| async {
+            Ok::<Reply, std::convert::Infallible>(
+                crate::net::run_outcome(&db, mget_plan(&db, &keys)).await,
+            )
+        });
+        match read.await {
+            Ok(reply) => reply,
+        }
+    }))
+}
+
+/// MGET's execs, one per shard.
+fn mget_plan(db: &copse::Db, keys: &[Vec<u8>]) -> Outcome {
+    let keys: Vec<Vec<u8>> = keys.to_vec();
+    let groups = by_shard(db, &keys);
     let mut plan = Plan::new();
     let mut positions = Vec::new();
     for (shard, at) in groups {
@@ -286,8 +308,8 @@ fn pairs(call: &Call<'_>) -> Result<KeyValues, Outcome> {
     Ok(pairs)
 }
 
-/// MSET: one all-or-nothing batch per shard. Across shards the parts are applied independently
-/// until cross-shard batches exist (docs/server.md says so).
+/// MSET: all or nothing, also over several shards (a cross-shard batch), and never seen in part
+/// by MGET.
 fn mset(call: &mut Call<'_>) -> Outcome {
     let pairs = match pairs(call) {
         Ok(pairs) => pairs,
@@ -296,45 +318,77 @@ fn mset(call: &mut Call<'_>) -> Outcome {
     mset_plan(call.db(), pairs, false)
 }
 
-/// MSETNX: sets nothing if any key exists. Atomic when all keys are in one shard; across
-/// shards, each shard checks and sets its own keys (docs/server.md).
+/// MSETNX: sets every key, or none if any exists; atomic over several shards too: each shard
+/// checks its keys under their locks, and one that finds a key refuses the whole batch.
 fn msetnx(call: &mut Call<'_>) -> Outcome {
     let pairs = match pairs(call) {
         Ok(pairs) => pairs,
         Err(outcome) => return outcome,
     };
-    let db = call.db().clone();
-    let keys: Vec<Vec<u8>> = pairs.iter().map(|(key, _)| key.clone()).collect();
-    // First ask every shard whether any key exists (after this connection's earlier commands),
-    // then set.
-    Outcome::AfterPending(Box::pin(async move {
-        let exists = super::keys::count_existing(&db, &keys).await;
-        match exists {
-            Ok(0) => {}
-            Ok(_) => return Reply::Integer(0),
-            Err(reply) => return reply,
-        }
-        let outcome = mset_plan(&db, pairs, true);
-        match crate::net::run_outcome(&db, outcome).await {
-            Reply::Simple(_) => Reply::Integer(1),
-            Reply::Integer(0) => Reply::Integer(0),
-            other => other,
-        }
-    }))
+    mset_plan(call.db(), pairs, true)
 }
 
-/// MSET's execs, one per shard; with `only_new`, a shard whose keys exist sets none (MSETNX).
+/// MSET's answer from its execs' answers; MSETNX's (`only_new`) is 0 if a shard found a key
+/// (the other shards then answer that the batch was aborted), 1 if all set.
+fn mset_combine(only_new: bool) -> super::Combine {
+    Box::new(move |replies: Vec<Reply>| {
+        if only_new && replies.iter().any(|reply| matches!(reply, Reply::Integer(0))) {
+            return Reply::Integer(0);
+        }
+        match replies.into_iter().find(|reply| !matches!(reply, Reply::Simple(_))) {
+            Some(other) => other,
+            None if only_new => Reply::Integer(1),
+            None => Reply::ok(),
+        }
+    })
+}
+
+/// The (key, value) pairs of one shard, the last value of a key named twice winning (Redis).
+fn shard_group(pairs: &KeyValues, at: Vec<usize>) -> KeyValues {
+    let mut group: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    for i in at {
+        let (key, value) = pairs[i].clone();
+        group.retain(|(other, _)| *other != key);
+        group.push((key, value));
+    }
+    group
+}
+
+/// MSET's execs: one exec on one shard, or one part per shard of a cross-shard batch; with
+/// `only_new`, nothing is set if any key exists (MSETNX).
 fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
     let keys: Vec<Vec<u8>> = pairs.iter().map(|(key, _)| key.clone()).collect();
-    let mut plan = Plan::new();
-    for (shard, at) in by_shard(db, &keys) {
-        // The last value of a key named twice wins, as in Redis.
-        let mut group: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        for i in at {
-            let (key, value) = pairs[i].clone();
-            group.retain(|(other, _)| *other != key);
-            group.push((key, value));
+    let groups = by_shard(db, &keys);
+    if groups.len() > 1 {
+        let mut plan = super::AtomicPlan::new();
+        for (shard, at) in groups {
+            let group = shard_group(&pairs, at);
+            let locks = group.iter().map(|(key, _)| key.clone()).collect();
+            plan.add(shard, locks, move |vote| {
+                let mut part = Some((vote, group));
+                move |view: &copse::shard::exec::ExecView<'_>, input| match input {
+                    Input::Start => {
+                        let Some((vote, group)) = part.take() else { return unexpected() };
+                        if only_new && group.iter().any(|(key, _)| key_type(view, key).is_some()) {
+                            vote.refuse(copse::WriteError::Aborted("a key exists".into()));
+                            return Next::Reply(Reply::Integer(0));
+                        }
+                        let ops: Vec<BatchOp> = group
+                            .into_iter()
+                            .flat_map(|(key, value)| put_string(view, &key, value))
+                            .collect();
+                        Next::Prepare(vote, ops)
+                    }
+                    Input::Written => Next::Reply(Reply::ok()),
+                    Input::Read(_) => unexpected(),
+                }
+            });
         }
+        return plan.finish(db, mset_combine(only_new));
+    }
+    let mut plan = Plan::new();
+    for (shard, at) in groups {
+        let group = shard_group(&pairs, at);
         let locks = group.iter().map(|(key, _)| key.clone()).collect();
         let mut group = Some(group);
         let mut batches = std::collections::VecDeque::new();
@@ -362,12 +416,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
             Input::Read(_) => unexpected(),
         });
     }
-    plan.finish(Box::new(|replies| {
-        replies
-            .into_iter()
-            .find(|reply| !matches!(reply, Reply::Simple(_)))
-            .unwrap_or_else(Reply::ok)
-    }))
+    plan.finish(mset_combine(only_new))
 }
 
 fn strlen(call: &mut Call<'_>) -> Outcome {
