@@ -204,6 +204,10 @@ pub struct RecoveryStats {
     /// corrupt until rewritten, never as an older value.
     pub damaged_items: u64,
     pub batches_replayed: u64,
+    /// Cross-shard parts found (prepared or committed), reported to the router.
+    pub parts: u64,
+    /// Of those, parts found committed (replayed by the shard itself).
+    pub parts_committed: u64,
     pub seconds: f64,
 }
 

@@ -123,4 +123,20 @@ mod tests {
         assert!(decode(&bytes[..bytes.len() - 1]).is_err());
         assert!(decode(&bytes[..10]).is_err());
     }
+
+    #[test]
+    fn the_worked_example_of_the_spec() {
+        let ops = vec![
+            BatchOp::Put { key: b"a".to_vec(), value: b"1".to_vec() },
+            BatchOp::Delete { key: b"b".to_vec() },
+        ];
+        let expected: [u8; 40] = [
+            0x01, 0x07, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0x03, 0, 0, 0, 0x02, 0, 0, 0,
+            0x01, 0x01, 0, 0x01, 0, 0, 0, b'a', b'1', 0x02, 0x01, 0, 0, 0, 0, 0, b'b',
+        ];
+        assert_eq!(encode(PartState::Prepared, 7, &[0, 3], &ops), expected);
+        let mut committed = expected;
+        committed[0] = 0x02;
+        assert_eq!(encode(PartState::Committed, 7, &[0, 3], &ops), committed);
+    }
 }

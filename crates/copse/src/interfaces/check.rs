@@ -33,6 +33,7 @@ use crate::engine::native::format::{
 use crate::engine::native::recovery::{
     class_of_file_name, read_slab_header, read_sync, scan_slab, ShardScan,
 };
+use crate::engine::part;
 use crate::error::OpenError;
 use crate::interfaces::db::lock_directory;
 use crate::limits::{PAGE_BYTES, SHARDS_MAX};
@@ -81,7 +82,10 @@ pub struct SlotCounts {
     pub free: u64,
     pub empty: u64,
     pub batch_records: u64,
-    /// Slots that do not verify (torn writes, bit flips) and batch records that do not decode.
+    /// Cross-shard parts (prepared or committed) not yet forgotten.
+    pub part_records: u64,
+    /// Slots that do not verify (torn writes, bit flips) and batch or part records that do not
+    /// decode.
     pub defective: u64,
 }
 
@@ -93,6 +97,7 @@ impl SlotCounts {
         self.free += other.free;
         self.empty += other.empty;
         self.batch_records += other.batch_records;
+        self.part_records += other.part_records;
         self.defective += other.defective;
     }
 }
@@ -504,6 +509,13 @@ fn check_file(
                         None
                     }
                     Err(reason) => Some(format!("batch record does not decode: {reason}")),
+                },
+                RecordKind::Part => match part::decode(value) {
+                    Ok(_) => {
+                        counts.part_records += 1;
+                        None
+                    }
+                    Err(reason) => Some(format!("part record does not decode: {reason}")),
                 },
             },
             Err(defect) => Some(defect.to_string()),

@@ -6,7 +6,7 @@
 //! during creation and is created again, while a blank manifest beside slab files is corruption.
 
 use crate::device::{AlignedBuf, BlockDevice, IoKind, IoRequest};
-use crate::engine::native::format::SLAB_FORMAT_VERSION;
+use crate::engine::native::format::{SLAB_FORMAT_VERSION, SLAB_FORMAT_VERSION_READ_MIN};
 use crate::engine::native::recovery::read_sync;
 use crate::engine::EngineKind;
 use crate::error::OpenError;
@@ -119,8 +119,13 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
             .ok_or_else(|| format!("unknown engine {}", word(24)))?
     };
     let slab_format_version = word(20);
-    let expected_slab_version = Manifest::new(1, engine).slab_format_version;
-    if slab_format_version != expected_slab_version {
+    let known = match engine {
+        EngineKind::Native => {
+            (SLAB_FORMAT_VERSION_READ_MIN..=SLAB_FORMAT_VERSION).contains(&slab_format_version)
+        }
+        EngineKind::RocksDb => slab_format_version == 0,
+    };
+    if !known {
         return Err(format!(
             "unsupported slab format version {slab_format_version} for the {engine} engine"
         ));
@@ -173,6 +178,19 @@ pub fn open_or_create(
                 requested: engine,
             });
         }
+        if manifest.slab_format_version < Manifest::new(shard_count, engine).slab_format_version {
+            // The slabs of an older native store are read as they are, but this build may write
+            // record kinds the older format lacks: mark the store so an older build refuses it
+            // rather than reading those records as damage.
+            let upgraded = Manifest::new(shard_count, engine);
+            write_manifest(device, &upgraded)?;
+            tracing::info!(
+                from = manifest.slab_format_version,
+                to = upgraded.slab_format_version,
+                "store upgraded to the current slab format"
+            );
+            return Ok(upgraded);
+        }
         return Ok(manifest);
     }
     // Any shard directory counts, whatever the requested count: a store created with more shards
@@ -197,14 +215,24 @@ pub fn open_or_create(
         return Err(OpenError::NotFound(describe.to_string()));
     }
     let manifest = Manifest::new(shard_count, engine);
+    write_manifest(device, &manifest)?;
+    Ok(manifest)
+}
+
+/// Writes the manifest page in place and makes it durable. Every field lies in the page's first
+/// 512 bytes, so a write torn at sector boundaries leaves the old page or the new one.
+fn write_manifest(device: &mut dyn BlockDevice, manifest: &Manifest) -> Result<(), OpenError> {
+    const _: () = assert!(MANIFEST_BYTES + 4 <= 512);
     let file = device.open_file(MANIFEST_FILE, true)?;
-    device.grow_file(file, PAGE_BYTES as u64)?;
+    if device.file_len_bytes(file)? < PAGE_BYTES as u64 {
+        device.grow_file(file, PAGE_BYTES as u64)?;
+    }
     device.submit(vec![IoRequest {
         token: 0,
         file,
         offset: 0,
         kind: IoKind::Write,
-        buf: encode(&manifest),
+        buf: encode(manifest),
     }])?;
     let mut done = Vec::new();
     device.reap(1, &mut done)?;
@@ -212,7 +240,7 @@ pub fn open_or_create(
         completion.result?;
     }
     device.flush()?;
-    Ok(manifest)
+    Ok(())
 }
 
 /// The shard count recorded in the manifest of the store in `path`; `None` if there is no
@@ -269,12 +297,37 @@ mod tests {
         page[8..12].copy_from_slice(&1u32.to_le_bytes());
         page[12..16].copy_from_slice(&4u32.to_le_bytes());
         page[16..20].copy_from_slice(&1u32.to_le_bytes());
-        page[20..24].copy_from_slice(&SLAB_FORMAT_VERSION.to_le_bytes());
+        page[20..24].copy_from_slice(&1u32.to_le_bytes());
         let crc = crc32c::crc32c(&page[0..24]);
         page[24..28].copy_from_slice(&crc.to_le_bytes());
         // The bytes of docs/format/manifest.md's version-1 example.
         assert_eq!(&page[24..28], &[0xbb, 0x69, 0x21, 0x0e]);
-        assert_eq!(decode(&page).unwrap(), Some(Manifest::new(4, EngineKind::Native)));
+        let expected = Manifest { slab_format_version: 1, ..Manifest::new(4, EngineKind::Native) };
+        assert_eq!(decode(&page).unwrap(), Some(expected));
+    }
+
+    /// A store of slab format 1 opens, keeps its items, and is marked as slab format 2 (so an
+    /// older build, which would read Part records as damage, refuses it from then on).
+    #[test]
+    fn a_slab_version_1_store_is_upgraded_at_open() {
+        use crate::interfaces::db::{Db, Options};
+        let dir = tempfile::tempdir().unwrap();
+        let options = || Options { shards: 2, show_progress: false, ..Options::default() };
+        let db = Db::open(dir.path(), options()).unwrap();
+        db.put(b"kept", b"value").unwrap();
+        db.close().unwrap();
+        let old = Manifest { slab_format_version: 1, ..Manifest::new(2, EngineKind::Native) };
+        std::fs::write(dir.path().join(MANIFEST_FILE), encode(&old).to_vec()).unwrap();
+        assert_eq!(read_manifest(dir.path()).unwrap(), Some(old));
+        let db = Db::open(dir.path(), options()).unwrap();
+        assert_eq!(db.get(b"kept").unwrap(), Some(b"value".to_vec()));
+        db.close().unwrap();
+        let upgraded = read_manifest(dir.path()).unwrap().unwrap();
+        assert_eq!(upgraded.slab_format_version, SLAB_FORMAT_VERSION);
+        assert_eq!(upgraded, Manifest::new(2, EngineKind::Native));
+        // A slab version this build does not know is refused.
+        let newer = Manifest { slab_format_version: 3, ..old };
+        assert!(decode(&encode(&newer)).unwrap_err().contains("unsupported slab format version"));
     }
 
     #[test]
@@ -283,7 +336,7 @@ mod tests {
         let page = encode(&manifest);
         assert_eq!(decode(&page).unwrap(), Some(manifest));
         // The worked example of docs/format/manifest.md.
-        assert_eq!(&page[24..32], &[1, 0, 0, 0, 0xca, 0x6c, 0x01, 0x4f]);
+        assert_eq!(&page[20..32], &[2, 0, 0, 0, 1, 0, 0, 0, 0xa3, 0xeb, 0x45, 0x94]);
         let rocks = Manifest::new(4, EngineKind::RocksDb);
         assert_eq!(decode(&encode(&rocks)).unwrap(), Some(rocks));
         assert_eq!(&encode(&rocks)[20..32], &[0, 0, 0, 0, 2, 0, 0, 0, 0xd4, 0x98, 0x1f, 0x64]);

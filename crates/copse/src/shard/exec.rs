@@ -198,13 +198,23 @@ enum State {
     },
     Writing(PendingWrite),
     /// Its part is being made durable.
-    Preparing { part: Part, receiver: WriteReceiver },
+    Preparing {
+        part: Part,
+        receiver: WriteReceiver,
+    },
     /// Its part is durable (or failed); waiting for the batch's decision.
     Deciding(Part),
     /// Committed: the part is being applied.
-    Committing { part: Part, receiver: WriteReceiver },
+    Committing {
+        part: Part,
+        receiver: WriteReceiver,
+    },
     /// Aborted: the part is being erased; then the exec resumes with `reason`.
-    Aborting { part: Part, receiver: WriteReceiver, reason: WriteError },
+    Aborting {
+        part: Part,
+        receiver: WriteReceiver,
+        reason: WriteError,
+    },
 }
 
 type WriteReceiver = oneshot::Receiver<Result<(), WriteError>>;

@@ -386,8 +386,9 @@ fn bound_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 fn range_is_valid(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
     match (start, end) {
         (Bound::Included(s), Bound::Included(e)) => s <= e,
-        (Bound::Included(s), Bound::Excluded(e))
-        | (Bound::Excluded(s), Bound::Included(e)) => s < e,
+        (Bound::Included(s), Bound::Excluded(e)) | (Bound::Excluded(s), Bound::Included(e)) => {
+            s < e
+        }
         (Bound::Excluded(s), Bound::Excluded(e)) => s < e,
         _ => true,
     }

@@ -19,11 +19,11 @@ pub mod gate;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::engine::part::PartRecord;
 use crate::engine::Request;
 use crate::engine::ShardEngine;
 use crate::error::{OpenError, WriteError};
 use crate::limits::{ROUND_REQUESTS_MAX, SHARD_QUEUE_REQUESTS_MAX};
-use crate::engine::part::PartRecord;
 use exec::{ExecRequest, ExecTable};
 use gate::Gate;
 

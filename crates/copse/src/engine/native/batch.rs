@@ -30,6 +30,9 @@ pub struct BatchState {
     reply: Option<Reply<(), WriteError>>,
     /// Key hashes counted as stale while the batch record exists.
     held: Vec<u64>,
+    /// The gsn when this is a cross-shard part being committed (`parts.rs`): its record is a
+    /// committed Part record, kept (not erased) once the members are applied.
+    part: Option<u64>,
 }
 
 pub fn encode_batch(ops: &[BatchOp]) -> Vec<u8> {
@@ -119,12 +122,26 @@ impl NativeEngine {
             return;
         }
         let value = encode_batch(&ops);
+        self.start_recorded_batch(ops, RecordKind::Batch, &value, None, reply);
+    }
+
+    /// Writes `ops` all or nothing: first the record of `kind` holding `value` (which names every
+    /// operation), then the members. `part`: the gsn of a cross-shard part being committed.
+    /// Returns false (having answered `reply`) if no slot could be had.
+    pub(super) fn start_recorded_batch(
+        &mut self,
+        ops: Vec<BatchOp>,
+        kind: RecordKind,
+        value: &[u8],
+        part: Option<u64>,
+        reply: Reply<(), WriteError>,
+    ) -> bool {
         let class = SizeClass::for_record(record_bytes(0, value.len()));
         let mut slots = match self.allocate_members(&ops) {
             Ok(slots) => slots,
             Err(err) => {
                 let _ = reply.send(Err(err));
-                return;
+                return false;
             }
         };
         let (slot, overwritten) = match self.allocate(class, None) {
@@ -134,12 +151,12 @@ impl NativeEngine {
                     self.place_free(loc.slot_only(), tag, false, None);
                 }
                 let _ = reply.send(Err(err));
-                return;
+                return false;
             }
         };
         let seq = self.take_seq();
         let held = self.hold_batch_keys(&ops);
-        let batch = self.start_batch(ops, slots, seq, held, None, Some(reply));
+        let batch = self.start_batch(ops, slots, seq, held, None, Some(reply), part);
         let pages = if class.is_multi_page() {
             super::format::pages_for(record_bytes(0, value.len()))
         } else {
@@ -148,7 +165,8 @@ impl NativeEngine {
         let loc = Loc::new(class.id, slot, pages);
         let write = self.new_write(loc, overwritten, Effect::BatchRecord { batch });
         let watermark = self.durable_watermark();
-        self.place(write, loc, RecordKind::Batch, seq, watermark, &[], &value);
+        self.place(write, loc, kind, seq, watermark, &[], value);
+        true
     }
 
     /// Allocates a slot for each operation, or none at all.
@@ -180,18 +198,20 @@ impl NativeEngine {
         held
     }
 
-    /// Recovery found a durable batch record: write again the operations in `ops` (those whose
-    /// keys have nothing newer on disk), then erase the record.
+    /// Recovery found a durable batch record (or committed Part record, `part`): write again the
+    /// operations in `ops` (those whose keys have nothing newer on disk), then erase the batch
+    /// record (a Part record is kept until its part is forgotten).
     pub(super) fn replay_batch(
         &mut self,
         record: Loc,
         seq: u64,
         all_ops: &[BatchOp],
         ops: Vec<BatchOp>,
+        part: Option<u64>,
     ) -> Result<(), WriteError> {
         let slots = self.allocate_members(&ops)?;
         let held = self.hold_batch_keys(all_ops);
-        let batch = self.start_batch(ops, slots, seq, held, Some(record), None);
+        let batch = self.start_batch(ops, slots, seq, held, Some(record), None, part);
         self.write_batch_members(batch);
         Ok(())
     }
@@ -200,6 +220,7 @@ impl NativeEngine {
     /// applied) and its keys' flights. The flights start now, with the sequence number, so that
     /// a newer write of a key that completes before the members are written still finds the
     /// batch's write pending.
+    #[allow(clippy::too_many_arguments)]
     fn start_batch(
         &mut self,
         ops: Vec<BatchOp>,
@@ -208,6 +229,7 @@ impl NativeEngine {
         held: Vec<u64>,
         record: Option<Loc>,
         reply: Option<Reply<(), WriteError>>,
+        part: Option<u64>,
     ) -> u64 {
         self.hold_seq(seq);
         for op in &ops {
@@ -224,6 +246,7 @@ impl NativeEngine {
             durable: Vec::new(),
             reply,
             held,
+            part,
         };
         self.batches.insert(batch, state);
         batch
@@ -284,13 +307,15 @@ impl NativeEngine {
         }
     }
 
-    /// Every member is durable: apply them together, answer, and erase the batch record.
+    /// Every member is durable: apply them together, answer, and erase the batch record (or hand
+    /// a committed part's record and held keys to its part).
     fn batch_applied(&mut self, batch: u64) {
         let state = self.batches.get_mut(&batch).expect("unknown batch");
         let durable = std::mem::take(&mut state.durable);
         let reply = state.reply.take();
         let record = state.record.expect("members are written after the record");
         let batch_seq = state.seq;
+        let part = state.part;
         self.finish_seq(batch_seq);
         for (key, seq, loc, kind) in durable {
             match kind {
@@ -303,7 +328,13 @@ impl NativeEngine {
         if let Some(reply) = reply {
             let _ = reply.send(Ok(()));
         }
-        self.erase_batch_record(record, batch);
+        match part {
+            Some(gsn) => {
+                let state = self.batches.remove(&batch).expect("applied above");
+                self.part_committed(gsn, record, state.held);
+            }
+            None => self.erase_batch_record(record, batch),
+        }
     }
 
     /// The batch record's erasure is durable: its keys no longer have a copy in it.
@@ -337,6 +368,9 @@ impl NativeEngine {
             if !self.is_poisoned() {
                 self.finish_seq(state.seq);
             }
+        }
+        if let (Some(gsn), None) = (state.part, state.record) {
+            self.part_commit_failed(gsn);
         }
         if let Some(reply) = state.reply.take() {
             let _ = reply.send(Err(err));

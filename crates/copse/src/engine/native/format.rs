@@ -14,8 +14,11 @@ use crate::limits::{KEY_BYTES_MAX, PAGE_BYTES, VALUE_BYTES_MAX};
 
 /// First 8 bytes of every slab file.
 pub const SLAB_MAGIC: [u8; 8] = *b"COPSLAB\x01";
-/// Version of the slab format (header page, record header, class table).
-pub const SLAB_FORMAT_VERSION: u32 = 1;
+/// Version of the slab format (header page, record header, record kinds, class table) that this
+/// build writes. Version 2 added the Part record kind; version-1 files are read as they are.
+pub const SLAB_FORMAT_VERSION: u32 = 2;
+/// Oldest slab format version this build reads.
+pub const SLAB_FORMAT_VERSION_READ_MIN: u32 = 1;
 /// Bytes 28..30 of every record header: tells a record from garbage before the crc is computed.
 pub const RECORD_MAGIC: u16 = 0xC05E;
 pub const RECORD_HEADER_BYTES: usize = 32;
@@ -38,6 +41,9 @@ pub enum RecordKind {
     /// Written at a clean close: `aux` is the shard's durable watermark then, so recovery knows
     /// every earlier record was durable (see `recovery.rs`). Freed at the next open.
     Watermark = 5,
+    /// One shard's part of a cross-shard batch (`engine/part.rs`), prepared or committed; kept
+    /// until the router forgets the batch (see `part.rs` in this folder). Since format version 2.
+    Part = 6,
 }
 
 impl RecordKind {
@@ -48,6 +54,7 @@ impl RecordKind {
             3 => Some(RecordKind::Free),
             4 => Some(RecordKind::Batch),
             5 => Some(RecordKind::Watermark),
+            6 => Some(RecordKind::Part),
             _ => None,
         }
     }
@@ -424,9 +431,9 @@ pub fn decode_slab_header(page: &[u8]) -> Result<SlabHeader, String> {
     }
     let word = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().unwrap());
     let format_version = word(8);
-    if format_version != SLAB_FORMAT_VERSION {
+    if !(SLAB_FORMAT_VERSION_READ_MIN..=SLAB_FORMAT_VERSION).contains(&format_version) {
         return Err(format!(
-            "unsupported slab format version {format_version} (this build reads version {SLAB_FORMAT_VERSION})"
+            "unsupported slab format version {format_version} (this build reads versions {SLAB_FORMAT_VERSION_READ_MIN} to {SLAB_FORMAT_VERSION})"
         ));
     }
     let class_id = word(12);
@@ -523,12 +530,26 @@ mod tests {
         let mut page = vec![0u8; PAGE_BYTES];
         encode_slab_header(&mut page, &header);
         assert_eq!(decode_slab_header(&page).unwrap(), header);
-        let mut newer = header;
-        newer.format_version = 2;
+        // Version 1 (before Part records) is still read.
+        let older = SlabHeader { format_version: 1, ..header };
+        encode_slab_header(&mut page, &older);
+        assert_eq!(decode_slab_header(&page).unwrap(), older);
+        let newer = SlabHeader { format_version: SLAB_FORMAT_VERSION + 1, ..header };
         encode_slab_header(&mut page, &newer);
         assert!(decode_slab_header(&page)
             .unwrap_err()
-            .contains("unsupported slab format version 2"));
+            .contains(&format!("unsupported slab format version {}", SLAB_FORMAT_VERSION + 1)));
+        // The worked example of docs/format/slab.md (class 0 of shard 0).
+        let example = SlabHeader {
+            format_version: SLAB_FORMAT_VERSION,
+            class_id: 0,
+            slot_bytes: 64,
+            slots_per_page: 64,
+            pages_per_slot: 1,
+            shard_id: 0,
+        };
+        encode_slab_header(&mut page, &example);
+        assert_eq!(&page[32..36], &[0x3d, 0x24, 0xe7, 0x15]);
         page[0] = b'X';
         assert!(decode_slab_header(&page).is_err());
     }

@@ -2,7 +2,7 @@
 //! free lists, driven by the shard thread as a state machine over batched asynchronous I/O.
 //!
 //! Reading order: `format.rs` (what is on disk), this file (state and the I/O plumbing),
-//! `write.rs` (puts, deletes, freeing slots), `batch.rs`, `read.rs` (gets, scans),
+//! `write.rs` (puts, deletes, freeing slots), `batch.rs`, `parts.rs`, `read.rs` (gets, scans),
 //! `recovery.rs` (rebuilding state from the slabs).
 //!
 //! Invariants (the reasons are in docs/durability.md):
@@ -23,6 +23,7 @@ pub mod cache;
 pub mod format;
 pub mod free_list;
 pub mod index;
+mod parts;
 mod read;
 pub mod recovery;
 mod write;
@@ -95,11 +96,25 @@ enum Effect {
     },
     /// The watermark record of a clean close: nothing to do once durable.
     Watermark,
-    /// The free record over a finished batch record: releases the batch's keys.
-    BatchErased {
-        batch: u64,
+    /// The free record over a finished batch record or a forgotten part's record.
+    RecordErased {
+        owner: ErasedRecord,
         chain: Option<usize>,
     },
+    /// A prepared Part record (`parts.rs`): the part is durable once this is.
+    PartPrepared {
+        gsn: u64,
+        seq: u64,
+    },
+}
+
+/// Whose record a free record erases, to be told once the erasure is durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ErasedRecord {
+    /// Releases the batch's keys.
+    Batch(u64),
+    /// Erases the part's next record, or finishes forgetting it.
+    Part(u64),
 }
 
 struct PendingWrite {
@@ -179,9 +194,13 @@ pub struct NativeEngine {
     /// Tombstones kept (with their keys) until no older copy of the key can remain on disk.
     tombstone_guards: HashMap<u64, Vec<(Loc, Key)>>,
     /// Frees that found every chain of their class busy; retried each round (already counted).
-    deferred_frees: VecDeque<(Loc, Option<u64>, bool)>,
+    deferred_frees: VecDeque<(Loc, Option<u64>, bool, Option<ErasedRecord>)>,
     batches: HashMap<u64, batch::BatchState>,
     next_batch_id: u64,
+    /// Cross-shard parts from `PreparePart` (or recovery) until `ForgetPart`, by gsn.
+    parts: HashMap<u64, parts::Part>,
+    /// What recovery found, for `recovered_parts`.
+    recovered_parts: Vec<crate::engine::part::PartRecord>,
     scans: HashMap<u64, read::ScanState>,
     next_scan_id: u64,
 
@@ -227,6 +246,8 @@ impl NativeEngine {
             deferred_frees: VecDeque::new(),
             batches: HashMap::new(),
             next_batch_id: 1,
+            parts: HashMap::new(),
+            recovered_parts: Vec::new(),
             scans: HashMap::new(),
             next_scan_id: 1,
             recovery: RecoveryStats::default(),
@@ -656,12 +677,11 @@ impl ShardEngine for NativeEngine {
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.stats()));
             }
-            // Cross-shard parts: being built (issue 6); refused until then.
-            Request::PreparePart { gsn, reply, .. }
-            | Request::CommitPart { gsn, reply }
-            | Request::ForgetPart { gsn, reply } => {
-                let _ = reply.send(Err(WriteError::UnknownPart { shard: self.shard_id, gsn }));
+            Request::PreparePart { gsn, participants, ops, reply } => {
+                self.prepare_part(gsn, participants, ops, reply)
             }
+            Request::CommitPart { gsn, reply } => self.commit_part(gsn, reply),
+            Request::ForgetPart { gsn, reply } => self.forget_part(gsn, reply),
         }
     }
 
@@ -731,7 +751,7 @@ impl ShardEngine for NativeEngine {
     }
 
     fn recovered_parts(&self) -> Vec<crate::engine::part::PartRecord> {
-        Vec::new()
+        self.recovered_parts.clone()
     }
 
     /// Finishes all outstanding work and makes it durable.

@@ -5,7 +5,8 @@
 //! Per key the record with the highest sequence number wins; every older record is a stale copy
 //! and is freed (counted under the key's hash, invariant 4 of `mod.rs`). Slots that do not
 //! verify are counted, logged with their location, erased and never indexed. A durable batch
-//! record is replayed (see `batch.rs`). The sequence counter restarts above every number seen.
+//! record is replayed (see `batch.rs`), and so is a committed Part record (`parts.rs`); a prepared
+//! Part record is only reported. The sequence counter restarts above every number seen.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -17,6 +18,7 @@ use super::format::{
 };
 use super::{key_hash, ClassFile, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FileId, IoKind, IoRequest};
+use crate::engine::part::{self, PartRecord, PartState};
 use crate::engine::BatchOp;
 use crate::error::OpenError;
 use crate::limits::{PAGE_BYTES, RECOVERY_CHUNKS_IN_FLIGHT, RECOVERY_CHUNK_BYTES};
@@ -222,6 +224,8 @@ struct Found {
     empty: Vec<Loc>,
     corrupt: Vec<Loc>,
     batches: Vec<(Loc, u64, Vec<BatchOp>)>,
+    /// Part records: location, sequence number, content.
+    parts: Vec<(Loc, u64, PartRecord)>,
     max_seq: u64,
     /// Per class: one past the highest slot holding anything.
     frontier: Vec<u64>,
@@ -268,6 +272,10 @@ impl Found {
                     RecordKind::Free | RecordKind::Watermark => self.free.push(loc),
                     RecordKind::Batch => match decode_batch(value) {
                         Ok(ops) => self.batches.push((loc, header.seq, ops)),
+                        Err(reason) => self.corrupt_slot(shard_id, loc, &reason),
+                    },
+                    RecordKind::Part => match part::decode(value) {
+                        Ok(record) => self.parts.push((loc, header.seq, record)),
                         Err(reason) => self.corrupt_slot(shard_id, loc, &reason),
                     },
                 }
@@ -370,6 +378,52 @@ impl Found {
     }
 }
 
+/// The records of one cross-shard part found by recovery (see `parts.rs`).
+struct FoundPart {
+    /// The part, committed if any of its records says so.
+    record: PartRecord,
+    /// Its prepared records (normally one), in erasure order.
+    prepared: Vec<Loc>,
+    /// The committed record and its sequence number, with the operations recovery writes again:
+    /// those whose key has no record at least as new.
+    committed: Option<(Loc, u64, Vec<BatchOp>)>,
+}
+
+impl Found {
+    fn part_replays(&mut self) -> Vec<FoundPart> {
+        let mut by_gsn: std::collections::BTreeMap<u64, Vec<(Loc, u64, PartRecord)>> =
+            std::collections::BTreeMap::new();
+        for (loc, seq, record) in std::mem::take(&mut self.parts) {
+            by_gsn.entry(record.gsn).or_default().push((loc, seq, record));
+        }
+        let mut found = Vec::new();
+        for (_, mut records) in by_gsn {
+            records.sort_by_key(|(_, seq, record)| (record.state, *seq));
+            let (last_loc, last_seq, last) = records.pop().expect("grouped from at least one");
+            let mut prepared: Vec<Loc> = records.into_iter().map(|(loc, _, _)| loc).collect();
+            let committed = match last.state {
+                PartState::Committed => {
+                    let needed = last
+                        .ops
+                        .iter()
+                        .filter(|op| {
+                            self.newest.get(op.key()).is_none_or(|newest| newest.seq < last_seq)
+                        })
+                        .cloned()
+                        .collect();
+                    Some((last_loc, last_seq, needed))
+                }
+                PartState::Prepared => {
+                    prepared.push(last_loc);
+                    None
+                }
+            };
+            found.push(FoundPart { record: last, prepared, committed });
+        }
+        found
+    }
+}
+
 /// Recovery's judgement of one shard's slots without acting on it, for the offline check: feed
 /// it every slot, then ask what recovery would leave.
 pub struct ShardScan {
@@ -409,6 +463,14 @@ impl ShardScan {
     pub fn key_counts(mut self) -> KeyCounts {
         self.found.judge_damaged();
         for (_, seq, _, needed) in self.found.batch_replays() {
+            for op in needed {
+                let tombstone = matches!(op, BatchOp::Delete { .. });
+                let loc = Loc::new(0, 0, 0);
+                self.found.newest.insert(op.key().into(), Newest { loc, seq, tombstone });
+            }
+        }
+        for part in self.found.part_replays() {
+            let Some((_, seq, needed)) = part.committed else { continue };
             for op in needed {
                 let tombstone = matches!(op, BatchOp::Delete { .. });
                 let loc = Loc::new(0, 0, 0);
@@ -495,6 +557,7 @@ impl NativeEngine {
         self.next_seq = found.max_seq.max(damaged_seq_max) + 1;
         let judged = found.judge_damaged();
         let replays = found.batch_replays();
+        let parts = found.part_replays();
         let Found { newest, stale, free, empty, corrupt, frontier, .. } = found;
         self.recovery.torn_or_corrupt = (corrupt.len() + judged.kept.len()) as u64;
         self.recovery.damaged_items = judged.decided.len() as u64;
@@ -522,11 +585,27 @@ impl NativeEngine {
         // record that mentions its key).
         for (record, seq, ops, needed) in replays {
             self.recovery.batches_replayed += u64::from(!needed.is_empty());
-            self.replay_batch(record, seq, &ops, needed).map_err(|err| {
+            self.replay_batch(record, seq, &ops, needed, None).map_err(|err| {
                 OpenError::Device(DeviceError::Io {
                     what: format!("replaying a write batch: {err}"),
                 })
             })?;
+        }
+        // A committed part replays like a batch but keeps its records until it is forgotten; a
+        // prepared one changes nothing until the router decides it (after every shard opened).
+        self.recovery.parts = parts.len() as u64;
+        for FoundPart { record, prepared, committed } in parts {
+            let gsn = record.gsn;
+            self.parts.insert(gsn, super::parts::Part::recovered(&record, prepared));
+            if let Some((loc, seq, needed)) = committed {
+                self.recovery.parts_committed += 1;
+                self.replay_batch(loc, seq, &record.ops, needed, Some(gsn)).map_err(|err| {
+                    OpenError::Device(DeviceError::Io {
+                        what: format!("replaying the committed part of batch {gsn}: {err}"),
+                    })
+                })?;
+            }
+            self.recovered_parts.push(record);
         }
         let mut tombstones = Vec::new();
         for (key, newest) in newest {

@@ -12,8 +12,8 @@ use super::format::{
     SlabHeader, SLAB_FORMAT_VERSION,
 };
 use super::{
-    key_hash, ClassFile, Effect, Flight, IoPurpose, NativeEngine, Origin, PageWaiter, PendingWrite,
-    WriteId,
+    key_hash, ClassFile, Effect, ErasedRecord, Flight, IoPurpose, NativeEngine, Origin, PageWaiter,
+    PendingWrite, WriteId,
 };
 use crate::device::{AlignedBuf, IoKind, IoRequest};
 use crate::engine::Reply;
@@ -362,10 +362,15 @@ impl NativeEngine {
                 }
                 self.erased(loc, chain)
             }
-            Effect::BatchErased { batch, chain } => {
+            Effect::RecordErased { owner: ErasedRecord::Batch(batch), chain } => {
                 self.batch_erased(batch);
                 self.erased(loc, chain);
             }
+            Effect::RecordErased { owner: ErasedRecord::Part(gsn), chain } => {
+                self.erased(loc, chain);
+                self.part_record_erased(gsn);
+            }
+            Effect::PartPrepared { gsn, seq } => self.part_prepared(gsn, seq, loc),
         }
     }
 
@@ -394,13 +399,25 @@ impl NativeEngine {
                     self.free[loc.class() as usize].abort(chain);
                 }
             }
-            Effect::BatchErased { batch, chain } => {
+            Effect::RecordErased { owner, chain } => {
                 // The batch was applied; only its record stays on disk (replayed harmlessly:
                 // nothing older than it can win). Its keys stay held until the next recovery.
-                self.batches.remove(&batch);
+                // A part's record stays too, and the next open reports it again.
+                match owner {
+                    ErasedRecord::Batch(batch) => {
+                        self.batches.remove(&batch);
+                    }
+                    ErasedRecord::Part(gsn) => self.part_erase_failed(gsn, err),
+                }
                 if let Some(chain) = chain {
                     self.free[loc.class() as usize].abort(chain);
                 }
+            }
+            Effect::PartPrepared { gsn, seq } => {
+                if nothing_on_disk {
+                    self.finish_seq(seq);
+                }
+                self.part_prepare_failed(gsn, err);
             }
         }
     }
@@ -493,10 +510,10 @@ impl NativeEngine {
         loc: Loc,
         tag: Option<u64>,
         erase: bool,
-        batch: Option<u64>,
+        owner: Option<ErasedRecord>,
     ) {
         let free = &mut self.free[loc.class() as usize];
-        if !erase && batch.is_none() && free.has_room() {
+        if !erase && owner.is_none() && free.has_room() {
             free.push(loc.slot(), tag);
             return;
         }
@@ -506,12 +523,12 @@ impl NativeEngine {
             match free.begin_push() {
                 Some((chain, head)) => (Some(chain), head),
                 None => {
-                    self.deferred_frees.push_back((loc, tag, erase));
+                    self.deferred_frees.push_back((loc, tag, erase, owner));
                     return;
                 }
             }
         };
-        self.write_free_record(loc, tag, chain.map(|chain| (chain, next)), batch, None);
+        self.write_free_record(loc, tag, chain.map(|chain| (chain, next)), owner, None);
     }
 
     /// Writes a free record over `loc` (pointing to `next` when pushed onto `chain`).
@@ -520,13 +537,13 @@ impl NativeEngine {
         loc: Loc,
         tag: Option<u64>,
         chain: Option<(usize, Option<u64>)>,
-        batch: Option<u64>,
+        owner: Option<ErasedRecord>,
         retires: Option<u64>,
     ) {
         let next = chain.and_then(|(_, next)| next);
         let chain = chain.map(|(chain, _)| chain);
-        let effect = match batch {
-            Some(batch) => Effect::BatchErased { batch, chain },
+        let effect = match owner {
+            Some(owner) => Effect::RecordErased { owner, chain },
             None => Effect::Erase { chain, retires },
         };
         let write = self.new_write(loc.slot_only(), tag, effect);
@@ -536,7 +553,7 @@ impl NativeEngine {
 
     /// Erases a finished batch record; its keys are released when the erasure is durable.
     pub(super) fn erase_batch_record(&mut self, loc: Loc, batch: u64) {
-        self.place_free(loc.slot_only(), None, true, Some(batch));
+        self.place_free(loc.slot_only(), None, true, Some(ErasedRecord::Batch(batch)));
     }
 
     /// A free record is durable: the slot is free.
@@ -578,8 +595,8 @@ impl NativeEngine {
 
     pub(super) fn retry_deferred_frees(&mut self) {
         for _ in 0..self.deferred_frees.len() {
-            let Some((loc, tag, erase)) = self.deferred_frees.pop_front() else { break };
-            self.place_free(loc, tag, erase, None);
+            let Some((loc, tag, erase, owner)) = self.deferred_frees.pop_front() else { break };
+            self.place_free(loc, tag, erase, owner);
         }
     }
 

@@ -199,8 +199,9 @@ impl RocksEngine {
         let mut options = db_options(&config.shared, config.create_if_missing);
         // Stores made before parts existed get the family on their next open.
         options.create_missing_column_families(true);
-        let db = DB::open_cf(&options, &dir, [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, PARTS_COLUMN_FAMILY])
-            .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
+        let db =
+            DB::open_cf(&options, &dir, [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, PARTS_COLUMN_FAMILY])
+                .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
         let recovered_parts = read_parts(&db)
             .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
         Ok(RocksEngine {
