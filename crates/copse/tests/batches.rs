@@ -142,7 +142,7 @@ fn concurrent_readers_never_see_half_a_batch() {
             let mut n = 1u64;
             while !stop.load(Ordering::Relaxed) {
                 let value = format!("{n:07}");
-                let value = (n % 5 != 0).then_some(value.as_bytes());
+                let value = (!n.is_multiple_of(5)).then_some(value.as_bytes());
                 db.write_batch(batch_of(&keys, value)).expect("batch");
                 batches.store(n, Ordering::Relaxed);
                 n += 1;
@@ -295,7 +295,7 @@ fn check_groups(db: &Db, groups: &[Vec<Vec<u8>>], logs: &[WriterLog]) -> Result<
 
 /// Parts the final recovery of a seed found: (prepared only, committed).
 fn run_crash_seed(seed: u64) -> Result<(u64, u64), String> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xba7c_4e5);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ba7_c4e5);
     let shards = 2 + (seed % 3) as usize;
     let disk = SimDisk::new(seed);
     let groups: Vec<Vec<Vec<u8>>> =
