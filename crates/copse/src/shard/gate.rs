@@ -19,7 +19,8 @@
 //! 2. A read polled while a key is locked and its batch committed answers the batch's value;
 //!    the decision flips once for all shards, so every read after any read saw the batch sees it.
 //! 3. Parked requests reach the engine in arrival order; none is answered by the gate except
-//!    with an error when its key's part failed to apply (`fail`).
+//!    with an error when its key's committed part failed to apply (`fail`): the store is
+//!    poisoned then, and the key stays locked, reading as the batch wrote it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
@@ -61,8 +62,9 @@ pub struct Gate {
     locked: BTreeMap<Vec<u8>, Vec<Hold>>,
     /// Live parts' coordinators, for their decisions.
     parts: HashMap<u64, Arc<dyn Coordinator>>,
-    /// Keys whose part failed to apply here: the store is poisoned and they cannot be read
-    /// consistently until a reopen resolves the batch.
+    /// Keys whose committed part failed to apply here (the store is poisoned). They stay locked
+    /// and read as the batch wrote them, which is what a reopen will apply; writes of them are
+    /// refused rather than parked forever.
     failed: BTreeMap<Vec<u8>, ()>,
     parked: VecDeque<Request>,
     intercepted: Vec<Intercepted>,
@@ -112,12 +114,15 @@ impl Gate {
         self.release_parked();
     }
 
-    /// A part failed to apply here (the store is poisoned): its keys answer errors from now on.
+    /// A committed part failed to apply here (the store is poisoned). Its keys keep their locks,
+    /// so reads answer the batch's values (recovery will commit the batch: every part was durable
+    /// before the decision); their writes, parked or not, are refused from now on.
     pub fn fail(&mut self, gsn: u64, ops: &[BatchOp]) {
+        debug_assert!(self.committed(gsn), "only a committed part fails to apply");
         for op in ops {
             self.failed.insert(op.key().to_vec(), ());
         }
-        self.unlock(gsn, ops);
+        self.release_parked();
     }
 
     /// The committed value a locked key reads as, if its batch is committed: Some(None) for a
@@ -243,10 +248,10 @@ impl Gate {
                 &mut std::iter::once(key.as_slice())
             }
             Request::Batch { ops, .. } => &mut ops.iter().map(BatchOp::key),
-            Request::Get { key, .. } => {
-                return if self.failed.contains_key(key) { Blocked::Failed } else { Blocked::No };
+            // Reads of locked keys (failed ones included) are intercepted, not held back.
+            Request::Get { .. } | Request::Scan { .. } | Request::Stats { .. } => {
+                return Blocked::No
             }
-            Request::Scan { .. } | Request::Stats { .. } => return Blocked::No,
             Request::Flush { .. } | Request::Settle { .. } => {
                 return if self.parked.is_empty() { Blocked::No } else { Blocked::Wait };
             }
@@ -359,11 +364,8 @@ enum Blocked {
 }
 
 fn refuse_failed(request: Request, shard: u32) {
-    let message = "a cross-shard batch holding this key failed to apply in this shard; reopen the store to resolve it".to_string();
+    tracing::debug!(shard, "a write of a key whose committed part failed to apply is refused");
     match request {
-        Request::Get { reply, .. } => {
-            let _ = reply.send(Err(ReadError::Engine { shard, message }));
-        }
         Request::Delete { reply, .. } => {
             let _ = reply.send(Err(WriteError::Poisoned));
         }
