@@ -8,7 +8,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 PYTHON_TEST_PACKAGES ?= redis pytest
 
-.PHONY: build run test test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded
+.PHONY: build run test test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded torture
 
 build:
 	$(CARGO) build --release -p copse-cli
@@ -28,9 +28,12 @@ endif
 
 # Release mode: the crash tests run many seeds each, and are slow unoptimised. The last line
 # totals every test binary's result (cargo's own last line is a doc-test run with no tests).
+# Seconds each fuzz target runs in `make test` (tests/fuzz.rs of copse and copse-server).
+FUZZ_SECONDS ?= 60
+
 test: test-deps
 	@mkdir -p target
-	set -o pipefail; CARGO_TERM_COLOR=never $(CARGO) test --workspace --release 2>&1 | tee target/test-output.log
+	set -o pipefail; COPSE_FUZZ_SECONDS=$(FUZZ_SECONDS) CARGO_TERM_COLOR=never $(CARGO) test --workspace --release 2>&1 | tee target/test-output.log
 	$(CARGO) build --release -p copse-cli
 	set -o pipefail; $(PYTHON) -m pytest -q -p no:cacheprovider tests/server 2>&1 | tee target/test-server-output.log
 	$(MAKE) --no-print-directory test-rocksdb
@@ -132,3 +135,21 @@ bench-sharded: bench-deps
 		--phases a@uniform,a@zipfian --seconds $(BENCH_SECONDS) --dir $(BENCH_DIR) \
 		--out-dir $(BENCH_DIR)/sharded-128 --plots-dir docs/bench/sharded-128 \
 		--doc docs/benchmarks.md --section sharded-128 --title "Sharding RocksDB: YCSB load and A, 128-B records"
+
+# The long reliability run (docs/reliability.md): each fuzz target for TORTURE_FUZZ_INPUTS inputs,
+# the simulated-device crash tests (every acknowledged write, and cross-shard batches) for
+# TORTURE_SEEDS seeds each, and TORTURE_KILL_CYCLES kill -9 cycles of a real process. Hours on
+# 2 cores; every figure goes to target/torture.log.
+TORTURE_SEEDS ?= 100000
+TORTURE_KILL_CYCLES ?= 1000
+TORTURE_FUZZ_INPUTS ?= 10000000
+
+torture:
+	@mkdir -p target
+	set -o pipefail; ( \
+	  COPSE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) COPSE_FUZZ_SECONDS=86400 $(CARGO) test --release -p copse --test fuzz -- --nocapture --test-threads 1 && \
+	  COPSE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) COPSE_FUZZ_SECONDS=86400 $(CARGO) test --release -p copse-server --test fuzz -- --nocapture && \
+	  COPSE_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test crash every_acknowledged_write -- --nocapture && \
+	  COPSE_BATCH_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test batches simulated -- --nocapture && \
+	  COPSE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(CARGO) test --release -p copse --test kill -- --nocapture \
+	) 2>&1 | tee target/torture.log

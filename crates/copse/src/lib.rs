@@ -6,6 +6,7 @@
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod fuzz;
 pub mod interfaces;
 pub mod limits;
 pub mod router;

@@ -19,6 +19,7 @@
 //! `parse.rs` lists where it is deliberately stricter.
 
 pub mod encode;
+pub mod fuzz;
 pub mod parse;
 
 pub use encode::{encode_reply, format_double, Protocol, Reply};

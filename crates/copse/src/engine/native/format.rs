@@ -234,7 +234,7 @@ pub fn pages_for(record_bytes: usize) -> u32 {
     record_bytes.div_ceil(PAGE_BYTES) as u32
 }
 
-fn checksum(shard_id: u32, loc: Loc, header: &[u8], body: &[u8]) -> u32 {
+pub(crate) fn checksum(shard_id: u32, loc: Loc, header: &[u8], body: &[u8]) -> u32 {
     debug_assert_eq!(header.len(), RECORD_HEADER_BYTES);
     let mut crc = crc32c::crc32c(&header[0..24]);
     crc = crc32c::crc32c_append(crc, &header[28..32]);
@@ -292,6 +292,9 @@ pub enum SlotDefect {
     },
     /// The slot was read only partly (a multi-page record longer than the bytes at hand).
     Truncated,
+    /// The header's flags or reserved bytes are not zero: none is defined, so the record is
+    /// from a newer format or damaged.
+    ReservedBitsSet,
 }
 
 impl std::fmt::Display for SlotDefect {
@@ -306,6 +309,7 @@ impl std::fmt::Display for SlotDefect {
                 write!(f, "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")
             }
             SlotDefect::Truncated => write!(f, "record extends past the bytes read"),
+            SlotDefect::ReservedBitsSet => write!(f, "flags or reserved header bytes are set"),
         }
     }
 }
@@ -370,6 +374,9 @@ pub fn decode_slot<'a>(
         return Err(SlotDefect::BadMagic);
     }
     let parsed = peek_header(bytes).ok_or(SlotDefect::UnknownKind(header[0]))?;
+    if header[1] != 0 || header[30] != 0 || header[31] != 0 {
+        return Err(SlotDefect::ReservedBitsSet);
+    }
     let total = parsed.record_bytes();
     if total > slot_bytes {
         return Err(SlotDefect::LengthsExceedSlot { record_bytes: total, slot_bytes });
