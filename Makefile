@@ -138,18 +138,19 @@ bench-sharded: bench-deps
 
 # The long reliability run (docs/reliability.md): each fuzz target for TORTURE_FUZZ_INPUTS inputs,
 # the simulated-device crash tests (every acknowledged write, and cross-shard batches) for
-# TORTURE_SEEDS seeds each, and TORTURE_KILL_CYCLES kill -9 cycles of a real process. Hours on
-# 2 cores; every figure goes to target/torture.log.
+# TORTURE_SEEDS seeds each, and TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
+# `copse serve` under pipelined load. Hours on 2 cores; every figure goes to target/torture.log.
 TORTURE_SEEDS ?= 100000
 TORTURE_KILL_CYCLES ?= 1000
 TORTURE_FUZZ_INPUTS ?= 10000000
 
-torture:
+torture: test-deps build
 	@mkdir -p target
 	set -o pipefail; ( \
 	  COPSE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) COPSE_FUZZ_SECONDS=86400 $(CARGO) test --release -p copse --test fuzz -- --nocapture --test-threads 1 && \
 	  COPSE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) COPSE_FUZZ_SECONDS=86400 $(CARGO) test --release -p copse-server --test fuzz -- --nocapture && \
 	  COPSE_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test crash every_acknowledged_write -- --nocapture && \
 	  COPSE_BATCH_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test batches simulated -- --nocapture && \
-	  COPSE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(CARGO) test --release -p copse --test kill -- --nocapture \
+	  COPSE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(CARGO) test --release -p copse --test kill -- --nocapture && \
+	  COPSE_SERVER_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/server/test_crash.py -k sigkill \
 	) 2>&1 | tee target/torture.log
