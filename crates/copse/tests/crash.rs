@@ -1204,8 +1204,19 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
             check_scan_and_stats(&reopened, &state, "after a clean reopen", &mut violations)
         {
             if torn_or_corrupt(&stats) != 0 {
+                let where_: Vec<String> = stats
+                    .shards
+                    .iter()
+                    .flat_map(|shard| {
+                        shard
+                            .recovery
+                            .defects_sample
+                            .iter()
+                            .map(move |d| format!("shard {}: {d}", shard.shard))
+                    })
+                    .collect();
                 violations.push(format!(
-                    "after a clean reopen recovery still finds {} torn or corrupt slots (they should have been erased)",
+                    "after a clean reopen recovery still finds {} torn or corrupt slots (they should have been erased): {where_:?}",
                     torn_or_corrupt(&stats)
                 ));
             }

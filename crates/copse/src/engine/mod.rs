@@ -203,6 +203,9 @@ pub struct RecoveryStats {
     /// Keys whose newest record was durable once and is damaged now (bit rot): they read as
     /// corrupt until rewritten, never as an older value.
     pub damaged_items: u64,
+    /// The first defective slots found (up to 20), each with its location and what is wrong:
+    /// where to look when `torn_or_corrupt` is not zero.
+    pub defects_sample: Vec<String>,
     pub batches_replayed: u64,
     /// Cross-shard parts found (prepared or committed), reported to the router.
     pub parts: u64,

@@ -223,6 +223,8 @@ struct Found {
     free: Vec<Loc>,
     empty: Vec<Loc>,
     corrupt: Vec<Loc>,
+    /// The first defective slots with what is wrong with them, for `RecoveryStats`.
+    corrupt_sample: Vec<String>,
     batches: Vec<(Loc, u64, Vec<BatchOp>)>,
     /// Part records: location, sequence number, content.
     parts: Vec<(Loc, u64, PartRecord)>,
@@ -302,6 +304,13 @@ impl Found {
     }
 
     fn corrupt_slot(&mut self, shard_id: u32, loc: Loc, reason: &str) {
+        if (self.corrupt_sample.len() as u64) < CORRUPT_SLOTS_LOGGED_MAX {
+            self.corrupt_sample.push(format!(
+                "class {} slot {}: {reason}",
+                loc.class(),
+                loc.slot()
+            ));
+        }
         if !self.quiet && (self.corrupt.len() as u64) < CORRUPT_SLOTS_LOGGED_MAX {
             tracing::warn!(
                 shard = shard_id,
@@ -558,8 +567,9 @@ impl NativeEngine {
         let judged = found.judge_damaged();
         let replays = found.batch_replays();
         let parts = found.part_replays();
-        let Found { newest, stale, free, empty, corrupt, frontier, .. } = found;
+        let Found { newest, stale, free, empty, corrupt, frontier, corrupt_sample, .. } = found;
         self.recovery.torn_or_corrupt = (corrupt.len() + judged.kept.len()) as u64;
+        self.recovery.defects_sample = corrupt_sample;
         self.recovery.damaged_items = judged.decided.len() as u64;
         for (loc, key) in &judged.decided {
             tracing::error!(shard = self.shard_id, ?loc, key = %String::from_utf8_lossy(key), "the newest record of a key is damaged: it reads as corrupt until rewritten");
