@@ -64,6 +64,24 @@ pub struct FuzzReport {
     pub failure: Option<String>,
 }
 
+impl FuzzReport {
+    /// Prints the figures (for `make torture`'s log) and panics with the failure, if any: what a
+    /// fuzz test ends with.
+    pub fn assert_clean(self) {
+        eprintln!(
+            "fuzz {}: {} inputs in {:.1} s ({:.0}/s)",
+            self.target,
+            self.inputs,
+            self.seconds,
+            self.inputs as f64 / self.seconds.max(1e-9)
+        );
+        if let Some(failure) = self.failure {
+            panic!("{failure}");
+        }
+        assert!(self.inputs > 0, "the fuzz budget ran no input");
+    }
+}
+
 /// Runs `target` on mutated corpus entries until the budget is spent or an input fails. Input
 /// `i` is made from seed `seed_start + i` (`COPSE_FUZZ_SEED` sets `seed_start`; default 0).
 pub fn run(name: &str, corpus: &[Vec<u8>], target: fn(&[u8]), budget: Budget) -> FuzzReport {

@@ -3,32 +3,18 @@
 //! `COPSE_FUZZ_SECONDS` (default 5; `make test` runs 60) or `COPSE_FUZZ_INPUTS` inputs; a failure
 //! prints the seed that replays it.
 
-use copse::fuzz::{self, Budget, FuzzReport};
+use copse::fuzz::{self, Budget};
 
 const DEFAULT_SECONDS: u64 = 5;
-
-fn check(report: FuzzReport) {
-    eprintln!(
-        "fuzz {}: {} inputs in {:.1} s ({:.0}/s)",
-        report.target,
-        report.inputs,
-        report.seconds,
-        report.inputs as f64 / report.seconds.max(1e-9)
-    );
-    if let Some(failure) = report.failure {
-        panic!("{failure}");
-    }
-    assert!(report.inputs > 0, "the fuzz budget ran no input");
-}
 
 #[test]
 fn fuzz_slab_page_decoder() {
     let budget = Budget::from_env(DEFAULT_SECONDS);
-    check(fuzz::run("slab-page", &fuzz::slab_corpus(), fuzz::slab_page, budget));
+    fuzz::run("slab-page", &fuzz::slab_corpus(), fuzz::slab_page, budget).assert_clean();
 }
 
 #[test]
 fn fuzz_manifest_decoder() {
     let budget = Budget::from_env(DEFAULT_SECONDS);
-    check(fuzz::run("manifest", &fuzz::manifest_corpus(), fuzz::manifest_page, budget));
+    fuzz::run("manifest", &fuzz::manifest_corpus(), fuzz::manifest_page, budget).assert_clean();
 }

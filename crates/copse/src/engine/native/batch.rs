@@ -13,7 +13,7 @@
 //! Encoding of the batch record's value (little-endian):
 //! `count: u32, then count × (kind: u8 [1 put, 2 delete], key_len: u16, value_len: u32, key, value)`.
 
-use super::format::{record_bytes, Loc, RecordKind, SizeClass};
+use super::format::{Loc, RecordKind};
 use super::{key_hash, Effect, Key, NativeEngine, Origin};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
@@ -126,8 +126,8 @@ impl NativeEngine {
     }
 
     /// Writes `ops` all or nothing: first the record of `kind` holding `value` (which names every
-    /// operation), then the members. `part`: the gsn of a cross-shard part being committed.
-    /// Returns false (having answered `reply`) if no slot could be had.
+    /// operation), then the members. `part`: the gsn of a cross-shard part being committed. If no
+    /// slot can be had, answers `reply` with the error (and `part` stays as it was).
     pub(super) fn start_recorded_batch(
         &mut self,
         ops: Vec<BatchOp>,
@@ -135,38 +135,31 @@ impl NativeEngine {
         value: &[u8],
         part: Option<u64>,
         reply: Reply<(), WriteError>,
-    ) -> bool {
-        let class = SizeClass::for_record(record_bytes(0, value.len()));
+    ) {
         let mut slots = match self.allocate_members(&ops) {
             Ok(slots) => slots,
             Err(err) => {
                 let _ = reply.send(Err(err));
-                return false;
+                return;
             }
         };
-        let (slot, overwritten) = match self.allocate(class, None) {
+        // The record has no key: `allocate_for` sizes its slot and finds no old copy to sit by.
+        let (loc, overwritten) = match self.allocate_for(&[], value.len()) {
             Ok(allocation) => allocation,
             Err(err) => {
                 for (loc, tag) in slots.drain(..) {
                     self.place_free(loc.slot_only(), tag, false, None);
                 }
                 let _ = reply.send(Err(err));
-                return false;
+                return;
             }
         };
         let seq = self.take_seq();
         let held = self.hold_batch_keys(&ops);
         let batch = self.start_batch(ops, slots, seq, held, None, Some(reply), part);
-        let pages = if class.is_multi_page() {
-            super::format::pages_for(record_bytes(0, value.len()))
-        } else {
-            0
-        };
-        let loc = Loc::new(class.id, slot, pages);
         let write = self.new_write(loc, overwritten, Effect::BatchRecord { batch });
         let watermark = self.durable_watermark();
         self.place(write, loc, kind, seq, watermark, &[], value);
-        true
     }
 
     /// Allocates a slot for each operation, or none at all.

@@ -21,7 +21,7 @@
 //! record is durable; `records` holds its durable records in the order they are to be erased
 //! (prepared first); `held` is non-empty only while the committed record exists.
 
-use super::format::{record_bytes, Loc, RecordKind, SizeClass};
+use super::format::{Loc, RecordKind};
 use super::{Effect, ErasedRecord, NativeEngine};
 use crate::engine::part::{self, PartRecord, PartState};
 use crate::engine::{BatchOp, Reply};
@@ -94,17 +94,13 @@ impl NativeEngine {
             return;
         }
         let value = part::encode(PartState::Prepared, gsn, &participants, &ops);
-        let bytes = record_bytes(0, value.len());
-        let class = SizeClass::for_record(bytes);
-        let (slot, overwritten) = match self.allocate(class, None) {
+        let (loc, overwritten) = match self.allocate_for(&[], value.len()) {
             Ok(allocation) => allocation,
             Err(err) => {
                 let _ = reply.send(Err(err));
                 return;
             }
         };
-        let pages = if class.is_multi_page() { super::format::pages_for(bytes) } else { 0 };
-        let loc = Loc::new(class.id, slot, pages);
         let seq = self.take_seq();
         self.hold_seq(seq);
         self.parts.insert(
@@ -144,27 +140,36 @@ impl NativeEngine {
     }
 
     pub(super) fn commit_part(&mut self, gsn: u64, reply: Reply<(), WriteError>) {
-        let poisoned = self.is_poisoned();
-        let Some(part) = self.parts.get_mut(&gsn) else {
+        if !self.parts.contains_key(&gsn) {
             let _ = reply.send(Err(WriteError::UnknownPart { shard: self.shard_id, gsn }));
             return;
-        };
-        if part.stage != Stage::Prepared {
-            let _ = reply.send(Err(WriteError::Aborted(format!(
-                "shard {} was asked to commit part {gsn} while it is {:?}",
-                self.shard_id, part.stage
-            ))));
+        }
+        if let Err(err) = self.part_ready(gsn, &[Stage::Prepared], "commit") {
+            let _ = reply.send(Err(err));
             return;
         }
-        if poisoned {
-            let _ = reply.send(Err(WriteError::Poisoned));
-            return;
-        }
+        let part = self.parts.get_mut(&gsn).expect("checked above");
         part.stage = Stage::Committing;
         let value = part::encode(PartState::Committed, gsn, &part.participants, &part.ops);
         let ops = part.ops.clone();
         // On failure the batch answers `reply` and calls `part_commit_failed`.
         self.start_recorded_batch(ops, RecordKind::Part, &value, Some(gsn), reply);
+    }
+
+    /// Whether the part of `gsn` (which exists) may take a request now: it is in one of `stages`
+    /// and the store is not poisoned.
+    fn part_ready(&self, gsn: u64, stages: &[Stage], action: &str) -> Result<(), WriteError> {
+        let stage = self.parts[&gsn].stage;
+        if !stages.contains(&stage) {
+            return Err(WriteError::Aborted(format!(
+                "shard {} was asked to {action} part {gsn} while it is {stage:?}",
+                self.shard_id
+            )));
+        }
+        if self.is_poisoned() {
+            return Err(WriteError::Poisoned);
+        }
+        Ok(())
     }
 
     /// The committed record and every operation are durable and applied (`batch.rs`); the
@@ -185,22 +190,15 @@ impl NativeEngine {
     }
 
     pub(super) fn forget_part(&mut self, gsn: u64, reply: Reply<(), WriteError>) {
-        let poisoned = self.is_poisoned();
-        let Some(part) = self.parts.get_mut(&gsn) else {
+        if !self.parts.contains_key(&gsn) {
             let _ = reply.send(Ok(()));
             return;
-        };
-        if !matches!(part.stage, Stage::Prepared | Stage::Committed) {
-            let _ = reply.send(Err(WriteError::Aborted(format!(
-                "shard {} was asked to forget part {gsn} while it is {:?}",
-                self.shard_id, part.stage
-            ))));
+        }
+        if let Err(err) = self.part_ready(gsn, &[Stage::Prepared, Stage::Committed], "forget") {
+            let _ = reply.send(Err(err));
             return;
         }
-        if poisoned {
-            let _ = reply.send(Err(WriteError::Poisoned));
-            return;
-        }
+        let part = self.parts.get_mut(&gsn).expect("checked above");
         part.stage = Stage::Forgetting;
         part.reply = Some(reply);
         let first = *part.records.first().expect("a durable part has a record");

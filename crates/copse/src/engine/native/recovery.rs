@@ -376,14 +376,29 @@ impl Found {
         batches
             .into_iter()
             .map(|(record, seq, ops)| {
-                let needed = ops
-                    .iter()
-                    .filter(|op| self.newest.get(op.key()).is_none_or(|newest| newest.seq < seq))
-                    .cloned()
-                    .collect();
+                let needed = self.needed(&ops, seq);
                 (record, seq, ops, needed)
             })
             .collect()
+    }
+
+    /// The operations of a batch or committed part of sequence number `seq` that recovery
+    /// writes again: those whose key has no record at least as new.
+    fn needed(&self, ops: &[BatchOp], seq: u64) -> Vec<BatchOp> {
+        ops.iter()
+            .filter(|op| self.newest.get(op.key()).is_none_or(|newest| newest.seq < seq))
+            .cloned()
+            .collect()
+    }
+
+    /// What the replay of `ops` with sequence number `seq` leaves as each key's newest record
+    /// (for the offline judgement, which writes nothing).
+    fn assume_replayed(&mut self, ops: Vec<BatchOp>, seq: u64) {
+        for op in ops {
+            let tombstone = matches!(op, BatchOp::Delete { .. });
+            let loc = Loc::new(0, 0, 0);
+            self.newest.insert(op.key().into(), Newest { loc, seq, tombstone });
+        }
     }
 }
 
@@ -412,15 +427,7 @@ impl Found {
             let mut prepared: Vec<Loc> = records.into_iter().map(|(loc, _, _)| loc).collect();
             let committed = match last.state {
                 PartState::Committed => {
-                    let needed = last
-                        .ops
-                        .iter()
-                        .filter(|op| {
-                            self.newest.get(op.key()).is_none_or(|newest| newest.seq < last_seq)
-                        })
-                        .cloned()
-                        .collect();
-                    Some((last_loc, last_seq, needed))
+                    Some((last_loc, last_seq, self.needed(&last.ops, last_seq)))
                 }
                 PartState::Prepared => {
                     prepared.push(last_loc);
@@ -472,18 +479,11 @@ impl ShardScan {
     pub fn key_counts(mut self) -> KeyCounts {
         self.found.judge_damaged();
         for (_, seq, _, needed) in self.found.batch_replays() {
-            for op in needed {
-                let tombstone = matches!(op, BatchOp::Delete { .. });
-                let loc = Loc::new(0, 0, 0);
-                self.found.newest.insert(op.key().into(), Newest { loc, seq, tombstone });
-            }
+            self.found.assume_replayed(needed, seq);
         }
         for part in self.found.part_replays() {
-            let Some((_, seq, needed)) = part.committed else { continue };
-            for op in needed {
-                let tombstone = matches!(op, BatchOp::Delete { .. });
-                let loc = Loc::new(0, 0, 0);
-                self.found.newest.insert(op.key().into(), Newest { loc, seq, tombstone });
+            if let Some((_, seq, needed)) = part.committed {
+                self.found.assume_replayed(needed, seq);
             }
         }
         let live = self.found.newest.values().filter(|newest| !newest.tombstone).count() as u64;
