@@ -137,7 +137,8 @@ bench-sharded: bench-deps
 		--doc docs/benchmarks.md --section sharded-128 --title "Sharding RocksDB: YCSB load and A, 128-B records"
 
 # The long reliability run (docs/reliability.md): each fuzz target for TORTURE_FUZZ_INPUTS inputs,
-# the simulated-device crash tests (every acknowledged write, and cross-shard batches) for
+# the deterministic simulator (tests/sim.rs) and the simulated-device crash tests (every
+# acknowledged write, and cross-shard batches) for
 # TORTURE_SEEDS seeds each, and TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
 # `copse serve` under pipelined load. Hours on 2 cores; every figure goes to target/torture.log.
 TORTURE_SEEDS ?= 100000
@@ -149,6 +150,7 @@ torture: test-deps build
 	set -o pipefail; ( \
 	  COPSE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) COPSE_FUZZ_SECONDS=86400 $(CARGO) test --release -p copse --test fuzz -- --nocapture --test-threads 1 && \
 	  COPSE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) COPSE_FUZZ_SECONDS=86400 $(CARGO) test --release -p copse-server --test fuzz -- --nocapture && \
+	  COPSE_SIM_SEEDS=$(TORTURE_SEEDS) COPSE_SIM_KEEP_GOING=1 $(CARGO) test --release -p copse --test sim seeded_simulation -- --nocapture && \
 	  COPSE_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test crash every_acknowledged_write -- --nocapture && \
 	  COPSE_BATCH_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test batches simulated -- --nocapture && \
 	  COPSE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(CARGO) test --release -p copse --test kill -- --nocapture && \

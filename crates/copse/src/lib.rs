@@ -7,12 +7,13 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod fuzz;
+pub mod hash;
 pub mod interfaces;
 pub mod limits;
 pub mod router;
 pub mod shard;
 
 pub use device::{Backend, WriteDurability};
-pub use engine::{BatchOp, EngineKind, KeyValue, RecoveryStats, ShardStats};
+pub use engine::{BatchOp, EngineKind, KeyValue, RecoveryStats, ScrubReport, ShardStats};
 pub use error::{Error, InputError, OpenError, ReadError, WriteError};
 pub use interfaces::db::{Db, Options, StoreStats, WriteBatch};

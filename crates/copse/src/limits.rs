@@ -60,6 +60,12 @@ pub const SLAB_GROWTH_DIVISOR: u64 = 8;
 pub const RECOVERY_CHUNK_BYTES: usize = 1024 * 1024;
 pub const RECOVERY_CHUNKS_IN_FLIGHT: usize = 4;
 
+/// An online scrub keeps at most this many reads in flight per shard, leaving the rest of the
+/// queue depth to foreground requests.
+pub const SCRUB_READS_IN_FLIGHT_MAX: usize = 4;
+/// The scrub's item pass takes this many index entries at a time.
+pub const SCRUB_ITEMS_PER_STEP_MAX: usize = 256;
+
 /// The RocksDB engine (`engine/rocks`): data block size (one page, as the native engine reads),
 /// bloom filter bits per key, and how `settle` waits for background work.
 pub const ROCKSDB_BLOCK_BYTES: usize = 4096;

@@ -39,7 +39,7 @@ fn measure(key_bytes: usize, items: u64) -> (f64, f64) {
     let before = ALLOCATED_BYTES.load(Ordering::Relaxed);
     let mut index = Index::default();
     for (i, key) in keys.iter().enumerate() {
-        index.insert(key, Loc::new(10, i as u64, 0));
+        index.insert(key, Loc::new(10, i as u64, 0), i as u64);
     }
     let measured = (ALLOCATED_BYTES.load(Ordering::Relaxed) - before) as f64 / items as f64;
     let estimated = index.memory_bytes() as f64 / items as f64;

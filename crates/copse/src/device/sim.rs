@@ -67,6 +67,27 @@ pub enum FaultError {
     NoSpace,
 }
 
+/// A silent write fault armed with [`SimDisk::fault_nth_write`]: the device reports success.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteFault {
+    /// Acknowledged but never stored: neither a read nor a restart sees it.
+    Lost,
+    /// Stored at another page-aligned offset of the same file (chosen from the seed), so the
+    /// intended place keeps its old bytes and the place it lands on loses its own.
+    Misdirected,
+}
+
+/// A silent write fault that fired: where the write was meant to go, and where it went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InjectedWriteFault {
+    pub fault: WriteFault,
+    pub name: String,
+    pub offset: u64,
+    pub len: u64,
+    /// For a misdirected write: the offset it was stored at.
+    pub landed_at: Option<u64>,
+}
+
 /// What [`SimDisk::restart`] did to the writes that were not durable at the crash (completed but
 /// not flushed, or in flight). One count per write request, whatever its length.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -134,6 +155,11 @@ struct State {
     crashed: bool,
     in_flight_at_crash: Vec<WriteRecord>,
     faults: Vec<Fault>,
+    /// Armed silent write faults: (fault, the successful write it hits, 1-based from arming).
+    write_faults: Vec<(WriteFault, u64)>,
+    /// Successful writes performed since the disk was made (counts for `write_faults`).
+    writes_performed: u64,
+    injected_write_faults: Vec<InjectedWriteFault>,
     stats: DeviceStats,
     restart_stats: RestartStats,
 }
@@ -152,6 +178,9 @@ impl State {
             crashed: false,
             in_flight_at_crash: Vec::new(),
             faults: Vec::new(),
+            write_faults: Vec::new(),
+            writes_performed: 0,
+            injected_write_faults: Vec::new(),
             stats: DeviceStats::default(),
             restart_stats: RestartStats::default(),
         }
@@ -276,13 +305,53 @@ impl State {
                 files::transfer_result(request, name, available)
             }
             IoKind::Write => {
-                write_into(&mut file.volatile, request.offset, &request.buf);
+                self.writes_performed += 1;
+                let performed = self.writes_performed;
+                let mut offset = request.offset;
+                if let Some(at) = self.write_faults.iter().position(|(_, nth)| *nth == performed) {
+                    let (fault, _) = self.write_faults.swap_remove(at);
+                    let len = request.buf.len() as u64;
+                    let mut injected = InjectedWriteFault {
+                        fault,
+                        name: name.to_string(),
+                        offset,
+                        len,
+                        landed_at: None,
+                    };
+                    match fault {
+                        WriteFault::Lost => {
+                            self.injected_write_faults.push(injected);
+                            return Ok(());
+                        }
+                        WriteFault::Misdirected => {
+                            // Another whole-page position inside the file; a file with room
+                            // for this write only once loses it instead.
+                            let file_len = self.files.get(name).map_or(0, |f| f.volatile.len());
+                            let page = crate::limits::PAGE_BYTES as u64;
+                            let positions = (file_len as u64).saturating_sub(len) / page + 1;
+                            if positions < 2 {
+                                injected.fault = WriteFault::Lost;
+                                self.injected_write_faults.push(injected);
+                                return Ok(());
+                            }
+                            let mut landed = self.rng.gen_range(0..positions - 1) * page;
+                            if landed >= offset {
+                                landed += page;
+                            }
+                            injected.landed_at = Some(landed);
+                            self.injected_write_faults.push(injected);
+                            offset = landed;
+                        }
+                    }
+                }
+                let file = self.files.get_mut(name).expect("looked up above");
+                write_into(&mut file.volatile, offset, &request.buf);
                 if durability == WriteDurability::Dsync && self.pending.is_empty() {
-                    write_into(&mut file.durable, request.offset, &request.buf);
+                    write_into(&mut file.durable, offset, &request.buf);
                 } else {
                     self.pending.push(WriteRecord {
                         name: name.to_string(),
-                        offset: request.offset,
+                        offset,
                         data: request.buf.to_vec(),
                         durable: durability == WriteDurability::Dsync,
                     });
@@ -448,6 +517,20 @@ impl SimDisk {
     pub fn fail_nth(&self, n: u64, op: FaultOp, error: FaultError, persistent: bool) {
         assert!(n >= 1, "fail_nth counts from 1");
         self.lock().faults.push(Fault { op, error, nth: n, seen: 0, persistent });
+    }
+
+    /// Arms a silent write fault: the `n`th (1-based, counting from now) write the device
+    /// performs successfully reports success but is lost or misdirected (see [`WriteFault`]).
+    pub fn fault_nth_write(&self, n: u64, fault: WriteFault) {
+        assert!(n >= 1, "fault_nth_write counts from 1");
+        let mut state = self.lock();
+        let nth = state.writes_performed + n;
+        state.write_faults.push((fault, nth));
+    }
+
+    /// The silent write faults that fired so far, in order.
+    pub fn injected_write_faults(&self) -> Vec<InjectedWriteFault> {
+        self.lock().injected_write_faults.clone()
     }
 
     /// Flips one bit in the durable and in the volatile image (where the byte exists in each).

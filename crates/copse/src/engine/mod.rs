@@ -135,6 +135,12 @@ pub enum Request {
     Stats {
         reply: Reply<ShardStats, ReadError>,
     },
+    /// Verifies every item and page checksum the shard holds against the device (not the
+    /// cache), paced so that foreground requests keep flowing; answers with what it found. A
+    /// scrub asked for while one runs shares its report.
+    Scrub {
+        reply: Reply<ScrubReport, ReadError>,
+    },
     /// Makes this shard's part of a cross-shard batch durable without applying it (see
     /// `part.rs`): nothing reads its operations until `CommitPart`. Answers once durable. The
     /// shard never sends two parts with the same gsn, nor a part whose keys another live part
@@ -170,9 +176,10 @@ impl Request {
                 RequestKind::Write
             }
             Request::Scan { .. } => RequestKind::Scan,
-            Request::Flush { .. } | Request::Settle { .. } | Request::Stats { .. } => {
-                RequestKind::Control
-            }
+            Request::Flush { .. }
+            | Request::Settle { .. }
+            | Request::Stats { .. }
+            | Request::Scrub { .. } => RequestKind::Control,
             Request::PreparePart { .. }
             | Request::CommitPart { .. }
             | Request::ForgetPart { .. } => RequestKind::Part,
@@ -212,6 +219,41 @@ pub struct RecoveryStats {
     /// Of those, parts found committed (replayed by the shard itself).
     pub parts_committed: u64,
     pub seconds: f64,
+}
+
+/// Problems a scrub lists at most; the rest are only counted.
+pub const SCRUB_PROBLEMS_LISTED_MAX: usize = 100;
+
+/// What an online scrub of one shard (or, merged, of the store) found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ScrubReport {
+    /// Pages read and verified slot by slot (slab headers included).
+    pub pages_checked: u64,
+    /// Live items read from the device and matched against the index (key and seq).
+    pub items_checked: u64,
+    /// Pages read again because a write to them started while they were being read.
+    pub pages_reread: u64,
+    pub problems_found: u64,
+    /// The first `SCRUB_PROBLEMS_LISTED_MAX` problems, each with its location.
+    pub problems: Vec<String>,
+}
+
+impl ScrubReport {
+    pub fn problem(&mut self, what: String) {
+        self.problems_found += 1;
+        if self.problems.len() < SCRUB_PROBLEMS_LISTED_MAX {
+            self.problems.push(what);
+        }
+    }
+
+    pub fn merge(&mut self, other: ScrubReport) {
+        self.pages_checked += other.pages_checked;
+        self.items_checked += other.items_checked;
+        self.pages_reread += other.pages_reread;
+        self.problems_found += other.problems_found;
+        let room = SCRUB_PROBLEMS_LISTED_MAX.saturating_sub(self.problems.len());
+        self.problems.extend(other.problems.into_iter().take(room));
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]

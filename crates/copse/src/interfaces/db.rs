@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::device::{Backend, DeviceStats, DirStorage, Storage, WriteDurability};
 use crate::engine::input::{check_batch, check_key, check_value};
 use crate::engine::native::{EngineConfig, NativeEngine};
-use crate::engine::{BatchOp, EngineKind, KeyValue, Request, ShardEngine, ShardStats};
+use crate::engine::{BatchOp, EngineKind, KeyValue, Request, ScrubReport, ShardEngine, ShardStats};
 use crate::error::{InputError, OpenError, ReadError, WriteError};
 use crate::limits::{
     CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
@@ -505,6 +505,18 @@ impl Db {
             shards.push(pending.wait()?);
         }
         Ok(summarize(shards))
+    }
+
+    /// Scrubs every shard online (`engine::Request::Scrub`): every item and page checksum is
+    /// verified against what the device holds, while the store keeps serving. The shards scrub
+    /// in parallel; the report is their sum.
+    pub fn scrub(&self) -> Result<ScrubReport, ReadError> {
+        let mut report = ScrubReport::default();
+        for pending in self.router().broadcast(ReadError::Closed, |reply| Request::Scrub { reply })
+        {
+            report.merge(pending.wait()?);
+        }
+        Ok(report)
     }
 
     /// Finishes all work, makes it durable and stops the shards. Other clones see `Closed`.

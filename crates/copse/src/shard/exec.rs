@@ -27,7 +27,9 @@
 //! Plain requests (`Db::put`, `Db::get`, ...) take no locks: they are ordered with execs only by
 //! arrival at the engine. A key space is used either through execs or through plain requests.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::hash::HashMap;
 use std::ops::Bound;
 use std::sync::Arc;
 

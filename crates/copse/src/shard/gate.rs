@@ -22,7 +22,9 @@
 //!    with an error when its key's committed part failed to apply (`fail`): the store is
 //!    poisoned then, and the key stays locked, reading as the batch wrote it.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::hash::HashMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -75,7 +77,7 @@ impl Gate {
         Gate {
             engine,
             locked: BTreeMap::new(),
-            parts: HashMap::new(),
+            parts: HashMap::default(),
             failed: BTreeMap::new(),
             parked: VecDeque::new(),
             intercepted: Vec::new(),
@@ -249,9 +251,10 @@ impl Gate {
             }
             Request::Batch { ops, .. } => &mut ops.iter().map(BatchOp::key),
             // Reads of locked keys (failed ones included) are intercepted, not held back.
-            Request::Get { .. } | Request::Scan { .. } | Request::Stats { .. } => {
-                return Blocked::No
-            }
+            Request::Get { .. }
+            | Request::Scan { .. }
+            | Request::Stats { .. }
+            | Request::Scrub { .. } => return Blocked::No,
             Request::Flush { .. } | Request::Settle { .. } => {
                 return if self.parked.is_empty() { Blocked::No } else { Blocked::Wait };
             }

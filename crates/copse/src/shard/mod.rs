@@ -203,6 +203,9 @@ pub(crate) fn reject(request: Request) {
         Request::Stats { reply } => {
             let _ = reply.send(Err(ReadError::Closed));
         }
+        Request::Scrub { reply } => {
+            let _ = reply.send(Err(ReadError::Closed));
+        }
         Request::Put { reply, .. }
         | Request::Batch { reply, .. }
         | Request::Flush { reply }

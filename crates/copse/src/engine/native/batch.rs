@@ -99,7 +99,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<BatchOp>, String> {
 
 /// Keeps the last operation of each key, in the order of those last operations.
 pub fn dedupe_batch(ops: Vec<BatchOp>) -> Vec<BatchOp> {
-    let mut last = std::collections::HashMap::new();
+    let mut last = crate::hash::HashMap::default();
     for (position, op) in ops.iter().enumerate() {
         last.insert(op.key().to_vec(), position);
     }

@@ -128,6 +128,20 @@ impl PageCache {
         }
     }
 
+    /// Drops every page that is not pinned (whose image is what the disk holds), so that the
+    /// next reads of them go to the device.
+    pub fn drop_unpinned(&mut self) {
+        let pages: Vec<PageKey> = self
+            .map
+            .iter()
+            .filter(|(_, &index)| self.frames[index as usize].pins == 0)
+            .map(|(&page, _)| page)
+            .collect();
+        for page in pages {
+            self.remove(page);
+        }
+    }
+
     pub fn len_pages(&self) -> usize {
         self.map.len()
     }

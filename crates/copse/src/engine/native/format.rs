@@ -394,6 +394,89 @@ pub fn decode_slot<'a>(
     Ok(Slot::Record { header: parsed, key, value })
 }
 
+/// Whether a checksum covers the byte at `at` of a slab file whose image is `image` and whose
+/// name ends in `class-NN.slab`: the slab header's fields, every slot's 32 header bytes (an
+/// empty slot's are all zero, so any change there is a defect), and a record's key and value.
+/// Not covered: the header page past its fields, a slot's bytes past its record (or past an
+/// empty slot's header), and a page's tail past its last slot. For fault injection, which must
+/// know whether a flipped bit can be detected at all.
+pub fn byte_is_checksummed(image: &[u8], file_name: &str, at: u64) -> bool {
+    !matches!(byte_role(image, file_name, at), ByteRole::Unchecked)
+}
+
+/// What the byte at `at` of a slab file is, as far as checksums go (see
+/// [`byte_is_checksummed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ByteRole {
+    Unchecked,
+    Checked,
+    /// The header or key bytes of a put or tombstone of this key: damage there can rename the
+    /// record or change its seq, so recovery can no longer tell whose it was or whether it was
+    /// durable (its defect is still reported).
+    KeyOf(Vec<u8>),
+    /// The value bytes of a put of this key.
+    ValueOf(Vec<u8>),
+}
+
+pub fn byte_role(image: &[u8], file_name: &str, at: u64) -> ByteRole {
+    use ByteRole::{Checked, KeyOf, Unchecked, ValueOf};
+    let base = file_name.rsplit('/').next().unwrap_or(file_name);
+    let Some(class) = base
+        .strip_prefix("class-")
+        .and_then(|rest| rest.strip_suffix(".slab"))
+        .and_then(|digits| digits.parse::<u8>().ok())
+        .filter(|&id| (id as usize) < CLASS_COUNT)
+    else {
+        return Unchecked;
+    };
+    let class = SizeClass::get(class);
+    let page = at / PAGE_BYTES as u64;
+    if page == 0 {
+        return if (at as usize) < SLAB_HEADER_BYTES { Checked } else { Unchecked };
+    }
+    let (slot_start, offset_in_slot) = if class.is_multi_page() {
+        let slot_bytes = class.pages_per_slot as u64 * PAGE_BYTES as u64;
+        let slot = (at - PAGE_BYTES as u64) / slot_bytes;
+        let start = PAGE_BYTES as u64 + slot * slot_bytes;
+        (start, (at - start) as usize)
+    } else {
+        let in_page = (at % PAGE_BYTES as u64) as usize;
+        let index = in_page / class.slot_bytes as usize;
+        if index >= class.slots_per_page as usize {
+            return Unchecked;
+        }
+        let start = page * PAGE_BYTES as u64 + (index * class.slot_bytes as usize) as u64;
+        (start, in_page - index * class.slot_bytes as usize)
+    };
+    let end = (slot_start as usize + class.slot_bytes as usize).min(image.len());
+    let slot = image.get(slot_start as usize..end).unwrap_or(&[]);
+    let header = peek_header(slot)
+        .filter(|_| u16::from_le_bytes([slot[28], slot[29]]) == RECORD_MAGIC)
+        .filter(|header| header.record_bytes() <= slot.len());
+    if offset_in_slot < RECORD_HEADER_BYTES {
+        // The lengths are in the header too: damage there also loses the key's name.
+        return match header {
+            Some(header) if matches!(header.kind, RecordKind::Put | RecordKind::Tombstone) => {
+                let key = &slot[RECORD_HEADER_BYTES..][..header.key_bytes as usize];
+                KeyOf(key.to_vec())
+            }
+            _ => Checked,
+        };
+    }
+    match header {
+        Some(header) if offset_in_slot < header.record_bytes() => {
+            let in_key = offset_in_slot < RECORD_HEADER_BYTES + header.key_bytes as usize;
+            let key = slot[RECORD_HEADER_BYTES..][..header.key_bytes as usize].to_vec();
+            match header.kind {
+                RecordKind::Put | RecordKind::Tombstone if in_key => KeyOf(key),
+                RecordKind::Put => ValueOf(key),
+                _ => Checked,
+            }
+        }
+        _ => Unchecked,
+    }
+}
+
 /// The header page of a slab file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlabHeader {

@@ -10,7 +10,7 @@
 //! - Each chain has at most one push or pop in flight ("busy"), so its head is always the
 //!   durable top of the chain.
 
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use crate::limits::{FREE_CHAINS_PER_CLASS, FREE_SLOTS_IN_MEMORY_MAX};
 
@@ -36,8 +36,8 @@ impl Default for FreeList {
     fn default() -> Self {
         FreeList {
             stack: Vec::new(),
-            tags: HashMap::new(),
-            by_tag: HashMap::new(),
+            tags: HashMap::default(),
+            by_tag: HashMap::default(),
             chains: [Chain::default(); FREE_CHAINS_PER_CLASS],
             next_chain: 0,
         }

@@ -1,4 +1,10 @@
-//! The per-shard index: an ordered map from the full key to the item's location.
+//! The per-shard index: an ordered map from the full key to the item's location and the
+//! sequence number of the record there.
+//!
+//! The sequence number lets every read (and the scrub) tell the record the index expects from an
+//! older record of the same key still in that slot: a write the device acknowledged but never
+//! stored (a lost or misdirected write) is then reported as corrupt, never returned as the
+//! item's value. It costs 8 bytes per item.
 //!
 //! Full keys, not prefixes: KVell's 8-byte prefixes made two keys with a common prefix collide
 //! (and the process exit). The map is ordered so scans walk it directly.
@@ -14,21 +20,33 @@ use std::ops::Bound;
 use super::format::Loc;
 
 /// Bytes a B-tree entry costs inside its node, with node headers and ~70% fill spread over
-/// entries (std's B-tree: 11 entries per node, 24-byte entries here).
-const ENTRY_BYTES_ESTIMATE: u64 = 38;
+/// entries (std's B-tree: 11 entries per node, 32-byte entries here: key pointer and length,
+/// location, seq).
+const ENTRY_BYTES_ESTIMATE: u64 = 50;
 /// Heap bytes a boxed key of `len` bytes costs.
 fn key_allocation_bytes(len: usize) -> u64 {
     (len as u64).div_ceil(16) * 16
 }
 
+/// Where a key's live record is, and the seq that record carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub loc: Loc,
+    pub seq: u64,
+}
+
 #[derive(Default)]
 pub struct Index {
-    map: BTreeMap<Box<[u8]>, Loc>,
+    map: BTreeMap<Box<[u8]>, Entry>,
     key_heap_bytes: u64,
 }
 
 impl Index {
     pub fn get(&self, key: &[u8]) -> Option<Loc> {
+        self.map.get(key).map(|entry| entry.loc)
+    }
+
+    pub fn entry(&self, key: &[u8]) -> Option<Entry> {
         self.map.get(key).copied()
     }
 
@@ -36,20 +54,21 @@ impl Index {
         self.map.contains_key(key)
     }
 
-    /// Points `key` at `loc`; returns the previous location.
-    pub fn insert(&mut self, key: &[u8], loc: Loc) -> Option<Loc> {
+    /// Points `key` at the record `seq` at `loc`; returns the previous location.
+    pub fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Loc> {
+        let entry = Entry { loc, seq };
         if let Some(slot) = self.map.get_mut(key) {
-            return Some(std::mem::replace(slot, loc));
+            return Some(std::mem::replace(slot, entry).loc);
         }
         self.key_heap_bytes += key_allocation_bytes(key.len());
-        self.map.insert(key.into(), loc);
+        self.map.insert(key.into(), entry);
         None
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<Loc> {
-        let loc = self.map.remove(key)?;
+        let entry = self.map.remove(key)?;
         self.key_heap_bytes -= key_allocation_bytes(key.len());
-        Some(loc)
+        Some(entry.loc)
     }
 
     pub fn len(&self) -> usize {
@@ -73,7 +92,7 @@ impl Index {
         self.map
             .range::<[u8], _>((start, end))
             .take(limit)
-            .map(|(key, loc)| (key.clone(), *loc))
+            .map(|(key, entry)| (key.clone(), entry.loc))
             .collect()
     }
 
@@ -110,10 +129,11 @@ mod tests {
     #[test]
     fn keys_sharing_a_long_prefix_stay_distinct() {
         let mut index = Index::default();
-        index.insert(b"user000000001", Loc::new(1, 1, 0));
-        index.insert(b"user000000002", Loc::new(1, 2, 0));
+        index.insert(b"user000000001", Loc::new(1, 1, 0), 7);
+        index.insert(b"user000000002", Loc::new(1, 2, 0), 8);
         assert_eq!(index.get(b"user000000001"), Some(Loc::new(1, 1, 0)));
         assert_eq!(index.get(b"user000000002"), Some(Loc::new(1, 2, 0)));
+        assert_eq!(index.entry(b"user000000001").map(|entry| entry.seq), Some(7));
         assert_eq!(index.len(), 2);
     }
 
@@ -121,7 +141,7 @@ mod tests {
     fn range_is_ordered_limited_and_tolerates_inverted_bounds() {
         let mut index = Index::default();
         for i in 0..10u8 {
-            index.insert(&[b'k', i], Loc::new(0, i as u64, 0));
+            index.insert(&[b'k', i], Loc::new(0, i as u64, 0), i as u64);
         }
         let keys: Vec<_> = index
             .range(Bound::Included(&[b'k', 2][..]), Bound::Excluded(&[b'k', 8][..]), 3)
@@ -136,7 +156,7 @@ mod tests {
     #[test]
     fn memory_estimate_follows_inserts_and_removes() {
         let mut index = Index::default();
-        index.insert(b"abc", Loc::new(0, 0, 0));
+        index.insert(b"abc", Loc::new(0, 0, 0), 1);
         let one = index.memory_bytes();
         assert!(one >= 16 + ENTRY_BYTES_ESTIMATE);
         index.remove(b"abc");

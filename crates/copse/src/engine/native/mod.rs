@@ -26,9 +26,12 @@ pub mod index;
 mod parts;
 mod read;
 pub mod recovery;
+mod scrub;
 mod write;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::hash::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -154,6 +157,8 @@ enum IoPurpose {
     DirectRead(DirectRead),
     /// A synchronous request issued by `sync_io`.
     Sync,
+    /// A read of the online scrub (`scrub.rs`).
+    ScrubRead(scrub::ScrubRead),
 }
 
 pub struct NativeEngine {
@@ -203,6 +208,8 @@ pub struct NativeEngine {
     recovered_parts: Vec<crate::engine::part::PartRecord>,
     scans: HashMap<u64, read::ScanState>,
     next_scan_id: u64,
+    /// The online scrub under way, if any.
+    scrub: Option<scrub::Scrub>,
 
     recovery: RecoveryStats,
 }
@@ -228,28 +235,29 @@ impl NativeEngine {
             cache: PageCache::new(config.cache_pages),
             next_seq: 1,
             io_ready: VecDeque::new(),
-            io_purpose: HashMap::new(),
+            io_purpose: HashMap::default(),
             next_token: 1,
             stashed: Vec::new(),
-            loading: HashMap::new(),
-            dirty: HashMap::new(),
-            pages_in_flight: HashSet::new(),
+            loading: HashMap::default(),
+            dirty: HashMap::default(),
+            pages_in_flight: HashSet::default(),
             writes: BTreeMap::new(),
             next_write_id: 1,
             awaiting_flush: Vec::new(),
             flush_waiters: Vec::new(),
-            flights: HashMap::new(),
+            flights: HashMap::default(),
             unfinished_seqs: BTreeMap::new(),
             next_seq_at_open: 0,
-            stale_counts: HashMap::new(),
-            tombstone_guards: HashMap::new(),
+            stale_counts: HashMap::default(),
+            tombstone_guards: HashMap::default(),
             deferred_frees: VecDeque::new(),
-            batches: HashMap::new(),
+            batches: HashMap::default(),
             next_batch_id: 1,
-            parts: HashMap::new(),
+            parts: HashMap::default(),
             recovered_parts: Vec::new(),
-            scans: HashMap::new(),
+            scans: HashMap::default(),
             next_scan_id: 1,
+            scrub: None,
             recovery: RecoveryStats::default(),
         };
         engine.recover(progress)?;
@@ -395,6 +403,7 @@ impl NativeEngine {
             IoPurpose::DirectWrite(write) => self.writes_completed(vec![write], completion.result),
             IoPurpose::DirectRead(read) => self.direct_read_done(read, completion),
             IoPurpose::Sync => unreachable!("sync completions are consumed by sync_io"),
+            IoPurpose::ScrubRead(read) => self.scrub_read_done(read, completion),
         }
     }
 
@@ -579,6 +588,13 @@ impl NativeEngine {
         }
     }
 
+    /// Forgets every cached page that matches the disk, so that the next reads go to the device
+    /// (a cold-cache benchmark, or a simulator checking what the device really holds). Pages
+    /// with modifications not yet durable stay.
+    pub fn drop_clean_pages(&mut self) {
+        self.cache.drop_unpinned();
+    }
+
     pub fn stats(&self) -> ShardStats {
         let mut classes = Vec::new();
         let mut file_bytes = 0;
@@ -677,6 +693,7 @@ impl ShardEngine for NativeEngine {
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.stats()));
             }
+            Request::Scrub { reply } => self.scrub(reply),
             Request::PreparePart { gsn, participants, ops, reply } => {
                 self.prepare_part(gsn, participants, ops, reply)
             }
@@ -690,6 +707,7 @@ impl ShardEngine for NativeEngine {
         self.retry_deferred_frees();
         self.refill_free_lists();
         self.schedule_page_writes();
+        self.scrub_step();
         self.submit_ready();
         self.answer_flush_waiters();
     }
@@ -719,6 +737,7 @@ impl ShardEngine for NativeEngine {
             && self.stashed.is_empty()
             && self.flush_waiters.is_empty()
             && self.deferred_frees.is_empty()
+            && !self.scrub_running()
     }
 
     /// Whether the index holds `key` (its newest durable version is live). No I/O.

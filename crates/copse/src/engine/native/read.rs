@@ -10,6 +10,7 @@
 use std::ops::Bound;
 
 use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot};
+use super::index::Entry;
 use super::{DirectRead, IoPurpose, NativeEngine, PageWaiter};
 use crate::device::{AlignedBuf, IoKind};
 use crate::engine::{KeyValue, Reply};
@@ -37,7 +38,7 @@ enum Resolved {
 
 impl NativeEngine {
     fn resolve(&mut self, key: &[u8]) -> Resolved {
-        let Some(loc) = self.index.get(key) else { return Resolved::Missing };
+        let Some(Entry { loc, seq }) = self.index.entry(key) else { return Resolved::Missing };
         let class = SizeClass::get(loc.class());
         if class.is_multi_page() {
             return Resolved::NeedRead(loc);
@@ -47,7 +48,7 @@ impl NativeEngine {
         let Some(image) = self.cache.lookup(page) else { return Resolved::NeedPage(page) };
         let offset = class.offset_in_page(loc.slot());
         let bytes = &image[offset..offset + class.slot_bytes as usize];
-        match verify_value(bytes, shard_id, loc, class.slot_bytes as usize, key) {
+        match verify_value(bytes, shard_id, loc, class.slot_bytes as usize, key, seq) {
             Ok(value) => Resolved::Value(value),
             Err(err) => Resolved::Failed(err),
         }
@@ -89,12 +90,13 @@ impl NativeEngine {
         reply: Reply<Option<Vec<u8>>, ReadError>,
         bytes: &[u8],
     ) {
-        if self.index.get(&key) != Some(loc) {
+        let Some(entry) = self.index.entry(&key).filter(|entry| entry.loc == loc) else {
             // Rewritten or deleted while the read was in flight: start over.
             return self.get(key, reply);
-        }
+        };
         let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        let _ = reply.send(verify_value(bytes, self.shard_id, loc, slot_bytes, &key).map(Some));
+        let result = verify_value(bytes, self.shard_id, loc, slot_bytes, &key, entry.seq);
+        let _ = reply.send(result.map(Some));
     }
 
     pub(super) fn scan(
@@ -145,11 +147,11 @@ impl NativeEngine {
 
     pub(super) fn direct_scan_item_done(&mut self, scan: u64, item: usize, loc: Loc, bytes: &[u8]) {
         let key = self.scans[&scan].items[item].0.clone();
-        if self.index.get(&key) != Some(loc) {
+        let Some(entry) = self.index.entry(&key).filter(|entry| entry.loc == loc) else {
             return self.scan_item(scan, item);
-        }
+        };
         let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        match verify_value(bytes, self.shard_id, loc, slot_bytes, &key) {
+        match verify_value(bytes, self.shard_id, loc, slot_bytes, &key, entry.seq) {
             Ok(value) => self.scan_item_done(scan, item, Some(value)),
             Err(err) => self.scan_item_failed(scan, err),
         }
@@ -189,13 +191,15 @@ impl NativeEngine {
     }
 }
 
-/// Decodes the record of `key` at `loc` and returns its value, or says why it cannot.
-fn verify_value(
+/// Decodes the record of `key` at `loc`, which the index says carries `seq`, and returns its
+/// value, or says why it cannot.
+pub(super) fn verify_value(
     bytes: &[u8],
     shard_id: u32,
     loc: Loc,
     slot_bytes: usize,
     key: &[u8],
+    seq: u64,
 ) -> Result<Vec<u8>, ReadError> {
     let corrupt = |defect: String| ReadError::Corrupt {
         shard: shard_id,
@@ -209,6 +213,14 @@ fn verify_value(
             }
             if stored_key != key {
                 return Err(corrupt("indexed slot holds another key".into()));
+            }
+            if header.seq != seq {
+                // An older record of the key: the device lost (or misdirected) the newer write.
+                return Err(corrupt(format!(
+                    "indexed slot holds the key's record seq {}, the index expects seq {seq} \
+                     (a write was lost or misdirected)",
+                    header.seq
+                )));
             }
             Ok(value.to_vec())
         }

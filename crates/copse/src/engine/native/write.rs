@@ -322,6 +322,7 @@ impl NativeEngine {
             buf.copy_from_slice(self.cache.image(page).expect("dirty pages are pinned"));
             let file = self.classes[page.0 as usize].as_ref().expect("class file is open").file;
             self.pages_in_flight.insert(page);
+            self.scrub_page_written(page);
             self.queue_io(
                 IoKind::Write,
                 file,
@@ -438,7 +439,7 @@ impl NativeEngine {
     pub(super) fn apply_put(&mut self, key: &[u8], seq: u64, loc: Loc) {
         let hash = key_hash(key);
         if self.flight_end(key, seq, true) {
-            if let Some(old) = self.index.insert(key, loc) {
+            if let Some(old) = self.index.insert(key, loc, seq) {
                 self.release_slot(old.slot_only(), Some(hash), false);
             }
         } else {

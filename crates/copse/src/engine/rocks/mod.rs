@@ -40,11 +40,13 @@ use std::time::{Duration, Instant};
 use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, ReadOptions, WriteBatch, DB};
 
 use crate::engine::part::{self, PartRecord, PartState};
-use crate::engine::{BatchOp, KeyValue, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
+use crate::engine::{
+    BatchOp, KeyValue, RecoveryStats, Reply, Request, ScrubReport, ShardEngine, ShardStats,
+};
 use crate::error::{OpenError, ReadError, WriteError};
 use crate::limits::{
     ROCKSDB_BLOCK_BYTES, ROCKSDB_BLOOM_BITS_PER_KEY, ROCKSDB_MEMTABLE_BUDGET_DIVISOR,
-    ROCKSDB_SETTLE_POLL_MS, ROCKSDB_SETTLE_SECONDS_MAX,
+    ROCKSDB_SETTLE_POLL_MS, ROCKSDB_SETTLE_SECONDS_MAX, SCRUB_ITEMS_PER_STEP_MAX,
 };
 
 /// What every shard's instance shares: the block cache (one budget for the store, as the native
@@ -181,6 +183,15 @@ pub struct RocksEngine {
     parts: HashMap<u64, PartRecord>,
     /// What the open found there, for `recovered_parts`.
     recovered_parts: Vec<PartRecord>,
+    /// The online scrub under way: the key to resume after (`None`: from the first), what it
+    /// found so far, and who waits for it.
+    scrub: Option<RocksScrub>,
+}
+
+struct RocksScrub {
+    after: Option<Vec<u8>>,
+    report: ScrubReport,
+    replies: Vec<Reply<ScrubReport, ReadError>>,
 }
 
 impl RocksEngine {
@@ -210,6 +221,7 @@ impl RocksEngine {
             poisoned: config.poisoned,
             batch: WriteBatch::default(),
             waiters: Vec::new(),
+            scrub: None,
             round_state: HashMap::new(),
             open_seconds: started.elapsed().as_secs_f64(),
             writes_applied: 0,
@@ -499,6 +511,52 @@ fn read_parts(db: &DB) -> Result<Vec<PartRecord>, String> {
 
 /// `copse check` of one shard's instance: opens it read-only and reads every item with block
 /// checksums verified. Returns the live keys, or what went wrong.
+impl RocksEngine {
+    /// Reads the next `SCRUB_ITEMS_PER_STEP_MAX` items with RocksDB's block checksums verified;
+    /// one step a round, so a scrub never holds the shard for long.
+    fn scrub_step(&mut self) {
+        let Some(mut scrub) = self.scrub.take() else { return };
+        let mut options = ReadOptions::default();
+        options.set_verify_checksums(true);
+        options.fill_cache(false);
+        let mut iterator = self.db.raw_iterator_opt(options);
+        match &scrub.after {
+            None => iterator.seek_to_first(),
+            Some(key) => {
+                iterator.seek(key);
+                if iterator.key() == Some(key.as_slice()) {
+                    iterator.next();
+                }
+            }
+        }
+        let mut taken = 0;
+        while iterator.valid() && taken < SCRUB_ITEMS_PER_STEP_MAX {
+            taken += 1;
+            scrub.report.items_checked += 1;
+            scrub.after = iterator.key().map(<[u8]>::to_vec);
+            iterator.next();
+        }
+        let finished = match iterator.status() {
+            Err(err) => {
+                scrub.report.problem(format!(
+                    "shard {}: reading after item {} failed: {err}",
+                    self.shard_id, scrub.report.items_checked
+                ));
+                true
+            }
+            Ok(()) => !iterator.valid(),
+        };
+        drop(iterator);
+        if finished {
+            for reply in scrub.replies {
+                let _ = reply.send(Ok(scrub.report.clone()));
+            }
+        } else {
+            self.scrub = Some(scrub);
+        }
+    }
+}
+
 pub fn check_instance(dir: &Path) -> Result<u64, String> {
     if !dir.is_dir() {
         return Err("the instance's directory is missing".into());
@@ -596,17 +654,25 @@ impl ShardEngine for RocksEngine {
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.stats()));
             }
+            Request::Scrub { reply } => match &mut self.scrub {
+                Some(scrub) => scrub.replies.push(reply),
+                None => {
+                    let report = ScrubReport::default();
+                    self.scrub = Some(RocksScrub { after: None, report, replies: vec![reply] });
+                }
+            },
         }
     }
 
     fn end_round(&mut self) {
         self.commit_round();
+        self.scrub_step();
     }
 
     fn reap(&mut self, _wait: bool) {}
 
     fn is_idle(&self) -> bool {
-        self.waiters.is_empty()
+        self.waiters.is_empty() && self.scrub.is_none()
     }
 
     fn has_io_in_flight(&self) -> bool {

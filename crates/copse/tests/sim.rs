@@ -1,0 +1,838 @@
+//! The deterministic simulator: native-engine shards on the simulated disk, driven from one
+//! thread by simulated clients, with faults injected, and every answer checked against a model
+//! of what was acknowledged.
+//!
+//! Everything comes from the seed: the shard count, durability mode, cache size and queue depth;
+//! the clients' operations, keys and values; the device's completion order, tearing and fault
+//! positions; the engine's own map iteration order (`copse::hash::make_deterministic`). One
+//! thread drives every shard round by round (hand requests over, end the round, reap), so a
+//! failing seed replays exactly: `COPSE_SIM_SEED_START=<seed> COPSE_SIM_SEEDS=1 cargo test
+//! --release -p copse --test sim`.
+//!
+//! Each seed runs one scenario:
+//! - **crash**: the disk crashes at a device operation drawn from the seed (writes in flight
+//!   and unflushed kept, dropped or torn at 512-byte sectors), the shards recover, every key is
+//!   checked against the model, and a scrub of the recovered store must find nothing (recovery
+//!   erases what a crash tore);
+//! - **io-error**: EIO or ENOSPC on the Nth read, write, flush or grow, once or from then on.
+//!   The failed operation is not acknowledged, nothing panics, and once a write or flush failed
+//!   no write issued later is acknowledged (the store is poisoned; writes it had taken before
+//!   may still finish, each durable on its own). Then a crash and recovery, checked as above;
+//! - **silent**: writes the device acknowledges but loses, or stores at another page. Then an
+//!   online scrub and a read of every key through the device (cache dropped): no read returns a
+//!   wrong value, every key a fault damaged reads as corrupt, and the scrub reports each of
+//!   them;
+//! - **rot**: after a clean close, bits flipped in random pages of the slab files (headers, live
+//!   records, stale copies, free slots). Recovery and then a scrub must report every flip that
+//!   lands in checksummed bytes; no read returns a wrong value; a damaged live item reads as
+//!   corrupt until rewritten.
+//!
+//! The model (per key): every write with the clock ticks at which it was issued and answered
+//! and whether it was acknowledged. A value read at any time must be that of a write that began
+//! before the read ended and that no acknowledged write, begun after it ended, replaced before
+//! the read began. After a crash, the same rule with the read at the end of time.
+//!
+//! The run ends with totals that `make torture` records in docs/reliability.md.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::{describe_value, make_value};
+use copse::device::sim::{FaultError, FaultOp, SimDisk, WriteFault};
+use copse::device::WriteDurability;
+use copse::engine::native::format::{byte_role, ByteRole};
+use copse::engine::native::{EngineConfig, NativeEngine};
+use copse::engine::{BatchOp, Request, ScrubReport, ShardEngine};
+use copse::router::shard_of;
+use copse::{ReadError, WriteError};
+use futures::channel::oneshot;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const SEEDS_DEFAULT: u64 = 1_000;
+const KEYS: usize = 24;
+/// Keys at and past this one take multi-page values.
+const BLOB_KEYS_FROM: usize = 20;
+const CLIENTS_MIN: usize = 3;
+const CLIENTS_MAX: usize = 8;
+const CLIENT_OPS_MAX: usize = 60;
+/// Rounds after which a workload that never met its fault stops anyway.
+const ROUNDS_MAX: usize = 5_000;
+const FLIPS_MAX: usize = 4;
+const SILENT_FAULTS_MAX: u64 = 3;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn key_name(key: usize) -> Vec<u8> {
+    format!("k{key:02}").into_bytes()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scenario {
+    Crash,
+    IoError,
+    Silent,
+    Rot,
+}
+
+/// One write of one key. `ended` is `None` while in flight and for writes never answered with
+/// success (they may have happened, or not).
+struct Write {
+    value: Option<Vec<u8>>,
+    issued: u64,
+    ended: Option<u64>,
+    label: String,
+}
+
+#[derive(Default)]
+struct Model {
+    /// Per key, its writes in issue order; the first is "absent at time 0".
+    writes: Vec<Vec<Write>>,
+}
+
+impl Model {
+    fn new() -> Model {
+        let writes = (0..KEYS)
+            .map(|_| {
+                vec![Write { value: None, issued: 0, ended: Some(0), label: "initial".into() }]
+            })
+            .collect();
+        Model { writes }
+    }
+
+    /// The values a read of `key` that began at `started` and ended at `ended` may return.
+    fn allowed(&self, key: usize, started: u64, ended: u64) -> Vec<&Write> {
+        let writes = &self.writes[key];
+        writes
+            .iter()
+            .filter(|w| w.issued < ended)
+            .filter(|w| {
+                // Replaced before the read began by an acknowledged write issued after w ended.
+                let w_end = w.ended.unwrap_or(u64::MAX);
+                !writes.iter().any(|later| {
+                    later.issued > w_end && later.ended.is_some_and(|end| end < started)
+                })
+            })
+            .collect()
+    }
+
+    fn check(
+        &self,
+        key: usize,
+        started: u64,
+        ended: u64,
+        got: Option<&[u8]>,
+    ) -> Result<(), String> {
+        let allowed = self.allowed(key, started, ended);
+        if allowed.iter().any(|w| w.value.as_deref() == got) {
+            return Ok(());
+        }
+        let options: Vec<String> = allowed
+            .iter()
+            .map(|w| format!("{} [{}]", describe_value(w.value.as_deref()), w.label))
+            .collect();
+        Err(format!(
+            "key {key}: read [{started}, {ended}] returned {}, allowed: {}",
+            describe_value(got),
+            options.join(", ")
+        ))
+    }
+
+    /// After a restart every unanswered write is settled one way or the other: it is treated as
+    /// ended at the crash, so a later check may not see it come back after an older value.
+    fn settle_at(&mut self, now: u64, surviving: &BTreeMap<usize, Option<Vec<u8>>>) {
+        for (key, writes) in self.writes.iter_mut().enumerate() {
+            let value = surviving.get(&key).cloned().unwrap_or(None);
+            writes.push(Write {
+                value,
+                issued: now,
+                ended: Some(now),
+                label: "after restart".into(),
+            });
+        }
+    }
+}
+
+enum Pending {
+    Put(oneshot::Receiver<Result<(), WriteError>>),
+    Delete(oneshot::Receiver<Result<bool, WriteError>>),
+    Batch(oneshot::Receiver<Result<(), WriteError>>),
+    Get(oneshot::Receiver<Result<Option<Vec<u8>>, ReadError>>),
+}
+
+struct Outstanding {
+    pending: Pending,
+    /// (key, index into the model's writes of that key) for writes; the key for a get.
+    writes: Vec<(usize, usize)>,
+    key: usize,
+    issued: u64,
+}
+
+#[derive(Default, Debug)]
+struct Totals {
+    seeds: u64,
+    by_scenario: BTreeMap<String, u64>,
+    crashes: u64,
+    torn_writes: u64,
+    io_errors_injected: u64,
+    io_errors_seen: u64,
+    silent_faults_injected: u64,
+    /// Seeds whose silent faults the scrub or a read reported.
+    silent_fault_seeds_reported: u64,
+    /// Seeds whose silent faults left nothing wrong that the scrub or a read could reach.
+    silent_fault_seeds_harmless: u64,
+    flips_injected: u64,
+    flips_in_checksummed_bytes: u64,
+    flips_detected: u64,
+    acked_writes: u64,
+    reads_checked: u64,
+    keys_checked: u64,
+    corrupt_reads: u64,
+    /// Reads of a key whose record's header or key bytes were flipped that returned an older
+    /// value or nothing (the known gap).
+    unattributable_reads: u64,
+    /// Reads of a key whose only record rotted that returned nothing (the known gap).
+    sole_copy_rot_reads_absent: u64,
+    scrubs: u64,
+}
+
+struct Sim {
+    seed: u64,
+    rng: ChaCha8Rng,
+    disk: SimDisk,
+    shards: u32,
+    durability: WriteDurability,
+    engines: Vec<NativeEngine>,
+    poisoned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    model: Model,
+    clock: u64,
+    violations: Vec<String>,
+    /// Keys the scenario damaged on purpose: a corrupt read of them is a detection, not a bug.
+    damaged_ok: bool,
+    /// Keys whose record lost its name or sequence number to a flipped bit (header or key
+    /// bytes): recovery reports the defect but cannot tell whose it was, so the key may read as
+    /// absent or as an older value (the known gap in docs/reliability.md).
+    unattributable: BTreeSet<usize>,
+    /// Keys with a flipped bit in the value of one of their records: if it was the key's only
+    /// record, recovery erases it and the key reads as absent (the other known gap), never as
+    /// an older value.
+    value_rotted: BTreeSet<usize>,
+    /// The round the engines were first seen poisoned (a write or flush failed): no write may
+    /// be acknowledged in a later round.
+    poisoned_at: Option<u64>,
+    totals: Totals,
+}
+
+impl Sim {
+    fn open_engines(&mut self) -> Result<(), String> {
+        self.engines.clear();
+        self.poisoned = Default::default();
+        let cache_pages = self.rng.gen_range(1..=16);
+        let io_depth_max = self.rng.gen_range(1..=16);
+        for shard_id in 0..self.shards {
+            let config = EngineConfig {
+                shard_id,
+                cache_pages,
+                io_depth_max,
+                poisoned: self.poisoned.clone(),
+            };
+            let device = Box::new(self.disk.device(self.durability));
+            match NativeEngine::open(device, config, None) {
+                Ok(engine) => self.engines.push(engine),
+                Err(err) => return Err(format!("shard {shard_id} failed to open: {err}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn value_len(&mut self, key: usize) -> usize {
+        if key >= BLOB_KEYS_FROM {
+            return self.rng.gen_range(5_000..40_000);
+        }
+        match self.rng.gen_range(0..10) {
+            0 => self.rng.gen_range(600..3_000),
+            _ => self.rng.gen_range(8..200),
+        }
+    }
+
+    /// Issues one operation for a client; returns what to wait for.
+    fn issue(&mut self, client: usize, n: usize) -> Outstanding {
+        self.clock += 1;
+        let issued = self.clock;
+        let key = self.rng.gen_range(0..KEYS);
+        let shard = shard_of(&key_name(key), self.shards) as usize;
+        // The clock makes labels (and so values) unique across workload phases.
+        let label = format!("c{client}#{n}@{issued}");
+        let roll = self.rng.gen_range(0..100);
+        let mut writes = Vec::new();
+        let (request, pending) = if roll < 45 {
+            let len = self.value_len(key);
+            let value = make_value(&format!("s{}-{label}", self.seed), len);
+            writes.push((key, value.clone()));
+            let (reply, rx) = oneshot::channel();
+            (Request::Put { key: key_name(key), value, reply }, Pending::Put(rx))
+        } else if roll < 55 {
+            let (reply, rx) = oneshot::channel();
+            writes.push((key, Vec::new()));
+            (Request::Delete { key: key_name(key), reply }, Pending::Delete(rx))
+        } else if roll < 65 {
+            // A batch of keys of this shard (two to three distinct ones).
+            let mut keys = BTreeSet::from([key]);
+            for _ in 0..8 {
+                let other = self.rng.gen_range(0..KEYS);
+                if shard_of(&key_name(other), self.shards) as usize == shard && keys.len() < 3 {
+                    keys.insert(other);
+                }
+            }
+            let mut ops = Vec::new();
+            for (i, &k) in keys.iter().enumerate() {
+                if self.rng.gen_bool(0.8) {
+                    let len = self.value_len(k).min(3_000);
+                    let value = make_value(&format!("s{}-{label}.{i}", self.seed), len);
+                    writes.push((k, value.clone()));
+                    ops.push(BatchOp::Put { key: key_name(k), value });
+                } else {
+                    writes.push((k, Vec::new()));
+                    ops.push(BatchOp::Delete { key: key_name(k) });
+                }
+            }
+            let (reply, rx) = oneshot::channel();
+            (Request::Batch { ops, reply }, Pending::Batch(rx))
+        } else {
+            let (reply, rx) = oneshot::channel();
+            (Request::Get { key: key_name(key), reply }, Pending::Get(rx))
+        };
+        let mut model_writes = Vec::new();
+        for (k, value) in writes {
+            let value = if value.is_empty() { None } else { Some(value) };
+            self.model.writes[k].push(Write { value, issued, ended: None, label: label.clone() });
+            model_writes.push((k, self.model.writes[k].len() - 1));
+        }
+        self.engines[shard].handle(request);
+        Outstanding { pending, writes: model_writes, key, issued }
+    }
+
+    /// Polls an outstanding operation; `true` once it is answered.
+    fn poll(&mut self, op: &mut Outstanding) -> bool {
+        let now = self.clock;
+        let write_result: Option<Result<(), String>> = match &mut op.pending {
+            Pending::Put(rx) | Pending::Batch(rx) => match rx.try_recv() {
+                Ok(None) => return false,
+                Ok(Some(result)) => Some(result.map_err(|err| err.to_string())),
+                Err(_) => Some(Err("reply dropped".into())),
+            },
+            Pending::Delete(rx) => match rx.try_recv() {
+                Ok(None) => return false,
+                Ok(Some(result)) => Some(result.map(|_| ()).map_err(|err| err.to_string())),
+                Err(_) => Some(Err("reply dropped".into())),
+            },
+            Pending::Get(rx) => {
+                let result = match rx.try_recv() {
+                    Ok(None) => return false,
+                    Ok(Some(result)) => result,
+                    Err(_) => Err(ReadError::Closed),
+                };
+                self.read_answered(op.key, op.issued, now, result);
+                None
+            }
+        };
+        if let Some(result) = write_result {
+            match result {
+                Ok(()) => {
+                    self.totals.acked_writes += 1;
+                    // Writes the engine took before it was poisoned may still finish (each is
+                    // durable on its own); one issued after must be refused.
+                    if let Some(poisoned) = self.poisoned_at.filter(|&at| op.issued > at) {
+                        self.violations.push(format!(
+                            "a write issued at {} was acknowledged at {now}, after a write or \
+                             flush failed at {poisoned} (the store must refuse writes)",
+                            op.issued
+                        ));
+                    }
+                    for &(k, i) in &op.writes {
+                        self.model.writes[k][i].ended = Some(now);
+                    }
+                }
+                Err(err) => {
+                    if !self.disk.has_crashed() {
+                        self.totals.io_errors_seen += 1;
+                        if !err.contains("fail")
+                            && !err.contains("space")
+                            && !err.contains("poison")
+                        {
+                            self.violations.push(format!("unexpected write error: {err}"));
+                        }
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn read_answered(
+        &mut self,
+        key: usize,
+        started: u64,
+        ended: u64,
+        result: Result<Option<Vec<u8>>, ReadError>,
+    ) {
+        match result {
+            Ok(value) => {
+                self.totals.reads_checked += 1;
+                if let Err(what) = self.model.check(key, started, ended, value.as_deref()) {
+                    let older =
+                        value.is_none() || self.model.writes[key].iter().any(|w| w.value == value);
+                    if self.unattributable.contains(&key) && older {
+                        self.totals.unattributable_reads += 1;
+                    } else if self.value_rotted.contains(&key) && value.is_none() {
+                        self.totals.sole_copy_rot_reads_absent += 1;
+                    } else {
+                        self.violations.push(format!("wrong value: {what}"));
+                    }
+                }
+            }
+            Err(ReadError::Corrupt { .. }) if self.damaged_ok => self.totals.corrupt_reads += 1,
+            Err(ReadError::Device(_)) if self.disk.has_crashed() || self.io_faults_armed() => {
+                self.totals.io_errors_seen += 1
+            }
+            Err(err) => self.violations.push(format!("key {key}: read failed: {err}")),
+        }
+    }
+
+    fn io_faults_armed(&self) -> bool {
+        self.totals.io_errors_injected > 0
+    }
+
+    /// Runs the clients until each has issued its operations (or the disk crashed) and every
+    /// answer is in.
+    fn run_workload(&mut self, clients: usize, ops_each: usize) {
+        let mut outstanding: Vec<Option<Outstanding>> = (0..clients).map(|_| None).collect();
+        let mut issued = vec![0usize; clients];
+        for _round in 0..ROUNDS_MAX {
+            for client in 0..clients {
+                if outstanding[client].is_none()
+                    && issued[client] < ops_each
+                    && !self.disk.has_crashed()
+                    && self.rng.gen_bool(0.7)
+                {
+                    issued[client] += 1;
+                    outstanding[client] = Some(self.issue(client, issued[client]));
+                }
+            }
+            for engine in &mut self.engines {
+                engine.end_round();
+            }
+            let wait = self.rng.gen_bool(0.3);
+            for engine in &mut self.engines {
+                engine.reap(wait);
+            }
+            self.clock += 1;
+            for slot in outstanding.iter_mut() {
+                if let Some(mut op) = slot.take() {
+                    if !self.poll(&mut op) {
+                        *slot = Some(op);
+                    }
+                }
+            }
+            if self.poisoned_at.is_none()
+                && self.poisoned.load(std::sync::atomic::Ordering::Acquire)
+            {
+                self.poisoned_at = Some(self.clock);
+            }
+            let done = outstanding.iter().all(Option::is_none)
+                && (self.disk.has_crashed() || issued.iter().all(|&n| n >= ops_each));
+            if done {
+                return;
+            }
+        }
+        if !self.disk.has_crashed() {
+            let stuck = outstanding.iter().flatten().map(|op| op.issued).collect::<Vec<_>>();
+            self.violations.push(format!(
+                "after {ROUNDS_MAX} rounds operations issued at {stuck:?} are still unanswered"
+            ));
+        }
+    }
+
+    /// Sends a request to every shard and drives the shards until all have answered.
+    fn drive<T>(&mut self, make: impl Fn(oneshot::Sender<T>) -> Request) -> Vec<Option<T>> {
+        let mut receivers = Vec::new();
+        for engine in &mut self.engines {
+            let (tx, rx) = oneshot::channel();
+            engine.handle(make(tx));
+            receivers.push(rx);
+        }
+        let mut answers: Vec<Option<T>> = receivers.iter().map(|_| None).collect();
+        for _ in 0..ROUNDS_MAX * 4 {
+            for engine in &mut self.engines {
+                engine.end_round();
+                engine.reap(true);
+            }
+            for (answer, rx) in answers.iter_mut().zip(receivers.iter_mut()) {
+                if answer.is_none() {
+                    if let Ok(Some(value)) = rx.try_recv() {
+                        *answer = Some(value);
+                    }
+                }
+            }
+            if answers.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        answers
+    }
+
+    fn scrub(&mut self) -> ScrubReport {
+        self.totals.scrubs += 1;
+        let mut report = ScrubReport::default();
+        for (shard, answer) in self.drive(|reply| Request::Scrub { reply }).into_iter().enumerate()
+        {
+            match answer {
+                Some(Ok(part)) => report.merge(part),
+                Some(Err(err)) => {
+                    self.violations.push(format!("shard {shard}: scrub failed: {err}"))
+                }
+                None => self.violations.push(format!("shard {shard}: the scrub never finished")),
+            }
+        }
+        report
+    }
+
+    /// Reads every key (through the device when `cold`) and checks it against the model as of
+    /// now; returns the keys that read as corrupt.
+    fn check_all_keys(&mut self, cold: bool) -> BTreeSet<usize> {
+        if cold {
+            for engine in &mut self.engines {
+                engine.drop_clean_pages();
+            }
+        }
+        let mut corrupt = BTreeSet::new();
+        self.clock += 1;
+        let started = self.clock;
+        for key in 0..KEYS {
+            let shard = shard_of(&key_name(key), self.shards) as usize;
+            let (reply, mut rx) = oneshot::channel();
+            self.engines[shard].handle(Request::Get { key: key_name(key), reply });
+            let mut answer = None;
+            for _ in 0..ROUNDS_MAX {
+                self.engines[shard].end_round();
+                self.engines[shard].reap(true);
+                if let Ok(Some(result)) = rx.try_recv() {
+                    answer = Some(result);
+                    break;
+                }
+            }
+            self.totals.keys_checked += 1;
+            match answer {
+                None => self.violations.push(format!("key {key}: the read never finished")),
+                Some(Err(ReadError::Corrupt { .. })) => {
+                    corrupt.insert(key);
+                    if !self.damaged_ok {
+                        self.violations.push(format!("key {key} reads as corrupt"));
+                    }
+                }
+                Some(result) => self.read_answered(key, started, u64::MAX - 1, result),
+            }
+        }
+        corrupt
+    }
+
+    /// Crashes the disk (if the workload did not), restarts it and recovers the shards.
+    fn crash_and_recover(&mut self) -> Result<(), String> {
+        self.disk.crash_now();
+        self.engines.clear();
+        self.disk = self.disk.restart();
+        self.totals.crashes += 1;
+        self.totals.torn_writes += self.disk.restart_stats().torn_writes;
+        self.poisoned_at = None;
+        self.open_engines()
+    }
+
+    fn close_engines(&mut self) -> Result<(), String> {
+        for engine in &mut self.engines {
+            engine.close().map_err(|err| format!("close failed: {err}"))?;
+        }
+        self.engines.clear();
+        Ok(())
+    }
+
+    /// Reads every key after a restart and folds what it found into the model, so that later
+    /// checks compare against the state recovery settled on.
+    fn check_after_restart(&mut self) -> BTreeSet<usize> {
+        let corrupt = self.check_all_keys(false);
+        let mut surviving = BTreeMap::new();
+        for key in 0..KEYS {
+            if corrupt.contains(&key) {
+                continue;
+            }
+            let shard = shard_of(&key_name(key), self.shards) as usize;
+            let (reply, mut rx) = oneshot::channel();
+            self.engines[shard].handle(Request::Get { key: key_name(key), reply });
+            for _ in 0..ROUNDS_MAX {
+                self.engines[shard].end_round();
+                self.engines[shard].reap(true);
+                if let Ok(Some(Ok(value))) = rx.try_recv() {
+                    surviving.insert(key, value);
+                    break;
+                }
+            }
+        }
+        self.clock += 1;
+        self.model.settle_at(self.clock, &surviving);
+        corrupt
+    }
+}
+
+fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_5eed);
+    let scenario = match rng.gen_range(0..20) {
+        0..=8 => Scenario::Crash,
+        9..=12 => Scenario::IoError,
+        13..=16 => Scenario::Silent,
+        _ => Scenario::Rot,
+    };
+    let shards = rng.gen_range(1..=3);
+    let durability =
+        if rng.gen_bool(0.5) { WriteDurability::Dsync } else { WriteDurability::FlushPerRound };
+    let mut sim = Sim {
+        seed,
+        rng,
+        disk: SimDisk::new(seed),
+        shards,
+        durability,
+        engines: Vec::new(),
+        poisoned: Default::default(),
+        model: Model::new(),
+        clock: 0,
+        violations: Vec::new(),
+        damaged_ok: false,
+        unattributable: BTreeSet::new(),
+        value_rotted: BTreeSet::new(),
+        poisoned_at: None,
+        totals: Totals::default(),
+    };
+    *sim.totals.by_scenario.entry(format!("{scenario:?}")).or_default() += 1;
+    if let Err(err) = sim.open_engines() {
+        return vec![err];
+    }
+    let clients = sim.rng.gen_range(CLIENTS_MIN..=CLIENTS_MAX);
+    let ops_each = sim.rng.gen_range(10..=CLIENT_OPS_MAX);
+    match scenario {
+        Scenario::Crash => {
+            let at = sim.disk.ops() + sim.rng.gen_range(1..400);
+            sim.disk.crash_after_ops(at);
+            sim.run_workload(clients, ops_each);
+            if let Err(err) = sim.crash_and_recover() {
+                sim.violations.push(err);
+            } else {
+                sim.check_after_restart();
+                let report = sim.scrub();
+                if report.problems_found > 0 {
+                    sim.violations.push(format!(
+                        "the scrub of a recovered store found {} problems: {:?}",
+                        report.problems_found, report.problems
+                    ));
+                }
+            }
+        }
+        Scenario::IoError => {
+            let op = [FaultOp::Read, FaultOp::Write, FaultOp::Flush, FaultOp::Grow, FaultOp::Any]
+                [sim.rng.gen_range(0..5)];
+            let error = if sim.rng.gen_bool(0.5) { FaultError::Io } else { FaultError::NoSpace };
+            let persistent = sim.rng.gen_bool(0.5);
+            sim.disk.fail_nth(sim.rng.gen_range(1..60), op, error, persistent);
+            sim.totals.io_errors_injected += 1;
+            sim.run_workload(clients, ops_each);
+            if let Err(err) = sim.crash_and_recover() {
+                sim.violations.push(err);
+            } else {
+                sim.check_after_restart();
+            }
+        }
+        Scenario::Silent => {
+            // Fill the store first; then fault some of the last writes, so that no later
+            // rewrite of the same page hides the damage before the scrub looks.
+            sim.run_workload(clients, ops_each);
+            let faults = sim.rng.gen_range(1..=SILENT_FAULTS_MAX);
+            for _ in 0..faults {
+                let fault =
+                    if sim.rng.gen_bool(0.5) { WriteFault::Lost } else { WriteFault::Misdirected };
+                let nth = sim.rng.gen_range(1..8);
+                sim.disk.fault_nth_write(nth, fault);
+            }
+            sim.damaged_ok = true;
+            let last_ops = sim.rng.gen_range(1..=3);
+            sim.run_workload(clients, last_ops);
+            silent_checks(&mut sim);
+        }
+        Scenario::Rot => {
+            sim.run_workload(clients, ops_each);
+            if let Err(err) = sim.close_engines() {
+                sim.violations.push(err);
+            } else {
+                rot_checks(&mut sim);
+            }
+        }
+    }
+    let mut violations = std::mem::take(&mut sim.violations);
+    for violation in &mut violations {
+        *violation =
+            format!("seed {seed} ({scenario:?}, {shards} shards, {durability:?}): {violation}");
+    }
+    totals.merge(&sim.totals);
+    violations
+}
+
+/// After silent write faults: a scrub, then every key read through the device. A key that reads
+/// as corrupt must be one the scrub reported; every fault that damaged a key must be seen.
+fn silent_checks(sim: &mut Sim) {
+    let injected = sim.disk.injected_write_faults();
+    sim.totals.silent_faults_injected += injected.len() as u64;
+    let report = sim.scrub();
+    let corrupt = sim.check_all_keys(true);
+    for key in &corrupt {
+        let name = String::from_utf8_lossy(&key_name(*key)).to_string();
+        let reported = report.problems.iter().any(|p| p.contains(&format!("item {name}:")));
+        if !reported {
+            sim.violations.push(format!(
+                "key {key} reads as corrupt but the scrub did not report it (scrub: {:?})",
+                report.problems
+            ));
+        }
+    }
+    if !injected.is_empty() {
+        if !corrupt.is_empty() || report.problems_found > 0 {
+            sim.totals.silent_fault_seeds_reported += 1;
+        } else {
+            // Nothing reads wrong through the device and the scrub saw nothing: the faults
+            // changed nothing a reader can reach (a lost free-slot erasure, a page rewritten
+            // whole before anyone read it, a landing past the written part of a file).
+            sim.totals.silent_fault_seeds_harmless += 1;
+        }
+    }
+}
+
+/// After a clean close: flip bits, recover, scrub, read everything.
+fn rot_checks(sim: &mut Sim) {
+    let names: Vec<String> =
+        sim.disk.file_names().into_iter().filter(|name| name.contains("slab")).collect();
+    if names.is_empty() {
+        return;
+    }
+    let flips = sim.rng.gen_range(1..=FLIPS_MAX);
+    let mut flipped = Vec::new();
+    for _ in 0..flips {
+        let name = names[sim.rng.gen_range(0..names.len())].clone();
+        let len = sim.disk.read_file(&name).map_or(0, |image| image.len());
+        if len == 0 {
+            continue;
+        }
+        let at = sim.rng.gen_range(0..len) as u64;
+        let bit = sim.rng.gen_range(0..8);
+        let role = byte_role(&sim.disk.read_file(&name).expect("listed"), &name, at);
+        if let ByteRole::KeyOf(key) = &role {
+            if let Some(index) = (0..KEYS).find(|&k| key_name(k) == *key) {
+                sim.unattributable.insert(index);
+            }
+        }
+        if let ByteRole::ValueOf(key) = &role {
+            if let Some(index) = (0..KEYS).find(|&k| key_name(k) == *key) {
+                sim.value_rotted.insert(index);
+            }
+        }
+        sim.disk.flip_bit(&name, at, bit);
+        flipped.push((name, at, role != ByteRole::Unchecked));
+    }
+    sim.totals.flips_injected += flipped.len() as u64;
+    sim.damaged_ok = true;
+    if let Err(err) = sim.open_engines() {
+        // A damaged slab header refuses the open: detected.
+        if flipped.iter().any(|(_, at, covered)| *covered && *at < 4096) {
+            sim.totals.flips_in_checksummed_bytes += flipped.iter().filter(|f| f.2).count() as u64;
+            sim.totals.flips_detected += flipped.iter().filter(|f| f.2).count() as u64;
+            return;
+        }
+        sim.violations.push(err);
+        return;
+    }
+    let recovered: u64 = sim.engines.iter().map(|e| e.stats().recovery.torn_or_corrupt).sum();
+    if std::env::var("COPSE_SIM_VERBOSE").is_ok() {
+        let samples: Vec<_> =
+            sim.engines.iter().map(|e| e.stats().recovery.defects_sample.clone()).collect();
+        println!("flips {flipped:?}; recovery found {recovered}: {samples:?}");
+    }
+    let report = sim.scrub();
+    let covered = flipped.iter().filter(|f| f.2).count() as u64;
+    sim.totals.flips_in_checksummed_bytes += covered;
+    let detected = recovered + report.problems_found;
+    if covered > 0 && detected == 0 {
+        sim.violations.push(format!(
+            "{covered} bit flips landed in checksummed bytes ({flipped:?}) but neither recovery \
+             nor the scrub reported anything"
+        ));
+    } else {
+        sim.totals.flips_detected += covered.min(detected);
+    }
+    sim.check_all_keys(true);
+}
+
+impl Totals {
+    fn merge(&mut self, other: &Totals) {
+        self.seeds += 1;
+        for (name, count) in &other.by_scenario {
+            *self.by_scenario.entry(name.clone()).or_default() += count;
+        }
+        self.crashes += other.crashes;
+        self.torn_writes += other.torn_writes;
+        self.io_errors_injected += other.io_errors_injected;
+        self.io_errors_seen += other.io_errors_seen;
+        self.silent_faults_injected += other.silent_faults_injected;
+        self.silent_fault_seeds_reported += other.silent_fault_seeds_reported;
+        self.silent_fault_seeds_harmless += other.silent_fault_seeds_harmless;
+        self.flips_injected += other.flips_injected;
+        self.flips_in_checksummed_bytes += other.flips_in_checksummed_bytes;
+        self.flips_detected += other.flips_detected;
+        self.acked_writes += other.acked_writes;
+        self.reads_checked += other.reads_checked;
+        self.keys_checked += other.keys_checked;
+        self.corrupt_reads += other.corrupt_reads;
+        self.unattributable_reads += other.unattributable_reads;
+        self.sole_copy_rot_reads_absent += other.sole_copy_rot_reads_absent;
+        self.scrubs += other.scrubs;
+    }
+}
+
+#[test]
+fn seeded_simulation_with_crashes_and_injected_faults_loses_and_returns_nothing_wrong() {
+    copse::hash::make_deterministic();
+    let start = env_u64("COPSE_SIM_SEED_START", 0);
+    let seeds = env_u64("COPSE_SIM_SEEDS", SEEDS_DEFAULT);
+    let mut totals = Totals::default();
+    let mut failures = Vec::new();
+    for seed in start..start + seeds {
+        let violations = run_seed(seed, &mut totals);
+        if !violations.is_empty() {
+            failures.extend(violations.into_iter().take(5));
+            if std::env::var("COPSE_SIM_KEEP_GOING").is_err() {
+                break;
+            }
+        }
+    }
+    println!("simulator totals: {totals:#?}");
+    assert!(failures.is_empty(), "simulator violations:\n{}", failures.join("\n"));
+}
+
+/// Found by the simulator (seed 1636, 1 shard, Dsync): after a crash, recovery keeps a damaged
+/// record as a once-durable item, so key 14 reads as corrupt although no bit was flipped (the
+/// scrub of the recovered store reports the slot). Likely the crash test's rare "a clean reopen
+/// still finds torn slots" flake, now replayable. Open: see docs/reliability.md.
+#[test]
+#[ignore = "open: a torn write after a crash is kept as rot (seed 1636)"]
+fn a_torn_write_after_a_crash_is_not_kept_as_a_damaged_item() {
+    copse::hash::make_deterministic();
+    let mut totals = Totals::default();
+    let violations = run_seed(1636, &mut totals);
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
