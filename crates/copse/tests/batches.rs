@@ -6,6 +6,7 @@
 //! (`simulated` in its name keeps it out of the RocksDB run).
 
 mod common;
+use common::env_u64;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -29,10 +30,6 @@ const CRASH_SEEDS_DEFAULT: u64 = 1_000;
 const CRASH_OPS_MAX: u64 = 400;
 const CRASH_WRITERS: usize = 2;
 const CRASH_BATCHES_PER_WRITER_MAX: u64 = 40;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 /// `GROUP_KEYS` keys named after `group` that cover every shard of `shards`.
 fn group_keys(group: &str, shards: usize) -> Vec<Vec<u8>> {

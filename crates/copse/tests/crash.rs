@@ -40,7 +40,7 @@
 //! `COPSE_CRASH_SEED_START=<seed> COPSE_CRASH_SEEDS=1 cargo test --release -p copse --test crash`
 
 mod common;
-use common::{describe_value, make_value, Op};
+use common::{describe_value, env_u64, make_value, Op};
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,15 +94,6 @@ const MEDIUM_VALUE_BYTES: std::ops::Range<usize> = 500..3_600;
 const LARGE_VALUE_BYTES: std::ops::Range<usize> = 5 * 1024..60 * 1024;
 /// Records of 96 to 128 KiB: the 32-page class.
 const BLOB_VALUE_BYTES: std::ops::Range<usize> = 97 * 1024..127 * 1024;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(text) => {
-            text.trim().parse().unwrap_or_else(|_| panic!("{name}={text:?} is not a number"))
-        }
-        Err(_) => default,
-    }
-}
 
 fn key_name(key: usize) -> Vec<u8> {
     if key < SMALL_KEYS {

@@ -38,7 +38,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::{describe_value, make_value};
+use common::{describe_value, env_u64, make_value};
 use copse::device::sim::{FaultError, FaultOp, SimDisk, WriteFault};
 use copse::device::WriteDurability;
 use copse::engine::native::format::{byte_role, ByteRole};
@@ -62,10 +62,6 @@ const ROUNDS_MAX: usize = 5_000;
 const FLIPS_MAX: usize = 4;
 const SILENT_FAULTS_MAX: u64 = 3;
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 fn key_name(key: usize) -> Vec<u8> {
     format!("k{key:02}").into_bytes()
 }
@@ -87,7 +83,6 @@ struct Write {
     label: String,
 }
 
-#[derive(Default)]
 struct Model {
     /// Per key, its writes in issue order; the first is "absent at time 0".
     writes: Vec<Vec<Write>>,
@@ -501,14 +496,18 @@ impl Sim {
     }
 
     /// Reads every key (through the device when `cold`) and checks it against the model as of
-    /// now; returns the keys that read as corrupt.
-    fn check_all_keys(&mut self, cold: bool) -> BTreeSet<usize> {
+    /// now; returns the keys that read as corrupt and the values of those that read fine.
+    fn check_all_keys(
+        &mut self,
+        cold: bool,
+    ) -> (BTreeSet<usize>, BTreeMap<usize, Option<Vec<u8>>>) {
         if cold {
             for engine in &mut self.engines {
                 engine.drop_clean_pages();
             }
         }
         let mut corrupt = BTreeSet::new();
+        let mut values = BTreeMap::new();
         self.clock += 1;
         let started = self.clock;
         for key in 0..KEYS {
@@ -533,10 +532,15 @@ impl Sim {
                         self.violations.push(format!("key {key} reads as corrupt"));
                     }
                 }
-                Some(result) => self.read_answered(key, started, u64::MAX - 1, result),
+                Some(result) => {
+                    if let Ok(value) = &result {
+                        values.insert(key, value.clone());
+                    }
+                    self.read_answered(key, started, u64::MAX - 1, result)
+                }
             }
         }
-        corrupt
+        (corrupt, values)
     }
 
     /// Crashes the disk (if the workload did not), restarts it and recovers the shards.
@@ -560,28 +564,10 @@ impl Sim {
 
     /// Reads every key after a restart and folds what it found into the model, so that later
     /// checks compare against the state recovery settled on.
-    fn check_after_restart(&mut self) -> BTreeSet<usize> {
-        let corrupt = self.check_all_keys(false);
-        let mut surviving = BTreeMap::new();
-        for key in 0..KEYS {
-            if corrupt.contains(&key) {
-                continue;
-            }
-            let shard = shard_of(&key_name(key), self.shards) as usize;
-            let (reply, mut rx) = oneshot::channel();
-            self.engines[shard].handle(Request::Get { key: key_name(key), reply });
-            for _ in 0..ROUNDS_MAX {
-                self.engines[shard].end_round();
-                self.engines[shard].reap(true);
-                if let Ok(Some(Ok(value))) = rx.try_recv() {
-                    surviving.insert(key, value);
-                    break;
-                }
-            }
-        }
+    fn check_after_restart(&mut self) {
+        let (_, surviving) = self.check_all_keys(false);
         self.clock += 1;
         self.model.settle_at(self.clock, &surviving);
-        corrupt
     }
 }
 
@@ -691,7 +677,7 @@ fn silent_checks(sim: &mut Sim) {
     let injected = sim.disk.injected_write_faults();
     sim.totals.silent_faults_injected += injected.len() as u64;
     let report = sim.scrub();
-    let corrupt = sim.check_all_keys(true);
+    let (corrupt, _) = sim.check_all_keys(true);
     for key in &corrupt {
         let name = String::from_utf8_lossy(&key_name(*key)).to_string();
         let reported = report.problems.iter().any(|p| p.contains(&format!("item {name}:")));

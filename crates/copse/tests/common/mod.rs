@@ -61,3 +61,14 @@ pub fn describe_value(value: Option<&[u8]>) -> String {
         }
     }
 }
+
+/// A count from the environment (seeds, cycles), or `default` when unset. A value that is not a
+/// number stops the test rather than running a different count than asked for.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(text) => {
+            text.trim().parse().unwrap_or_else(|_| panic!("{name}={text:?} is not a number"))
+        }
+        Err(_) => default,
+    }
+}

@@ -394,18 +394,13 @@ pub fn decode_slot<'a>(
     Ok(Slot::Record { header: parsed, key, value })
 }
 
-/// Whether a checksum covers the byte at `at` of a slab file whose image is `image` and whose
-/// name ends in `class-NN.slab`: the slab header's fields, every slot's 32 header bytes (an
-/// empty slot's are all zero, so any change there is a defect), and a record's key and value.
-/// Not covered: the header page past its fields, a slot's bytes past its record (or past an
-/// empty slot's header), and a page's tail past its last slot. For fault injection, which must
-/// know whether a flipped bit can be detected at all.
-pub fn byte_is_checksummed(image: &[u8], file_name: &str, at: u64) -> bool {
-    !matches!(byte_role(image, file_name, at), ByteRole::Unchecked)
-}
-
-/// What the byte at `at` of a slab file is, as far as checksums go (see
-/// [`byte_is_checksummed`]).
+/// What the byte at `at` of a slab file is, as far as checksums go. For fault injection, which
+/// must know whether a flipped bit can be detected at all and whose record it damages.
+///
+/// Checked: the slab header's fields, every slot's 32 header bytes (an empty slot's are all
+/// zero, so any change there is a defect), and a record's key and value. Unchecked: the header
+/// page past its fields, a slot's bytes past its record (or past an empty slot's header), and a
+/// page's tail past its last slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ByteRole {
     Unchecked,
@@ -418,14 +413,13 @@ pub enum ByteRole {
     ValueOf(Vec<u8>),
 }
 
+/// The role of byte `at` of the slab file `file_name` (`shard-NNN/class-NN.slab`) whose image
+/// is `image`.
 pub fn byte_role(image: &[u8], file_name: &str, at: u64) -> ByteRole {
     use ByteRole::{Checked, KeyOf, Unchecked, ValueOf};
     let base = file_name.rsplit('/').next().unwrap_or(file_name);
-    let Some(class) = base
-        .strip_prefix("class-")
-        .and_then(|rest| rest.strip_suffix(".slab"))
-        .and_then(|digits| digits.parse::<u8>().ok())
-        .filter(|&id| (id as usize) < CLASS_COUNT)
+    let Some(class) =
+        super::recovery::class_of_file_name(base).filter(|&id| (id as usize) < CLASS_COUNT)
     else {
         return Unchecked;
     };

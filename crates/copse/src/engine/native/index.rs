@@ -79,20 +79,20 @@ impl Index {
         self.map.is_empty()
     }
 
-    /// Up to `limit` keys in the range, in order, with their locations.
+    /// Up to `limit` keys in the range, in order, with their entries.
     pub fn range(
         &self,
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
         limit: usize,
-    ) -> Vec<(Box<[u8]>, Loc)> {
+    ) -> Vec<(Box<[u8]>, Entry)> {
         if is_empty_range(start, end) {
             return Vec::new();
         }
         self.map
             .range::<[u8], _>((start, end))
             .take(limit)
-            .map(|(key, entry)| (key.clone(), entry.loc))
+            .map(|(key, entry)| (key.clone(), *entry))
             .collect()
     }
 

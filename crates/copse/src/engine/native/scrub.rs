@@ -45,11 +45,18 @@ pub(super) struct Scrub {
     retry: Vec<PageKey>,
     /// Pages being read, and whether a write started on them meanwhile.
     reading: HashMap<PageKey, bool>,
-    /// Pass 2's cursor: items after this key; `None` before the first.
-    next_item: Option<Bound<Box<[u8]>>>,
+    /// Pass 2's cursor.
+    next_item: ItemCursor,
     /// Items waiting for a read slot, in key order.
     items: Vec<(Box<[u8]>, Loc, u64)>,
     reads_in_flight: usize,
+}
+
+/// Where the item pass stands in the index.
+enum ItemCursor {
+    Start,
+    After(Box<[u8]>),
+    Done,
 }
 
 /// What a scrub read is for.
@@ -70,7 +77,7 @@ impl NativeEngine {
             next_page: Some((0, 0)),
             retry: Vec::new(),
             reading: HashMap::default(),
-            next_item: None,
+            next_item: ItemCursor::Start,
             items: Vec::new(),
             reads_in_flight: 0,
         });
@@ -113,7 +120,7 @@ impl NativeEngine {
             && scrub.next_page.is_none()
             && scrub.retry.is_empty()
             && scrub.items.is_empty()
-            && matches!(scrub.next_item, Some(Bound::Unbounded));
+            && matches!(scrub.next_item, ItemCursor::Done);
         if done {
             for reply in scrub.replies {
                 let _ = reply.send(Ok(scrub.report.clone()));
@@ -144,28 +151,21 @@ impl NativeEngine {
         if !scrub.retry.is_empty() {
             return None;
         }
-        if scrub.items.is_empty() && !matches!(scrub.next_item, Some(Bound::Unbounded)) {
+        if scrub.items.is_empty() && !matches!(scrub.next_item, ItemCursor::Done) {
             let start = match &scrub.next_item {
-                None => Bound::Unbounded,
-                Some(Bound::Excluded(key)) => Bound::Excluded(&key[..]),
-                Some(_) => unreachable!("the item cursor is None, Excluded or Unbounded"),
+                ItemCursor::After(key) => Bound::Excluded(&key[..]),
+                _ => Bound::Unbounded,
             };
             let batch = self.index.range(start, Bound::Unbounded, SCRUB_ITEMS_PER_STEP_MAX);
-            scrub.next_item = Some(match batch.last() {
+            scrub.next_item = match batch.last() {
                 Some((key, _)) if batch.len() == SCRUB_ITEMS_PER_STEP_MAX => {
-                    Bound::Excluded(key.clone())
+                    ItemCursor::After(key.clone())
                 }
-                _ => Bound::Unbounded,
-            });
+                _ => ItemCursor::Done,
+            };
             // Reversed so that popping takes them in key order.
-            scrub.items = batch
-                .into_iter()
-                .rev()
-                .filter_map(|(key, _)| {
-                    let entry = self.index.entry(&key)?;
-                    Some((key, entry.loc, entry.seq))
-                })
-                .collect();
+            scrub.items =
+                batch.into_iter().rev().map(|(key, entry)| (key, entry.loc, entry.seq)).collect();
         }
         let (key, loc, seq) = scrub.items.pop()?;
         Some(ScrubRead::Item { key, loc, seq })
