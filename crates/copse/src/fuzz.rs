@@ -19,9 +19,9 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::engine::native::batch::{decode_batch, encode_batch};
 use crate::engine::native::format::{
-    checksum, decode_slab_header, decode_slot, encode_record, encode_slab_header, peek_damaged_key,
-    Loc, RecordKind, SizeClass, SlabHeader, Slot, RECORD_HEADER_BYTES, RECORD_MAGIC,
-    SLAB_FORMAT_VERSION,
+    checksum, decode_slab_header, decode_slot, encode_record, encode_slab_header, header_checksum,
+    peek_damaged_key, Loc, RecordKind, RecordLayout, SizeClass, SlabHeader, Slot,
+    RECORD_HEADER_BYTES, RECORD_MAGIC, SLAB_FORMAT_VERSION,
 };
 use crate::engine::native::recovery::ShardScan;
 use crate::engine::part::{self, PartState};
@@ -199,8 +199,9 @@ fn mutate(input: &mut Vec<u8>, corpus: &[Vec<u8>], rng: &mut ChaCha8Rng) {
 
 // ---- Slab page --------------------------------------------------------------------------------
 
-/// Input: a selector byte, then a page. The selector's low bits choose the in-page class whose
-/// slots the page is read as; its top bit asks to seal every slot that looks like a record.
+/// Input: a selector byte, then a page. The selector (mod 13) chooses the in-page class whose
+/// slots the page is read as; its top bit asks to seal every slot that looks like a record;
+/// bit 4 reads the page in the record layout of format versions 1 and 2 (else version 3).
 /// Checks: no decoder panics (header page, slots, damaged-key peek, batch and part values,
 /// recovery's judgement of the whole page), and every accepted header, record, batch and part
 /// encodes back to the same bytes.
@@ -208,6 +209,7 @@ pub fn slab_page(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else { return };
     let class = SizeClass::get(selector % IN_PAGE_CLASSES);
     let seal = selector & 0x80 != 0;
+    let layout = if selector & 0x10 != 0 { RecordLayout::Magic } else { RecordLayout::HeaderCrc };
     let shard_id = u32::from(selector >> 5 & 0x3);
     let mut page = vec![0u8; PAGE_BYTES];
     let copied = rest.len().min(PAGE_BYTES);
@@ -225,16 +227,23 @@ pub fn slab_page(data: &[u8]) {
         let loc = Loc::new(class.id, class.first_slot_of_page(1) + index as u64, 0);
         let bytes = &mut page[index * slot_bytes..(index + 1) * slot_bytes];
         if seal {
-            seal_slot(bytes, shard_id, loc);
+            seal_slot(bytes, layout, shard_id, loc);
         }
         let bytes = &*bytes;
-        let _ = peek_damaged_key(bytes, slot_bytes);
-        let result = decode_slot(bytes, shard_id, loc, slot_bytes);
+        if let Some(damaged) = peek_damaged_key(bytes, layout, shard_id, loc, slot_bytes) {
+            assert_eq!(
+                damaged.attributable,
+                layout == RecordLayout::HeaderCrc,
+                "only a header check makes a damaged record attributable"
+            );
+        }
+        let result = decode_slot(bytes, layout, shard_id, loc, slot_bytes);
         if let Ok(Slot::Record { header, key, value }) = &result {
             let total = header.record_bytes();
             let mut again = vec![0u8; total];
             encode_record(
                 &mut again,
+                layout,
                 shard_id,
                 loc,
                 header.kind,
@@ -264,16 +273,19 @@ pub fn slab_page(data: &[u8]) {
                 _ => {}
             }
         }
-        scan.visit(shard_id, loc, result, bytes);
+        scan.visit(shard_id, layout, loc, result, bytes);
     }
     let counts = scan.key_counts();
     assert!(counts.live + counts.deleted <= class.slots_per_page as u64 * 64);
 }
 
-/// Recomputes the crc of a slot whose header has the record magic and lengths that fit.
-fn seal_slot(bytes: &mut [u8], shard_id: u32, loc: Loc) {
+/// Recomputes the checks of a slot whose header could be a record (format 1/2: the magic is
+/// there) and whose lengths fit: the header check (format 3), then the record crc.
+fn seal_slot(bytes: &mut [u8], layout: RecordLayout, shard_id: u32, loc: Loc) {
     if bytes.len() < RECORD_HEADER_BYTES
-        || u16::from_le_bytes([bytes[28], bytes[29]]) != RECORD_MAGIC
+        || bytes[..RECORD_HEADER_BYTES].iter().all(|&b| b == 0)
+        || (layout == RecordLayout::Magic
+            && u16::from_le_bytes([bytes[28], bytes[29]]) != RECORD_MAGIC)
     {
         return;
     }
@@ -284,6 +296,10 @@ fn seal_slot(bytes: &mut [u8], shard_id: u32, loc: Loc) {
         return;
     }
     let (header, body) = bytes.split_at_mut(RECORD_HEADER_BYTES);
+    if layout == RecordLayout::HeaderCrc {
+        let check = header_checksum(shard_id, loc, header, &body[..key_bytes]);
+        header[28..32].copy_from_slice(&check.to_le_bytes());
+    }
     let crc = checksum(shard_id, loc, header, &body[..total - RECORD_HEADER_BYTES]);
     header[24..28].copy_from_slice(&crc.to_le_bytes());
 }
@@ -309,11 +325,15 @@ pub fn slab_corpus() -> Vec<Vec<u8>> {
         BatchOp::Put { key: b"k1".to_vec(), value: b"v1".to_vec() },
         BatchOp::Delete { key: b"k2".to_vec() },
     ];
-    for class_id in [0u8, 2, 4, 8] {
+    let classes = [0u8, 2, 4, 8];
+    let layouts = [(RecordLayout::HeaderCrc, 0u8), (RecordLayout::Magic, 0x10u8)];
+    for (class_id, (layout, layout_bit)) in
+        classes.iter().flat_map(|&class| layouts.iter().map(move |&layout| (class, layout)))
+    {
         let class = SizeClass::get(class_id);
         let slot_bytes = class.slot_bytes as usize;
         let mut page = vec![0u8; PAGE_BYTES];
-        let mut seq = 1;
+        let mut seq: u64 = 1;
         for index in 0..class.slots_per_page as usize {
             let loc = Loc::new(class_id, class.first_slot_of_page(1) + index as u64, 0);
             let key = format!("k{}", index % 3).into_bytes();
@@ -338,11 +358,11 @@ pub fn slab_corpus() -> Vec<Vec<u8>> {
                 continue;
             }
             let slot = &mut page[index * slot_bytes..(index + 1) * slot_bytes];
-            encode_record(slot, 0, loc, kind, seq, seq.saturating_sub(2), &key, &value);
+            encode_record(slot, layout, 0, loc, kind, seq, seq.saturating_sub(2), &key, &value);
             seq += 1;
         }
-        corpus.push([&[class_id][..], &page].concat());
-        corpus.push([&[class_id | 0x80][..], &page].concat());
+        corpus.push([&[class_id | layout_bit][..], &page].concat());
+        corpus.push([&[class_id | layout_bit | 0x80][..], &page].concat());
     }
     corpus
 }

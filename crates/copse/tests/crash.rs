@@ -934,7 +934,8 @@ fn disk_images(disk: &SimDisk) -> BTreeMap<String, Vec<u8>> {
 fn records_on_disk(images: &BTreeMap<String, Vec<u8>>, keys: &[usize]) -> Vec<String> {
     use copse::engine::native::batch::decode_batch;
     use copse::engine::native::format::{
-        decode_slot, peek_header, Loc, RecordKind, SizeClass, Slot, RECORD_HEADER_BYTES,
+        decode_slab_header, decode_slot, peek_header, Loc, RecordKind, RecordLayout, SizeClass,
+        Slot, RECORD_HEADER_BYTES,
     };
     use copse::engine::native::recovery::class_of_file_name;
     use copse::limits::PAGE_BYTES;
@@ -952,16 +953,19 @@ fn records_on_disk(images: &BTreeMap<String, Vec<u8>>, keys: &[usize]) -> Vec<St
         };
         let class = SizeClass::get(class_id);
         let slot_bytes = class.slot_bytes as usize;
+        let layout = decode_slab_header(image).map_or(RecordLayout::current(), |header| {
+            RecordLayout::of_version(header.format_version)
+        });
         for slot in 0..class.slots_in_file(image.len() as u64) {
             let start = class.page_of_slot(slot) as usize * PAGE_BYTES + class.offset_in_page(slot);
             let Some(bytes) = image.get(start..start + slot_bytes) else { break };
             let (header, key, value) =
-                match decode_slot(bytes, shard, Loc::new(class_id, slot, 0), slot_bytes) {
+                match decode_slot(bytes, layout, shard, Loc::new(class_id, slot, 0), slot_bytes) {
                     Ok(Slot::Record { header, key, value }) => (header, key, value),
                     Ok(Slot::Empty) => continue,
                     Err(defect) => {
                         // A damaged slot whose header still names one of the keys.
-                        let Some(header) = peek_header(bytes) else { continue };
+                        let Some(header) = peek_header(bytes, layout) else { continue };
                         let key_end = RECORD_HEADER_BYTES + header.key_bytes as usize;
                         if bytes
                             .get(RECORD_HEADER_BYTES..key_end)

@@ -28,7 +28,7 @@ use crate::device::{
 };
 use crate::engine::native::batch::decode_batch;
 use crate::engine::native::format::{
-    shard_dir, Loc, RecordKind, SizeClass, Slot, SlotDefect, CLASS_COUNT,
+    shard_dir, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect, CLASS_COUNT,
 };
 use crate::engine::native::recovery::{
     class_of_file_name, read_slab_header, read_sync, scan_slab, ShardScan,
@@ -460,8 +460,14 @@ fn check_file(
             format!("file length {file_bytes} is not a multiple of the {PAGE_BYTES}-byte page"),
         );
     }
+    // A file whose header is bad is still scanned, as the current format: its slots' problems
+    // are reported too.
+    let mut layout = RecordLayout::current();
     match read_slab_header(device, file, file_bytes, class, shard) {
-        Ok(Some(())) => file_report.header = HeaderState::Ok,
+        Ok(Some(header)) => {
+            file_report.header = HeaderState::Ok;
+            layout = RecordLayout::of_version(header.format_version);
+        }
         Ok(None) => {
             file_report.header = HeaderState::Blank;
             return Ok(0);
@@ -482,7 +488,7 @@ fn check_file(
     let counts = &mut file_report.slots;
     let mut visit = |loc: Loc, result: Result<Slot<'_>, SlotDefect>, bytes: &[u8]| {
         // Recovery's own judgement decides which keys count as live.
-        tally.visit(shard, loc, result.clone(), bytes);
+        tally.visit(shard, layout, loc, result.clone(), bytes);
         counts.slots += 1;
         let defect = match result {
             Ok(Slot::Empty) => {
@@ -536,7 +542,7 @@ fn check_file(
             });
         }
     };
-    scan_slab(device, shard, class, file, file_bytes, None, &mut visit)
+    scan_slab(device, shard, class, layout, file, file_bytes, None, &mut visit)
 }
 
 #[cfg(test)]
@@ -669,7 +675,13 @@ mod tests {
         let damaged = pages * class.slots_per_page as u64;
         assert_eq!(report.problems_found, damaged);
         assert_eq!(report.problems.len(), PROBLEMS_LISTED_MAX);
-        assert!(report.problems.iter().all(|problem| problem.what == "bad record magic"));
+        // Key length 0xabab and value length 0xabababab: no 64-byte slot holds them.
+        let what = "record of 2880198518 bytes exceeds its 64-byte slot";
+        assert!(
+            report.problems.iter().all(|problem| problem.what == what),
+            "{:?}",
+            report.problems[0]
+        );
         assert_eq!(report.slots.defective, damaged);
     }
 

@@ -326,7 +326,7 @@ mod tests {
         assert_eq!(upgraded.slab_format_version, SLAB_FORMAT_VERSION);
         assert_eq!(upgraded, Manifest::new(2, EngineKind::Native));
         // A slab version this build does not know is refused.
-        let newer = Manifest { slab_format_version: 3, ..old };
+        let newer = Manifest { slab_format_version: SLAB_FORMAT_VERSION + 1, ..old };
         assert!(decode(&encode(&newer)).unwrap_err().contains("unsupported slab format version"));
     }
 
@@ -336,7 +336,7 @@ mod tests {
         let page = encode(&manifest);
         assert_eq!(decode(&page).unwrap(), Some(manifest));
         // The worked example of docs/format/manifest.md.
-        assert_eq!(&page[20..32], &[2, 0, 0, 0, 1, 0, 0, 0, 0xa3, 0xeb, 0x45, 0x94]);
+        assert_eq!(&page[20..32], &[3, 0, 0, 0, 1, 0, 0, 0, 0x84, 0x96, 0x79, 0xdd]);
         let rocks = Manifest::new(4, EngineKind::RocksDb);
         assert_eq!(decode(&encode(&rocks)).unwrap(), Some(rocks));
         assert_eq!(&encode(&rocks)[20..32], &[0, 0, 0, 0, 2, 0, 0, 0, 0xd4, 0x98, 0x1f, 0x64]);

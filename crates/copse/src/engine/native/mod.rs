@@ -43,7 +43,7 @@ use crate::error::{OpenError, ReadError, WriteError};
 use crate::limits::PAGE_BYTES;
 
 use cache::{PageCache, PageKey};
-use format::{Loc, SizeClass, CLASS_COUNT};
+use format::{Loc, RecordLayout, SizeClass, CLASS_COUNT};
 use free_list::FreeList;
 use index::Index;
 
@@ -67,6 +67,8 @@ struct ClassFile {
     /// Pages at and past this one were never written (zero-filled): no read needed to fill them.
     frontier_page: u64,
     file_bytes: u64,
+    /// How its records are laid out (from its format version, which a file keeps for life).
+    layout: RecordLayout,
 }
 
 /// Who is waiting for a write, and what it does once durable.
@@ -486,6 +488,11 @@ impl NativeEngine {
         let class = SizeClass::get(loc.class());
         let file = self.classes[loc.class() as usize].as_ref().expect("class file is open");
         (file.file, class.page_of_slot(loc.slot()) * PAGE_BYTES as u64)
+    }
+
+    /// The record layout of a class's slab file (which must be open).
+    fn layout_of(&self, class: u8) -> RecordLayout {
+        self.classes[class as usize].as_ref().expect("class file is open").layout
     }
 
     fn page_of(loc: Loc) -> PageKey {

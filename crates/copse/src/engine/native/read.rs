@@ -9,7 +9,7 @@
 
 use std::ops::Bound;
 
-use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot};
+use super::format::{decode_slot, Loc, RecordKind, RecordLayout, SizeClass, Slot};
 use super::index::Entry;
 use super::{DirectRead, IoPurpose, NativeEngine, PageWaiter};
 use crate::device::{AlignedBuf, IoKind};
@@ -45,10 +45,11 @@ impl NativeEngine {
         }
         let page = Self::page_of(loc);
         let shard_id = self.shard_id;
+        let layout = self.layout_of(loc.class());
         let Some(image) = self.cache.lookup(page) else { return Resolved::NeedPage(page) };
         let offset = class.offset_in_page(loc.slot());
         let bytes = &image[offset..offset + class.slot_bytes as usize];
-        match verify_value(bytes, shard_id, loc, class.slot_bytes as usize, key, seq) {
+        match verify_value(bytes, layout, shard_id, loc, class.slot_bytes as usize, key, seq) {
             Ok(value) => Resolved::Value(value),
             Err(err) => Resolved::Failed(err),
         }
@@ -95,7 +96,8 @@ impl NativeEngine {
             return self.get(key, reply);
         };
         let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        let result = verify_value(bytes, self.shard_id, loc, slot_bytes, &key, entry.seq);
+        let layout = self.layout_of(loc.class());
+        let result = verify_value(bytes, layout, self.shard_id, loc, slot_bytes, &key, entry.seq);
         let _ = reply.send(result.map(Some));
     }
 
@@ -151,7 +153,8 @@ impl NativeEngine {
             return self.scan_item(scan, item);
         };
         let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        match verify_value(bytes, self.shard_id, loc, slot_bytes, &key, entry.seq) {
+        let layout = self.layout_of(loc.class());
+        match verify_value(bytes, layout, self.shard_id, loc, slot_bytes, &key, entry.seq) {
             Ok(value) => self.scan_item_done(scan, item, Some(value)),
             Err(err) => self.scan_item_failed(scan, err),
         }
@@ -195,6 +198,7 @@ impl NativeEngine {
 /// value, or says why it cannot.
 pub(super) fn verify_value(
     bytes: &[u8],
+    layout: RecordLayout,
     shard_id: u32,
     loc: Loc,
     slot_bytes: usize,
@@ -206,7 +210,7 @@ pub(super) fn verify_value(
         location: format!("{loc:?}"),
         defect,
     };
-    match decode_slot(bytes, shard_id, loc, slot_bytes) {
+    match decode_slot(bytes, layout, shard_id, loc, slot_bytes) {
         Ok(Slot::Record { header, key: stored_key, value }) => {
             if header.kind != RecordKind::Put {
                 return Err(corrupt(format!("indexed slot holds a {:?} record", header.kind)));

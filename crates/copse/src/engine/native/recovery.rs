@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use super::batch::decode_batch;
 use super::format::{
-    decode_slab_header, decode_slot, pages_for, peek_damaged_key, shard_dir, Loc, RecordKind,
-    SizeClass, Slot, SlotDefect, CLASS_COUNT,
+    decode_slab_header, decode_slot, pages_for, peek_damaged_key, shard_dir, DamagedRecord, Loc,
+    RecordKind, RecordLayout, SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
 };
 use super::{key_hash, ClassFile, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FileId, IoKind, IoRequest};
@@ -43,7 +43,7 @@ pub fn read_slab_header(
     file_bytes: u64,
     class: SizeClass,
     shard_id: u32,
-) -> Result<Option<()>, Result<String, DeviceError>> {
+) -> Result<Option<SlabHeader>, Result<String, DeviceError>> {
     if file_bytes < PAGE_BYTES as u64 {
         return Ok(None);
     }
@@ -57,7 +57,7 @@ pub fn check_slab_header(
     page: &[u8],
     class: SizeClass,
     shard_id: u32,
-) -> Result<Option<()>, String> {
+) -> Result<Option<SlabHeader>, String> {
     if page.iter().all(|&byte| byte == 0) {
         return Ok(None);
     }
@@ -76,7 +76,7 @@ pub fn check_slab_header(
             header.slot_bytes, header.slots_per_page, header.pages_per_slot, class.id
         ));
     }
-    Ok(Some(()))
+    Ok(Some(header))
 }
 
 /// One read, waited for. Only for use before the engine's asynchronous machinery runs.
@@ -107,6 +107,7 @@ pub fn scan_slab(
     device: &mut dyn BlockDevice,
     shard_id: u32,
     class: SizeClass,
+    layout: RecordLayout,
     file: FileId,
     file_bytes: u64,
     progress: Option<&indicatif::ProgressBar>,
@@ -155,7 +156,7 @@ pub fn scan_slab(
         for completion in done.drain(..) {
             completion.result?;
             let chunk = &completion.buf[..];
-            visit_chunk(shard_id, class, completion.offset, chunk, visit);
+            visit_chunk(shard_id, class, layout, completion.offset, chunk, visit);
             scanned += chunk.len() as u64;
             if let Some(progress) = progress {
                 progress.inc(chunk.len() as u64);
@@ -168,6 +169,7 @@ pub fn scan_slab(
 fn visit_chunk(
     shard_id: u32,
     class: SizeClass,
+    layout: RecordLayout,
     offset: u64,
     chunk: &[u8],
     visit: &mut SlotVisitor<'_>,
@@ -179,7 +181,7 @@ fn visit_chunk(
         for (index, bytes) in chunk.chunks_exact(slot_bytes).enumerate() {
             let slot = first_slot + index as u64;
             let bare = Loc::new(class.id, slot, 0);
-            let result = decode_slot(bytes, shard_id, bare, slot_bytes);
+            let result = decode_slot(bytes, layout, shard_id, bare, slot_bytes);
             let loc = match &result {
                 Ok(Slot::Record { header, .. }) => {
                     Loc::new(class.id, slot, pages_for(header.record_bytes()))
@@ -194,7 +196,7 @@ fn visit_chunk(
             for index in 0..class.slots_per_page as usize {
                 let bytes = &page[index * slot_bytes..(index + 1) * slot_bytes];
                 let loc = Loc::new(class.id, first_slot + index as u64, 0);
-                visit(loc, decode_slot(bytes, shard_id, loc, slot_bytes), bytes);
+                visit(loc, decode_slot(bytes, layout, shard_id, loc, slot_bytes), bytes);
             }
         }
     }
@@ -212,6 +214,8 @@ struct Damaged {
     key: Box<[u8]>,
     seq: u64,
     tombstone: bool,
+    /// Its header check holds (format 3), so the key and seq are its own.
+    attributable: bool,
 }
 
 #[derive(Default)]
@@ -241,6 +245,7 @@ impl Found {
     fn visit(
         &mut self,
         shard_id: u32,
+        layout: RecordLayout,
         loc: Loc,
         result: Result<Slot<'_>, SlotDefect>,
         bytes: &[u8],
@@ -289,7 +294,9 @@ impl Found {
             Err(defect) => {
                 touched(self);
                 let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-                if let Some((header, key)) = peek_damaged_key(bytes, slot_bytes) {
+                if let Some(DamagedRecord { header, key, attributable }) =
+                    peek_damaged_key(bytes, layout, shard_id, loc, slot_bytes)
+                {
                     let pages = if SizeClass::get(loc.class()).is_multi_page() {
                         pages_for(header.record_bytes())
                     } else {
@@ -300,6 +307,7 @@ impl Found {
                         key: key.into(),
                         seq: header.seq,
                         tombstone: header.kind == RecordKind::Tombstone,
+                        attributable,
                     });
                 }
                 self.corrupt_slot(shard_id, loc, &defect.to_string());
@@ -333,6 +341,9 @@ struct DamagedJudged {
     kept: HashSet<Loc>,
     /// Damaged records that may be torn in-flight writes, with their sequence numbers.
     torn: HashMap<Loc, u64>,
+    /// Damaged puts known to be stale copies of their key, with the key's hash: erased counted
+    /// under it, so a tombstone of the key outlives them (invariant 4 of `mod.rs`).
+    stale: HashMap<Loc, u64>,
     /// The keys whose newest record is damaged, for the log.
     decided: Vec<(Loc, Box<[u8]>)>,
 }
@@ -346,29 +357,41 @@ impl Found {
         let mut judged = DamagedJudged {
             kept: HashSet::default(),
             torn: HashMap::default(),
+            stale: HashMap::default(),
             decided: Vec::new(),
         };
         let mut damaged = std::mem::take(&mut self.damaged);
         damaged.sort_by_key(|damaged| damaged.seq);
-        for Damaged { loc, key, seq, tombstone } in damaged {
+        for Damaged { loc, key, seq, tombstone, attributable } in damaged {
             if seq > self.watermark_max {
                 judged.torn.insert(loc.slot_only(), seq);
                 continue;
             }
-            // Only a key that still has a valid record is decided by a damaged one: if the damage
-            // hit the key bytes, the name read here may be no key ever written, and a torn write
-            // into a reused slot may show the old record's header. (So a key whose only copy
-            // rots reads as absent; recovery counts the defect. A known gap:
-            // docs/reliability.md.)
-            let is_newest = self.newest.get(&key).is_some_and(|newest| newest.seq < seq);
-            if !is_newest {
+            let tag = |tombstone: bool, key: &[u8]| (!tombstone).then(|| key_hash(key));
+            // A format-3 record whose header check holds is the key's own, so it decides its key
+            // even if it was the only copy. A format-1/2 header may be a chimera (a write torn
+            // across it joins one record's seq to another's key) or renamed by the damage, so it
+            // decides only a key that still has an older valid record (a key whose only copy
+            // rots then reads as absent: docs/reliability.md).
+            let decides = match self.newest.get(&key) {
+                Some(newest) => newest.seq < seq,
+                None => attributable,
+            };
+            if !decides {
+                if attributable {
+                    if let Some(hash) = tag(tombstone, &key) {
+                        judged.stale.insert(loc.slot_only(), hash);
+                    }
+                }
                 continue;
             }
-            let tag = |tombstone: bool, key: &[u8]| (!tombstone).then(|| key_hash(key));
             if let Some(previous) = self.newest.insert(key.clone(), Newest { loc, seq, tombstone })
             {
                 if !judged.kept.remove(&previous.loc.slot_only()) {
                     self.stale.push((previous.loc, tag(previous.tombstone, &key)));
+                } else if let Some(hash) = tag(previous.tombstone, &key) {
+                    // A damaged record no longer the newest: erased as a stale copy.
+                    judged.stale.insert(previous.loc.slot_only(), hash);
                 }
             }
             judged.kept.insert(loc.slot_only());
@@ -479,11 +502,12 @@ impl ShardScan {
     pub fn visit(
         &mut self,
         shard_id: u32,
+        layout: RecordLayout,
         loc: Loc,
         result: Result<Slot<'_>, SlotDefect>,
         bytes: &[u8],
     ) {
-        self.found.visit(shard_id, loc, result, bytes);
+        self.found.visit(shard_id, layout, loc, result, bytes);
     }
 
     pub fn key_counts(mut self) -> KeyCounts {
@@ -532,28 +556,35 @@ impl NativeEngine {
             if let Some(progress) = progress {
                 progress.inc_length(file_bytes);
             }
-            match read_slab_header(self.device.as_mut(), file, file_bytes, class, self.shard_id) {
-                Ok(Some(())) => {}
+            let layout = match read_slab_header(
+                self.device.as_mut(),
+                file,
+                file_bytes,
+                class,
+                self.shard_id,
+            ) {
+                Ok(Some(header)) => RecordLayout::of_version(header.format_version),
                 Ok(None) => {
                     self.initialize_class_file(class, file)?;
                     continue;
                 }
                 Err(Ok(reason)) => return Err(OpenError::CorruptSlabHeader { file: path, reason }),
                 Err(Err(err)) => return Err(OpenError::Device(err)),
-            }
+            };
             let shard_id = self.shard_id;
             self.recovery.bytes_scanned += scan_slab(
                 self.device.as_mut(),
                 shard_id,
                 class,
+                layout,
                 file,
                 file_bytes,
                 progress,
-                &mut |loc, result, bytes| found.visit(shard_id, loc, result, bytes),
+                &mut |loc, result, bytes| found.visit(shard_id, layout, loc, result, bytes),
             )?;
-            scanned_classes.push((class, file, file_bytes));
+            scanned_classes.push((class, file, file_bytes, layout));
         }
-        for (class, file, file_bytes) in scanned_classes {
+        for (class, file, file_bytes, layout) in scanned_classes {
             let next_append_slot = found.frontier[class.id as usize];
             let frontier_page = if class.is_multi_page() {
                 class.page_of_slot(next_append_slot)
@@ -561,7 +592,7 @@ impl NativeEngine {
                 1 + next_append_slot.div_ceil(class.slots_per_page as u64)
             };
             self.classes[class.id as usize] =
-                Some(ClassFile { file, next_append_slot, frontier_page, file_bytes });
+                Some(ClassFile { file, next_append_slot, frontier_page, file_bytes, layout });
         }
         self.rebuild(found)?;
         self.recovery.seconds = started.elapsed().as_secs_f64();
@@ -598,7 +629,10 @@ impl NativeEngine {
         for loc in corrupt {
             match judged.torn.get(&loc.slot_only()) {
                 Some(&seq) => self.erase_torn(loc.slot_only(), seq),
-                None => self.release_slot(loc.slot_only(), None, true),
+                None => {
+                    let tag = judged.stale.get(&loc.slot_only()).copied();
+                    self.release_slot(loc.slot_only(), tag, true)
+                }
             }
         }
         // Batches hold their keys before tombstones are judged (a tombstone must outlive a batch

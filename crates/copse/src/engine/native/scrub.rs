@@ -231,11 +231,12 @@ impl NativeEngine {
                         scrub.report.items_checked += 1;
                         let class = SizeClass::get(loc.class());
                         let slot_bytes = class.slot_bytes as usize;
+                        let layout = self.layout_of(loc.class());
                         // An in-page item was read with its whole page.
                         let offset = class.offset_in_page(loc.slot());
                         let bytes = &completion.buf[offset..];
                         if let Err(err) =
-                            verify_value(bytes, self.shard_id, loc, slot_bytes, &key, seq)
+                            verify_value(bytes, layout, self.shard_id, loc, slot_bytes, &key, seq)
                         {
                             scrub.report.problem(format!("item {}: {err}", show_key(&key)));
                         }
@@ -256,13 +257,14 @@ impl NativeEngine {
             return;
         }
         let first = info.first_slot_of_page(page);
+        let layout = self.layout_of(class);
         for index in 0..info.slots_per_page as u64 {
             let slot = first + index;
             let offset = info.offset_in_page(slot);
             let loc = Loc::new(class, slot, 0);
             let slot_bytes = &bytes[offset..offset + info.slot_bytes as usize];
             if let Err(defect) =
-                decode_slot(slot_bytes, self.shard_id, loc, info.slot_bytes as usize)
+                decode_slot(slot_bytes, layout, self.shard_id, loc, info.slot_bytes as usize)
             {
                 report.problem(format!(
                     "shard {} class {class} slot {slot} (page {page}): {defect}",

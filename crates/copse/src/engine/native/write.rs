@@ -8,8 +8,8 @@
 //! or, if a newer write of the key was applied first, the new slot itself is freed.
 
 use super::format::{
-    encode_record, encode_slab_header, pages_for, record_bytes, Loc, RecordKind, SizeClass,
-    SlabHeader, SLAB_FORMAT_VERSION,
+    encode_record, encode_slab_header, pages_for, record_bytes, Loc, RecordKind, RecordLayout,
+    SizeClass, SlabHeader, SLAB_FORMAT_VERSION,
 };
 use super::{
     key_hash, ClassFile, Effect, ErasedRecord, Flight, IoPurpose, NativeEngine, Origin, PageWaiter,
@@ -225,8 +225,13 @@ impl NativeEngine {
         let token = self.take_token();
         self.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
         self.device.flush()?;
-        self.classes[class.id as usize] =
-            Some(ClassFile { file, next_append_slot: 0, frontier_page: 1, file_bytes });
+        self.classes[class.id as usize] = Some(ClassFile {
+            file,
+            next_append_slot: 0,
+            frontier_page: 1,
+            file_bytes,
+            layout: RecordLayout::current(),
+        });
         Ok(())
     }
 
@@ -245,16 +250,17 @@ impl NativeEngine {
     ) {
         let class = SizeClass::get(loc.class());
         let bytes = record_bytes(key.len(), value.len());
+        let layout = self.layout_of(loc.class());
         if class.is_multi_page() {
             let pages = loc.pages_used().max(1) as usize;
             assert!(bytes <= pages * PAGE_BYTES);
             let mut buf = AlignedBuf::zeroed(pages * PAGE_BYTES);
-            encode_record(&mut buf, self.shard_id, loc, kind, seq, aux, key, value);
+            encode_record(&mut buf, layout, self.shard_id, loc, kind, seq, aux, key, value);
             let (file, offset) = self.slot_position(loc);
             self.queue_io(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
         } else {
             let mut record = vec![0u8; bytes];
-            encode_record(&mut record, self.shard_id, loc, kind, seq, aux, key, value);
+            encode_record(&mut record, layout, self.shard_id, loc, kind, seq, aux, key, value);
             let page = Self::page_of(loc);
             self.place_in_page(page, class.offset_in_page(loc.slot()), record, write);
         }
@@ -643,7 +649,8 @@ impl NativeEngine {
     pub(super) fn chain_head_read(&mut self, class: u8, chain: usize, slot: u64, bytes: &[u8]) {
         let slot_bytes = SizeClass::get(class).slot_bytes as usize;
         let loc = Loc::new(class, slot, 0);
-        match super::format::decode_slot(bytes, self.shard_id, loc, slot_bytes) {
+        let layout = self.layout_of(class);
+        match super::format::decode_slot(bytes, layout, self.shard_id, loc, slot_bytes) {
             Ok(super::format::Slot::Record { header, .. }) if header.kind == RecordKind::Free => {
                 let next = header.aux.checked_sub(1);
                 self.free[class as usize].end_pop(chain, next);
