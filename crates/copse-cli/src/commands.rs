@@ -14,7 +14,7 @@ use copse::limits::{CACHE_BYTES_DEFAULT, SCAN_ITEMS_MAX, SHARDS_MAX};
 use copse::router::manifest::read_manifest;
 use copse::{Backend, Db, Options, WriteDurability};
 
-use crate::{BackendArg, Cli, Command, Durability, Failure, ServeArgs};
+use crate::{BackendArg, CheckArgs, Cli, Command, Durability, Failure, ServeArgs};
 
 const BYTES_PER_MIB: usize = 1024 * 1024;
 
@@ -55,7 +55,16 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
             db.close()?;
             out.json(serde_json::to_string_pretty(&stats))?;
         }
-        Command::Check => {
+        Command::Check(args) if args.online => {
+            let report = check_online(args)?;
+            out.json(serde_json::to_string_pretty(&report))?;
+            out.finish()?;
+            let problems = report["problems_found"].as_u64().unwrap_or(0);
+            if problems > 0 {
+                return Err(Failure::ProblemsFound(problems));
+            }
+        }
+        Command::Check(_) => {
             let options = CheckOptions { backend: backend(cli.backend) };
             let report =
                 check_store(&cli.path, &options).map_err(|err| missing_store(err, &cli.path))?;
@@ -369,4 +378,78 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     );
     copse_server::net::wait_for_signal().map_err(|err| Failure::Failed(err.to_string()))?;
     running.stop().map_err(|err| Failure::Failed(err.to_string()))
+}
+
+/// How long `check --online` waits to connect. The scrub itself has no time limit: it reads the
+/// whole store.
+const ONLINE_CONNECT_TIMEOUT_MS: u64 = 5_000;
+
+/// `check --online`: asks a serving store to scrub itself (its SCRUB command) and returns the
+/// report as JSON, `addr` first.
+fn check_online(args: &CheckArgs) -> Result<serde_json::Value, Failure> {
+    use redis::IntoConnectionInfo;
+    let failed = |what: &str, err: redis::RedisError| {
+        Failure::Failed(format!("{what} {}: {err}", args.addr))
+    };
+    let (host, port) = args
+        .addr
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host.trim_matches(['[', ']']), port.parse::<u16>().ok()?)))
+        .ok_or_else(|| Failure::Failed(format!("--addr {}: expected host:port", args.addr)))?;
+    let mut settings = redis::RedisConnectionInfo::default().set_skip_set_lib_name();
+    if let Some(password) = &args.password {
+        settings = settings.set_password(password);
+    }
+    let info = redis::ConnectionAddr::Tcp(host.to_string(), port)
+        .into_connection_info()
+        .map_err(|err| failed("connecting to", err))?
+        .set_redis_settings(settings);
+    let client = redis::Client::open(info).map_err(|err| failed("connecting to", err))?;
+    let timeout = std::time::Duration::from_millis(ONLINE_CONNECT_TIMEOUT_MS);
+    let mut connection =
+        client.get_connection_with_timeout(timeout).map_err(|err| failed("connecting to", err))?;
+    let reply: redis::Value =
+        redis::cmd("SCRUB").query(&mut connection).map_err(|err| failed("SCRUB on", err))?;
+    let mut report = serde_json::Map::new();
+    report.insert("addr".into(), args.addr.clone().into());
+    for (name, value) in scrub_fields(reply)? {
+        report.insert(name, value);
+    }
+    Ok(serde_json::Value::Object(report))
+}
+
+/// The fields of a SCRUB reply: a map (RESP3) or a flat array of names and values (RESP2).
+fn scrub_fields(reply: redis::Value) -> Result<Vec<(String, serde_json::Value)>, Failure> {
+    use redis::Value;
+    let unexpected = |what: &Value| Failure::Failed(format!("unexpected SCRUB reply: {what:?}"));
+    let pairs: Vec<(Value, Value)> = match reply {
+        Value::Map(pairs) => pairs,
+        Value::Array(flat) if flat.len() % 2 == 0 => {
+            let mut items = flat.into_iter();
+            std::iter::from_fn(|| Some((items.next()?, items.next()?))).collect()
+        }
+        other => return Err(unexpected(&other)),
+    };
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    };
+    pairs
+        .into_iter()
+        .map(|(name, value)| {
+            let name = text(&name).ok_or_else(|| unexpected(&name))?;
+            let value = match &value {
+                Value::Int(count) => serde_json::Value::from(*count),
+                Value::Array(items) => items
+                    .iter()
+                    .map(|item| text(item).map(serde_json::Value::from))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| unexpected(&value))?
+                    .into(),
+                _ => return Err(unexpected(&value)),
+            };
+            Ok((name, value))
+        })
+        .collect()
 }

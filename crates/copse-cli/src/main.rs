@@ -113,7 +113,8 @@ enum Command {
     /// Prints the store's figures as JSON.
     Stats,
     /// Checks every slab of the store offline and prints a JSON report; exits 2 on problems.
-    Check,
+    /// With --online, asks a serving store (SCRUB over the Redis protocol) to check itself.
+    Check(CheckArgs),
     /// Writes a few keys, reads them back, and shows what to try next.
     Demo,
     /// Serves the store over the Redis protocol until SIGTERM or SIGINT (then closes it cleanly).
@@ -123,6 +124,20 @@ enum Command {
     /// (docs/benchmarks.md). Uses the global --cache-mb and --shards; not --path (see --dir).
     #[command(subcommand)]
     Bench(Box<copse_bench::cli::BenchCommand>),
+}
+
+#[derive(clap::Args, Debug, Default)]
+pub(crate) struct CheckArgs {
+    /// Check a serving store (`copse serve`) instead of a closed one: its online scrub reads
+    /// every page and item from the device while it keeps serving. --path is not used.
+    #[arg(long)]
+    pub online: bool,
+    /// The server to check online, host:port.
+    #[arg(long, default_value = "127.0.0.1:6380", requires = "online")]
+    pub addr: String,
+    /// The server's password (requirepass); also read from COPSE_PASSWORD.
+    #[arg(long, env = "COPSE_PASSWORD", hide_env_values = true, requires = "online")]
+    pub password: Option<String>,
 }
 
 #[derive(clap::Args, Debug, Default)]

@@ -16,4 +16,4 @@ pub mod shard;
 pub use device::{Backend, WriteDurability};
 pub use engine::{BatchOp, EngineKind, KeyValue, RecoveryStats, ScrubReport, ShardStats};
 pub use error::{Error, InputError, OpenError, ReadError, WriteError};
-pub use interfaces::db::{Db, Options, StoreStats, WriteBatch};
+pub use interfaces::db::{Db, Options, ScrubRun, StoreStats, WriteBatch};

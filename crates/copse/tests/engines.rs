@@ -222,11 +222,16 @@ fn an_online_scrub_checks_every_item_and_finds_a_healthy_store_clean() {
             live -= 1;
         }
     }
+    assert!(db.last_scrub().is_none(), "a scrub recorded before any ran");
     let report = db.scrub().unwrap();
     assert_eq!(report.problems_found, 0, "{:?}", report.problems);
     assert_eq!(report.items_checked, live);
     if engine == EngineKind::Native {
         assert!(report.pages_checked > 0);
     }
+    let last = db.last_scrub().expect("the finished scrub is kept");
+    assert_eq!(last.report, report);
+    assert!(last.finished_unix_secs > 1_700_000_000, "finished at {}", last.finished_unix_secs);
+    assert!(!db.scrub_running());
     db.close().unwrap();
 }

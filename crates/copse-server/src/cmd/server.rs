@@ -1,5 +1,5 @@
 //! Connection and server commands: PING, ECHO, HELLO, AUTH, SELECT, QUIT, RESET, CLIENT,
-//! COMMAND, CONFIG, INFO, TIME.
+//! COMMAND, CONFIG, INFO, TIME, and copse's own SCRUB.
 //!
 //! copse answers as a Redis 7.2 server would where clients look (`redis_version` in INFO and
 //! HELLO), so client libraries enable the features copse has; INFO has a `copse` section with
@@ -36,6 +36,13 @@ pub fn specs() -> Vec<Spec> {
         spec("config", -2, A, "Gets or sets settings.", config as _),
         spec("info", -1, F, "Returns information about the server.", info as _),
         spec("time", 1, F, "Returns the server time.", time as _),
+        spec(
+            "scrub",
+            1,
+            A,
+            "Verifies every item and page checksum against the device; returns what it found.",
+            scrub as _,
+        ),
     ]
 }
 
@@ -414,6 +421,30 @@ fn capitalize(word: &str) -> String {
     chars.next().map_or_else(String::new, |first| first.to_uppercase().chain(chars).collect())
 }
 
+/// SCRUB: runs an online scrub of the whole store (or joins the one running) and answers with
+/// its report as a map: the counts, then `problems`, the first problems with their locations.
+/// It answers when the scrub is done, which takes a full read of the store.
+fn scrub(call: &mut Call<'_>) -> Outcome {
+    let db = call.db().clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let started = std::time::Instant::now();
+        let report = match db.scrub_async().await {
+            Ok(report) => report,
+            Err(err) => return super::read_error(&err),
+        };
+        let text = |s: &str| Reply::Bulk(s.as_bytes().to_vec());
+        let count = |n: u64| Reply::Integer(n as i64);
+        Reply::Map(vec![
+            (text("pages_checked"), count(report.pages_checked)),
+            (text("items_checked"), count(report.items_checked)),
+            (text("pages_reread"), count(report.pages_reread)),
+            (text("problems_found"), count(report.problems_found)),
+            (text("duration_ms"), count(started.elapsed().as_millis() as u64)),
+            (text("problems"), Reply::Array(report.problems.iter().map(|p| text(p)).collect())),
+        ])
+    }))
+}
+
 const INFO_SECTIONS: &[&str] =
     &["server", "clients", "memory", "persistence", "stats", "keyspace", "copse"];
 
@@ -520,6 +551,19 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     line("device_reads", &store.device.reads);
                     line("device_writes", &store.device.writes);
                     line("device_flushes", &store.device.flushes);
+                }
+                line("scrub_in_progress", &u8::from(server.db.scrub_running()));
+                match server.db.last_scrub() {
+                    None => line("last_scrub_status", &"never"),
+                    Some(run) => {
+                        let clean = run.report.problems_found == 0;
+                        line("last_scrub_status", &if clean { "ok" } else { "problems" });
+                        line("last_scrub_finished_unix", &run.finished_unix_secs);
+                        line("last_scrub_duration_ms", &run.duration_ms);
+                        line("last_scrub_pages_checked", &run.report.pages_checked);
+                        line("last_scrub_items_checked", &run.report.items_checked);
+                        line("last_scrub_problems", &run.report.problems_found);
+                    }
                 }
             }
             _ => {}

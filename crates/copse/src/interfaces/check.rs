@@ -31,7 +31,7 @@ use crate::engine::native::format::{
     shard_dir, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect, CLASS_COUNT,
 };
 use crate::engine::native::recovery::{
-    class_of_file_name, read_slab_header, read_sync, scan_slab, ShardScan,
+    class_of_file_name, read_slab_header, read_sync, scan_slab, ShardScan, SlabFile,
 };
 use crate::engine::part;
 use crate::error::OpenError;
@@ -542,7 +542,7 @@ fn check_file(
             });
         }
     };
-    scan_slab(device, shard, class, layout, file, file_bytes, None, &mut visit)
+    scan_slab(device, shard, SlabFile { file, file_bytes, class, layout }, None, &mut visit)
 }
 
 #[cfg(test)]

@@ -110,6 +110,22 @@ pub struct StoreStats {
     pub shards: Vec<ShardStats>,
 }
 
+/// A finished online scrub (`Db::scrub`): when it ended, how long it took, what it found.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScrubRun {
+    /// When it finished, in seconds since the Unix epoch.
+    pub finished_unix_secs: u64,
+    pub duration_ms: u64,
+    pub report: ScrubReport,
+}
+
+/// Scrubs under way and the last one finished, for `INFO` and `copse stats`.
+#[derive(Default)]
+struct ScrubLog {
+    running: u32,
+    last: Option<ScrubRun>,
+}
+
 /// An open store. Cheap to clone; every clone talks to the same shards.
 #[derive(Clone)]
 pub struct Db {
@@ -124,6 +140,7 @@ struct Inner {
     shards: std::sync::Mutex<Vec<ShardHandle>>,
     /// The directory lock, released by `close` (or drop).
     lock: std::sync::Mutex<Option<std::fs::File>>,
+    scrubs: std::sync::Mutex<ScrubLog>,
 }
 
 /// Takes an exclusive lock on the store directory so two processes never open one store.
@@ -335,6 +352,7 @@ impl Db {
                 coordination: Coordination::new(resolution.next_gsn),
                 shards: std::sync::Mutex::new(shards),
                 lock: std::sync::Mutex::new(lock),
+                scrubs: std::sync::Mutex::new(ScrubLog::default()),
             }),
         })
     }
@@ -511,12 +529,39 @@ impl Db {
     /// verified against what the device holds, while the store keeps serving. The shards scrub
     /// in parallel; the report is their sum.
     pub fn scrub(&self) -> Result<ScrubReport, ReadError> {
+        futures::executor::block_on(self.scrub_async())
+    }
+
+    /// `scrub` for async callers (the server's SCRUB command). A scrub asked for while one runs
+    /// joins it. The finished scrub is kept as `last_scrub`.
+    pub async fn scrub_async(&self) -> Result<ScrubReport, ReadError> {
+        let started = std::time::Instant::now();
+        let _running = ScrubRunning::start(&self.inner.scrubs);
         let mut report = ScrubReport::default();
         for pending in self.router().broadcast(ReadError::Closed, |reply| Request::Scrub { reply })
         {
-            report.merge(pending.wait()?);
+            report.merge(pending.into_future().await?);
         }
+        let finished_unix_secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        let run = ScrubRun {
+            finished_unix_secs,
+            duration_ms: started.elapsed().as_millis() as u64,
+            report: report.clone(),
+        };
+        lock_ignoring_poison(&self.inner.scrubs).last = Some(run);
         Ok(report)
+    }
+
+    /// The last scrub that finished since the store was opened, if any.
+    pub fn last_scrub(&self) -> Option<ScrubRun> {
+        lock_ignoring_poison(&self.inner.scrubs).last.clone()
+    }
+
+    /// Whether a scrub is under way.
+    pub fn scrub_running(&self) -> bool {
+        lock_ignoring_poison(&self.inner.scrubs).running > 0
     }
 
     /// Finishes all work, makes it durable and stops the shards. Other clones see `Closed`.
@@ -625,6 +670,26 @@ impl Db {
             }
         }
         result
+    }
+}
+
+fn lock_ignoring_poison<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// Counts a scrub as running until dropped (so an abandoned scrub future is not counted).
+struct ScrubRunning<'a>(&'a std::sync::Mutex<ScrubLog>);
+
+impl<'a> ScrubRunning<'a> {
+    fn start(log: &'a std::sync::Mutex<ScrubLog>) -> Self {
+        lock_ignoring_poison(log).running += 1;
+        ScrubRunning(log)
+    }
+}
+
+impl Drop for ScrubRunning<'_> {
+    fn drop(&mut self) {
+        lock_ignoring_poison(self.0).running -= 1;
     }
 }
 

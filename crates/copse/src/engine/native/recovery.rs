@@ -101,18 +101,26 @@ pub fn read_sync(
     Ok(completion.buf)
 }
 
+/// A slab file to scan: which file, how long, and how to read its slots.
+#[derive(Clone, Copy, Debug)]
+pub struct SlabFile {
+    pub file: FileId,
+    pub file_bytes: u64,
+    pub class: SizeClass,
+    /// From the file's header page.
+    pub layout: RecordLayout,
+}
+
 /// Scans every slot of a slab file with sequential reads, several chunks in flight, calling
 /// `visit` with each slot's location, decoded content (or defect) and raw bytes.
 pub fn scan_slab(
     device: &mut dyn BlockDevice,
     shard_id: u32,
-    class: SizeClass,
-    layout: RecordLayout,
-    file: FileId,
-    file_bytes: u64,
+    slab: SlabFile,
     progress: Option<&indicatif::ProgressBar>,
     visit: &mut SlotVisitor<'_>,
 ) -> Result<u64, DeviceError> {
+    let SlabFile { file, file_bytes, class, layout } = slab;
     assert_eq!(device.in_flight(), 0);
     let slot_bytes = class.slot_bytes as usize;
     let slots = class.slots_in_file(file_bytes);
@@ -575,10 +583,7 @@ impl NativeEngine {
             self.recovery.bytes_scanned += scan_slab(
                 self.device.as_mut(),
                 shard_id,
-                class,
-                layout,
-                file,
-                file_bytes,
+                SlabFile { file, file_bytes, class, layout },
                 progress,
                 &mut |loc, result, bytes| found.visit(shard_id, layout, loc, result, bytes),
             )?;
