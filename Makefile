@@ -140,7 +140,8 @@ bench-sharded: bench-deps
 # the deterministic simulator (tests/sim.rs) and the simulated-device crash tests (every
 # acknowledged write, and cross-shard batches) for
 # TORTURE_SEEDS seeds each, and TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
-# `copse serve` under pipelined load. Hours on 2 cores; every figure goes to target/torture.log.
+# `copse serve` under pipelined load, and as many kill -9 rounds of `copse serve` whose GET/SET/DEL/INCR
+# histories are checked for linearizability. Hours on 2 cores; every figure goes to target/torture.log.
 TORTURE_SEEDS ?= 100000
 TORTURE_KILL_CYCLES ?= 1000
 TORTURE_FUZZ_INPUTS ?= 10000000
@@ -154,5 +155,6 @@ torture: test-deps build
 	  COPSE_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test crash every_acknowledged_write -- --nocapture && \
 	  COPSE_BATCH_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test batches simulated -- --nocapture && \
 	  COPSE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(CARGO) test --release -p copse --test kill -- --nocapture && \
+	  COPSE_LIN_ROUNDS=$(TORTURE_KILL_CYCLES) $(CARGO) test --release -p copse-cli --test linearizability -- --nocapture && \
 	  COPSE_SERVER_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/server/test_crash.py -k sigkill \
 	) 2>&1 | tee target/torture.log
