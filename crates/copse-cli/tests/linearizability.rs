@@ -10,6 +10,11 @@
 //!
 //! Replay: `COPSE_LIN_SEED=<seed>`; more rounds: `COPSE_LIN_ROUNDS=<n>` (`make torture`).
 
+// The copse crate's test helpers (`env_u64`).
+#[path = "../../copse/tests/common/mod.rs"]
+mod common;
+use common::env_u64;
+
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -77,13 +82,6 @@ impl SequentialSpec for Register {
 }
 
 type Tester = LinearizabilityTester<u64, Register>;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(text) => text.parse().unwrap_or_else(|_| panic!("{name}={text} is not a number")),
-        Err(_) => default,
-    }
-}
 
 struct Server {
     child: Child,

@@ -427,9 +427,8 @@ fn capitalize(word: &str) -> String {
 fn scrub(call: &mut Call<'_>) -> Outcome {
     let db = call.db().clone();
     Outcome::AfterPending(Box::pin(async move {
-        let started = std::time::Instant::now();
-        let report = match db.scrub_async().await {
-            Ok(report) => report,
+        let (report, duration_ms) = match db.scrub_async().await {
+            Ok(run) => (run.report, run.duration_ms),
             Err(err) => return super::read_error(&err),
         };
         let text = |s: &str| Reply::Bulk(s.as_bytes().to_vec());
@@ -439,7 +438,7 @@ fn scrub(call: &mut Call<'_>) -> Outcome {
             (text("items_checked"), count(report.items_checked)),
             (text("pages_reread"), count(report.pages_reread)),
             (text("problems_found"), count(report.problems_found)),
-            (text("duration_ms"), count(started.elapsed().as_millis() as u64)),
+            (text("duration_ms"), count(duration_ms)),
             (text("problems"), Reply::Array(report.problems.iter().map(|p| text(p)).collect())),
         ])
     }))

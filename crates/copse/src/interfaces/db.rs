@@ -119,7 +119,7 @@ pub struct ScrubRun {
     pub report: ScrubReport,
 }
 
-/// Scrubs under way and the last one finished, for `INFO` and `copse stats`.
+/// Scrubs under way and the last one finished (the server's `INFO`).
 #[derive(Default)]
 struct ScrubLog {
     running: u32,
@@ -529,12 +529,13 @@ impl Db {
     /// verified against what the device holds, while the store keeps serving. The shards scrub
     /// in parallel; the report is their sum.
     pub fn scrub(&self) -> Result<ScrubReport, ReadError> {
-        futures::executor::block_on(self.scrub_async())
+        futures::executor::block_on(self.scrub_async()).map(|run| run.report)
     }
 
-    /// `scrub` for async callers (the server's SCRUB command). A scrub asked for while one runs
-    /// joins it. The finished scrub is kept as `last_scrub`.
-    pub async fn scrub_async(&self) -> Result<ScrubReport, ReadError> {
+    /// `scrub` for async callers (the server's SCRUB command), with when it finished and how
+    /// long it took. A scrub asked for while one runs joins it. The finished scrub is kept as
+    /// `last_scrub`.
+    pub async fn scrub_async(&self) -> Result<ScrubRun, ReadError> {
         let started = std::time::Instant::now();
         let _running = ScrubRunning::start(&self.inner.scrubs);
         let mut report = ScrubReport::default();
@@ -548,10 +549,10 @@ impl Db {
         let run = ScrubRun {
             finished_unix_secs,
             duration_ms: started.elapsed().as_millis() as u64,
-            report: report.clone(),
+            report,
         };
-        lock_ignoring_poison(&self.inner.scrubs).last = Some(run);
-        Ok(report)
+        lock_ignoring_poison(&self.inner.scrubs).last = Some(run.clone());
+        Ok(run)
     }
 
     /// The last scrub that finished since the store was opened, if any.
@@ -566,9 +567,9 @@ impl Db {
 
     /// Finishes all work, makes it durable and stops the shards. Other clones see `Closed`.
     pub fn close(&self) -> Result<(), WriteError> {
-        let mut shards = self.inner.shards.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut shards = lock_ignoring_poison(&self.inner.shards);
         let result = close_shards(&mut shards);
-        self.inner.lock.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+        lock_ignoring_poison(&self.inner.lock).take();
         result
     }
 

@@ -414,14 +414,19 @@ pub fn peek_header(bytes: &[u8], layout: RecordLayout) -> Option<RecordHeader> {
     parse_header(bytes)
 }
 
-/// The key bytes of a slot, if its header's key length fits the slot and the bytes at hand.
-fn key_of<'a>(bytes: &'a [u8], header: &[u8], slot_bytes: usize) -> Option<&'a [u8]> {
-    let key_bytes = u16::from_le_bytes([header[2], header[3]]) as usize;
+/// The key bytes of a slot whose header starts `bytes`, or why they cannot be had: the header's
+/// key length does not fit the slot, or not the bytes at hand.
+fn key_of(bytes: &[u8], slot_bytes: usize) -> Result<&[u8], SlotDefect> {
+    let key_bytes = u16::from_le_bytes([bytes[2], bytes[3]]) as usize;
     let key_end = RECORD_HEADER_BYTES + key_bytes;
     if key_end > slot_bytes {
-        return None;
+        let value_bytes = u32::from_le_bytes(bytes[4..8].try_into().unwrap()) as usize;
+        return Err(SlotDefect::LengthsExceedSlot {
+            record_bytes: key_end + value_bytes,
+            slot_bytes,
+        });
     }
-    bytes.get(RECORD_HEADER_BYTES..key_end)
+    bytes.get(RECORD_HEADER_BYTES..key_end).ok_or(SlotDefect::Truncated)
 }
 
 /// A put or tombstone that failed verification but still names a key.
@@ -451,7 +456,7 @@ pub fn peek_damaged_key<'a>(
         return None;
     }
     let raw = &bytes[..RECORD_HEADER_BYTES];
-    let key = key_of(bytes, raw, slot_bytes)?;
+    let key = key_of(bytes, slot_bytes).ok()?;
     if key.is_empty() || key.len() > KEY_BYTES_MAX || header.record_bytes() > slot_bytes {
         return None;
     }
@@ -491,19 +496,7 @@ pub fn decode_slot<'a>(
             }
         }
         RecordLayout::HeaderCrc => {
-            let Some(key) = key_of(bytes, header, slot_bytes) else {
-                let key_bytes = u16::from_le_bytes([header[2], header[3]]) as usize;
-                return Err(if RECORD_HEADER_BYTES + key_bytes > slot_bytes {
-                    SlotDefect::LengthsExceedSlot {
-                        record_bytes: RECORD_HEADER_BYTES
-                            + key_bytes
-                            + u32::from_le_bytes(header[4..8].try_into().unwrap()) as usize,
-                        slot_bytes,
-                    }
-                } else {
-                    SlotDefect::Truncated
-                });
-            };
+            let key = key_of(bytes, slot_bytes)?;
             let stored = u32::from_le_bytes(header[28..32].try_into().unwrap());
             let computed = header_checksum(shard_id, loc, header, key);
             if stored != computed {
@@ -748,20 +741,14 @@ mod tests {
     #[test]
     fn a_record_is_read_only_in_the_layout_it_was_written_in() {
         let loc = Loc::new(3, 77, 0);
-        let mut slot = vec![0u8; 168];
-        encode_record(
-            &mut slot,
-            RecordLayout::HeaderCrc,
-            2,
-            loc,
-            RecordKind::Put,
-            9,
-            0,
-            b"k",
-            b"v",
-        );
+        let encoded = |layout| {
+            let mut slot = vec![0u8; 168];
+            encode_record(&mut slot, layout, 2, loc, RecordKind::Put, 9, 0, b"k", b"v");
+            slot
+        };
+        let slot = encoded(RecordLayout::HeaderCrc);
         assert_eq!(decode_slot(&slot, RecordLayout::Magic, 2, loc, 168), Err(SlotDefect::BadMagic));
-        encode_record(&mut slot, RecordLayout::Magic, 2, loc, RecordKind::Put, 9, 0, b"k", b"v");
+        let slot = encoded(RecordLayout::Magic);
         assert!(matches!(
             decode_slot(&slot, RecordLayout::HeaderCrc, 2, loc, 168),
             Err(SlotDefect::HeaderChecksumMismatch { .. })
@@ -865,47 +852,23 @@ mod tests {
     /// The record bytes of docs/format/slab.md's worked example (format 3, class 0, shard 0).
     #[test]
     fn records_encode_as_the_spec_shows() {
-        let layout = RecordLayout::HeaderCrc;
-        let mut slot = vec![0u8; 64];
-        encode_record(
-            &mut slot,
-            layout,
-            0,
-            Loc::new(0, 3, 0),
-            RecordKind::Put,
-            7,
-            0,
-            b"user1",
-            b"hello",
-        );
-        assert_eq!(&slot[24..32], &[0x7b, 0x4e, 0x6e, 0x71, 0x48, 0x2c, 0x28, 0x55]);
-        encode_record(
-            &mut slot,
-            layout,
-            0,
-            Loc::new(0, 4, 0),
-            RecordKind::Tombstone,
-            8,
-            0,
-            b"user1",
-            b"",
-        );
-        assert_eq!(&slot[24..32], &[0xc2, 0x95, 0x41, 0xe3, 0x01, 0x82, 0x0b, 0x72]);
-        encode_record(&mut slot, layout, 0, Loc::new(0, 5, 0), RecordKind::Free, 0, 10, b"", b"");
-        assert_eq!(&slot[24..32], &[0x10, 0x4a, 0x7d, 0xd4, 0xc4, 0xeb, 0x4a, 0x7e]);
+        use RecordKind::{Free, Put, Tombstone};
+        use RecordLayout::{HeaderCrc, Magic};
+        // Bytes 24..32 (the crc, then the header check) of a record in slot `slot` of class 0.
+        let checks = |layout, slot, kind, seq, aux, key: &[u8], value: &[u8]| {
+            let mut bytes = vec![0u8; 64];
+            encode_record(&mut bytes, layout, 0, Loc::new(0, slot, 0), kind, seq, aux, key, value);
+            bytes[24..32].to_vec()
+        };
+        let put = checks(HeaderCrc, 3, Put, 7, 0, b"user1", b"hello");
+        assert_eq!(put, [0x7b, 0x4e, 0x6e, 0x71, 0x48, 0x2c, 0x28, 0x55]);
+        let tombstone = checks(HeaderCrc, 4, Tombstone, 8, 0, b"user1", b"");
+        assert_eq!(tombstone, [0xc2, 0x95, 0x41, 0xe3, 0x01, 0x82, 0x0b, 0x72]);
+        let free = checks(HeaderCrc, 5, Free, 0, 10, b"", b"");
+        assert_eq!(free, [0x10, 0x4a, 0x7d, 0xd4, 0xc4, 0xeb, 0x4a, 0x7e]);
         // Format 2's record of the same put, from that version's worked example.
-        encode_record(
-            &mut slot,
-            RecordLayout::Magic,
-            0,
-            Loc::new(0, 3, 0),
-            RecordKind::Put,
-            7,
-            0,
-            b"user1",
-            b"hello",
-        );
-        assert_eq!(&slot[24..32], &[0x5f, 0xe2, 0xfd, 0x87, 0x5e, 0xc0, 0x00, 0x00]);
+        let put_v2 = checks(Magic, 3, Put, 7, 0, b"user1", b"hello");
+        assert_eq!(put_v2, [0x5f, 0xe2, 0xfd, 0x87, 0x5e, 0xc0, 0x00, 0x00]);
     }
 
     #[test]

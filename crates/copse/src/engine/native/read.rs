@@ -95,10 +95,7 @@ impl NativeEngine {
             // Rewritten or deleted while the read was in flight: start over.
             return self.get(key, reply);
         };
-        let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        let layout = self.layout_of(loc.class());
-        let result = verify_value(bytes, layout, self.shard_id, loc, slot_bytes, &key, entry.seq);
-        let _ = reply.send(result.map(Some));
+        let _ = reply.send(self.verify_item(bytes, loc, &key, entry.seq).map(Some));
     }
 
     pub(super) fn scan(
@@ -152,9 +149,7 @@ impl NativeEngine {
         let Some(entry) = self.index.entry(&key).filter(|entry| entry.loc == loc) else {
             return self.scan_item(scan, item);
         };
-        let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        let layout = self.layout_of(loc.class());
-        match verify_value(bytes, layout, self.shard_id, loc, slot_bytes, &key, entry.seq) {
+        match self.verify_item(bytes, loc, &key, entry.seq) {
             Ok(value) => self.scan_item_done(scan, item, Some(value)),
             Err(err) => self.scan_item_failed(scan, err),
         }
@@ -194,9 +189,24 @@ impl NativeEngine {
     }
 }
 
+impl NativeEngine {
+    /// `verify_value` of the slot bytes `bytes` read from this shard at `loc` (a direct read or
+    /// the scrub; `resolve` calls `verify_value` itself, holding the cache's page).
+    pub(super) fn verify_item(
+        &self,
+        bytes: &[u8],
+        loc: Loc,
+        key: &[u8],
+        seq: u64,
+    ) -> Result<Vec<u8>, ReadError> {
+        let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
+        verify_value(bytes, self.layout_of(loc.class()), self.shard_id, loc, slot_bytes, key, seq)
+    }
+}
+
 /// Decodes the record of `key` at `loc`, which the index says carries `seq`, and returns its
 /// value, or says why it cannot.
-pub(super) fn verify_value(
+fn verify_value(
     bytes: &[u8],
     layout: RecordLayout,
     shard_id: u32,

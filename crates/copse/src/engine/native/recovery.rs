@@ -301,15 +301,12 @@ impl Found {
             }
             Err(defect) => {
                 touched(self);
-                let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
+                let class = SizeClass::get(loc.class());
                 if let Some(DamagedRecord { header, key, attributable }) =
-                    peek_damaged_key(bytes, layout, shard_id, loc, slot_bytes)
+                    peek_damaged_key(bytes, layout, shard_id, loc, class.slot_bytes as usize)
                 {
-                    let pages = if SizeClass::get(loc.class()).is_multi_page() {
-                        pages_for(header.record_bytes())
-                    } else {
-                        0
-                    };
+                    let pages =
+                        if class.is_multi_page() { pages_for(header.record_bytes()) } else { 0 };
                     self.damaged.push(Damaged {
                         loc: Loc::new(loc.class(), loc.slot(), pages),
                         key: key.into(),
@@ -386,10 +383,9 @@ impl Found {
                 None => attributable,
             };
             if !decides {
-                if attributable {
-                    if let Some(hash) = tag(tombstone, &key) {
-                        judged.stale.insert(loc.slot_only(), hash);
-                    }
+                // A named stale copy (a put) is erased counted under its key.
+                if let Some(hash) = tag(tombstone, &key).filter(|_| attributable) {
+                    judged.stale.insert(loc.slot_only(), hash);
                 }
                 continue;
             }

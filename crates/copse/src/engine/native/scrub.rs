@@ -26,7 +26,6 @@
 use std::ops::Bound;
 
 use super::format::{decode_slot, Loc, SizeClass, CLASS_COUNT};
-use super::read::verify_value;
 use super::recovery::check_slab_header;
 use super::{IoPurpose, NativeEngine, PageKey};
 use crate::device::{AlignedBuf, IoCompletion, IoKind};
@@ -229,15 +228,10 @@ impl NativeEngine {
                     )),
                     Ok(()) => {
                         scrub.report.items_checked += 1;
-                        let class = SizeClass::get(loc.class());
-                        let slot_bytes = class.slot_bytes as usize;
-                        let layout = self.layout_of(loc.class());
                         // An in-page item was read with its whole page.
-                        let offset = class.offset_in_page(loc.slot());
+                        let offset = SizeClass::get(loc.class()).offset_in_page(loc.slot());
                         let bytes = &completion.buf[offset..];
-                        if let Err(err) =
-                            verify_value(bytes, layout, self.shard_id, loc, slot_bytes, &key, seq)
-                        {
+                        if let Err(err) = self.verify_item(bytes, loc, &key, seq) {
                             scrub.report.problem(format!("item {}: {err}", show_key(&key)));
                         }
                     }

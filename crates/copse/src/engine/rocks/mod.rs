@@ -509,8 +509,6 @@ fn read_parts(db: &DB) -> Result<Vec<PartRecord>, String> {
     Ok(parts)
 }
 
-/// `copse check` of one shard's instance: opens it read-only and reads every item with block
-/// checksums verified. Returns the live keys, or what went wrong.
 impl RocksEngine {
     /// Reads the next `SCRUB_ITEMS_PER_STEP_MAX` items with RocksDB's block checksums verified;
     /// one step a round, so a scrub never holds the shard for long.
@@ -557,6 +555,8 @@ impl RocksEngine {
     }
 }
 
+/// `copse check` of one shard's instance: opens it read-only and reads every item with block
+/// checksums verified. Returns the live keys, or what went wrong.
 pub fn check_instance(dir: &Path) -> Result<u64, String> {
     if !dir.is_dir() {
         return Err("the instance's directory is missing".into());
