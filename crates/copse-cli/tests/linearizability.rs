@@ -2,8 +2,9 @@
 //! `redis` crate) run GET, SET, DEL and INCR on a few keys while the server is killed at a random
 //! moment and restarted on the same store. Every operation's invocation and answer is recorded,
 //! per key, and stateright's `LinearizabilityTester` must find an order of them that a single
-//! register explains and that respects real time. An operation whose answer never came (its
-//! connection died with the server) may have happened or not, as the tester allows.
+//! register explains and that respects real time. An operation whose connection died with the
+//! killed server may have happened or not, as the tester allows; any other failure (an error
+//! reply, no reply within `REPLY_TIMEOUT`) fails the test.
 //!
 //! Linearizability is local, so checking each key's history on its own checks the whole. Each
 //! key lives for two rounds (one kill in the middle of its history) to keep the search small.
@@ -146,18 +147,25 @@ struct Figures {
     in_flight_at_kills: u64,
 }
 
-/// One client's round: operations on `keys` until its budget ends or the server dies.
+/// One client's round: operations on `keys` until its budget ends or, in a round with a kill,
+/// the connection drops. Any other failure (an error reply, a reply that never came, a dropped
+/// connection in a round without a kill) fails the test.
 fn client(
     port: u16,
     thread: u64,
     seed: u64,
     keys: Vec<(usize, String)>,
     testers: Arc<Vec<Mutex<Tester>>>,
+    killed: bool,
 ) -> Figures {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut figures = Figures::default();
-    // The kill may come before this client connects: then it has nothing to record.
-    let Ok(mut connection) = connect(port) else { return figures };
+    let mut connection = match connect(port) {
+        Ok(connection) => connection,
+        // The kill may come before this client connects: then it has nothing to record.
+        Err(err) if killed && err.is_io_error() => return figures,
+        Err(err) => panic!("client {thread}: connecting failed: {err}"),
+    };
     for n in 0..OPS_PER_CLIENT_MAX {
         let (index, key) = &keys[rng.gen_range(0..keys.len())];
         let op = match rng.gen_range(0..100) {
@@ -173,12 +181,13 @@ fn client(
                 testers[*index].lock().unwrap().on_return(thread, ret).unwrap();
                 figures.completed += 1;
             }
-            // The server died (or answered an error): the operation may or may not have
-            // happened; it stays in flight and this client's round ends.
-            Err(_) => {
+            // The server died: the operation may or may not have happened; it stays in flight
+            // and this client's round ends.
+            Err(err) if killed && err.is_io_error() && !err.is_timeout() => {
                 figures.in_flight_at_kills += 1;
                 break;
             }
+            Err(err) => panic!("client {thread}: {op:?} of {key} failed: {err}"),
         }
     }
     figures
@@ -205,15 +214,15 @@ fn concurrent_get_set_del_incr_with_kill_9_restarts_are_linearizable() {
             .filter(|&index| index < key_count)
             .map(|index| (index, key_name(index)))
             .collect();
+        let killed = round < rounds;
         let clients: Vec<_> = (0..CLIENTS)
             .map(|client_index| {
                 let (port, keys, testers) = (server.port, keys.clone(), testers.clone());
                 let thread = round * CLIENTS + client_index;
                 let client_seed = seed ^ (thread + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                std::thread::spawn(move || client(port, thread, client_seed, keys, testers))
+                std::thread::spawn(move || client(port, thread, client_seed, keys, testers, killed))
             })
             .collect();
-        let killed = round < rounds;
         if killed {
             std::thread::sleep(Duration::from_millis(rng.gen_range(KILL_AFTER_MS)));
         }
