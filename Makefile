@@ -142,19 +142,13 @@ bench-sharded: bench-deps
 # TORTURE_SEEDS seeds each, and TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
 # `copse serve` under pipelined load, and as many kill -9 rounds of `copse serve` whose GET/SET/DEL/INCR
 # histories are checked for linearizability. Hours on 2 cores; every figure goes to target/torture.log.
+# scripts/torture.sh runs every step even if one fails, and ends with a table of exits and times.
 TORTURE_SEEDS ?= 100000
 TORTURE_KILL_CYCLES ?= 1000
 TORTURE_FUZZ_INPUTS ?= 10000000
 
 torture: test-deps build
 	@mkdir -p target
-	set -o pipefail; ( \
-	  COPSE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) COPSE_FUZZ_SECONDS=86400 $(CARGO) test --release -p copse --test fuzz -- --nocapture --test-threads 1 && \
-	  COPSE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) COPSE_FUZZ_SECONDS=86400 $(CARGO) test --release -p copse-server --test fuzz -- --nocapture && \
-	  COPSE_SIM_SEEDS=$(TORTURE_SEEDS) COPSE_SIM_KEEP_GOING=1 $(CARGO) test --release -p copse --test sim seeded_simulation -- --nocapture && \
-	  COPSE_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test crash every_acknowledged_write -- --nocapture && \
-	  COPSE_BATCH_CRASH_SEEDS=$(TORTURE_SEEDS) $(CARGO) test --release -p copse --test batches simulated -- --nocapture && \
-	  COPSE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(CARGO) test --release -p copse --test kill -- --nocapture && \
-	  COPSE_LIN_ROUNDS=$(TORTURE_KILL_CYCLES) $(CARGO) test --release -p copse-cli --test linearizability -- --nocapture && \
-	  COPSE_SERVER_KILL_CYCLES=$(TORTURE_KILL_CYCLES) $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/server/test_crash.py -k sigkill \
-	) 2>&1 | tee target/torture.log
+	set -o pipefail; CARGO="$(CARGO)" PYTHON="$(PYTHON)" TORTURE_SEEDS=$(TORTURE_SEEDS) \
+	  TORTURE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) TORTURE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) \
+	  scripts/torture.sh 2>&1 | tee target/torture.log
