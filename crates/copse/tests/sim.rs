@@ -14,6 +14,14 @@
 //!   and unflushed kept, dropped or torn at 512-byte sectors), the shards recover, every key is
 //!   checked against the model, and a scrub of the recovered store must find nothing (recovery
 //!   erases what a crash tore);
+//! - **fault point** (a third of the crash seeds): a crash or an EIO/ENOSPC aimed at the Nth hit
+//!   of a named place in the engine (`copse::device::FaultPoint`: after slab writes are durable
+//!   and before the index sees them, between creating a slab file and writing its header, after
+//!   a slab file grew, between a batch's record and its members, in recovery after the scan and
+//!   while it replays a batch). Recovery points are armed after a crash in the workload, and a
+//!   fault there must fail the open. Then recovery, every key checked, a clean scrub. The run
+//!   counts each point's hits and the faults it fired, and with 500 seeds or more fails unless
+//!   every point fired both a crash and an error;
 //! - **io-error**: EIO or ENOSPC on the Nth read, write, flush or grow, once or from then on.
 //!   The failed operation is not acknowledged, nothing panics, and once a write or flush failed
 //!   no write issued later is acknowledged (the store is poisoned; writes it had taken before
@@ -39,11 +47,12 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::{describe_value, env_u64, make_value};
-use copse::device::sim::{FaultError, FaultOp, SimDisk, WriteFault};
-use copse::device::WriteDurability;
+use copse::device::sim::{FaultError, FaultOp, PointFault, SimDisk, WriteFault};
+use copse::device::{FaultPoint, WriteDurability};
 use copse::engine::native::format::{byte_role, ByteRole};
 use copse::engine::native::{EngineConfig, NativeEngine};
 use copse::engine::{BatchOp, Request, ScrubReport, ShardEngine};
+use copse::limits::{PAGE_BYTES, SLAB_GROWTH_BYTES_MIN};
 use copse::router::shard_of;
 use copse::{ReadError, WriteError};
 use futures::channel::oneshot;
@@ -61,6 +70,12 @@ const CLIENT_OPS_MAX: usize = 60;
 const ROUNDS_MAX: usize = 5_000;
 const FLIPS_MAX: usize = 4;
 const SILENT_FAULTS_MAX: u64 = 3;
+/// A fault at a named point fires at one of its first this many hits.
+const POINT_HIT_MAX: u64 = 6;
+/// One crash seed in this many aims its fault at a named point instead (fault_point_run).
+const POINT_SEEDS_EVERY: u64 = 3;
+/// Seeds from which the run requires every named point to have fired both a crash and an error.
+const SEEDS_FOR_POINT_COVERAGE_MIN: u64 = 500;
 
 fn key_name(key: usize) -> Vec<u8> {
     format!("k{key:02}").into_bytes()
@@ -69,6 +84,8 @@ fn key_name(key: usize) -> Vec<u8> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Scenario {
     Crash,
+    /// A crash or an I/O error at a named fault point (`copse::device::FaultPoint`).
+    FaultPoint,
     IoError,
     Silent,
     Rot,
@@ -192,6 +209,13 @@ struct Totals {
     /// value or nothing (the known gap).
     unattributable_reads: u64,
     scrubs: u64,
+    /// Per named fault point: how often the engine reached it (every scenario).
+    point_hits: BTreeMap<FaultPoint, u64>,
+    /// Per named fault point: crashes and errors fired there.
+    point_crashes: BTreeMap<FaultPoint, u64>,
+    point_errors: BTreeMap<FaultPoint, u64>,
+    /// Faults aimed at a point the run never reached often enough.
+    point_faults_unfired: u64,
 }
 
 struct Sim {
@@ -200,6 +224,7 @@ struct Sim {
     disk: SimDisk,
     shards: u32,
     durability: WriteDurability,
+    slab_growth_bytes_min: u64,
     engines: Vec<NativeEngine>,
     poisoned: std::sync::Arc<std::sync::atomic::AtomicBool>,
     model: Model,
@@ -228,6 +253,7 @@ impl Sim {
                 shard_id,
                 cache_pages,
                 io_depth_max,
+                slab_growth_bytes_min: self.slab_growth_bytes_min,
                 poisoned: self.poisoned.clone(),
             };
             let device = Box::new(self.disk.device(self.durability));
@@ -540,13 +566,35 @@ impl Sim {
 
     /// Crashes the disk (if the workload did not), restarts it and recovers the shards.
     fn crash_and_recover(&mut self) -> Result<(), String> {
+        self.crash_and_restart_disk();
+        self.open_engines()
+    }
+
+    /// Crashes the disk (if nothing did), drops the shards and reboots the disk, without
+    /// opening anything on it.
+    fn crash_and_restart_disk(&mut self) {
         self.disk.crash_now();
         self.engines.clear();
+        self.count_fault_points();
         self.disk = self.disk.restart();
         self.totals.crashes += 1;
         self.totals.torn_writes += self.disk.restart_stats().torn_writes;
         self.poisoned_at = None;
-        self.open_engines()
+    }
+
+    /// Adds this disk's fault point hits and fired faults to the totals (a restarted disk
+    /// counts from zero, so this runs before each restart and at the end of the seed).
+    fn count_fault_points(&mut self) {
+        for (point, hits) in self.disk.fault_point_hits() {
+            *self.totals.point_hits.entry(point).or_default() += hits;
+        }
+        for (point, fault) in self.disk.fault_points_fired() {
+            let counts = match fault {
+                PointFault::Crash => &mut self.totals.point_crashes,
+                PointFault::Fail(_) => &mut self.totals.point_errors,
+            };
+            *counts.entry(point).or_default() += 1;
+        }
     }
 
     fn close_engines(&mut self) -> Result<(), String> {
@@ -568,11 +616,22 @@ impl Sim {
 
 fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_5eed);
-    let scenario = match rng.gen_range(0..20) {
+    let mut scenario = match rng.gen_range(0..20) {
         0..=8 => Scenario::Crash,
         9..=12 => Scenario::IoError,
         13..=16 => Scenario::Silent,
         _ => Scenario::Rot,
+    };
+    // Drawn from a stream of its own, so that every seed that stays in its scenario runs as it
+    // did before named points existed (the regression seeds below replay unchanged).
+    let mut aim = ChaCha8Rng::seed_from_u64(seed ^ 0x7777_aaaa);
+    if scenario == Scenario::Crash && aim.gen_range(0..POINT_SEEDS_EVERY) == 0 {
+        scenario = Scenario::FaultPoint;
+    }
+    // Small growth steps make slab files grow during the workload (and so meet faults there).
+    let slab_growth_bytes_min = match scenario {
+        Scenario::FaultPoint | Scenario::IoError => aim.gen_range(1..=4) * PAGE_BYTES as u64,
+        _ => SLAB_GROWTH_BYTES_MIN,
     };
     let shards = rng.gen_range(1..=3);
     let durability =
@@ -583,6 +642,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
         disk: SimDisk::new(seed),
         shards,
         durability,
+        slab_growth_bytes_min,
         engines: Vec::new(),
         poisoned: Default::default(),
         model: Model::new(),
@@ -617,6 +677,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
                 }
             }
         }
+        Scenario::FaultPoint => fault_point_run(&mut sim, clients, ops_each),
         Scenario::IoError => {
             let op = [FaultOp::Read, FaultOp::Write, FaultOp::Flush, FaultOp::Grow, FaultOp::Any]
                 [sim.rng.gen_range(0..5)];
@@ -656,6 +717,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
             }
         }
     }
+    sim.count_fault_points();
     let mut violations = std::mem::take(&mut sim.violations);
     for violation in &mut violations {
         *violation =
@@ -663,6 +725,61 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
     }
     totals.merge(&sim.totals);
     violations
+}
+
+/// Aims a crash or an I/O error at a named fault point. A point on the write path is armed
+/// before the workload; a recovery point after a crash in the workload (at a batch whose record
+/// is durable, for the replay point), so that recovery has work to do when it fires. Then the
+/// disk is rebooted and recovered, every key is checked, and a scrub must find nothing.
+fn fault_point_run(sim: &mut Sim, clients: usize, ops_each: usize) {
+    let point = FaultPoint::ALL[sim.rng.gen_range(0..FaultPoint::ALL.len())];
+    let fault = match sim.rng.gen_range(0..4) {
+        0 | 1 => PointFault::Crash,
+        2 => PointFault::Fail(FaultError::Io),
+        _ => PointFault::Fail(FaultError::NoSpace),
+    };
+    let nth = sim.rng.gen_range(1..=POINT_HIT_MAX);
+    let fired_before = sim.disk.fault_points_fired().len();
+    if !point.in_recovery() {
+        sim.disk.fault_at_point(point, nth, fault);
+        sim.run_workload(clients, ops_each);
+        if sim.disk.fault_points_fired().len() == fired_before {
+            sim.totals.point_faults_unfired += 1;
+        }
+    } else {
+        if point == FaultPoint::RecoveryReplayingBatch {
+            let nth = sim.rng.gen_range(1..=2);
+            sim.disk.fault_at_point(FaultPoint::BatchRecordedBeforeMembers, nth, PointFault::Crash);
+        } else {
+            let at = sim.disk.ops() + sim.rng.gen_range(1..400);
+            sim.disk.crash_after_ops(at);
+        }
+        sim.run_workload(clients, ops_each);
+        sim.crash_and_restart_disk();
+        sim.disk.fault_at_point(point, 1, fault);
+        let opened = sim.open_engines();
+        let fired = !sim.disk.fault_points_fired().is_empty();
+        match (fired, opened) {
+            (false, Ok(())) => sim.totals.point_faults_unfired += 1,
+            (false, Err(err)) => sim.violations.push(err),
+            (true, Ok(())) => sim
+                .violations
+                .push(format!("a {fault:?} at {point} during recovery did not fail the open")),
+            (true, Err(_)) => {}
+        }
+    }
+    if let Err(err) = sim.crash_and_recover() {
+        sim.violations.push(err);
+        return;
+    }
+    sim.check_after_restart();
+    let report = sim.scrub();
+    if report.problems_found > 0 {
+        sim.violations.push(format!(
+            "the scrub of a store recovered after a {fault:?} at {point} found {} problems: {:?}",
+            report.problems_found, report.problems
+        ));
+    }
 }
 
 /// After silent write faults: a scrub, then every key read through the device. A key that reads
@@ -780,6 +897,16 @@ impl Totals {
         self.corrupt_reads += other.corrupt_reads;
         self.unattributable_reads += other.unattributable_reads;
         self.scrubs += other.scrubs;
+        for (mine, theirs) in [
+            (&mut self.point_hits, &other.point_hits),
+            (&mut self.point_crashes, &other.point_crashes),
+            (&mut self.point_errors, &other.point_errors),
+        ] {
+            for (point, count) in theirs {
+                *mine.entry(*point).or_default() += count;
+            }
+        }
+        self.point_faults_unfired += other.point_faults_unfired;
     }
 }
 
@@ -801,6 +928,16 @@ fn seeded_simulation_with_crashes_and_injected_faults_loses_and_returns_nothing_
     }
     println!("simulator totals: {totals:#?}");
     assert!(failures.is_empty(), "simulator violations:\n{}", failures.join("\n"));
+    if seeds >= SEEDS_FOR_POINT_COVERAGE_MIN {
+        for point in FaultPoint::ALL {
+            let crashes = totals.point_crashes.get(&point).copied().unwrap_or(0);
+            let errors = totals.point_errors.get(&point).copied().unwrap_or(0);
+            assert!(
+                crashes > 0 && errors > 0,
+                "fault point {point} fired {crashes} crashes and {errors} errors in {seeds} seeds"
+            );
+        }
+    }
 }
 
 /// Found by the simulator (seed 1636, 1 shard, Dsync): a crash tore the write of key 14 over a

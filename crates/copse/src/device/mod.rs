@@ -21,12 +21,14 @@
 //!   caller must assume nothing about that range (the engine poisons the store).
 
 pub mod aligned;
+pub mod fault_point;
 pub(crate) mod files;
 pub mod sim;
 pub mod sync;
 pub mod uring;
 
 pub use aligned::AlignedBuf;
+pub use fault_point::FaultPoint;
 
 use std::path::{Path, PathBuf};
 
@@ -171,6 +173,13 @@ pub trait BlockDevice: Send {
     fn flush(&mut self) -> Result<(), DeviceError>;
     fn durability(&self) -> WriteDurability;
     fn stats(&self) -> DeviceStats;
+    /// The engine has reached the named place `point` (see [`fault_point`]). Real devices do
+    /// nothing; the simulated one counts the hit and may crash or fail here. On `Err` the engine
+    /// takes the failure path of the device operation next to the point.
+    fn fault_point(&mut self, point: FaultPoint) -> Result<(), DeviceError> {
+        let _ = point;
+        Ok(())
+    }
 }
 
 /// Opens devices over one store directory: one per shard thread, plus one for store metadata.

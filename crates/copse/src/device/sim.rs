@@ -38,8 +38,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::files;
 use super::{
-    BlockDevice, DeviceError, DeviceStats, FileId, IoCompletion, IoKind, IoRequest, Storage,
-    WriteDurability,
+    BlockDevice, DeviceError, DeviceStats, FaultPoint, FileId, IoCompletion, IoKind, IoRequest,
+    Storage, WriteDurability,
 };
 use crate::limits::SECTOR_BYTES;
 
@@ -65,6 +65,15 @@ pub enum FaultError {
     Io,
     /// ENOSPC: `DeviceError::NoSpace`.
     NoSpace,
+}
+
+/// What a fault armed at a named point with [`SimDisk::fault_at_point`] does when it fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PointFault {
+    /// The disk crashes there (as [`SimDisk::crash_now`]); the point answers `Crashed`.
+    Crash,
+    /// The point answers this error; the disk goes on.
+    Fail(FaultError),
 }
 
 /// A silent write fault armed with [`SimDisk::fault_nth_write`]: the device reports success.
@@ -160,6 +169,11 @@ struct State {
     /// Successful writes performed since the disk was made (counts for `write_faults`).
     writes_performed: u64,
     injected_write_faults: Vec<InjectedWriteFault>,
+    /// Armed faults at named points: (point, the hit it fires at, counted in `point_hits`).
+    point_faults: Vec<(FaultPoint, u64, PointFault)>,
+    /// How often each named fault point was reached (on a disk that had not crashed).
+    point_hits: BTreeMap<FaultPoint, u64>,
+    points_fired: Vec<(FaultPoint, PointFault)>,
     stats: DeviceStats,
     restart_stats: RestartStats,
 }
@@ -181,6 +195,9 @@ impl State {
             write_faults: Vec::new(),
             writes_performed: 0,
             injected_write_faults: Vec::new(),
+            point_faults: Vec::new(),
+            point_hits: BTreeMap::new(),
+            points_fired: Vec::new(),
             stats: DeviceStats::default(),
             restart_stats: RestartStats::default(),
         }
@@ -528,6 +545,25 @@ impl SimDisk {
         state.write_faults.push((fault, nth));
     }
 
+    /// Arms a fault at a named point: the `n`th (1-based, counting from now) time the engine
+    /// reaches `point` on this disk, `fault` happens there (once).
+    pub fn fault_at_point(&self, point: FaultPoint, n: u64, fault: PointFault) {
+        assert!(n >= 1, "fault_at_point counts from 1");
+        let mut state = self.lock();
+        let at_hit = state.point_hits.get(&point).copied().unwrap_or(0) + n;
+        state.point_faults.push((point, at_hit, fault));
+    }
+
+    /// How often each named point was reached on this disk (a restarted disk starts at zero).
+    pub fn fault_point_hits(&self) -> BTreeMap<FaultPoint, u64> {
+        self.lock().point_hits.clone()
+    }
+
+    /// The faults armed with [`SimDisk::fault_at_point`] that fired, in order.
+    pub fn fault_points_fired(&self) -> Vec<(FaultPoint, PointFault)> {
+        self.lock().points_fired.clone()
+    }
+
     /// The silent write faults that fired so far, in order.
     pub fn injected_write_faults(&self) -> Vec<InjectedWriteFault> {
         self.lock().injected_write_faults.clone()
@@ -823,6 +859,33 @@ impl BlockDevice for SimDevice {
 
     fn stats(&self) -> DeviceStats {
         self.disk.lock().devices.get(&self.id).map_or_else(DeviceStats::default, |slot| slot.stats)
+    }
+
+    /// Counts the hit and fires a fault armed for it. A crashed disk counts nothing: the
+    /// engine's next device operation fails anyway.
+    fn fault_point(&mut self, point: FaultPoint) -> Result<(), DeviceError> {
+        let mut state = self.disk.lock();
+        if state.crashed {
+            return Ok(());
+        }
+        let hits = state.point_hits.entry(point).or_default();
+        *hits += 1;
+        let hits = *hits;
+        let Some(at) = state.point_faults.iter().position(|&(p, at, _)| p == point && at == hits)
+        else {
+            return Ok(());
+        };
+        let (_, _, fault) = state.point_faults.swap_remove(at);
+        state.points_fired.push((point, fault));
+        let what = || format!("fault point {point}");
+        match fault {
+            PointFault::Crash => {
+                state.crash();
+                Err(DeviceError::Crashed)
+            }
+            PointFault::Fail(FaultError::Io) => Err(DeviceError::Io { what: what() }),
+            PointFault::Fail(FaultError::NoSpace) => Err(DeviceError::NoSpace { what: what() }),
+        }
     }
 }
 
@@ -1214,6 +1277,44 @@ mod tests {
         // The write after the good flush did not become durable through the failed ones.
         let rebooted = disk.restart();
         let stats = rebooted.restart_stats();
+        assert_eq!(stats.kept_writes + stats.dropped_writes + stats.torn_writes, 1);
+    }
+
+    #[test]
+    fn a_fault_at_a_named_point_fires_once_at_its_hit() {
+        let disk = SimDisk::new(8);
+        let mut device = disk.device(WriteDurability::FlushPerRound);
+        let file = device.open_file("f", true).unwrap();
+        device.grow_file(file, 4 * PAGE).unwrap();
+        let grown = FaultPoint::SlabFileGrown;
+        device.fault_point(grown).unwrap();
+        // Counted from arming: the 2nd hit from now is the 3rd in all.
+        disk.fault_at_point(grown, 2, PointFault::Fail(FaultError::NoSpace));
+        disk.fault_at_point(FaultPoint::RecoveryScanned, 1, PointFault::Crash);
+        device.fault_point(grown).unwrap();
+        assert!(matches!(device.fault_point(grown), Err(DeviceError::NoSpace { .. })));
+        device.fault_point(grown).unwrap();
+        assert!(!disk.has_crashed(), "a failing point leaves the disk running");
+        device.submit(vec![write(0, file, 1, 7)]).unwrap();
+        assert_eq!(reap_all(&mut device)[0].result, Ok(()));
+        assert_eq!(device.fault_point(FaultPoint::RecoveryScanned), Err(DeviceError::Crashed));
+        assert!(disk.has_crashed());
+        assert_eq!(device.flush(), Err(DeviceError::Crashed));
+        // Hits on a crashed disk are not counted.
+        device.fault_point(grown).unwrap();
+        assert_eq!(
+            disk.fault_point_hits(),
+            BTreeMap::from([(grown, 4), (FaultPoint::RecoveryScanned, 1)])
+        );
+        assert_eq!(
+            disk.fault_points_fired(),
+            vec![
+                (grown, PointFault::Fail(FaultError::NoSpace)),
+                (FaultPoint::RecoveryScanned, PointFault::Crash)
+            ]
+        );
+        // The write that completed but was never flushed is subject to the crash.
+        let stats = disk.restart().restart_stats();
         assert_eq!(stats.kept_writes + stats.dropped_writes + stats.torn_writes, 1);
     }
 

@@ -260,6 +260,7 @@ impl Db {
                         shard_id,
                         cache_pages,
                         io_depth_max: options.io_depth,
+                        slab_growth_bytes_min: crate::limits::SLAB_GROWTH_BYTES_MIN,
                         poisoned: poisoned.clone(),
                     };
                     let storage = storage.clone();

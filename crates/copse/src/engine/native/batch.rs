@@ -15,6 +15,7 @@
 
 use super::format::{Loc, RecordKind};
 use super::{key_hash, Effect, Key, NativeEngine, Origin};
+use crate::device::FaultPoint;
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
 
@@ -248,6 +249,12 @@ impl NativeEngine {
     pub(super) fn batch_record_durable(&mut self, batch: u64, loc: Loc) {
         let Some(state) = self.batches.get_mut(&batch) else { return };
         state.record = Some(loc);
+        if let Err(err) = self.device.fault_point(FaultPoint::BatchRecordedBeforeMembers) {
+            // The record is durable: batch_member_failed poisons the store, and recovery
+            // replays the batch.
+            self.batch_member_failed(batch, WriteError::from_device(err));
+            return;
+        }
         self.write_batch_members(batch);
     }
 

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::device::{
-    AlignedBuf, BlockDevice, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
+    AlignedBuf, BlockDevice, FaultPoint, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
 };
 use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
 use crate::error::{OpenError, ReadError, WriteError};
@@ -55,6 +55,9 @@ pub struct EngineConfig {
     pub shard_id: u32,
     pub cache_pages: usize,
     pub io_depth_max: usize,
+    /// The least a slab file grows by (and its first size): `limits::SLAB_GROWTH_BYTES_MIN`
+    /// in a store; tests set it small to make growth frequent.
+    pub slab_growth_bytes_min: u64,
     /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     pub poisoned: Arc<AtomicBool>,
 }
@@ -168,6 +171,7 @@ pub struct NativeEngine {
     device: Box<dyn BlockDevice>,
     durability: WriteDurability,
     io_depth_max: usize,
+    slab_growth_bytes_min: u64,
     poisoned: Arc<AtomicBool>,
 
     classes: Vec<Option<ClassFile>>,
@@ -230,6 +234,7 @@ impl NativeEngine {
             device,
             durability,
             io_depth_max: config.io_depth_max.max(1),
+            slab_growth_bytes_min: config.slab_growth_bytes_min.max(PAGE_BYTES as u64),
             poisoned: config.poisoned,
             classes: (0..CLASS_COUNT).map(|_| None).collect(),
             free: (0..CLASS_COUNT).map(|_| FreeList::default()).collect(),
@@ -272,6 +277,7 @@ impl NativeEngine {
                 }));
             }
             engine.end_round();
+            engine.device.fault_point(FaultPoint::RecoveryReplayingBatch)?;
             engine.reap(true);
         }
         Ok(engine)
@@ -416,11 +422,7 @@ impl NativeEngine {
     ) {
         match result {
             Ok(()) => match self.durability {
-                WriteDurability::Dsync => {
-                    for write in writes {
-                        self.write_durable(write);
-                    }
-                }
+                WriteDurability::Dsync => self.writes_durable(writes),
                 WriteDurability::FlushPerRound => self.awaiting_flush.extend(writes),
             },
             Err(err) => {
@@ -440,11 +442,7 @@ impl NativeEngine {
         }
         let writes = std::mem::take(&mut self.awaiting_flush);
         match self.device.flush() {
-            Ok(()) => {
-                for write in writes {
-                    self.write_durable(write);
-                }
-            }
+            Ok(()) => self.writes_durable(writes),
             Err(err) => {
                 tracing::error!(shard = self.shard_id, %err, "flush failed");
                 self.poison();
@@ -452,6 +450,23 @@ impl NativeEngine {
                     self.write_failed(write, WriteError::from_device(err.clone()));
                 }
             }
+        }
+    }
+
+    /// Writes are durable: apply and answer each. A failure at the fault point between the two
+    /// is handled like a failed flush, so the writes are answered with the error (recovery may
+    /// still find them, as it may find any write in flight at a failure).
+    fn writes_durable(&mut self, writes: Vec<WriteId>) {
+        if let Err(err) = self.device.fault_point(FaultPoint::SlabWrittenBeforeIndexUpdate) {
+            tracing::error!(shard = self.shard_id, %err, "failed after writes were durable");
+            self.poison();
+            for write in writes {
+                self.write_failed(write, WriteError::from_device(err.clone()));
+            }
+            return;
+        }
+        for write in writes {
+            self.write_durable(write);
         }
     }
 

@@ -17,7 +17,7 @@ use super::format::{
     RecordKind, RecordLayout, SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
 };
 use super::{key_hash, ClassFile, NativeEngine};
-use crate::device::{AlignedBuf, BlockDevice, DeviceError, FileId, IoKind, IoRequest};
+use crate::device::{AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest};
 use crate::engine::part::{self, PartRecord, PartState};
 use crate::engine::BatchOp;
 use crate::error::OpenError;
@@ -595,6 +595,7 @@ impl NativeEngine {
             self.classes[class.id as usize] =
                 Some(ClassFile { file, next_append_slot, frontier_page, file_bytes, layout });
         }
+        self.device.fault_point(FaultPoint::RecoveryScanned)?;
         self.rebuild(found)?;
         self.recovery.seconds = started.elapsed().as_secs_f64();
         if self.recovery.bytes_scanned > 0 {

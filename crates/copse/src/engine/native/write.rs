@@ -15,10 +15,10 @@ use super::{
     key_hash, ClassFile, Effect, ErasedRecord, Flight, IoPurpose, NativeEngine, Origin, PageWaiter,
     PendingWrite, WriteId,
 };
-use crate::device::{AlignedBuf, IoKind, IoRequest};
+use crate::device::{AlignedBuf, FaultPoint, IoKind, IoRequest};
 use crate::engine::Reply;
 use crate::error::WriteError;
-use crate::limits::{PAGE_BYTES, SLAB_GROWTH_BYTES_MIN, SLAB_GROWTH_DIVISOR};
+use crate::limits::{PAGE_BYTES, SLAB_GROWTH_DIVISOR};
 
 impl NativeEngine {
     pub(super) fn put(&mut self, key: Vec<u8>, value: Vec<u8>, origin: Origin, seq: Option<u64>) {
@@ -178,11 +178,14 @@ impl NativeEngine {
         }
         let file = self.classes[class.id as usize].as_mut().expect("ensured above");
         if file.next_append_slot >= class.slots_in_file(file.file_bytes) {
-            let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(SLAB_GROWTH_BYTES_MIN);
+            let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(self.slab_growth_bytes_min);
             let wanted = (file.file_bytes + growth)
                 .max(class.file_bytes_for_slots(file.next_append_slot + 1))
                 .next_multiple_of(PAGE_BYTES as u64);
-            self.device.grow_file(file.file, wanted).map_err(WriteError::from_device)?;
+            self.device
+                .grow_file(file.file, wanted)
+                .and_then(|()| self.device.fault_point(FaultPoint::SlabFileGrown))
+                .map_err(WriteError::from_device)?;
             file.file_bytes = wanted;
             assert!(file.next_append_slot < class.slots_in_file(wanted));
         }
@@ -208,8 +211,9 @@ impl NativeEngine {
         class: SizeClass,
         file: crate::device::FileId,
     ) -> Result<(), crate::device::DeviceError> {
-        let file_bytes = class.file_bytes_for_slots(0).max(SLAB_GROWTH_BYTES_MIN);
+        let file_bytes = class.file_bytes_for_slots(0).max(self.slab_growth_bytes_min);
         self.device.grow_file(file, file_bytes)?;
+        self.device.fault_point(FaultPoint::SlabFileCreatedBeforeHeader)?;
         let mut page = AlignedBuf::zeroed(PAGE_BYTES);
         encode_slab_header(
             &mut page,
