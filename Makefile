@@ -8,7 +8,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 PYTHON_TEST_PACKAGES ?= redis pytest
 
-.PHONY: build run test test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded torture
+.PHONY: build run test test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded torture fuzz fuzz-deps
 
 build:
 	$(CARGO) build --release -p copse-cli
@@ -147,7 +147,24 @@ TORTURE_SEEDS ?= 100000
 TORTURE_KILL_CYCLES ?= 1000
 TORTURE_FUZZ_INPUTS ?= 10000000
 
-torture: test-deps build
+# Coverage-guided fuzzing (fuzz/: cargo-fuzz, libFuzzer, on nightly) of the same targets the
+# in-tree fuzzer runs in `make test`: FUZZ_RUNS inputs per target, from seed corpora written by
+# the fuzz_corpus example into fuzz/corpus (kept between runs; findings go to fuzz/artifacts).
+FUZZ_TARGETS := slab_page manifest resp_request
+FUZZ_RUNS ?= 1000000
+
+fuzz-deps:
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+
+fuzz: fuzz-deps
+	$(CARGO) run -q --release -p copse-server --example fuzz_corpus -- fuzz/corpus
+	set -e; for target in $(FUZZ_TARGETS); do \
+	  $(CARGO) +nightly fuzz run --sanitizer none $$target fuzz/corpus/$$target -- \
+	    -runs=$(FUZZ_RUNS) -max_len=8192 -print_final_stats=1; \
+	done
+
+torture: test-deps fuzz-deps build
 	@mkdir -p target
 	set -o pipefail; CARGO="$(CARGO)" PYTHON="$(PYTHON)" TORTURE_SEEDS=$(TORTURE_SEEDS) \
 	  TORTURE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) TORTURE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) \

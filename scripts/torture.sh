@@ -36,6 +36,7 @@ step fuzz-copse COPSE_FUZZ_INPUTS="$FUZZ_INPUTS" COPSE_FUZZ_SECONDS=86400 \
     "$CARGO" test --release -p copse --test fuzz -- --nocapture --test-threads 1
 step fuzz-server COPSE_FUZZ_INPUTS="$FUZZ_INPUTS" COPSE_FUZZ_SECONDS=86400 \
     "$CARGO" test --release -p copse-server --test fuzz -- --nocapture
+step fuzz-coverage-guided make --no-print-directory fuzz CARGO="$CARGO" FUZZ_RUNS="$FUZZ_INPUTS"
 step simulator COPSE_SIM_SEEDS="$SEEDS" COPSE_SIM_KEEP_GOING=1 \
     "$CARGO" test --release -p copse --test sim seeded_simulation -- --nocapture
 step crash COPSE_CRASH_SEEDS="$SEEDS" \
