@@ -136,14 +136,17 @@ bench-sharded: bench-deps
 		--out-dir $(BENCH_DIR)/sharded-128 --plots-dir docs/bench/sharded-128 \
 		--doc docs/benchmarks.md --section sharded-128 --title "Sharding RocksDB: YCSB load and A, 128-B records"
 
-# The long reliability run (docs/reliability.md): each fuzz target for TORTURE_FUZZ_INPUTS inputs,
-# the deterministic simulator (tests/sim.rs) and the simulated-device crash tests (every
-# acknowledged write, and cross-shard batches) for
-# TORTURE_SEEDS seeds each, and TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
-# `copse serve` under pipelined load, and as many kill -9 rounds of `copse serve` whose GET/SET/DEL/INCR
-# histories are checked for linearizability. Hours on 2 cores; every figure goes to target/torture.log.
-# scripts/torture.sh runs every step even if one fails, and ends with a table of exits and times.
+# The long reliability run (docs/reliability.md): each fuzz target for TORTURE_FUZZ_INPUTS inputs
+# (in-tree, then coverage-guided), the deterministic simulator (tests/sim.rs) and the
+# simulated-device crash tests (every acknowledged write, and cross-shard batches): TORTURE_SEEDS
+# simulator seeds and TORTURE_CRASH_SEEDS seeds of each crash test (they use real threads and take
+# both cores, about 20 seeds a second), TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
+# `copse serve` under pipelined load, and as many kill -9 rounds of `copse serve` whose
+# GET/SET/DEL/INCR histories are checked for linearizability. scripts/torture.sh splits the seeds
+# over one process per core, runs every step even if one fails, and ends with a table of exits
+# and times; every figure goes to target/torture.log. About an hour on 2 cores.
 TORTURE_SEEDS ?= 100000
+TORTURE_CRASH_SEEDS ?= 20000
 TORTURE_KILL_CYCLES ?= 1000
 TORTURE_FUZZ_INPUTS ?= 10000000
 
@@ -167,5 +170,6 @@ fuzz: fuzz-deps
 torture: test-deps fuzz-deps build
 	@mkdir -p target
 	set -o pipefail; CARGO="$(CARGO)" PYTHON="$(PYTHON)" TORTURE_SEEDS=$(TORTURE_SEEDS) \
+	  TORTURE_CRASH_SEEDS=$(TORTURE_CRASH_SEEDS) \
 	  TORTURE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) TORTURE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) \
 	  scripts/torture.sh 2>&1 | tee target/torture.log

@@ -5,50 +5,117 @@
 # not hide what the others would find. Each step's wall time and exit status are printed as it
 # ends, and a summary table closes the run; the script exits non-zero if any step failed.
 #
-# Env: CARGO, PYTHON, TORTURE_SEEDS, TORTURE_KILL_CYCLES, TORTURE_FUZZ_INPUTS (set by the Makefile).
+# The seeded tests (simulator, crash, batch crash) each keep about one core busy, so their seeds
+# are split over TORTURE_LANES processes (default: one per core) that run at once, each over its
+# own range of seeds; the two kill loops run side by side. Each lane's output is kept in
+# target/torture-logs and printed whole when its step ends.
+#
+# Env: CARGO, PYTHON, TORTURE_SEEDS (the simulator), TORTURE_CRASH_SEEDS (each crash test),
+# TORTURE_KILL_CYCLES, TORTURE_FUZZ_INPUTS (set by the Makefile), TORTURE_LANES.
 set -u -o pipefail
 
 CARGO=${CARGO:-cargo}
 PYTHON=${PYTHON:-python3}
 SEEDS=${TORTURE_SEEDS:?}
+CRASH_SEEDS=${TORTURE_CRASH_SEEDS:?}
 KILL_CYCLES=${TORTURE_KILL_CYCLES:?}
 FUZZ_INPUTS=${TORTURE_FUZZ_INPUTS:?}
+LANES=${TORTURE_LANES:-$(nproc)}
+LOG_DIR=target/torture-logs
+mkdir -p "$LOG_DIR"
 
 summary=()
 failed=0
 
+# step NAME COMMAND...: runs the command, records its exit status and wall time.
 step() {
     local name=$1
     shift
     echo "=== torture step: $name ($(date -u '+%Y-%m-%d %H:%M:%S UTC'))"
     local started=$SECONDS
-    env "$@"
+    "$@"
     local status=$?
     local took=$((SECONDS - started))
     echo "=== torture step: $name: exit $status after ${took} s"
-    summary+=("$(printf '%-22s exit %-3d %6d s' "$name" "$status" "$took")")
+    summary+=("$(printf '%-24s exit %-3d %6d s' "$name" "$status" "$took")")
     [ "$status" -eq 0 ] || failed=1
 }
 
-echo "=== torture: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores, seeds $SEEDS, kill cycles $KILL_CYCLES, fuzz inputs $FUZZ_INPUTS"
+# The path of a release test binary of PACKAGE named TEST (built if needed). The lanes run it
+# directly: cargo holds its build-directory lock while `cargo test` runs, so two `cargo test`
+# processes would run one after the other.
+test_binary() {
+    "$CARGO" test --release -p "$1" --test "$2" --no-run --message-format=json |
+        "$PYTHON" -c '
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") == "compiler-artifact" and message.get("executable"):
+        print(message["executable"])'
+}
 
-step fuzz-copse COPSE_FUZZ_INPUTS="$FUZZ_INPUTS" COPSE_FUZZ_SECONDS=86400 \
+# seeded LOG_NAME SEEDS START_VAR SEEDS_VAR COMMAND...: runs COMMAND in LANES processes at once,
+# lane i over its share of SEEDS seeds (START_VAR and SEEDS_VAR name the test's variables).
+seeded() {
+    local name=$1 seeds=$2 start_var=$3 seeds_var=$4
+    shift 4
+    local per_lane=$(((seeds + LANES - 1) / LANES))
+    local pids=() lane first count status=0
+    for ((lane = 0; lane < LANES; lane++)); do
+        first=$((lane * per_lane))
+        count=$((seeds - first < per_lane ? seeds - first : per_lane))
+        [ "$count" -gt 0 ] || break
+        env "$start_var=$first" "$seeds_var=$count" "$@" >"$LOG_DIR/$name-$lane.log" 2>&1 &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" || status=1
+    done
+    for ((lane = 0; lane < ${#pids[@]}; lane++)); do
+        echo "--- $name, lane $lane"
+        cat "$LOG_DIR/$name-$lane.log"
+    done
+    return $status
+}
+
+# The kill -9 loops of a writing process and of `copse serve`, side by side.
+kill_loops() {
+    local writer server status=0
+    env COPSE_KILL_CYCLES="$KILL_CYCLES" "$CARGO" test --release -p copse --test kill -- --nocapture \
+        >"$LOG_DIR/kill-writer.log" 2>&1 &
+    writer=$!
+    env COPSE_SERVER_KILL_CYCLES="$KILL_CYCLES" "$PYTHON" -m pytest -q -s -p no:cacheprovider \
+        tests/server/test_crash.py -k sigkill >"$LOG_DIR/kill-server.log" 2>&1 &
+    server=$!
+    wait "$writer" || status=1
+    wait "$server" || status=1
+    for log in kill-writer kill-server; do
+        echo "--- $log"
+        cat "$LOG_DIR/$log.log"
+    done
+    return $status
+}
+
+echo "=== torture: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores, $LANES lanes, simulator seeds $SEEDS, crash seeds $CRASH_SEEDS, kill cycles $KILL_CYCLES, fuzz inputs $FUZZ_INPUTS"
+
+step fuzz-copse env COPSE_FUZZ_INPUTS="$FUZZ_INPUTS" COPSE_FUZZ_SECONDS=86400 \
     "$CARGO" test --release -p copse --test fuzz -- --nocapture --test-threads 1
-step fuzz-server COPSE_FUZZ_INPUTS="$FUZZ_INPUTS" COPSE_FUZZ_SECONDS=86400 \
+step fuzz-server env COPSE_FUZZ_INPUTS="$FUZZ_INPUTS" COPSE_FUZZ_SECONDS=86400 \
     "$CARGO" test --release -p copse-server --test fuzz -- --nocapture
 step fuzz-coverage-guided make --no-print-directory fuzz CARGO="$CARGO" FUZZ_RUNS="$FUZZ_INPUTS"
-step simulator COPSE_SIM_SEEDS="$SEEDS" COPSE_SIM_KEEP_GOING=1 \
-    "$CARGO" test --release -p copse --test sim seeded_simulation -- --nocapture
-step crash COPSE_CRASH_SEEDS="$SEEDS" \
-    "$CARGO" test --release -p copse --test crash every_acknowledged_write -- --nocapture
-step batch-crash COPSE_BATCH_CRASH_SEEDS="$SEEDS" \
-    "$CARGO" test --release -p copse --test batches simulated -- --nocapture
-step kill-writer COPSE_KILL_CYCLES="$KILL_CYCLES" \
-    "$CARGO" test --release -p copse --test kill -- --nocapture
-step linearizability COPSE_LIN_ROUNDS="$KILL_CYCLES" \
+
+sim=$(test_binary copse sim) || failed=1
+crash=$(test_binary copse crash) || failed=1
+batches=$(test_binary copse batches) || failed=1
+step simulator seeded simulator "$SEEDS" COPSE_SIM_SEED_START COPSE_SIM_SEEDS \
+    env COPSE_SIM_KEEP_GOING=1 "$sim" seeded_simulation --nocapture
+step crash seeded crash "$CRASH_SEEDS" COPSE_CRASH_SEED_START COPSE_CRASH_SEEDS \
+    "$crash" every_acknowledged_write --nocapture
+step batch-crash seeded batch-crash "$CRASH_SEEDS" COPSE_BATCH_CRASH_SEED_START COPSE_BATCH_CRASH_SEEDS \
+    "$batches" simulated --nocapture
+step kill-loops kill_loops
+step linearizability env COPSE_LIN_ROUNDS="$KILL_CYCLES" \
     "$CARGO" test --release -p copse-cli --test linearizability -- --nocapture
-step kill-server COPSE_SERVER_KILL_CYCLES="$KILL_CYCLES" \
-    "$PYTHON" -m pytest -q -s -p no:cacheprovider tests/server/test_crash.py -k sigkill
 
 echo "=== torture summary"
 printf '%s\n' "${summary[@]}"

@@ -116,6 +116,9 @@ pub struct SimDisk {
 struct SimFile {
     durable: Vec<u8>,
     volatile: Vec<u8>,
+    /// Once a silent write fault fired on the disk: the volatile image as it would be had every
+    /// write landed where it was sent (`None`: the same as `volatile`). It follows writes only.
+    intended: Option<Vec<u8>>,
 }
 
 /// A write that is not (known to be) durable: completed and pending, or in flight at a crash.
@@ -324,9 +327,16 @@ impl State {
             IoKind::Write => {
                 self.writes_performed += 1;
                 let performed = self.writes_performed;
-                let mut offset = request.offset;
+                // Where the bytes land: `None` for a lost write.
+                let mut landing = Some(request.offset);
                 if let Some(at) = self.write_faults.iter().position(|(_, nth)| *nth == performed) {
                     let (fault, _) = self.write_faults.swap_remove(at);
+                    for file in self.files.values_mut() {
+                        if file.intended.is_none() {
+                            file.intended = Some(file.volatile.clone());
+                        }
+                    }
+                    let offset = request.offset;
                     let len = request.buf.len() as u64;
                     let mut injected = InjectedWriteFault {
                         fault,
@@ -335,33 +345,31 @@ impl State {
                         len,
                         landed_at: None,
                     };
-                    match fault {
-                        WriteFault::Lost => {
-                            self.injected_write_faults.push(injected);
-                            return Ok(());
+                    // Another whole-page position inside the file; a file with room for this
+                    // write only once loses it instead.
+                    let file_len = self.files.get(name).map_or(0, |f| f.volatile.len());
+                    let page = crate::limits::PAGE_BYTES as u64;
+                    let positions = (file_len as u64).saturating_sub(len) / page + 1;
+                    if fault == WriteFault::Lost || positions < 2 {
+                        injected.fault = WriteFault::Lost;
+                        landing = None;
+                    } else {
+                        let mut landed = self.rng.gen_range(0..positions - 1) * page;
+                        if landed >= offset {
+                            landed += page;
                         }
-                        WriteFault::Misdirected => {
-                            // Another whole-page position inside the file; a file with room
-                            // for this write only once loses it instead.
-                            let file_len = self.files.get(name).map_or(0, |f| f.volatile.len());
-                            let page = crate::limits::PAGE_BYTES as u64;
-                            let positions = (file_len as u64).saturating_sub(len) / page + 1;
-                            if positions < 2 {
-                                injected.fault = WriteFault::Lost;
-                                self.injected_write_faults.push(injected);
-                                return Ok(());
-                            }
-                            let mut landed = self.rng.gen_range(0..positions - 1) * page;
-                            if landed >= offset {
-                                landed += page;
-                            }
-                            injected.landed_at = Some(landed);
-                            self.injected_write_faults.push(injected);
-                            offset = landed;
-                        }
+                        injected.landed_at = Some(landed);
+                        landing = Some(landed);
                     }
+                    self.injected_write_faults.push(injected);
                 }
                 let file = self.files.get_mut(name).expect("looked up above");
+                if let Some(intended) = &mut file.intended {
+                    write_into(intended, request.offset, &request.buf);
+                }
+                let Some(offset) = landing else {
+                    return Ok(());
+                };
                 write_into(&mut file.volatile, offset, &request.buf);
                 if durability == WriteDurability::Dsync && self.pending.is_empty() {
                     write_into(&mut file.durable, offset, &request.buf);
@@ -517,7 +525,9 @@ impl SimDisk {
         let mut next = State::new(state.seed, state.rng.clone());
         next.files = images
             .into_iter()
-            .map(|(name, image)| (name, SimFile { durable: image.clone(), volatile: image }))
+            .map(|(name, image)| {
+                (name, SimFile { durable: image.clone(), volatile: image, intended: None })
+            })
             .collect();
         next.restart_stats = stats;
         SimDisk { state: Arc::new(Mutex::new(next)) }
@@ -562,6 +572,35 @@ impl SimDisk {
     /// The faults armed with [`SimDisk::fault_at_point`] that fired, in order.
     pub fn fault_points_fired(&self) -> Vec<(FaultPoint, PointFault)> {
         self.lock().points_fired.clone()
+    }
+
+    /// The pages (file name, byte offset) whose bytes differ from what they would be had every
+    /// write landed where it was sent: the damage of the silent write faults that fired, less
+    /// what later writes covered. Past a file's end the images read as zeros.
+    pub fn silently_damaged_pages(&self) -> Vec<(String, u64)> {
+        let page = crate::limits::PAGE_BYTES;
+        let state = self.lock();
+        let mut damaged = Vec::new();
+        for (name, file) in &state.files {
+            let Some(intended) = &file.intended else { continue };
+            let len = intended.len().max(file.volatile.len());
+            let byte = |image: &[u8], at: usize| image.get(at).copied().unwrap_or(0);
+            for start in (0..len).step_by(page) {
+                let end = (start + page).min(len);
+                if (start..end).any(|at| byte(intended, at) != byte(&file.volatile, at)) {
+                    damaged.push((name.clone(), start as u64));
+                }
+            }
+        }
+        damaged
+    }
+
+    /// The bytes of a file as they would be had every write landed where it was sent (see
+    /// [`SimDisk::silently_damaged_pages`]); `None` if there is no such file.
+    pub fn intended_file(&self, name: &str) -> Option<Vec<u8>> {
+        let state = self.lock();
+        let file = state.files.get(name)?;
+        Some(file.intended.clone().unwrap_or_else(|| file.volatile.clone()))
     }
 
     /// The silent write faults that fired so far, in order.
@@ -1278,6 +1317,48 @@ mod tests {
         let rebooted = disk.restart();
         let stats = rebooted.restart_stats();
         assert_eq!(stats.kept_writes + stats.dropped_writes + stats.torn_writes, 1);
+    }
+
+    #[test]
+    fn silent_write_faults_damage_pages_until_rewritten() {
+        let disk = SimDisk::new(9);
+        let mut device = disk.device(WriteDurability::Dsync);
+        let file = device.open_file("f", true).unwrap();
+        device.grow_file(file, 8 * PAGE).unwrap();
+        device.submit(vec![write(0, file, 1, 10)]).unwrap();
+        reap_all(&mut device);
+        assert!(disk.silently_damaged_pages().is_empty());
+        disk.fault_nth_write(1, WriteFault::Lost);
+        disk.fault_nth_write(2, WriteFault::Misdirected);
+        for (token, page_no, fill) in [(1, 1, 11), (2, 2, 12)] {
+            device.submit(vec![write(token, file, page_no, fill)]).unwrap();
+            assert_eq!(reap_all(&mut device)[0].result, Ok(()), "a silent fault reports success");
+        }
+        let faults = disk.injected_write_faults();
+        assert_eq!(
+            faults.iter().map(|f| f.fault).collect::<Vec<_>>(),
+            [WriteFault::Lost, WriteFault::Misdirected]
+        );
+        let landed = faults[1].landed_at.expect("misdirected");
+        assert_ne!(landed, 2 * PAGE);
+        let image = disk.read_file("f").unwrap();
+        assert_eq!(page_of(&image, landed / PAGE), &page(12)[..]);
+        if landed != PAGE {
+            assert_eq!(page_of(&image, 1), &page(10)[..], "the lost write left the old bytes");
+        }
+        let intended = disk.intended_file("f").unwrap();
+        assert_eq!(page_of(&intended, 1), &page(11)[..]);
+        assert_eq!(page_of(&intended, 2), &page(12)[..]);
+        let mut expected: Vec<(String, u64)> =
+            [PAGE, 2 * PAGE, landed].into_iter().map(|at| ("f".to_string(), at)).collect();
+        expected.sort();
+        expected.dedup();
+        assert_eq!(disk.silently_damaged_pages(), expected);
+        // A later write of the whole page repairs it.
+        device.submit(vec![write(3, file, 1, 13)]).unwrap();
+        reap_all(&mut device);
+        expected.retain(|(_, at)| *at != PAGE);
+        assert_eq!(disk.silently_damaged_pages(), expected);
     }
 
     #[test]
