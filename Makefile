@@ -144,7 +144,8 @@ bench-sharded: bench-deps
 # `copse serve` under pipelined load, and as many kill -9 rounds of `copse serve` whose
 # GET/SET/DEL/INCR histories are checked for linearizability. scripts/torture.sh splits the seeds
 # over one process per core, runs every step even if one fails, and ends with a table of exits
-# and times; every figure goes to target/torture.log. About an hour on 2 cores.
+# and times; every figure goes to target/torture.log, and scripts/torture_summary.py adds up the
+# lanes into target/torture-summary.md. About an hour on 2 cores.
 TORTURE_SEEDS ?= 100000
 TORTURE_CRASH_SEEDS ?= 20000
 TORTURE_KILL_CYCLES ?= 1000
@@ -172,4 +173,6 @@ torture: test-deps fuzz-deps build
 	set -o pipefail; CARGO="$(CARGO)" PYTHON="$(PYTHON)" TORTURE_SEEDS=$(TORTURE_SEEDS) \
 	  TORTURE_CRASH_SEEDS=$(TORTURE_CRASH_SEEDS) \
 	  TORTURE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) TORTURE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) \
-	  scripts/torture.sh 2>&1 | tee target/torture.log
+	  scripts/torture.sh 2>&1 | tee target/torture.log; status=$$?; \
+	  $(PYTHON) scripts/torture_summary.py target/torture.log | tee target/torture-summary.md; \
+	  exit $$status
