@@ -21,6 +21,8 @@ CRASH_SEEDS=${TORTURE_CRASH_SEEDS:?}
 KILL_CYCLES=${TORTURE_KILL_CYCLES:?}
 FUZZ_INPUTS=${TORTURE_FUZZ_INPUTS:?}
 LANES=${TORTURE_LANES:-$(nproc)}
+# The fewest seeds a lane runs (see `seeded`).
+LANE_SEEDS_MIN=1000
 LOG_DIR=target/torture-logs
 mkdir -p "$LOG_DIR"
 
@@ -59,9 +61,16 @@ for line in sys.stdin:
 seeded() {
     local name=$1 seeds=$2 start_var=$3 seeds_var=$4
     shift 4
-    local per_lane=$(((seeds + LANES - 1) / LANES))
+    # Each lane gets at least LANE_SEEDS_MIN seeds: the tests' aggregate checks (every fault
+    # point fired, crashes seen just after a recovery, ...) run only from 1,000 seeds up in one
+    # process, so more lanes than that would switch them off.
+    local lanes=$((LANES < 1 ? 1 : LANES))
+    local lanes_max=$(((seeds + LANE_SEEDS_MIN - 1) / LANE_SEEDS_MIN))
+    lanes=$((lanes > lanes_max ? lanes_max : lanes))
+    lanes=$((lanes < 1 ? 1 : lanes))
+    local per_lane=$(((seeds + lanes - 1) / lanes))
     local pids=() lane first count status=0
-    for ((lane = 0; lane < LANES; lane++)); do
+    for ((lane = 0; lane < lanes; lane++)); do
         first=$((lane * per_lane))
         count=$((seeds - first < per_lane ? seeds - first : per_lane))
         [ "$count" -gt 0 ] || break

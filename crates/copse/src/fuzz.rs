@@ -379,26 +379,37 @@ pub fn manifest_page(data: &[u8]) {
     page[..copied].copy_from_slice(&rest[..copied]);
     let version = u32::from_le_bytes(page[8..12].try_into().expect("4 bytes"));
     if selector & 1 != 0 {
-        let covered = if version == 1 { 24 } else { 28 };
+        let covered = match version {
+            1 => 24,
+            2 => 28,
+            _ => 48,
+        };
         let crc = crc32c::crc32c(&page[..covered]);
         page[covered..covered + 4].copy_from_slice(&crc.to_le_bytes());
     }
     if let Ok(Some(found)) = manifest::decode(&page) {
         assert!(found.shard_count >= 1);
-        if version == 2 {
+        if version == manifest::MANIFEST_FORMAT_VERSION {
             let again = manifest::encode(&found);
-            assert_eq!(again[..32], page[..32], "a manifest decoded but encodes otherwise");
+            assert_eq!(again[..52], page[..52], "a manifest decoded but encodes otherwise");
         }
     }
 }
 
-/// Valid manifests of both engines and both format versions, sealed or not.
+/// Valid manifests of both engines and every format version, sealed or not.
 pub fn manifest_corpus() -> Vec<Vec<u8>> {
     let mut corpus = Vec::new();
     for manifest in [
         Manifest::new(4, EngineKind::Native),
         Manifest::new(1, EngineKind::RocksDb),
         Manifest { slab_format_version: 1, ..Manifest::new(256, EngineKind::Native) },
+        Manifest {
+            placement_setting: Some(crate::engine::native::placement::PlacementSetting::Auto),
+            placements: [crate::engine::native::placement::Placement::Append;
+                crate::engine::native::format::IN_PAGE_CLASS_COUNT],
+            probe_ratio_milli: 5123,
+            ..Manifest::new(2, EngineKind::Native)
+        },
     ] {
         let page = manifest::encode(&manifest).to_vec();
         corpus.push([&[0u8][..], &page].concat());

@@ -56,6 +56,35 @@ pub const EXEC_READS_MAX: usize = 10_000;
 pub const SLAB_GROWTH_BYTES_MIN: u64 = 1024 * 1024;
 pub const SLAB_GROWTH_DIVISOR: u64 = 8;
 
+/// Consecutive dirty pages of a file are written with one I/O of at most this many pages.
+pub const WRITE_PAGES_PER_IO_MAX: usize = 64;
+
+/// Append placement (engine/native/placement.rs, docs/placement.md): a class's file is cut into
+/// blocks of this many pages, the unit the collector empties and reuses.
+pub const APPEND_BLOCK_PAGES: u32 = 64;
+/// The largest block `Options::append_block_pages` accepts (the collector reads a block whole).
+pub const APPEND_BLOCK_PAGES_MAX: u32 = 4096;
+/// The collector runs when fewer free blocks than this are left (and the file is at its ceiling).
+pub const APPEND_FREE_BLOCKS_TARGET: usize = 2;
+/// What the collector keeps an append class's file under, in times its live slots, unless told
+/// otherwise (`Options::space_amplification_max`), and the range accepted.
+pub const SPACE_AMPLIFICATION_DEFAULT: f64 = 1.5;
+pub const SPACE_AMPLIFICATION_MIN: f64 = 1.1;
+pub const SPACE_AMPLIFICATION_MAX: f64 = 16.0;
+/// Moves the collector issues per round: at least the minimum, plus this many per slot the
+/// round appended (so it keeps up with the writes that use space), never more than the maximum
+/// (so a round's foreground requests never wait behind a whole block).
+pub const GC_MOVES_PER_ROUND_MIN: usize = 64;
+pub const GC_MOVES_PER_APPENDED_SLOT: usize = 4;
+pub const GC_MOVES_PER_ROUND_MAX: usize = 1024;
+
+/// The write probe behind `auto` placement (device/probe.rs): its scratch file, how long each
+/// phase writes, random pages per batch, and the size of a sequential write.
+pub const PROBE_FILE_BYTES: u64 = 16 * 1024 * 1024;
+pub const PROBE_PHASE_MS: u64 = 60;
+pub const PROBE_RANDOM_DEPTH: usize = 32;
+pub const PROBE_SEQUENTIAL_IO_BYTES: usize = 256 * 1024;
+
 /// Recovery reads slabs in chunks of this size, this many at a time (sequential bandwidth).
 pub const RECOVERY_CHUNK_BYTES: usize = 1024 * 1024;
 pub const RECOVERY_CHUNKS_IN_FLIGHT: usize = 4;

@@ -550,6 +550,32 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     line("device_reads", &store.device.reads);
                     line("device_writes", &store.device.writes);
                     line("device_flushes", &store.device.flushes);
+                    line("device_bytes_written", &store.device.bytes_written);
+                    line("user_bytes_written", &store.user_bytes_written);
+                    line("write_amplification", &format!("{:.2}", store.write_amplification));
+                    if let Some(asked) = store.placement.asked {
+                        line("placement", &asked);
+                    }
+                    if let Some(ratio) = store.placement.probe_sequential_over_random {
+                        line("placement_probe_sequential_over_random", &format!("{ratio:.2}"));
+                    }
+                    for class in &store.classes {
+                        line(
+                            &format!("class_{}", class.class),
+                            &format!(
+                                "placement={},slot_bytes={},file_bytes={},live_bytes={},dead_bytes={},gc_runs={},gc_blocks_freed={},gc_bytes_moved={},write_amplification={:.2}",
+                                class.placement,
+                                class.slot_bytes,
+                                class.file_bytes,
+                                class.live_bytes,
+                                class.dead_bytes,
+                                class.append.gc_runs,
+                                class.append.gc_blocks_freed,
+                                class.append.gc_bytes_moved,
+                                class.write_amplification(),
+                            ),
+                        );
+                    }
                 }
                 line("scrub_in_progress", &u8::from(server.db.scrub_running()));
                 match server.db.last_scrub() {

@@ -23,6 +23,7 @@
 pub mod aligned;
 pub mod fault_point;
 pub(crate) mod files;
+pub mod probe;
 pub mod sim;
 pub mod sync;
 pub mod uring;
@@ -187,6 +188,11 @@ pub trait Storage: Send + Sync {
     fn open_device(&self) -> Result<Box<dyn BlockDevice>, DeviceError>;
     /// A human-readable description (path and backend), for logs and `copse stats`.
     fn describe(&self) -> String;
+    /// Measures random against sequential write throughput (device/probe.rs), for `auto`
+    /// placement. `None`: this storage cannot be probed (the simulated device has no timing).
+    fn probe_writes(&self) -> Result<Option<probe::WriteProbe>, DeviceError> {
+        Ok(None)
+    }
 }
 
 /// Which real backend to use for a directory.
@@ -249,5 +255,39 @@ impl Storage for DirStorage {
     /// The directory (the backend and durability mode are logged when chosen).
     fn describe(&self) -> String {
         self.root.display().to_string()
+    }
+
+    /// Probes the file system under the directory once per process (device/probe.rs).
+    fn probe_writes(&self) -> Result<Option<probe::WriteProbe>, DeviceError> {
+        use std::os::unix::fs::MetadataExt;
+        static PROBES: std::sync::Mutex<Vec<(u64, WriteDurability, probe::WriteProbe)>> =
+            std::sync::Mutex::new(Vec::new());
+        let device_id = std::fs::metadata(&self.root)
+            .map_err(|err| DeviceError::from_io(&err, self.root.display().to_string()))?
+            .dev();
+        let mut probes = PROBES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, _, found)) = probes
+            .iter()
+            .find(|(id, durability, _)| *id == device_id && *durability == self.durability)
+        {
+            return Ok(Some(*found));
+        }
+        let mut device = self.open_device()?;
+        let result = probe::probe_writes(device.as_mut());
+        drop(device);
+        let path = self.root.join(probe::PROBE_FILE);
+        if let Err(err) = std::fs::remove_file(&path) {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                return Err(DeviceError::from_io(&err, path.display().to_string()));
+            }
+        }
+        let found = result?;
+        tracing::info!(
+            random_pages_per_second = found.random_pages_per_second as u64,
+            sequential_pages_per_second = found.sequential_pages_per_second as u64,
+            "device write probe"
+        );
+        probes.push((device_id, self.durability, found));
+        Ok(Some(found))
     }
 }

@@ -256,14 +256,63 @@ impl ScrubReport {
     }
 }
 
+/// One size class's figures (of a shard, or summed over a store's shards).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ClassStats {
     pub class: u8,
     pub slot_bytes: u32,
+    pub placement: crate::engine::native::placement::Placement,
     pub file_bytes: u64,
+    /// Slots ever handed out (the file's written part).
     pub slots_used: u64,
     pub free_in_memory: u64,
     pub free_on_disk: u64,
+    /// Slots holding something live (items, tombstones still needed, records in flight).
+    pub live_bytes: u64,
+    /// Slots holding nothing live: in place, free slots waiting for reuse; appended, dead
+    /// slots of blocks not yet collected.
+    pub dead_bytes: u64,
+    /// Append placement: blocks and the collector's work (zeros in place).
+    pub append: crate::engine::native::placement::AppendFigures,
+    /// Bytes the device was asked to write for this class, and bytes of keys and values users
+    /// asked to write into it; their ratio is the class's write amplification.
+    pub device_bytes_written: u64,
+    pub user_bytes_written: u64,
+}
+
+impl ClassStats {
+    /// Adds another shard's figures of the same class.
+    pub fn merge(&mut self, other: &ClassStats) {
+        debug_assert_eq!(self.class, other.class);
+        self.file_bytes += other.file_bytes;
+        self.slots_used += other.slots_used;
+        self.free_in_memory += other.free_in_memory;
+        self.free_on_disk += other.free_on_disk;
+        self.live_bytes += other.live_bytes;
+        self.dead_bytes += other.dead_bytes;
+        let (a, b) = (&mut self.append, &other.append);
+        a.blocks += b.blocks;
+        a.free_blocks += b.free_blocks;
+        a.used_slots += b.used_slots;
+        a.dead_slots += b.dead_slots;
+        a.gc_runs += b.gc_runs;
+        a.gc_blocks_freed += b.gc_blocks_freed;
+        a.gc_slots_moved += b.gc_slots_moved;
+        a.gc_bytes_moved += b.gc_bytes_moved;
+        a.gc_bytes_read += b.gc_bytes_read;
+        a.gc_blocked += b.gc_blocked;
+        self.device_bytes_written += other.device_bytes_written;
+        self.user_bytes_written += other.user_bytes_written;
+    }
+
+    /// Device bytes written per user byte written (0 before any user write).
+    pub fn write_amplification(&self) -> f64 {
+        if self.user_bytes_written == 0 {
+            0.0
+        } else {
+            self.device_bytes_written as f64 / self.user_bytes_written as f64
+        }
+    }
 }
 
 /// One shard's figures, for `copse stats`.

@@ -14,13 +14,19 @@ use serde::Serialize;
 
 use crate::device::{Backend, DeviceStats, DirStorage, Storage, WriteDurability};
 use crate::engine::input::{check_batch, check_key, check_value};
+use crate::engine::native::format::{SizeClass, IN_PAGE_CLASS_COUNT};
+use crate::engine::native::placement::{choose_placement, Placement, PlacementSetting};
 use crate::engine::native::{EngineConfig, NativeEngine};
-use crate::engine::{BatchOp, EngineKind, KeyValue, Request, ScrubReport, ShardEngine, ShardStats};
+use crate::engine::{
+    BatchOp, ClassStats, EngineKind, KeyValue, Request, ScrubReport, ShardEngine, ShardStats,
+};
 use crate::error::{InputError, OpenError, ReadError, WriteError};
 use crate::limits::{
-    CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
-    PAGE_BYTES, SCAN_ITEMS_MAX, SHARDS_MAX,
+    APPEND_BLOCK_PAGES_MAX, CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT,
+    IO_DEPTH_MAX, KEY_BYTES_MAX, PAGE_BYTES, SCAN_ITEMS_MAX, SHARDS_MAX, SPACE_AMPLIFICATION_MAX,
+    SPACE_AMPLIFICATION_MIN,
 };
+use crate::router::manifest::PlacementDecision;
 use crate::router::txn::{self, AtomicExec, Coordination};
 use crate::router::{close_shards, manifest, shard_of, Router};
 use crate::shard::exec::{Exec, ExecRequest};
@@ -46,6 +52,19 @@ pub struct Options {
     /// it (recorded in the manifest). `RocksDb` needs the `rocksdb` cargo feature and a directory
     /// (`Db::open`); `durability`, `backend` and `io_depth` apply to the native engine only.
     pub engine: EngineKind,
+    /// How the in-page size classes of a new native store place records (docs/placement.md):
+    /// `InPlace` (KVell), `Append` (RStore, with a garbage collector) or `Auto` (decided per class
+    /// from a short write probe of the device at creation; in place where no probe can run, as
+    /// on the simulated device). Recorded in the manifest; an existing store keeps its own.
+    pub placement: PlacementSetting,
+    /// Per-class exceptions to `placement` (class id, setting), for in-page classes (0 to 12).
+    pub placement_by_class: Vec<(u8, PlacementSetting)>,
+    /// The collector keeps each append class's file under this many times its live slots
+    /// (plus `APPEND_FREE_BLOCKS_TARGET` free blocks), between `SPACE_AMPLIFICATION_MIN` and
+    /// `SPACE_AMPLIFICATION_MAX`. Lower costs more collector writes.
+    pub space_amplification_max: f64,
+    /// Pages per block of an append class (the unit the collector empties and reuses).
+    pub append_block_pages: u32,
 }
 
 impl Default for Options {
@@ -63,8 +82,63 @@ impl Default for Options {
             show_progress: true,
             pin_threads: true,
             engine: EngineKind::Native,
+            placement: PlacementSetting::Auto,
+            placement_by_class: Vec::new(),
+            space_amplification_max: crate::limits::SPACE_AMPLIFICATION_DEFAULT,
+            append_block_pages: crate::limits::APPEND_BLOCK_PAGES,
         }
     }
+}
+
+/// Decides the placement of every in-page class of a new store: the setting asked for (per
+/// class where `placement_by_class` says), with `Auto` resolved by the device's write probe.
+fn decide_placement(
+    storage: &dyn crate::device::Storage,
+    options: &Options,
+) -> Result<PlacementDecision, OpenError> {
+    let setting_of = |class: usize| {
+        options
+            .placement_by_class
+            .iter()
+            .rev()
+            .find(|(id, _)| *id as usize == class)
+            .map_or(options.placement, |(_, setting)| *setting)
+    };
+    let wants_probe =
+        (0..IN_PAGE_CLASS_COUNT).any(|class| setting_of(class) == PlacementSetting::Auto);
+    let ratio = if wants_probe {
+        storage.probe_writes()?.map(|probe| probe.sequential_over_random())
+    } else {
+        None
+    };
+    let mut placements = [Placement::InPlace; IN_PAGE_CLASS_COUNT];
+    for (class, placement) in placements.iter_mut().enumerate() {
+        *placement = match setting_of(class) {
+            PlacementSetting::InPlace => Placement::InPlace,
+            PlacementSetting::Append => Placement::Append,
+            PlacementSetting::Auto => match ratio {
+                Some(ratio) => choose_placement(
+                    SizeClass::get(class as u8),
+                    ratio,
+                    options.space_amplification_max,
+                ),
+                None => Placement::InPlace,
+            },
+        };
+    }
+    if wants_probe {
+        tracing::info!(
+            sequential_over_random = ratio,
+            placements = ?placements.iter().map(|placement| placement.name()).collect::<Vec<_>>(),
+            "auto placement decided"
+        );
+    }
+    Ok(PlacementDecision {
+        setting: options.placement,
+        placements,
+        probe_ratio_milli: ratio
+            .map_or(0, |ratio| (ratio * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32),
+    })
 }
 
 /// Owned start and end bounds of a scan.
@@ -107,6 +181,13 @@ pub struct StoreStats {
     pub cache_hit_rate: f64,
     /// Every shard's device figures, summed.
     pub device: DeviceStats,
+    /// Bytes of keys and values users asked to write since the store was opened.
+    pub user_bytes_written: u64,
+    /// Device bytes written per user byte written, since open (0 before any user write).
+    pub write_amplification: f64,
+    pub placement: StorePlacement,
+    /// Every class in use, summed over shards.
+    pub classes: Vec<ClassStats>,
     pub shards: Vec<ShardStats>,
 }
 
@@ -141,6 +222,19 @@ struct Inner {
     /// The directory lock, released by `close` (or drop).
     lock: std::sync::Mutex<Option<std::fs::File>>,
     scrubs: std::sync::Mutex<ScrubLog>,
+    /// What the manifest says of placement, for `stats`.
+    placement: StorePlacement,
+}
+
+/// How a store places records (from its manifest), as `copse stats` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct StorePlacement {
+    /// What was asked for when the store was created (`None`: before manifest version 3).
+    pub asked: Option<PlacementSetting>,
+    /// The placement of each in-page class, by class id.
+    pub classes: Vec<Placement>,
+    /// The write probe's ratio of sequential to random page throughput, when `auto` probed.
+    pub probe_sequential_over_random: Option<f64>,
 }
 
 /// Takes an exclusive lock on the store directory so two processes never open one store.
@@ -215,7 +309,31 @@ impl Db {
                 options.io_depth
             )));
         }
+        if !(SPACE_AMPLIFICATION_MIN..=SPACE_AMPLIFICATION_MAX)
+            .contains(&options.space_amplification_max)
         {
+            return Err(OpenError::InvalidOption(format!(
+                "space_amplification_max {} is out of range ({SPACE_AMPLIFICATION_MIN} to {SPACE_AMPLIFICATION_MAX})",
+                options.space_amplification_max
+            )));
+        }
+        if options.append_block_pages == 0 || options.append_block_pages > APPEND_BLOCK_PAGES_MAX {
+            return Err(OpenError::InvalidOption(format!(
+                "append_block_pages {} is out of range (1 to {APPEND_BLOCK_PAGES_MAX})",
+                options.append_block_pages
+            )));
+        }
+        if let Some((class, _)) = options
+            .placement_by_class
+            .iter()
+            .find(|(class, _)| *class as usize >= IN_PAGE_CLASS_COUNT)
+        {
+            return Err(OpenError::InvalidOption(format!(
+                "placement_by_class names class {class}; only in-page classes (0 to {}) have a placement",
+                IN_PAGE_CLASS_COUNT - 1
+            )));
+        }
+        let manifest = {
             let mut device = storage.open_device()?;
             manifest::open_or_create(
                 device.as_mut(),
@@ -224,8 +342,17 @@ impl Db {
                 options.create_if_missing,
                 &storage.describe(),
                 dir.is_some_and(manifest::rocksdb_files_exist),
-            )?;
+                &mut || decide_placement(storage.as_ref(), &options),
+            )?
+        };
+        if manifest.placement_setting.is_some_and(|asked| asked != options.placement) {
+            tracing::info!(
+                store = manifest.placement_setting.map(|setting| setting.to_string()),
+                asked = %options.placement,
+                "the store keeps the placement it was created with"
+            );
         }
+        let placements = manifest.class_placements();
         let progress = (options.show_progress && std::io::stderr().is_terminal()).then(|| {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
@@ -261,6 +388,9 @@ impl Db {
                         cache_pages,
                         io_depth_max: options.io_depth,
                         slab_growth_bytes_min: crate::limits::SLAB_GROWTH_BYTES_MIN,
+                        placements: placements.clone(),
+                        append_block_pages: options.append_block_pages,
+                        space_amplification_max: options.space_amplification_max,
                         poisoned: poisoned.clone(),
                     };
                     let storage = storage.clone();
@@ -354,6 +484,12 @@ impl Db {
                 shards: std::sync::Mutex::new(shards),
                 lock: std::sync::Mutex::new(lock),
                 scrubs: std::sync::Mutex::new(ScrubLog::default()),
+                placement: StorePlacement {
+                    asked: manifest.placement_setting,
+                    classes: manifest.placements.to_vec(),
+                    probe_sequential_over_random: (manifest.probe_ratio_milli > 0)
+                        .then(|| manifest.probe_ratio_milli as f64 / 1000.0),
+                },
             }),
         })
     }
@@ -523,7 +659,7 @@ impl Db {
         {
             shards.push(pending.wait()?);
         }
-        Ok(summarize(shards))
+        Ok(summarize(shards, &self.inner.placement))
     }
 
     /// Scrubs every shard online (`engine::Request::Scrub`): every item and page checksum is
@@ -660,7 +796,7 @@ impl Db {
         {
             shards.push(pending.into_future().await?);
         }
-        Ok(summarize(shards))
+        Ok(summarize(shards, &self.inner.placement))
     }
 
     pub async fn flush_async(&self) -> Result<(), WriteError> {
@@ -704,7 +840,17 @@ impl Drop for Inner {
     }
 }
 
-fn summarize(shards: Vec<ShardStats>) -> StoreStats {
+fn summarize(shards: Vec<ShardStats>, placement: &StorePlacement) -> StoreStats {
+    let mut classes: Vec<ClassStats> = Vec::new();
+    for class in shards.iter().flat_map(|shard| &shard.classes) {
+        match classes.iter_mut().find(|sum| sum.class == class.class) {
+            Some(sum) => sum.merge(class),
+            None => classes.push(class.clone()),
+        }
+    }
+    classes.sort_by_key(|class| class.class);
+    let user_bytes_written: u64 = classes.iter().map(|class| class.user_bytes_written).sum();
+    let device = shards.iter().fold(DeviceStats::default(), |total, shard| total + shard.device);
     let items: u64 = shards.iter().map(|shard| shard.items).sum();
     let index_bytes: u64 = shards.iter().map(|shard| shard.index_bytes).sum();
     let hits: u64 = shards.iter().map(|shard| shard.cache_hits).sum();
@@ -715,7 +861,15 @@ fn summarize(shards: Vec<ShardStats>) -> StoreStats {
         index_bytes,
         index_bytes_per_item: if items == 0 { 0.0 } else { index_bytes as f64 / items as f64 },
         cache_hit_rate: if hits + misses == 0 { 0.0 } else { hits as f64 / (hits + misses) as f64 },
-        device: shards.iter().fold(DeviceStats::default(), |total, shard| total + shard.device),
+        user_bytes_written,
+        write_amplification: if user_bytes_written == 0 {
+            0.0
+        } else {
+            device.bytes_written as f64 / user_bytes_written as f64
+        },
+        device,
+        placement: placement.clone(),
+        classes,
         shards,
     }
 }

@@ -108,6 +108,8 @@ const MULTI_PAGE_PAGES_PER_SLOT: [u32; 23] = [
     3072, 4097,
 ];
 pub const CLASS_COUNT: usize = IN_PAGE_SLOTS_PER_PAGE.len() + MULTI_PAGE_PAGES_PER_SLOT.len();
+/// The in-page classes are the first ones (ids 0 to 12).
+pub const IN_PAGE_CLASS_COUNT: usize = IN_PAGE_SLOTS_PER_PAGE.len();
 
 const _: () = assert!(RECORD_BYTES_MAX <= 4097 * PAGE_BYTES);
 const _: () = assert!(CLASS_COUNT < 64);

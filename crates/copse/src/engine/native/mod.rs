@@ -22,8 +22,10 @@ pub mod batch;
 pub mod cache;
 pub mod format;
 pub mod free_list;
+mod gc;
 pub mod index;
 mod parts;
+pub mod placement;
 mod read;
 pub mod recovery;
 mod scrub;
@@ -46,6 +48,7 @@ use cache::{PageCache, PageKey};
 use format::{Loc, RecordLayout, SizeClass, CLASS_COUNT};
 use free_list::FreeList;
 use index::Index;
+use placement::{AppendClass, Placement};
 
 type WriteId = u64;
 type Key = Box<[u8]>;
@@ -58,6 +61,14 @@ pub struct EngineConfig {
     /// The least a slab file grows by (and its first size): `limits::SLAB_GROWTH_BYTES_MIN`
     /// in a store; tests set it small to make growth frequent.
     pub slab_growth_bytes_min: u64,
+    /// The placement of each class (`CLASS_COUNT` entries; multi-page classes are in place).
+    pub placements: Vec<Placement>,
+    /// Pages per block of an append class: `limits::APPEND_BLOCK_PAGES` in a store; tests set
+    /// it small to make collections frequent.
+    pub append_block_pages: u32,
+    /// The collector keeps an append class's file under this many times its live slots (plus
+    /// free blocks kept ready).
+    pub space_amplification_max: f64,
     /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     pub poisoned: Arc<AtomicBool>,
 }
@@ -72,6 +83,10 @@ struct ClassFile {
     file_bytes: u64,
     /// How its records are laid out (from its format version, which a file keeps for life).
     layout: RecordLayout,
+    /// Append placement: pages [start, end) of the open block hold nothing live and were not
+    /// written since it was opened, so their image is zeros, no read needed. The start moves
+    /// past every page imaged.
+    fresh_pages: (u64, u64),
 }
 
 /// Who is waiting for a write, and what it does once durable.
@@ -114,6 +129,14 @@ enum Effect {
         gsn: u64,
         seq: u64,
     },
+    /// The collector's copy of a live record from `from` (`gc.rs`); `bytes`: the record's size.
+    Moved {
+        key: Key,
+        seq: u64,
+        from: Loc,
+        tombstone: bool,
+        bytes: u64,
+    },
 }
 
 /// Whose record a free record erases, to be told once the erasure is durable.
@@ -154,8 +177,10 @@ enum DirectRead {
 
 enum IoPurpose {
     PageLoad(PageKey),
+    /// `pages` consecutive pages from `page`, written with one I/O.
     PageWrite {
         page: PageKey,
+        pages: u64,
         writes: Vec<WriteId>,
     },
     DirectWrite(WriteId),
@@ -164,6 +189,8 @@ enum IoPurpose {
     Sync,
     /// A read of the online scrub (`scrub.rs`).
     ScrubRead(scrub::ScrubRead),
+    /// The collector's read of its victim block (`gc.rs`).
+    GcRead(gc::GcRead),
 }
 
 pub struct NativeEngine {
@@ -173,8 +200,27 @@ pub struct NativeEngine {
     io_depth_max: usize,
     slab_growth_bytes_min: u64,
     poisoned: Arc<AtomicBool>,
+    placements: Vec<Placement>,
+    append_block_pages: u32,
+    space_amplification_max: f64,
 
     classes: Vec<Option<ClassFile>>,
+    /// Block accounting of each class in append placement (once its file is open).
+    append: Vec<Option<AppendClass>>,
+    /// The collection under way, if any, and the moves it has in flight.
+    gc: Option<gc::GcRun>,
+    gc_moves_in_flight: usize,
+    /// A class wanted a collection when last asked (so the shard keeps turning rounds).
+    gc_wanted: bool,
+    /// Slots appended this round (the collector's budget grows with them).
+    appended_this_round: usize,
+    settle_waiters: Vec<Reply<(), WriteError>>,
+    /// `close` was called: no new collection starts.
+    closing: bool,
+    /// Per class: bytes the device was asked to write for it, and bytes of keys and values
+    /// users asked to write (write amplification is their ratio).
+    device_bytes_written: Vec<u64>,
+    user_bytes_written: Vec<u64>,
     free: Vec<FreeList>,
     index: Index,
     cache: PageCache,
@@ -236,7 +282,22 @@ impl NativeEngine {
             io_depth_max: config.io_depth_max.max(1),
             slab_growth_bytes_min: config.slab_growth_bytes_min.max(PAGE_BYTES as u64),
             poisoned: config.poisoned,
+            placements: {
+                assert_eq!(config.placements.len(), CLASS_COUNT);
+                config.placements
+            },
+            append_block_pages: config.append_block_pages.max(1),
+            space_amplification_max: config.space_amplification_max,
             classes: (0..CLASS_COUNT).map(|_| None).collect(),
+            append: (0..CLASS_COUNT).map(|_| None).collect(),
+            gc: None,
+            gc_moves_in_flight: 0,
+            gc_wanted: false,
+            appended_this_round: 0,
+            settle_waiters: Vec::new(),
+            closing: false,
+            device_bytes_written: vec![0; CLASS_COUNT],
+            user_bytes_written: vec![0; CLASS_COUNT],
             free: (0..CLASS_COUNT).map(|_| FreeList::default()).collect(),
             index: Index::default(),
             cache: PageCache::new(config.cache_pages),
@@ -280,6 +341,13 @@ impl NativeEngine {
             engine.device.fault_point(FaultPoint::RecoveryReplayingBatch)?;
             engine.reap(true);
         }
+        // The last batch's replay may have failed: it is then forgotten, but the store must not
+        // open (its keys are not applied, and a poisoned store refuses every write).
+        if engine.is_poisoned() {
+            return Err(OpenError::Device(crate::device::DeviceError::Io {
+                what: "replaying write batches during recovery".into(),
+            }));
+        }
         Ok(engine)
     }
 
@@ -305,6 +373,19 @@ impl NativeEngine {
             }
         }
         Ok(())
+    }
+
+    /// Sets up the block accounting of a class in append placement whose file holds
+    /// `file_bytes`, of which the slots below `frontier` were handed out at some time.
+    fn open_placement(&mut self, class: SizeClass, file_bytes: u64, frontier: u64) {
+        if self.placements[class.id as usize] == Placement::Append && !class.is_multi_page() {
+            self.append[class.id as usize] = Some(AppendClass::new(
+                class,
+                self.append_block_pages,
+                class.slots_in_file(file_bytes),
+                frontier,
+            ));
+        }
     }
 
     fn is_poisoned(&self) -> bool {
@@ -403,15 +484,18 @@ impl NativeEngine {
         };
         match purpose {
             IoPurpose::PageLoad(page) => self.page_loaded(page, completion),
-            IoPurpose::PageWrite { page, writes } => {
-                self.pages_in_flight.remove(&page);
-                self.cache.unpin(page);
+            IoPurpose::PageWrite { page, pages, writes } => {
+                for number in page.1..page.1 + pages {
+                    self.pages_in_flight.remove(&(page.0, number));
+                    self.cache.unpin((page.0, number));
+                }
                 self.writes_completed(writes, completion.result);
             }
             IoPurpose::DirectWrite(write) => self.writes_completed(vec![write], completion.result),
             IoPurpose::DirectRead(read) => self.direct_read_done(read, completion),
             IoPurpose::Sync => unreachable!("sync completions are consumed by sync_io"),
             IoPurpose::ScrubRead(read) => self.scrub_read_done(read, completion),
+            IoPurpose::GcRead(read) => self.gc_read_done(read, completion),
         }
     }
 
@@ -617,6 +701,11 @@ impl NativeEngine {
         self.cache.drop_unpinned();
     }
 
+    /// Whether the collector is emptying a block now (for tests that crash during collection).
+    pub fn collecting(&self) -> bool {
+        self.gc.is_some()
+    }
+
     pub fn stats(&self) -> ShardStats {
         let mut classes = Vec::new();
         let mut file_bytes = 0;
@@ -624,13 +713,32 @@ impl NativeEngine {
             let Some(file) = file else { continue };
             let class = SizeClass::get(id as u8);
             file_bytes += file.file_bytes;
+            let free_in_memory = self.free[id].in_memory() as u64;
+            let free_on_disk = self.free[id].on_disk();
+            let slot_bytes = class.slot_bytes as u64;
+            let (live_slots, dead_slots, append) = match &self.append[id] {
+                Some(append) => {
+                    let figures = append.figures();
+                    (figures.used_slots, figures.dead_slots, figures)
+                }
+                None => {
+                    let free = free_in_memory + free_on_disk;
+                    (file.next_append_slot.saturating_sub(free), free, Default::default())
+                }
+            };
             classes.push(ClassStats {
                 class: id as u8,
                 slot_bytes: class.slot_bytes,
+                placement: self.placements[id],
                 file_bytes: file.file_bytes,
                 slots_used: file.next_append_slot,
-                free_in_memory: self.free[id].in_memory() as u64,
-                free_on_disk: self.free[id].on_disk(),
+                free_in_memory,
+                free_on_disk,
+                live_bytes: live_slots * slot_bytes,
+                dead_bytes: dead_slots * slot_bytes,
+                append,
+                device_bytes_written: self.device_bytes_written[id],
+                user_bytes_written: self.user_bytes_written[id],
             });
         }
         ShardStats {
@@ -703,9 +811,10 @@ impl ShardEngine for NativeEngine {
             Request::Delete { key, reply } => self.delete(key, reply),
             Request::Batch { ops, reply } => self.batch(ops, reply),
             Request::Scan { start, end, limit, reply } => self.scan(start, end, limit, reply),
-            // The native engine has no background work: a write is at its final place once
-            // durable, so settling is flushing.
-            Request::Flush { reply } | Request::Settle { reply } => {
+            // In place, a write is at its final place once durable, so settling is flushing; in
+            // append placement it also waits for the collector to rest.
+            Request::Settle { reply } => self.settle(reply),
+            Request::Flush { reply } => {
                 if self.is_poisoned() {
                     let _ = reply.send(Err(WriteError::Poisoned));
                 } else {
@@ -729,6 +838,10 @@ impl ShardEngine for NativeEngine {
         self.retry_deferred_frees();
         self.refill_free_lists();
         self.schedule_page_writes();
+        self.gc_step();
+        // The collector's moves join this round's page writes.
+        self.schedule_page_writes();
+        self.settle_step();
         self.scrub_step();
         self.submit_ready();
         self.answer_flush_waiters();
@@ -760,6 +873,8 @@ impl ShardEngine for NativeEngine {
             && self.flush_waiters.is_empty()
             && self.deferred_frees.is_empty()
             && !self.scrub_running()
+            && self.gc.is_none()
+            && self.settle_waiters.is_empty()
     }
 
     /// Whether the index holds `key` (its newest durable version is live). No I/O.
@@ -797,6 +912,7 @@ impl ShardEngine for NativeEngine {
 
     /// Finishes all outstanding work and makes it durable.
     fn close(&mut self) -> Result<(), WriteError> {
+        self.closing = true;
         while !self.is_idle() {
             self.end_round();
             self.reap(true);

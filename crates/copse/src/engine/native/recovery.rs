@@ -592,8 +592,15 @@ impl NativeEngine {
             } else {
                 1 + next_append_slot.div_ceil(class.slots_per_page as u64)
             };
-            self.classes[class.id as usize] =
-                Some(ClassFile { file, next_append_slot, frontier_page, file_bytes, layout });
+            self.classes[class.id as usize] = Some(ClassFile {
+                file,
+                next_append_slot,
+                frontier_page,
+                file_bytes,
+                layout,
+                fresh_pages: (0, 0),
+            });
+            self.open_placement(class, file_bytes, next_append_slot);
         }
         self.device.fault_point(FaultPoint::RecoveryScanned)?;
         self.rebuild(found)?;

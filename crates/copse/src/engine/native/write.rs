@@ -12,13 +12,13 @@ use super::format::{
     SizeClass, SlabHeader, SLAB_FORMAT_VERSION,
 };
 use super::{
-    key_hash, ClassFile, Effect, ErasedRecord, Flight, IoPurpose, NativeEngine, Origin, PageWaiter,
-    PendingWrite, WriteId,
+    key_hash, ClassFile, Effect, ErasedRecord, Flight, IoPurpose, NativeEngine, Origin, PageKey,
+    PageWaiter, PendingWrite, WriteId,
 };
 use crate::device::{AlignedBuf, FaultPoint, IoKind, IoRequest};
 use crate::engine::Reply;
 use crate::error::WriteError;
-use crate::limits::{PAGE_BYTES, SLAB_GROWTH_DIVISOR};
+use crate::limits::{PAGE_BYTES, SLAB_GROWTH_DIVISOR, WRITE_PAGES_PER_IO_MAX};
 
 impl NativeEngine {
     pub(super) fn put(&mut self, key: Vec<u8>, value: Vec<u8>, origin: Origin, seq: Option<u64>) {
@@ -79,6 +79,7 @@ impl NativeEngine {
             self.hold_seq(seq);
             seq
         });
+        self.user_bytes_written[loc.class() as usize] += (key.len() + value.len()) as u64;
         let key: Box<[u8]> = key.into();
         if !matches!(origin, Origin::Batch(_)) {
             // A batch registered its keys when it took its sequence number.
@@ -152,15 +153,19 @@ impl NativeEngine {
         Ok((Loc::new(class.id, slot, pages), overwritten))
     }
 
-    /// Finds a slot for a record of `class`: beside `near` if its cached page has a free slot,
-    /// else the most recently freed slot, else a new slot at the end of the file (growing it).
-    /// Returns the slot and the stale key hash of what it held.
+    /// Finds a slot for a record of `class`. In place: beside `near` if its cached page has a
+    /// free slot, else the most recently freed slot, else a new slot at the end of the file
+    /// (growing it). Appended: the next slot of the open block. Returns the slot and the stale
+    /// key hash of what it held.
     pub(super) fn allocate(
         &mut self,
         class: SizeClass,
         near: Option<Loc>,
     ) -> Result<(u64, Option<u64>), WriteError> {
         self.ensure_class_file(class)?;
+        if self.append[class.id as usize].is_some() {
+            return self.allocate_appended(class);
+        }
         let free = &mut self.free[class.id as usize];
         if let Some(near) = near.filter(|near| near.class() == class.id && !class.is_multi_page()) {
             let page = class.page_of_slot(near.slot());
@@ -192,6 +197,34 @@ impl NativeEngine {
         let slot = file.next_append_slot;
         file.next_append_slot += 1;
         Ok((slot, None))
+    }
+
+    /// The next slot of the open block of an append class, growing the file to hold its block.
+    fn allocate_appended(&mut self, class: SizeClass) -> Result<(u64, Option<u64>), WriteError> {
+        let append = self.append[class.id as usize].as_mut().expect("an append class");
+        let next = append.peek();
+        let block_end_slot = (next.slot / append.slots_per_block() + 1) * append.slots_per_block();
+        let file = self.classes[class.id as usize].as_mut().expect("ensured by the caller");
+        if next.slot >= class.slots_in_file(file.file_bytes) {
+            let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(self.slab_growth_bytes_min);
+            let wanted = (file.file_bytes + growth)
+                .max(class.file_bytes_for_slots(block_end_slot))
+                .next_multiple_of(PAGE_BYTES as u64);
+            self.device
+                .grow_file(file.file, wanted)
+                .and_then(|()| self.device.fault_point(FaultPoint::SlabFileGrown))
+                .map_err(WriteError::from_device)?;
+            file.file_bytes = wanted;
+            append.cover(class.slots_in_file(wanted));
+        }
+        let (slot, tag) = append.take();
+        assert_eq!(slot, next.slot);
+        if let Some(pages) = next.opens {
+            file.fresh_pages = pages;
+        }
+        file.next_append_slot = file.next_append_slot.max(slot + 1);
+        self.appended_this_round += 1;
+        Ok((slot, tag))
     }
 
     /// Opens (creating, with its header page written durably) the slab file of a class.
@@ -235,7 +268,9 @@ impl NativeEngine {
             frontier_page: 1,
             file_bytes,
             layout: RecordLayout::current(),
+            fresh_pages: (0, 0),
         });
+        self.open_placement(class, file_bytes, 0);
         Ok(())
     }
 
@@ -260,6 +295,7 @@ impl NativeEngine {
             assert!(bytes <= pages * PAGE_BYTES);
             let mut buf = AlignedBuf::zeroed(pages * PAGE_BYTES);
             encode_record(&mut buf, layout, self.shard_id, loc, kind, seq, aux, key, value);
+            self.device_bytes_written[loc.class() as usize] += buf.len() as u64;
             let (file, offset) = self.slot_position(loc);
             self.queue_io(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
         } else {
@@ -283,9 +319,15 @@ impl NativeEngine {
         }
         if !self.cache.contains(page) {
             let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
-            if page.1 >= file.frontier_page {
-                // Never written: its image is zeros, no read needed.
-                file.frontier_page = page.1 + 1;
+            let (fresh_start, fresh_end) = file.fresh_pages;
+            let fresh = (fresh_start..fresh_end).contains(&page.1);
+            if page.1 >= file.frontier_page || fresh {
+                // Never written, or in the part of an open block nothing was written to since
+                // it was opened: its image is zeros, no read needed.
+                file.frontier_page = file.frontier_page.max(page.1 + 1);
+                if fresh {
+                    file.fresh_pages.0 = page.1 + 1;
+                }
                 self.cache.insert(page, &[0u8; PAGE_BYTES]);
             } else {
                 self.wait_page(page, PageWaiter::Place { write, offset, record });
@@ -308,39 +350,66 @@ impl NativeEngine {
         }
     }
 
-    /// Hands every dirty page without a write in flight to the device (invariant 3).
+    /// Hands every dirty page without a write in flight to the device (invariant 3), each run
+    /// of consecutive pages of a file as one write of up to `WRITE_PAGES_PER_IO_MAX` pages (the
+    /// pages an append class fills in a round go out as one sequential I/O).
     pub(super) fn schedule_page_writes(&mut self) {
         if self.dirty.is_empty() {
             return;
         }
-        let ready: Vec<_> = self
+        let mut ready: Vec<PageKey> = self
             .dirty
             .keys()
             .filter(|page| !self.pages_in_flight.contains(*page))
             .copied()
             .collect();
-        for page in ready {
-            let writes = self.dirty.remove(&page).expect("listed above");
-            if self.is_poisoned() {
-                self.cache.unpin(page);
-                for write in writes {
-                    self.write_failed(write, WriteError::Poisoned);
-                }
-                continue;
+        ready.sort_unstable();
+        let mut start = 0;
+        while start < ready.len() {
+            let mut end = start + 1;
+            while end < ready.len()
+                && end - start < WRITE_PAGES_PER_IO_MAX
+                && ready[end] == (ready[start].0, ready[start].1 + (end - start) as u64)
+            {
+                end += 1;
             }
-            let mut buf = AlignedBuf::zeroed(PAGE_BYTES);
-            buf.copy_from_slice(self.cache.image(page).expect("dirty pages are pinned"));
-            let file = self.classes[page.0 as usize].as_ref().expect("class file is open").file;
+            self.write_pages(&ready[start..end]);
+            start = end;
+        }
+    }
+
+    /// Writes consecutive dirty pages of one file with one I/O.
+    fn write_pages(&mut self, run: &[PageKey]) {
+        let mut writes = Vec::new();
+        for page in run {
+            writes.extend(self.dirty.remove(page).expect("listed as dirty"));
+        }
+        if self.is_poisoned() {
+            for &page in run {
+                self.cache.unpin(page);
+            }
+            for write in writes {
+                self.write_failed(write, WriteError::Poisoned);
+            }
+            return;
+        }
+        let first = run[0];
+        let mut buf = AlignedBuf::zeroed(run.len() * PAGE_BYTES);
+        for (index, &page) in run.iter().enumerate() {
+            buf[index * PAGE_BYTES..(index + 1) * PAGE_BYTES]
+                .copy_from_slice(self.cache.image(page).expect("dirty pages are pinned"));
             self.pages_in_flight.insert(page);
             self.scrub_page_written(page);
-            self.queue_io(
-                IoKind::Write,
-                file,
-                page.1 * PAGE_BYTES as u64,
-                buf,
-                IoPurpose::PageWrite { page, writes },
-            );
         }
+        self.device_bytes_written[first.0 as usize] += buf.len() as u64;
+        let file = self.classes[first.0 as usize].as_ref().expect("class file is open").file;
+        self.queue_io(
+            IoKind::Write,
+            file,
+            first.1 * PAGE_BYTES as u64,
+            buf,
+            IoPurpose::PageWrite { page: first, pages: run.len() as u64, writes },
+        );
     }
 
     /// A write is durable: release what its slot held, then apply its effect.
@@ -382,6 +451,9 @@ impl NativeEngine {
                 self.part_record_erased(gsn);
             }
             Effect::PartPrepared { gsn, seq } => self.part_prepared(gsn, seq, loc),
+            Effect::Moved { key, seq, from, tombstone, bytes } => {
+                self.gc_moved(&key, seq, from, loc, tombstone, bytes)
+            }
         }
     }
 
@@ -430,6 +502,7 @@ impl NativeEngine {
                 }
                 self.part_prepare_failed(gsn, err);
             }
+            Effect::Moved { .. } => self.gc_move_failed(),
         }
     }
 
@@ -523,6 +596,16 @@ impl NativeEngine {
         erase: bool,
         owner: Option<ErasedRecord>,
     ) {
+        if let Some(append) = self.append[loc.class() as usize].as_mut() {
+            // Append placement: a freed slot is dead in its block until the block is reused;
+            // an erasure is written in place first (it changes no live record).
+            if !erase && owner.is_none() {
+                append.release(loc.slot(), tag);
+            } else {
+                self.write_free_record(loc, tag, None, owner, None);
+            }
+            return;
+        }
         let free = &mut self.free[loc.class() as usize];
         if !erase && owner.is_none() && free.has_room() {
             free.push(loc.slot(), tag);

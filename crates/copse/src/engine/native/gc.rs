@@ -1,0 +1,286 @@
+//! The garbage collector of append placement (RStore §3.3): empties the block with the most dead
+//! slots by rewriting its live records through the normal append path. Block accounting and the
+//! victim heap are in `placement.rs`; the guide is docs/placement.md.
+//!
+//! A collection: pick a victim (when the class wants one, `AppendClass::wants_collection`) →
+//! read the block's written pages with one I/O → list its live records: puts the index points at
+//! (same slot, same seq) and tombstones still guarding stale copies → move them, a bounded number
+//! per round → the block is free once every slot is released, which for a moved record happens
+//! when its move is durable.
+//!
+//! Invariants:
+//! - A move keeps the record's key, value and seq, and is re-encoded for its new slot (the crc
+//!   covers the location). Two valid copies with one seq are the same version, so recovery may
+//!   keep either; the other is a stale copy, tagged like any other.
+//! - A move is applied only if, once durable, the index (or the tombstone guard) still points
+//!   at the old slot with the same seq; otherwise a newer write won meanwhile and the moved copy
+//!   is freed as a stale copy. The old slot is freed only after the move is durable, so a crash
+//!   at any point leaves at least one valid copy of every live record.
+//! - One collection at a time per shard; at most `GC_MOVES_PER_ROUND_MAX` moves issued per round,
+//!   so foreground requests of the round are never queued behind a whole block.
+//! - Nothing runs while the store is poisoned.
+
+use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot};
+use super::{key_hash, Effect, IoPurpose, NativeEngine};
+use crate::device::{AlignedBuf, IoCompletion, IoKind};
+use crate::engine::Reply;
+use crate::error::WriteError;
+use crate::limits::{
+    GC_MOVES_PER_APPENDED_SLOT, GC_MOVES_PER_ROUND_MAX, GC_MOVES_PER_ROUND_MIN, PAGE_BYTES,
+};
+
+/// A record to move out of the victim.
+pub(super) struct Candidate {
+    slot: u64,
+    key: Box<[u8]>,
+    value: Vec<u8>,
+    seq: u64,
+    tombstone: bool,
+}
+
+pub(super) struct GcRun {
+    class: u8,
+    block: u32,
+    /// None while the victim is being read.
+    candidates: Option<std::vec::IntoIter<Candidate>>,
+}
+
+/// The victim's read.
+pub(super) struct GcRead {
+    class: u8,
+    block: u32,
+    first_page: u64,
+}
+
+impl NativeEngine {
+    /// One round's share of collection: start a collection if a class wants one, or issue the
+    /// next moves of the one under way. Called at the end of every round.
+    pub(super) fn gc_step(&mut self) {
+        let appended = std::mem::take(&mut self.appended_this_round);
+        if self.is_poisoned() {
+            self.gc = None;
+            self.gc_wanted = false;
+            return;
+        }
+        if self.gc.is_none() && !self.closing {
+            self.gc_start();
+        }
+        let Some(run) = self.gc.as_ref() else { return };
+        let (class, block) = (run.class, run.block);
+        if run.candidates.is_none() {
+            return; // still reading the victim
+        }
+        let budget = (GC_MOVES_PER_ROUND_MIN + GC_MOVES_PER_APPENDED_SLOT * appended)
+            .min(GC_MOVES_PER_ROUND_MAX);
+        // The block may have been freed under the collection (every slot released).
+        let collecting = self.append[class as usize].as_ref().expect("append").is_collecting(block);
+        let candidates = self.gc.as_mut().and_then(|run| run.candidates.as_mut()).expect("listed");
+        let issued: Vec<Candidate> = if collecting {
+            candidates.by_ref().take(budget).collect()
+        } else {
+            candidates.by_ref().for_each(drop);
+            Vec::new()
+        };
+        let finished = candidates.len() == 0;
+        for candidate in issued {
+            if self.gc_move(class, candidate).is_err() {
+                // No slot to move to (the file could not grow): stop this collection.
+                self.gc.as_mut().expect("running").candidates = Some(Vec::new().into_iter());
+                break;
+            }
+        }
+        if finished && self.gc_moves_in_flight == 0 {
+            self.gc_finish();
+        }
+    }
+
+    /// Picks a victim among the classes that want a collection and starts reading it.
+    fn gc_start(&mut self) {
+        self.gc_wanted = false;
+        for class in 0..self.append.len() {
+            let ratio = self.space_amplification_max;
+            let Some(append) = self.append[class].as_mut() else { continue };
+            if !append.wants_collection(ratio) {
+                continue;
+            }
+            let Some(block) = append.pick_victim() else { continue };
+            self.gc_wanted = true;
+            let (first_page, end_page) = append.pages_of(block);
+            let file = self.classes[class].as_ref().expect("an append class has a file");
+            // Pages past the frontier were never written: nothing in them lives.
+            let end_page = end_page.min(file.frontier_page);
+            let pages = end_page.saturating_sub(first_page);
+            self.gc = Some(GcRun { class: class as u8, block, candidates: None });
+            if pages == 0 {
+                self.gc.as_mut().unwrap().candidates = Some(Vec::new().into_iter());
+                return;
+            }
+            let fid = file.file;
+            self.queue_io(
+                IoKind::Read,
+                fid,
+                first_page * PAGE_BYTES as u64,
+                AlignedBuf::zeroed(pages as usize * PAGE_BYTES),
+                IoPurpose::GcRead(GcRead { class: class as u8, block, first_page }),
+            );
+            return;
+        }
+    }
+
+    /// The victim was read: list what lives in it.
+    pub(super) fn gc_read_done(&mut self, read: GcRead, completion: IoCompletion) {
+        let GcRead { class, block, first_page } = read;
+        let Some(run) = self.gc.as_mut() else { return };
+        assert_eq!((run.class, run.block), (class, block));
+        let mut candidates = Vec::new();
+        match completion.result {
+            Err(err) => {
+                tracing::warn!(shard = self.shard_id, class, block, %err, "reading a collection victim failed; the block stays");
+            }
+            Ok(()) => {
+                let info = SizeClass::get(class);
+                let layout = self.layout_of(class);
+                let slot_bytes = info.slot_bytes as usize;
+                self.append[class as usize].as_mut().expect("append").figures.gc_bytes_read +=
+                    completion.buf.len() as u64;
+                for (index, page) in completion.buf.chunks_exact(PAGE_BYTES).enumerate() {
+                    let first_slot = info.first_slot_of_page(first_page + index as u64);
+                    for in_page in 0..info.slots_per_page as usize {
+                        let slot = first_slot + in_page as u64;
+                        let loc = Loc::new(class, slot, 0);
+                        let bytes = &page[in_page * slot_bytes..(in_page + 1) * slot_bytes];
+                        let Ok(Slot::Record { header, key, value }) =
+                            decode_slot(bytes, layout, self.shard_id, loc, slot_bytes)
+                        else {
+                            continue;
+                        };
+                        let tombstone = match header.kind {
+                            RecordKind::Put => false,
+                            RecordKind::Tombstone => true,
+                            _ => continue,
+                        };
+                        if self.gc_still_live(loc, key, header.seq, tombstone) {
+                            candidates.push(Candidate {
+                                slot,
+                                key: key.into(),
+                                value: value.to_vec(),
+                                seq: header.seq,
+                                tombstone,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        self.gc.as_mut().expect("running").candidates = Some(candidates.into_iter());
+    }
+
+    /// Whether the record `seq` of `key` at `loc` is still what the index (or the tombstone
+    /// guard of its key) holds.
+    fn gc_still_live(&self, loc: Loc, key: &[u8], seq: u64, tombstone: bool) -> bool {
+        if tombstone {
+            self.tombstone_guards
+                .get(&key_hash(key))
+                .is_some_and(|guards| guards.iter().any(|(at, k)| *at == loc && **k == *key))
+        } else {
+            self.index.entry(key).is_some_and(|entry| entry.loc == loc && entry.seq == seq)
+        }
+    }
+
+    /// Rewrites one live record of the victim into the open block.
+    fn gc_move(&mut self, class: u8, candidate: Candidate) -> Result<(), WriteError> {
+        let Candidate { slot, key, value, seq, tombstone } = candidate;
+        let from = Loc::new(class, slot, 0);
+        if !self.gc_still_live(from, &key, seq, tombstone) {
+            return Ok(());
+        }
+        let (new_slot, overwritten) = self.allocate(SizeClass::get(class), None)?;
+        let loc = Loc::new(class, new_slot, 0);
+        let bytes = super::format::record_bytes(key.len(), value.len()) as u64;
+        let write = self.new_write(
+            loc,
+            overwritten,
+            Effect::Moved { key: key.clone(), seq, from, tombstone, bytes },
+        );
+        let watermark = self.durable_watermark();
+        let kind = if tombstone { RecordKind::Tombstone } else { RecordKind::Put };
+        self.place(write, loc, kind, seq, watermark, &key, &value);
+        self.gc_moves_in_flight += 1;
+        Ok(())
+    }
+
+    /// A move is durable: the record now lives at `loc`, unless a newer write won meanwhile.
+    pub(super) fn gc_moved(
+        &mut self,
+        key: &[u8],
+        seq: u64,
+        from: Loc,
+        to: Loc,
+        tombstone: bool,
+        bytes: u64,
+    ) {
+        self.gc_moves_in_flight -= 1;
+        let hash = key_hash(key);
+        if tombstone {
+            let guard = self
+                .tombstone_guards
+                .get_mut(&hash)
+                .and_then(|guards| guards.iter_mut().find(|(at, k)| *at == from && **k == *key));
+            match guard {
+                Some(guard) => {
+                    guard.0 = to;
+                    self.release_slot(from, None, false);
+                }
+                None => self.release_slot(to, None, false),
+            }
+        } else if self.index.entry(key).is_some_and(|entry| entry.loc == from && entry.seq == seq) {
+            self.index.insert(key, to, seq);
+            // The old copy is the same version: a stale copy until its slot is written again.
+            self.release_slot(from, Some(hash), false);
+        } else {
+            self.release_slot(to, Some(hash), false);
+        }
+        let figures = &mut self.append[to.class() as usize].as_mut().expect("append").figures;
+        figures.gc_slots_moved += 1;
+        figures.gc_bytes_moved += bytes;
+    }
+
+    /// A move's write failed (the store is poisoned): nothing moved.
+    pub(super) fn gc_move_failed(&mut self) {
+        self.gc_moves_in_flight -= 1;
+    }
+
+    fn gc_finish(&mut self) {
+        let Some(run) = self.gc.take() else { return };
+        if let Some(append) = self.append[run.class as usize].as_mut() {
+            append.collection_ended(run.block);
+        }
+    }
+
+    /// Whether collection has work now (a collection under way, or a class over its ceiling with
+    /// a victim to offer when last asked). Only a collection under way keeps an idle shard
+    /// turning rounds: more start with the rounds that write (which are what use space), or
+    /// when a settle waits for the collector to rest.
+    pub(super) fn gc_busy(&self) -> bool {
+        self.gc.is_some() || self.gc_wanted
+    }
+
+    /// A settle waits for the collector to rest, then for a flush.
+    pub(super) fn settle(&mut self, reply: Reply<(), WriteError>) {
+        if self.is_poisoned() {
+            let _ = reply.send(Err(WriteError::Poisoned));
+        } else {
+            self.settle_waiters.push(reply);
+        }
+    }
+
+    /// Hands the settles to the flush waiters once the collector rests.
+    pub(super) fn settle_step(&mut self) {
+        if self.settle_waiters.is_empty() || self.gc_busy() {
+            return;
+        }
+        for reply in std::mem::take(&mut self.settle_waiters) {
+            self.flush_waiters.push((self.next_write_id, reply));
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! Where a size class puts new records: in place (KVell: fill free slots) or appended (RStore:
+//! pack them into fresh pages of an open block), and the block accounting and victim choice of
+//! append placement's garbage collector. The collector's I/O is in `gc.rs`; the guide is
+//! docs/placement.md.
+//!
+//! An append class cuts its slab file into blocks of `block_pages` pages. New and moved records
+//! take the next slot of the open block, so a round's records land in consecutive pages that are
+//! written together. A freed slot (superseded, deleted, erased) only counts as dead in its block;
+//! a block whose every slot is dead is free and is reused whole, from its first page, without
+//! reading it. Blocks whose dead count changed go on a queue; when the collector needs a victim
+//! the queue feeds a max-heap of dead slots (RStore §3.3), and stale heap entries are dropped.
+//!
+//! Invariants:
+//! - `used` of a block counts its slots handed out and not yet released: live items, tombstones
+//!   guarding stale copies, batch, part and watermark records, writes in flight, and slots whose
+//!   erasure is in flight. A block is in `free_blocks` iff its used count is 0 and it is not the
+//!   open block.
+//! - The open block's slots at and past the cursor were not handed out since it was opened, so
+//!   their bytes on disk are dead (or zero).
+//! - A dead slot that still holds a stale copy of a key keeps the key's hash in `dead_tags` until
+//!   the slot is handed out again; the write over it releases the tag once durable, so the key's
+//!   tombstone outlives the copy (invariant 4 of mod.rs).
+//! - Slots are handed out in increasing order within a block, so the pages a block gets written
+//!   to are imaged in increasing order (`ClassFile::fresh_pages` relies on it).
+
+use std::collections::{BTreeSet, BinaryHeap};
+
+use serde::Serialize;
+
+use super::format::SizeClass;
+use crate::hash::HashMap;
+
+/// How a size class places new records. persisted: never renumber.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// KVell: a new version goes to a free slot (beside its old copy when that page is cached),
+    /// so pages are written at random, each with the round's changes to it.
+    #[default]
+    InPlace = 1,
+    /// RStore: new versions are appended to the open block and written as consecutive pages;
+    /// a garbage collector empties the blocks with the most dead slots.
+    Append = 2,
+}
+
+impl Placement {
+    pub fn from_persisted(value: u8) -> Option<Placement> {
+        match value {
+            1 => Some(Placement::InPlace),
+            2 => Some(Placement::Append),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::InPlace => "in-place",
+            Placement::Append => "append",
+        }
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a store asks for when it is created: a placement, or `Auto` (decided per class from a
+/// device probe and the class's slot size, `choose_placement`). Recorded in the manifest.
+/// persisted: never renumber.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementSetting {
+    InPlace = 1,
+    Append = 2,
+    #[default]
+    Auto = 3,
+}
+
+impl PlacementSetting {
+    pub fn from_persisted(value: u8) -> Option<PlacementSetting> {
+        match value {
+            1 => Some(PlacementSetting::InPlace),
+            2 => Some(PlacementSetting::Append),
+            3 => Some(PlacementSetting::Auto),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for PlacementSetting {
+    type Err = String;
+    fn from_str(text: &str) -> Result<PlacementSetting, String> {
+        match text {
+            "in-place" => Ok(PlacementSetting::InPlace),
+            "append" => Ok(PlacementSetting::Append),
+            "auto" => Ok(PlacementSetting::Auto),
+            other => {
+                Err(format!("unknown placement {other:?} (expected in-place, append or auto)"))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for PlacementSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PlacementSetting::InPlace => "in-place",
+            PlacementSetting::Append => "append",
+            PlacementSetting::Auto => "auto",
+        })
+    }
+}
+
+/// The cost model behind `auto` (docs/placement.md): an in-place write of an item costs one
+/// random page write; an appended one costs its share of a sequential page, times what the
+/// collector writes and reads again per slot it frees. With the store's space ceiling `r`,
+/// victims are at least `d = 1 - 1/r` dead, so freeing a slot moves at most `(1 - d) / d` live
+/// ones: every appended slot costs `1/d` slot writes and `1/d` slot reads. Append wins when
+/// `sequential_over_random`, the ratio of the device's sequential to random page throughput,
+/// exceeds `2 / d * slot_bytes / PAGE_BYTES`.
+pub fn choose_placement(
+    class: SizeClass,
+    sequential_over_random: f64,
+    space_amplification_max: f64,
+) -> Placement {
+    if class.is_multi_page() {
+        // A multi-page slot is already written whole, as one large I/O.
+        return Placement::InPlace;
+    }
+    let dead_fraction = 1.0 - 1.0 / space_amplification_max;
+    let page_share = class.slot_bytes as f64 / crate::limits::PAGE_BYTES as f64;
+    let append_cost = 2.0 / dead_fraction * page_share;
+    if sequential_over_random > append_cost {
+        Placement::Append
+    } else {
+        Placement::InPlace
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Block {
+    /// Slots handed out and not released (see the module invariants).
+    used: u32,
+    /// The collector is emptying it.
+    collecting: bool,
+    /// A collection left live slots it could not move (a batch or part record, a record that
+    /// no longer verifies): not a victim again until one of its slots is released.
+    blocked: bool,
+    /// On the change queue.
+    queued: bool,
+}
+
+/// What the collector and `copse stats` report of one append class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AppendFigures {
+    pub blocks: u64,
+    pub free_blocks: u64,
+    pub used_slots: u64,
+    /// Slots of sealed blocks (and the open block's handed-out part) that hold nothing live.
+    pub dead_slots: u64,
+    pub gc_runs: u64,
+    pub gc_blocks_freed: u64,
+    pub gc_slots_moved: u64,
+    pub gc_bytes_moved: u64,
+    pub gc_bytes_read: u64,
+    /// Collections that ended with live slots left in the block.
+    pub gc_blocked: u64,
+}
+
+/// One append class's blocks.
+pub(super) struct AppendClass {
+    class: SizeClass,
+    slots_per_block: u64,
+    blocks: Vec<Block>,
+    /// The open block and its cursor (the next slot to hand out).
+    open: Option<(u32, u64)>,
+    free_blocks: BTreeSet<u32>,
+    dead_tags: HashMap<u64, u64>,
+    /// Blocks whose dead count changed since the heap last saw them.
+    changed: Vec<u32>,
+    heap: BinaryHeap<(u32, std::cmp::Reverse<u32>)>,
+    used_slots: u64,
+    pub(super) figures: AppendFigures,
+}
+
+/// Where the next slot will come from: the open block, a free block, or a new one past the end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct NextSlot {
+    pub slot: u64,
+    /// A block is opened for it: its pages, [first, end), hold nothing live.
+    pub opens: Option<(u64, u64)>,
+}
+
+impl AppendClass {
+    /// An append class over a file holding `slots_in_file` slots, of which the first `frontier`
+    /// were handed out at some time; every one of those starts used, and recovery releases the
+    /// dead ones. The block holding the frontier (if the frontier is inside it) stays open.
+    pub(super) fn new(
+        class: SizeClass,
+        block_pages: u32,
+        slots_in_file: u64,
+        frontier: u64,
+    ) -> AppendClass {
+        assert!(!class.is_multi_page(), "append placement is for in-page classes");
+        assert!(block_pages >= 1);
+        let slots_per_block = block_pages as u64 * class.slots_per_page as u64;
+        let mut append = AppendClass {
+            class,
+            slots_per_block,
+            blocks: Vec::new(),
+            open: None,
+            free_blocks: BTreeSet::new(),
+            dead_tags: HashMap::default(),
+            changed: Vec::new(),
+            heap: BinaryHeap::new(),
+            used_slots: 0,
+            figures: AppendFigures::default(),
+        };
+        let blocks = slots_in_file.max(frontier).div_ceil(slots_per_block);
+        for block in 0..blocks {
+            let first = block * slots_per_block;
+            let used = frontier.saturating_sub(first).min(slots_per_block);
+            append.blocks.push(Block { used: used as u32, ..Block::default() });
+            append.used_slots += used;
+        }
+        let frontier_block = frontier / slots_per_block;
+        if !frontier.is_multiple_of(slots_per_block) {
+            append.open = Some((frontier_block as u32, frontier));
+        }
+        for block in 0..blocks as u32 {
+            if append.open.is_some_and(|(open, _)| open == block) {
+                continue;
+            }
+            if append.blocks[block as usize].used == 0 {
+                append.free_blocks.insert(block);
+            } else {
+                append.queue(block);
+            }
+        }
+        append
+    }
+
+    fn block_of(&self, slot: u64) -> u32 {
+        (slot / self.slots_per_block) as u32
+    }
+
+    fn first_slot(&self, block: u32) -> u64 {
+        block as u64 * self.slots_per_block
+    }
+
+    /// The pages of a block, [first, end).
+    pub(super) fn pages_of(&self, block: u32) -> (u64, u64) {
+        let first = self.class.page_of_slot(self.first_slot(block));
+        (first, first + self.slots_per_block / self.class.slots_per_page as u64)
+    }
+
+    pub(super) fn slots_per_block(&self) -> u64 {
+        self.slots_per_block
+    }
+
+    fn dead(&self, block: u32) -> u32 {
+        let used = self.blocks[block as usize].used as u64;
+        match self.open {
+            Some((open, cursor)) if open == block => {
+                (cursor - self.first_slot(block)).saturating_sub(used) as u32
+            }
+            _ => (self.slots_per_block - used) as u32,
+        }
+    }
+
+    fn queue(&mut self, block: u32) {
+        let state = &mut self.blocks[block as usize];
+        if !state.queued {
+            state.queued = true;
+            self.changed.push(block);
+        }
+    }
+
+    fn is_open(&self, block: u32) -> bool {
+        self.open.is_some_and(|(open, _)| open == block)
+    }
+
+    /// The slot `take` will hand out next. No state changes.
+    pub(super) fn peek(&self) -> NextSlot {
+        if let Some((block, cursor)) = self.open {
+            if cursor < self.first_slot(block) + self.slots_per_block {
+                return NextSlot { slot: cursor, opens: None };
+            }
+        }
+        let block = self.free_blocks.first().copied().unwrap_or(self.blocks.len() as u32);
+        NextSlot { slot: self.first_slot(block), opens: Some(self.pages_of(block)) }
+    }
+
+    /// Hands out the next slot (the file must hold it: the caller grew it after `peek`), with
+    /// the stale key hash of what the slot still holds.
+    pub(super) fn take(&mut self) -> (u64, Option<u64>) {
+        let next = self.peek();
+        if next.opens.is_some() {
+            if let Some((sealed, _)) = self.open.take() {
+                self.seal(sealed);
+            }
+            let block = self.block_of(next.slot);
+            if !self.free_blocks.remove(&block) {
+                assert_eq!(block as usize, self.blocks.len(), "a new block is the next one");
+                self.blocks.push(Block::default());
+            }
+            assert_eq!(self.blocks[block as usize].used, 0, "an opened block holds nothing live");
+            self.open = Some((block, next.slot));
+        }
+        let (block, cursor) = self.open.as_mut().expect("opened above");
+        assert_eq!(*cursor, next.slot);
+        *cursor += 1;
+        let block = *block;
+        self.blocks[block as usize].used += 1;
+        self.used_slots += 1;
+        (next.slot, self.dead_tags.remove(&next.slot))
+    }
+
+    /// The open block is full: it becomes a victim candidate, or free if nothing in it lives.
+    fn seal(&mut self, block: u32) {
+        if self.blocks[block as usize].used == 0 {
+            self.free_blocks.insert(block);
+        } else {
+            self.queue(block);
+        }
+    }
+
+    /// A slot holds nothing live any more; `tag`: the hash of the key whose stale copy it holds.
+    pub(super) fn release(&mut self, slot: u64, tag: Option<u64>) {
+        let block = self.block_of(slot);
+        let state = &mut self.blocks[block as usize];
+        assert!(state.used > 0, "slot {slot} of class {} released twice", self.class.id);
+        state.used -= 1;
+        state.blocked = false;
+        self.used_slots -= 1;
+        if let Some(tag) = tag {
+            let previous = self.dead_tags.insert(slot, tag);
+            assert!(previous.is_none(), "a dead slot tagged twice");
+        }
+        if self.is_open(block) {
+            return;
+        }
+        if self.blocks[block as usize].used == 0 {
+            let state = &mut self.blocks[block as usize];
+            if state.collecting {
+                state.collecting = false;
+                self.figures.gc_blocks_freed += 1;
+            }
+            self.free_blocks.insert(block);
+        } else {
+            self.queue(block);
+        }
+    }
+
+    /// Whether the collector should run: too few free blocks are left, and growing the file by
+    /// one more block would take it past `space_amplification_max` times the live slots.
+    pub(super) fn wants_collection(&self, space_amplification_max: f64) -> bool {
+        if self.free_blocks.len() >= crate::limits::APPEND_FREE_BLOCKS_TARGET {
+            return false;
+        }
+        let capacity = (self.blocks.len() as u64 + 1) * self.slots_per_block;
+        capacity as f64 > space_amplification_max * self.used_slots as f64
+    }
+
+    /// The sealed block with the most dead slots that can be collected, marked as collecting.
+    pub(super) fn pick_victim(&mut self) -> Option<u32> {
+        for block in std::mem::take(&mut self.changed) {
+            self.blocks[block as usize].queued = false;
+            if self.collectable(block) {
+                self.heap.push((self.dead(block), std::cmp::Reverse(block)));
+            }
+        }
+        while let Some((dead, std::cmp::Reverse(block))) = self.heap.pop() {
+            // An entry is current only if the count still matches; a changed block was queued
+            // again, so its current count is in the heap or the queue.
+            if self.collectable(block) && self.dead(block) == dead {
+                self.blocks[block as usize].collecting = true;
+                self.figures.gc_runs += 1;
+                return Some(block);
+            }
+        }
+        None
+    }
+
+    fn collectable(&self, block: u32) -> bool {
+        let state = self.blocks[block as usize];
+        !self.is_open(block)
+            && state.used > 0
+            && !state.collecting
+            && !state.blocked
+            && self.dead(block) > 0
+    }
+
+    pub(super) fn is_collecting(&self, block: u32) -> bool {
+        self.blocks[block as usize].collecting
+    }
+
+    /// A collection ended. A block it could not empty waits until one of its slots is freed.
+    pub(super) fn collection_ended(&mut self, block: u32) {
+        let state = &mut self.blocks[block as usize];
+        if state.collecting {
+            state.collecting = false;
+            state.blocked = true;
+            self.figures.gc_blocked += 1;
+        }
+    }
+
+    /// Blocks added by the file growing to `slots_in_file`.
+    pub(super) fn cover(&mut self, slots_in_file: u64) {
+        let blocks = slots_in_file.div_ceil(self.slots_per_block) as usize;
+        while self.blocks.len() < blocks {
+            let block = self.blocks.len() as u32;
+            self.blocks.push(Block::default());
+            if !self.is_open(block) {
+                self.free_blocks.insert(block);
+            }
+        }
+    }
+
+    pub(super) fn figures(&self) -> AppendFigures {
+        let dead_slots = (0..self.blocks.len() as u32)
+            .filter(|block| !self.free_blocks.contains(block))
+            .map(|block| self.dead(block) as u64)
+            .sum();
+        AppendFigures {
+            blocks: self.blocks.len() as u64,
+            free_blocks: self.free_blocks.len() as u64,
+            used_slots: self.used_slots,
+            dead_slots,
+            ..self.figures
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class() -> SizeClass {
+        SizeClass::get(4) // 16 slots per page
+    }
+
+    #[test]
+    fn slots_are_handed_out_in_order_and_a_full_block_is_sealed() {
+        let mut append = AppendClass::new(class(), 2, 0, 0);
+        let first: Vec<u64> = (0..32).map(|_| append.take().0).collect();
+        assert_eq!(first, (0..32).collect::<Vec<_>>());
+        assert_eq!(append.peek(), NextSlot { slot: 32, opens: Some((3, 5)) });
+        assert_eq!(append.take().0, 32);
+        assert!(append.pick_victim().is_none(), "the sealed block has no dead slot");
+        append.release(3, Some(77));
+        append.release(4, None);
+        assert_eq!(append.pick_victim(), Some(0));
+        assert_eq!(append.figures().dead_slots, 2);
+    }
+
+    #[test]
+    fn a_block_whose_slots_all_die_is_reused_from_its_start_with_its_tags() {
+        let mut append = AppendClass::new(class(), 1, 0, 0);
+        for _ in 0..16 {
+            append.take();
+        }
+        append.take(); // seals block 0
+        for slot in 0..16 {
+            append.release(slot, (slot == 5).then_some(9));
+        }
+        for _ in 1..16 {
+            append.take();
+        }
+        // Block 1 is full; the next slot reopens block 0 from its first page.
+        assert_eq!(append.peek(), NextSlot { slot: 0, opens: Some((1, 2)) });
+        let tags: Vec<Option<u64>> = (0..16).map(|_| append.take().1).collect();
+        assert_eq!(tags[5], Some(9));
+        assert_eq!(tags.iter().flatten().count(), 1);
+    }
+
+    #[test]
+    fn the_victim_has_the_most_dead_slots_and_stale_heap_entries_are_dropped() {
+        let mut append = AppendClass::new(class(), 1, 0, 0);
+        for _ in 0..49 {
+            append.take(); // blocks 0, 1, 2 full, block 3 open
+        }
+        append.release(1, None);
+        append.release(17, None);
+        append.release(18, None);
+        assert_eq!(append.pick_victim(), Some(1));
+        append.release(33, None);
+        append.release(34, None);
+        append.release(35, None);
+        append.release(2, None);
+        // Block 2 has 3 dead, block 0 has 2: block 2 first, then 0.
+        assert_eq!(append.pick_victim(), Some(2));
+        assert_eq!(append.pick_victim(), Some(0));
+        assert_eq!(append.pick_victim(), None);
+        append.collection_ended(0);
+        append.release(3, None);
+        assert_eq!(append.pick_victim(), Some(0), "a release unblocks a block");
+    }
+
+    #[test]
+    fn recovery_starts_every_handed_out_slot_used_and_keeps_the_frontier_block_open() {
+        let mut append = AppendClass::new(class(), 1, 64, 20);
+        assert_eq!(append.figures().used_slots, 20);
+        assert_eq!(append.peek(), NextSlot { slot: 20, opens: None });
+        for slot in 0..16 {
+            append.release(slot, None);
+        }
+        assert_eq!(append.figures().free_blocks, 3, "blocks 0, 2 and 3");
+        assert_eq!(append.take().0, 20);
+    }
+
+    #[test]
+    fn collection_is_wanted_only_past_the_space_ceiling() {
+        let mut append = AppendClass::new(class(), 1, 0, 0);
+        for _ in 0..16 * 8 {
+            append.take();
+        }
+        assert!(!append.wants_collection(1.5), "no dead slots: growing keeps the ratio");
+        for slot in 0..16 * 4 {
+            if slot % 16 != 0 {
+                append.release(slot, None);
+            }
+        }
+        assert!(append.wants_collection(1.5));
+        assert!(!append.wants_collection(4.0));
+    }
+
+    #[test]
+    fn auto_appends_small_slots_on_a_device_that_favours_sequential_writes() {
+        let small = SizeClass::get(4);
+        let page = SizeClass::get(12);
+        assert_eq!(choose_placement(small, 5.0, 1.5), Placement::Append);
+        assert_eq!(choose_placement(page, 5.0, 1.5), Placement::InPlace);
+        assert_eq!(choose_placement(small, 0.3, 1.5), Placement::InPlace);
+        assert_eq!(choose_placement(SizeClass::get(20), 1000.0, 1.5), Placement::InPlace);
+    }
+}
