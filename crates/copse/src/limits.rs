@@ -64,8 +64,6 @@ pub const WRITE_PAGES_PER_IO_MAX: usize = 64;
 pub const APPEND_BLOCK_PAGES: u32 = 64;
 /// The largest block `Options::append_block_pages` accepts (the collector reads a block whole).
 pub const APPEND_BLOCK_PAGES_MAX: u32 = 4096;
-/// The collector runs when fewer free blocks than this are left (and the file is at its ceiling).
-pub const APPEND_FREE_BLOCKS_TARGET: usize = 2;
 /// What the collector keeps an append class's file under, in times its live slots, unless told
 /// otherwise (`Options::space_amplification_max`), and the range accepted.
 pub const SPACE_AMPLIFICATION_DEFAULT: f64 = 1.5;
@@ -77,6 +75,13 @@ pub const SPACE_AMPLIFICATION_MAX: f64 = 16.0;
 pub const GC_MOVES_PER_ROUND_MIN: usize = 64;
 pub const GC_MOVES_PER_APPENDED_SLOT: usize = 4;
 pub const GC_MOVES_PER_ROUND_MAX: usize = 1024;
+/// Blocks one collection empties together at most; it takes enough to free this many times
+/// what the round that started it appended.
+pub const GC_VICTIMS_PER_RUN_MAX: usize = 64;
+pub const GC_FREE_PER_APPENDED: u64 = 6;
+/// The collector starts this far into the room between live data and the space ceiling (so
+/// that a burst of writes meets a collection already under way).
+pub const GC_START_FRACTION_OF_CEILING_ROOM: f64 = 0.8;
 
 /// The write probe behind `auto` placement (device/probe.rs): its scratch file, how long each
 /// phase writes, random pages per batch, and the size of a sequential write.

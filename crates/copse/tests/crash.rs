@@ -50,7 +50,9 @@ use std::time::{Duration, Instant};
 use copse::device::sim::{RestartStats, SimDisk};
 use copse::device::DeviceError;
 use copse::router::shard_of;
-use copse::{Db, OpenError, Options, ReadError, WriteBatch, WriteDurability, WriteError};
+use copse::{
+    Db, OpenError, Options, PlacementSetting, ReadError, WriteBatch, WriteDurability, WriteError,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -757,6 +759,9 @@ struct Config {
     seed: u64,
     durability: WriteDurability,
     shards: usize,
+    /// Every in-page class appended, in one-page blocks under a tight space ceiling, so that
+    /// crashes also strike collections (docs/placement.md).
+    append: bool,
 }
 
 impl Config {
@@ -766,6 +771,13 @@ impl Config {
             cache_bytes: 2 << 20,
             durability: self.durability,
             show_progress: false,
+            placement: if self.append {
+                PlacementSetting::Append
+            } else {
+                PlacementSetting::InPlace
+            },
+            append_block_pages: 1,
+            space_amplification_max: 1.2,
             ..Options::default()
         };
         Db::open_with_storage(Arc::new(disk.storage(self.durability)), options)
@@ -1042,6 +1054,8 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
             WriteDurability::FlushPerRound
         },
         shards: 1 + (seed / 2 % 3) as usize,
+        // Every third seed, from its own bits so the other seeds run as they did before.
+        append: (seed / 6).is_multiple_of(3),
     };
     let rounds =
         if seed % SECOND_CRASH_EVERY_SEEDS == SECOND_CRASH_EVERY_SEEDS - 1 { 2 } else { 1 };
@@ -1321,7 +1335,8 @@ fn slab_creation_while_writes_are_in_flight_loses_no_completion() {
     for seed in 0..200u64 {
         let finished = finishes_within(10, move || {
             let disk = SimDisk::new(seed);
-            let config = Config { seed, durability: WriteDurability::Dsync, shards: 1 };
+            let config =
+                Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
             let db = config.open(&disk).unwrap();
             // Small puts (one page write in flight), then the first item of another size class.
             let keys: Vec<[u8; 2]> = (0..8u8).map(|i| [b'k', i]).collect();
@@ -1356,7 +1371,7 @@ fn slab_creation_while_writes_are_in_flight_loses_no_completion() {
 #[test]
 fn recovery_that_cannot_erase_a_replayed_batch_record_returns() {
     let seed = 1;
-    let config = Config { seed, durability: WriteDurability::Dsync, shards: 1 };
+    let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
     let disk = SimDisk::new(seed);
     let db = config.open(&disk).unwrap();
     // Create both size classes first: the members' (133-byte records) and the batch record's.
@@ -1415,7 +1430,7 @@ fn recovery_that_cannot_erase_a_replayed_batch_record_returns() {
 #[test]
 fn open_returns_the_error_of_a_shard_that_fails_to_open() {
     let seed = 2;
-    let config = Config { seed, durability: WriteDurability::Dsync, shards: 1 };
+    let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
     let disk = SimDisk::new(seed);
     let db = config.open(&disk).unwrap();
     db.put(b"a", b"1").unwrap();
@@ -1425,7 +1440,7 @@ fn open_returns_the_error_of_a_shard_that_fails_to_open() {
     for attempt_number in 0..20 {
         let attempt = image.restart();
         attempt.crash_after_ops(1);
-        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1 };
+        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
         let result = finishes_within(10, move || {
             config.open(&attempt).map(drop).map_err(|err| err.to_string())
         });
@@ -1457,7 +1472,7 @@ fn open_returns_the_error_of_a_shard_that_fails_to_open() {
 fn a_batch_racing_a_newer_put_leaves_the_same_value_in_memory_and_on_disk() {
     for seed in 0..20u64 {
         let disk = SimDisk::new(seed);
-        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1 };
+        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
         let db = config.open(&disk).unwrap();
         // The put's record is in another size class than the batch record, so their page
         // writes complete in either order.
@@ -1503,7 +1518,7 @@ fn a_batch_racing_a_newer_put_leaves_the_same_value_in_memory_and_on_disk() {
 fn a_delete_racing_an_older_put_stays_deleted_after_reopen() {
     for seed in 0..40u64 {
         let disk = SimDisk::new(seed);
-        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1 };
+        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
         let db = config.open(&disk).unwrap();
         db.put(b"k", b"v1").unwrap();
         let v2 = vec![b'2'; 300];

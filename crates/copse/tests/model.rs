@@ -394,8 +394,24 @@ fn run_case<S: 'static>(
     }
 }
 
-fn open_sim((storage, shards): &(copse::device::sim::SimStorage, usize)) -> Db {
-    Db::open_with_storage(Arc::new(storage.clone()), options(*shards))
+/// The store's options with every in-page class in place, or appended in one-page blocks under
+/// a tight space ceiling (so that even a short case collects).
+fn placed(shards: usize, append: bool) -> Options {
+    let options = options(shards);
+    if append {
+        Options {
+            placement: copse::PlacementSetting::Append,
+            append_block_pages: 1,
+            space_amplification_max: 1.2,
+            ..options
+        }
+    } else {
+        Options { placement: copse::PlacementSetting::InPlace, ..options }
+    }
+}
+
+fn open_sim((storage, shards, append): &(copse::device::sim::SimStorage, usize, bool)) -> Db {
+    Db::open_with_storage(Arc::new(storage.clone()), placed(*shards, *append))
         .expect("open the simulated store")
 }
 
@@ -417,17 +433,18 @@ proptest! {
         seed in any::<u64>(),
         shards in 1usize..=4,
         flush_per_round in any::<bool>(),
+        append in any::<bool>(),
         pool in key_pool(),
         ops in prop::collection::vec(op(), 1..=60),
     ) {
         let durability = if flush_per_round { WriteDurability::FlushPerRound } else { WriteDurability::Dsync };
-        let storage = move || (SimDisk::new(seed).storage(durability), shards);
+        let storage = move || (SimDisk::new(seed).storage(durability), shards, append);
         run_case(storage, open_sim, pool, ops)?;
     }
 }
 
-fn open_real((dir, shards): &(tempfile::TempDir, usize)) -> Db {
-    Db::open(dir.path(), options(*shards)).expect("open the store in a temporary directory")
+fn open_real((dir, shards, append): &(tempfile::TempDir, usize, bool)) -> Db {
+    Db::open(dir.path(), placed(*shards, *append)).expect("open the store in a temporary directory")
 }
 
 proptest! {
@@ -436,10 +453,11 @@ proptest! {
     #[test]
     fn real_device_store_matches_a_btreemap_model(
         shards in 1usize..=4,
+        append in any::<bool>(),
         pool in key_pool(),
         ops in prop::collection::vec(op(), 1..=40),
     ) {
-        let storage = move || (tempfile::tempdir().expect("temporary directory"), shards);
+        let storage = move || (tempfile::tempdir().expect("temporary directory"), shards, append);
         run_case(storage, open_real, pool, ops)?;
     }
 }

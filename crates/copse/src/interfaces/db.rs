@@ -60,7 +60,7 @@ pub struct Options {
     /// Per-class exceptions to `placement` (class id, setting), for in-page classes (0 to 12).
     pub placement_by_class: Vec<(u8, PlacementSetting)>,
     /// The collector keeps each append class's file under this many times its live slots
-    /// (plus `APPEND_FREE_BLOCKS_TARGET` free blocks), between `SPACE_AMPLIFICATION_MIN` and
+    /// (plus one growth step of the file), between `SPACE_AMPLIFICATION_MIN` and
     /// `SPACE_AMPLIFICATION_MAX`. Lower costs more collector writes.
     pub space_amplification_max: f64,
     /// Pages per block of an append class (the unit the collector empties and reuses).

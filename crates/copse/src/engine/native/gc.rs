@@ -26,7 +26,8 @@ use crate::device::{AlignedBuf, IoCompletion, IoKind};
 use crate::engine::Reply;
 use crate::error::WriteError;
 use crate::limits::{
-    GC_MOVES_PER_APPENDED_SLOT, GC_MOVES_PER_ROUND_MAX, GC_MOVES_PER_ROUND_MIN, PAGE_BYTES,
+    GC_FREE_PER_APPENDED, GC_MOVES_PER_APPENDED_SLOT, GC_MOVES_PER_ROUND_MAX,
+    GC_MOVES_PER_ROUND_MIN, GC_VICTIMS_PER_RUN_MAX, PAGE_BYTES,
 };
 
 /// A record to move out of the victim.
@@ -40,8 +41,13 @@ pub(super) struct Candidate {
 
 pub(super) struct GcRun {
     class: u8,
-    block: u32,
-    /// None while the victim is being read.
+    /// The victims, collected together so that one run frees at least what a busy round
+    /// appends.
+    blocks: Vec<u32>,
+    /// Victims still being read.
+    reads_in_flight: usize,
+    /// What the reads found, then (once every read is in) what is left to move.
+    found: Vec<Candidate>,
     candidates: Option<std::vec::IntoIter<Candidate>>,
 }
 
@@ -63,25 +69,25 @@ impl NativeEngine {
             return;
         }
         if self.gc.is_none() && !self.closing {
-            self.gc_start();
+            self.gc_start(appended);
         }
         let Some(run) = self.gc.as_ref() else { return };
-        let (class, block) = (run.class, run.block);
+        let class = run.class;
         if run.candidates.is_none() {
-            return; // still reading the victim
+            return; // still reading the victims
         }
         let budget = (GC_MOVES_PER_ROUND_MIN + GC_MOVES_PER_APPENDED_SLOT * appended)
             .min(GC_MOVES_PER_ROUND_MAX);
-        // The block may have been freed under the collection (every slot released).
-        let collecting = self.append[class as usize].as_ref().expect("append").is_collecting(block);
         let candidates = self.gc.as_mut().and_then(|run| run.candidates.as_mut()).expect("listed");
-        let issued: Vec<Candidate> = if collecting {
-            candidates.by_ref().take(budget).collect()
-        } else {
-            candidates.by_ref().for_each(drop);
-            Vec::new()
-        };
+        let issued: Vec<Candidate> = candidates.by_ref().take(budget).collect();
         let finished = candidates.len() == 0;
+        let append = self.append[class as usize].as_ref().expect("append");
+        // A victim may have been freed under the collection (every slot released): then it may
+        // be open again, and nothing of it is to move.
+        let issued: Vec<Candidate> = issued
+            .into_iter()
+            .filter(|candidate| append.is_collecting(append.block_of(candidate.slot)))
+            .collect();
         for candidate in issued {
             if self.gc_move(class, candidate).is_err() {
                 // No slot to move to (the file could not grow): stop this collection.
@@ -94,8 +100,10 @@ impl NativeEngine {
         }
     }
 
-    /// Picks a victim among the classes that want a collection and starts reading it.
-    fn gc_start(&mut self) {
+    /// Picks victims in a class that wants a collection, enough to free `GC_FREE_PER_APPENDED`
+    /// times what this round appended (and at least one block): a collection takes a few rounds
+    /// (read, move, durable), so it must free more than a round uses. Then starts reading them.
+    fn gc_start(&mut self, appended: usize) {
         self.gc_wanted = false;
         for class in 0..self.append.len() {
             let ratio = self.space_amplification_max;
@@ -103,35 +111,55 @@ impl NativeEngine {
             if !append.wants_collection(ratio) {
                 continue;
             }
-            let Some(block) = append.pick_victim() else { continue };
-            self.gc_wanted = true;
-            let (first_page, end_page) = append.pages_of(block);
-            let file = self.classes[class].as_ref().expect("an append class has a file");
-            // Pages past the frontier were never written: nothing in them lives.
-            let end_page = end_page.min(file.frontier_page);
-            let pages = end_page.saturating_sub(first_page);
-            self.gc = Some(GcRun { class: class as u8, block, candidates: None });
-            if pages == 0 {
-                self.gc.as_mut().unwrap().candidates = Some(Vec::new().into_iter());
-                return;
+            let wanted_slots =
+                (GC_FREE_PER_APPENDED * appended as u64).max(append.slots_per_block());
+            let mut blocks = Vec::new();
+            let mut dead_slots = 0;
+            while dead_slots < wanted_slots && blocks.len() < GC_VICTIMS_PER_RUN_MAX {
+                let Some((block, dead)) = append.pick_victim() else { break };
+                blocks.push(block);
+                dead_slots += dead as u64;
             }
-            let fid = file.file;
-            self.queue_io(
-                IoKind::Read,
-                fid,
-                first_page * PAGE_BYTES as u64,
-                AlignedBuf::zeroed(pages as usize * PAGE_BYTES),
-                IoPurpose::GcRead(GcRead { class: class as u8, block, first_page }),
-            );
+            if blocks.is_empty() {
+                continue;
+            }
+            self.gc_wanted = true;
+            let file = self.classes[class].as_ref().expect("an append class has a file");
+            let (fid, frontier_page) = (file.file, file.frontier_page);
+            let mut reads = Vec::new();
+            for &block in &blocks {
+                let (first_page, end_page) = append.pages_of(block);
+                // Pages past the frontier were never written: nothing in them lives.
+                let pages = end_page.min(frontier_page).saturating_sub(first_page);
+                if pages > 0 {
+                    reads.push((block, first_page, pages));
+                }
+            }
+            self.gc = Some(GcRun {
+                class: class as u8,
+                blocks,
+                reads_in_flight: reads.len(),
+                found: Vec::new(),
+                candidates: reads.is_empty().then(|| Vec::new().into_iter()),
+            });
+            for (block, first_page, pages) in reads {
+                self.queue_io(
+                    IoKind::Read,
+                    fid,
+                    first_page * PAGE_BYTES as u64,
+                    AlignedBuf::zeroed(pages as usize * PAGE_BYTES),
+                    IoPurpose::GcRead(GcRead { class: class as u8, block, first_page }),
+                );
+            }
             return;
         }
     }
 
-    /// The victim was read: list what lives in it.
+    /// A victim was read: list what lives in it.
     pub(super) fn gc_read_done(&mut self, read: GcRead, completion: IoCompletion) {
         let GcRead { class, block, first_page } = read;
         let Some(run) = self.gc.as_mut() else { return };
-        assert_eq!((run.class, run.block), (class, block));
+        assert!(run.class == class && run.blocks.contains(&block));
         let mut candidates = Vec::new();
         match completion.result {
             Err(err) => {
@@ -172,7 +200,12 @@ impl NativeEngine {
                 }
             }
         }
-        self.gc.as_mut().expect("running").candidates = Some(candidates.into_iter());
+        let run = self.gc.as_mut().expect("running");
+        run.found.extend(candidates);
+        run.reads_in_flight -= 1;
+        if run.reads_in_flight == 0 {
+            run.candidates = Some(std::mem::take(&mut run.found).into_iter());
+        }
     }
 
     /// Whether the record `seq` of `key` at `loc` is still what the index (or the tombstone
@@ -253,7 +286,9 @@ impl NativeEngine {
     fn gc_finish(&mut self) {
         let Some(run) = self.gc.take() else { return };
         if let Some(append) = self.append[run.class as usize].as_mut() {
-            append.collection_ended(run.block);
+            for block in run.blocks {
+                append.collection_ended(block);
+            }
         }
     }
 

@@ -162,6 +162,7 @@ pub struct AppendFigures {
     pub used_slots: u64,
     /// Slots of sealed blocks (and the open block's handed-out part) that hold nothing live.
     pub dead_slots: u64,
+    /// Blocks chosen as victims.
     pub gc_runs: u64,
     pub gc_blocks_freed: u64,
     pub gc_slots_moved: u64,
@@ -244,7 +245,7 @@ impl AppendClass {
         append
     }
 
-    fn block_of(&self, slot: u64) -> u32 {
+    pub(super) fn block_of(&self, slot: u64) -> u32 {
         (slot / self.slots_per_block) as u32
     }
 
@@ -356,18 +357,20 @@ impl AppendClass {
         }
     }
 
-    /// Whether the collector should run: too few free blocks are left, and growing the file by
-    /// one more block would take it past `space_amplification_max` times the live slots.
+    /// Whether the collector should run: opening one more block would take the blocks in use
+    /// (all but the free ones) most of the way (`GC_START_FRACTION_OF_CEILING_ROOM`) to
+    /// `space_amplification_max` times the live slots. The file
+    /// grows only when no block is free, so it stays within the ceiling plus one growth step.
     pub(super) fn wants_collection(&self, space_amplification_max: f64) -> bool {
-        if self.free_blocks.len() >= crate::limits::APPEND_FREE_BLOCKS_TARGET {
-            return false;
-        }
-        let capacity = (self.blocks.len() as u64 + 1) * self.slots_per_block;
-        capacity as f64 > space_amplification_max * self.used_slots as f64
+        let occupied = (self.blocks.len() - self.free_blocks.len()) as u64 + 1;
+        let start = 1.0
+            + crate::limits::GC_START_FRACTION_OF_CEILING_ROOM * (space_amplification_max - 1.0);
+        (occupied * self.slots_per_block) as f64 > start * self.used_slots as f64
     }
 
-    /// The sealed block with the most dead slots that can be collected, marked as collecting.
-    pub(super) fn pick_victim(&mut self) -> Option<u32> {
+    /// The sealed block with the most dead slots that can be collected, marked as collecting,
+    /// with its dead slots.
+    pub(super) fn pick_victim(&mut self) -> Option<(u32, u32)> {
         for block in std::mem::take(&mut self.changed) {
             self.blocks[block as usize].queued = false;
             if self.collectable(block) {
@@ -380,7 +383,7 @@ impl AppendClass {
             if self.collectable(block) && self.dead(block) == dead {
                 self.blocks[block as usize].collecting = true;
                 self.figures.gc_runs += 1;
-                return Some(block);
+                return Some((block, dead));
             }
         }
         None
@@ -454,7 +457,7 @@ mod tests {
         assert!(append.pick_victim().is_none(), "the sealed block has no dead slot");
         append.release(3, Some(77));
         append.release(4, None);
-        assert_eq!(append.pick_victim(), Some(0));
+        assert_eq!(append.pick_victim().map(|(block, _)| block), Some(0));
         assert_eq!(append.figures().dead_slots, 2);
     }
 
@@ -487,18 +490,18 @@ mod tests {
         append.release(1, None);
         append.release(17, None);
         append.release(18, None);
-        assert_eq!(append.pick_victim(), Some(1));
+        assert_eq!(append.pick_victim().map(|(block, _)| block), Some(1));
         append.release(33, None);
         append.release(34, None);
         append.release(35, None);
         append.release(2, None);
         // Block 2 has 3 dead, block 0 has 2: block 2 first, then 0.
-        assert_eq!(append.pick_victim(), Some(2));
-        assert_eq!(append.pick_victim(), Some(0));
+        assert_eq!(append.pick_victim().map(|(block, _)| block), Some(2));
+        assert_eq!(append.pick_victim().map(|(block, _)| block), Some(0));
         assert_eq!(append.pick_victim(), None);
         append.collection_ended(0);
         append.release(3, None);
-        assert_eq!(append.pick_victim(), Some(0), "a release unblocks a block");
+        assert_eq!(append.pick_victim(), Some((0, 3)), "a release unblocks a block");
     }
 
     #[test]
@@ -519,7 +522,7 @@ mod tests {
         for _ in 0..16 * 8 {
             append.take();
         }
-        assert!(!append.wants_collection(1.5), "no dead slots: growing keeps the ratio");
+        assert!(!append.wants_collection(1.5), "no dead slots: a new block keeps the ratio");
         for slot in 0..16 * 4 {
             if slot % 16 != 0 {
                 append.release(slot, None);
@@ -527,6 +530,7 @@ mod tests {
         }
         assert!(append.wants_collection(1.5));
         assert!(!append.wants_collection(4.0));
+        assert!(append.wants_collection(2.2), "starts short of the ceiling");
     }
 
     #[test]
