@@ -56,6 +56,14 @@ def fmt(number):
     return f"{number:,}"
 
 
+def print_totals(title, totals):
+    """One step's summed figures, or that its lanes printed none."""
+    print(f"{title} (summed over lanes):" if totals else f"{title}: missing")
+    for name in sorted(totals):
+        print(f"- {name}: {fmt(totals[name])}")
+    print()
+
+
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "target/torture.log"
     log = open(path, encoding="utf-8", errors="replace").read()
@@ -86,18 +94,12 @@ def main():
     sim = Counter()
     for block in blocks_after(log, "simulator totals: "):
         add(sim, parse_debug_totals(block))
-    print("Simulator (summed over lanes):" if sim else "Simulator: missing")
-    for name in sorted(sim):
-        print(f"- {name}: {fmt(sim[name])}")
-    print()
+    print_totals("Simulator", sim)
 
     crash = Counter()
     for line in re.findall(r"crash test: \d+ seeds from \d+ in [\d.]+ s: (Totals \{.*\})", log):
         add(crash, parse_debug_totals(line))
-    print("Crash test (summed over lanes):" if crash else "Crash test: missing")
-    for name in sorted(crash):
-        print(f"- {name}: {fmt(crash[name])}")
-    print()
+    print_totals("Crash test", crash)
 
     batch = Counter()
     for seeds, prepared, committed in re.findall(

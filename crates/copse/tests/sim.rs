@@ -590,6 +590,23 @@ impl Sim {
         self.open_engines()
     }
 
+    /// Crashes and recovers, checks every key, and requires the scrub of `store` (named so in
+    /// the violation) to find nothing.
+    fn recover_check_and_scrub(&mut self, store: &str) {
+        if let Err(err) = self.crash_and_recover() {
+            self.violations.push(err);
+            return;
+        }
+        self.check_after_restart();
+        let report = self.scrub();
+        if report.problems_found > 0 {
+            self.violations.push(format!(
+                "the scrub of {store} found {} problems: {:?}",
+                report.problems_found, report.problems
+            ));
+        }
+    }
+
     /// Crashes the disk (if nothing did), drops the shards and reboots the disk, without
     /// opening anything on it.
     fn crash_and_restart_disk(&mut self) {
@@ -735,18 +752,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
             let at = sim.disk.ops() + sim.rng.gen_range(1..400);
             sim.disk.crash_after_ops(at);
             sim.run_workload(clients, ops_each);
-            if let Err(err) = sim.crash_and_recover() {
-                sim.violations.push(err);
-            } else {
-                sim.check_after_restart();
-                let report = sim.scrub();
-                if report.problems_found > 0 {
-                    sim.violations.push(format!(
-                        "the scrub of a recovered store found {} problems: {:?}",
-                        report.problems_found, report.problems
-                    ));
-                }
-            }
+            sim.recover_check_and_scrub("a recovered store");
         }
         Scenario::FaultPoint => fault_point_run(&mut sim, clients, ops_each),
         Scenario::IoError => {
@@ -839,18 +845,7 @@ fn fault_point_run(sim: &mut Sim, clients: usize, ops_each: usize) {
             (true, Err(_)) => {}
         }
     }
-    if let Err(err) = sim.crash_and_recover() {
-        sim.violations.push(err);
-        return;
-    }
-    sim.check_after_restart();
-    let report = sim.scrub();
-    if report.problems_found > 0 {
-        sim.violations.push(format!(
-            "the scrub of a store recovered after a {fault:?} at {point} found {} problems: {:?}",
-            report.problems_found, report.problems
-        ));
-    }
+    sim.recover_check_and_scrub(&format!("a store recovered after a {fault:?} at {point}"));
 }
 
 /// After silent write faults: a scrub, then every key read through the device. A key that reads

@@ -254,24 +254,18 @@ impl NativeEngine {
     ) {
         self.gc_moves_in_flight -= 1;
         let hash = key_hash(key);
-        if tombstone {
-            let guard = self
-                .tombstone_guards
-                .get_mut(&hash)
-                .and_then(|guards| guards.iter_mut().find(|(at, k)| *at == from && **k == *key));
-            match guard {
-                Some(guard) => {
-                    guard.0 = to;
-                    self.release_slot(from, None, false);
-                }
-                None => self.release_slot(to, None, false),
-            }
-        } else if self.index.entry(key).is_some_and(|entry| entry.loc == from && entry.seq == seq) {
-            self.index.insert(key, to, seq);
-            // The old copy is the same version: a stale copy until its slot is written again.
-            self.release_slot(from, Some(hash), false);
+        // A put left behind is a stale copy of its key until its slot is written again.
+        let tag = (!tombstone).then_some(hash);
+        if !self.gc_still_live(from, key, seq, tombstone) {
+            self.release_slot(to, tag, false);
+        } else if tombstone {
+            let guards = self.tombstone_guards.get_mut(&hash).expect("checked live above");
+            let guard = guards.iter_mut().find(|(at, k)| *at == from && **k == *key);
+            guard.expect("checked live above").0 = to;
+            self.release_slot(from, tag, false);
         } else {
-            self.release_slot(to, Some(hash), false);
+            self.index.insert(key, to, seq);
+            self.release_slot(from, tag, false);
         }
         let figures = &mut self.append[to.class() as usize].as_mut().expect("append").figures;
         figures.gc_slots_moved += 1;

@@ -67,7 +67,7 @@ pub struct EngineConfig {
     /// it small to make collections frequent.
     pub append_block_pages: u32,
     /// The collector keeps an append class's file under this many times its live slots (plus
-    /// free blocks kept ready).
+    /// a growth step: docs/placement.md).
     pub space_amplification_max: f64,
     /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     pub poisoned: Arc<AtomicBool>,
@@ -330,19 +330,14 @@ impl NativeEngine {
         };
         engine.recover(progress)?;
         engine.next_seq_at_open = engine.next_seq;
-        // Replayed batches must be applied before the shard answers anyone.
-        while !engine.batches.is_empty() {
-            if engine.is_poisoned() {
-                return Err(OpenError::Device(crate::device::DeviceError::Io {
-                    what: "replaying write batches during recovery".into(),
-                }));
-            }
+        // Replayed batches must be applied before the shard answers anyone. A replay that failed
+        // forgets its batch (even the last one), so the poison is what says the open failed:
+        // the batch's keys are not applied, and a poisoned store refuses every write.
+        while !engine.batches.is_empty() && !engine.is_poisoned() {
             engine.end_round();
             engine.device.fault_point(FaultPoint::RecoveryReplayingBatch)?;
             engine.reap(true);
         }
-        // The last batch's replay may have failed: it is then forgotten, but the store must not
-        // open (its keys are not applied, and a poisoned store refuses every write).
         if engine.is_poisoned() {
             return Err(OpenError::Device(crate::device::DeviceError::Io {
                 what: "replaying write batches during recovery".into(),

@@ -181,42 +181,23 @@ impl NativeEngine {
         if let Some(found) = free.pop() {
             return Ok(found);
         }
-        let file = self.classes[class.id as usize].as_mut().expect("ensured above");
-        if file.next_append_slot >= class.slots_in_file(file.file_bytes) {
-            let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(self.slab_growth_bytes_min);
-            let wanted = (file.file_bytes + growth)
-                .max(class.file_bytes_for_slots(file.next_append_slot + 1))
-                .next_multiple_of(PAGE_BYTES as u64);
-            self.device
-                .grow_file(file.file, wanted)
-                .and_then(|()| self.device.fault_point(FaultPoint::SlabFileGrown))
-                .map_err(WriteError::from_device)?;
-            file.file_bytes = wanted;
-            assert!(file.next_append_slot < class.slots_in_file(wanted));
-        }
+        let file = self.classes[class.id as usize].as_ref().expect("ensured above");
         let slot = file.next_append_slot;
+        self.grow_for_slot(class, slot, slot + 1)?;
+        let file = self.classes[class.id as usize].as_mut().expect("ensured above");
         file.next_append_slot += 1;
         Ok((slot, None))
     }
 
     /// The next slot of the open block of an append class, growing the file to hold its block.
     fn allocate_appended(&mut self, class: SizeClass) -> Result<(u64, Option<u64>), WriteError> {
-        let append = self.append[class.id as usize].as_mut().expect("an append class");
+        let append = self.append[class.id as usize].as_ref().expect("an append class");
         let next = append.peek();
         let block_end_slot = (next.slot / append.slots_per_block() + 1) * append.slots_per_block();
+        self.grow_for_slot(class, next.slot, block_end_slot)?;
         let file = self.classes[class.id as usize].as_mut().expect("ensured by the caller");
-        if next.slot >= class.slots_in_file(file.file_bytes) {
-            let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(self.slab_growth_bytes_min);
-            let wanted = (file.file_bytes + growth)
-                .max(class.file_bytes_for_slots(block_end_slot))
-                .next_multiple_of(PAGE_BYTES as u64);
-            self.device
-                .grow_file(file.file, wanted)
-                .and_then(|()| self.device.fault_point(FaultPoint::SlabFileGrown))
-                .map_err(WriteError::from_device)?;
-            file.file_bytes = wanted;
-            append.cover(class.slots_in_file(wanted));
-        }
+        let append = self.append[class.id as usize].as_mut().expect("an append class");
+        append.cover(class.slots_in_file(file.file_bytes));
         let (slot, tag) = append.take();
         assert_eq!(slot, next.slot);
         if let Some(pages) = next.opens {
@@ -225,6 +206,26 @@ impl NativeEngine {
         file.next_append_slot = file.next_append_slot.max(slot + 1);
         self.appended_this_round += 1;
         Ok((slot, tag))
+    }
+
+    /// Grows the class's file, if `slot` lies past its end, by a growth step and to hold at
+    /// least `slots` slots.
+    fn grow_for_slot(&mut self, class: SizeClass, slot: u64, slots: u64) -> Result<(), WriteError> {
+        let file = self.classes[class.id as usize].as_mut().expect("class file is open");
+        if slot < class.slots_in_file(file.file_bytes) {
+            return Ok(());
+        }
+        let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(self.slab_growth_bytes_min);
+        let wanted = (file.file_bytes + growth)
+            .max(class.file_bytes_for_slots(slots))
+            .next_multiple_of(PAGE_BYTES as u64);
+        self.device
+            .grow_file(file.file, wanted)
+            .and_then(|()| self.device.fault_point(FaultPoint::SlabFileGrown))
+            .map_err(WriteError::from_device)?;
+        file.file_bytes = wanted;
+        assert!(slot < class.slots_in_file(wanted));
+        Ok(())
     }
 
     /// Opens (creating, with its header page written durably) the slab file of a class.
