@@ -101,8 +101,9 @@ impl NativeEngine {
     }
 
     /// Picks victims in a class that wants a collection, enough to free `GC_FREE_PER_APPENDED`
-    /// times what this round appended (and at least one block): a collection takes a few rounds
-    /// (read, move, durable), so it must free more than a round uses. Then starts reading them.
+    /// times what this round appended, and at least what the class stands past the start of
+    /// collection (and one block): a collection takes a few rounds (read, move, durable), so it
+    /// must free more than a round uses. Then starts reading them.
     fn gc_start(&mut self, appended: usize) {
         self.gc_wanted = false;
         for class in 0..self.append.len() {
@@ -111,8 +112,11 @@ impl NativeEngine {
             if !append.wants_collection(ratio) {
                 continue;
             }
-            let wanted_slots =
-                (GC_FREE_PER_APPENDED * appended as u64).max(append.slots_per_block());
+            // What this round's pace asks for, and at least what the class stands past the
+            // start: a small round may start a collection while a burst is under way.
+            let wanted_slots = (GC_FREE_PER_APPENDED * appended as u64)
+                .max(append.slots_past_start(ratio))
+                .max(append.slots_per_block());
             let mut blocks = Vec::new();
             let mut dead_slots = 0;
             while dead_slots < wanted_slots && blocks.len() < GC_VICTIMS_PER_RUN_MAX {

@@ -362,10 +362,17 @@ impl AppendClass {
     /// `space_amplification_max` times the live slots. The file
     /// grows only when no block is free, so it stays within the ceiling plus one growth step.
     pub(super) fn wants_collection(&self, space_amplification_max: f64) -> bool {
+        self.slots_past_start(space_amplification_max) > 0
+    }
+
+    /// How many slots the blocks in use, with one more opened, stand past the point where
+    /// collection starts (0 if short of it): what a collection must free at least to get back.
+    pub(super) fn slots_past_start(&self, space_amplification_max: f64) -> u64 {
         let occupied = (self.blocks.len() - self.free_blocks.len()) as u64 + 1;
         let start = 1.0
             + crate::limits::GC_START_FRACTION_OF_CEILING_ROOM * (space_amplification_max - 1.0);
-        (occupied * self.slots_per_block) as f64 > start * self.used_slots as f64
+        let past = (occupied * self.slots_per_block) as f64 - start * self.used_slots as f64;
+        past.max(0.0).ceil() as u64
     }
 
     /// The sealed block with the most dead slots that can be collected, marked as collecting,
