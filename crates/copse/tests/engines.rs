@@ -188,6 +188,39 @@ mod rocksdb_store {
         assert_eq!(report.problems[0].file, "MANIFEST");
     }
 
+    /// Every column family runs with the store's budget: one opened with RocksDB's defaults
+    /// (64 MiB memtables, its own block cache, compression) held a whole benchmark dataset in
+    /// memory outside the budget. RocksDB writes each family's effective options to its
+    /// OPTIONS file.
+    #[test]
+    fn every_column_family_has_the_budgeted_options() {
+        let dir = store();
+        for shard in 0..2 {
+            let instance = dir.path().join(format!("rocksdb/shard-{shard:03}"));
+            let newest = std::fs::read_dir(&instance)
+                .unwrap()
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("OPTIONS-"))
+                .max_by_key(|name| name[8..].parse::<u64>().unwrap_or(0))
+                .expect("RocksDB wrote an OPTIONS file");
+            let text = std::fs::read_to_string(instance.join(newest)).unwrap();
+            let families: Vec<&str> = text.split("[CFOptions ").skip(1).collect();
+            assert_eq!(families.len(), 2, "default and parts families");
+            let budget = options(EngineKind::RocksDb).cache_bytes;
+            let memtable =
+                (budget / copse::limits::ROCKSDB_MEMTABLE_BUDGET_DIVISOR / 2).max(1 << 20);
+            for family in families {
+                let name = family.lines().next().unwrap_or_default();
+                assert!(
+                    family.contains(&format!("write_buffer_size={memtable}\n")),
+                    "{name}: not the budgeted memtable size"
+                );
+                assert!(family.contains("compression=kNoCompression\n"), "{name}: compressed");
+            }
+        }
+    }
+
     /// An instance directory that disappears must not come back empty.
     #[test]
     fn a_lost_instance_is_refused_not_recreated_empty() {

@@ -210,9 +210,13 @@ impl RocksEngine {
         let mut options = db_options(&config.shared, config.create_if_missing);
         // Stores made before parts existed get the family on their next open.
         options.create_missing_column_families(true);
-        let db =
-            DB::open_cf(&options, &dir, [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, PARTS_COLUMN_FAMILY])
-                .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
+        // Every column family takes the instance's options: `DB::open_cf` would give each
+        // RocksDB's defaults (64 MiB memtables, a block cache of its own, compression), outside
+        // the store's budget.
+        let families = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, PARTS_COLUMN_FAMILY]
+            .map(|name| rocksdb::ColumnFamilyDescriptor::new(name, options.clone()));
+        let db = DB::open_cf_descriptors(&options, &dir, families)
+            .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
         let recovered_parts = read_parts(&db)
             .map_err(|err| OpenError::Engine(format!("{}: {err}", dir.display())))?;
         Ok(RocksEngine {
