@@ -8,7 +8,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 PYTHON_TEST_PACKAGES ?= redis pytest
 
-.PHONY: build run test test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded torture fuzz fuzz-deps
+.PHONY: build run test test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded bench-placement torture fuzz fuzz-deps
 
 build:
 	$(CARGO) build --release -p copse-cli
@@ -135,6 +135,29 @@ bench-sharded: bench-deps
 		--phases a@uniform,a@zipfian --seconds $(BENCH_SECONDS) --dir $(BENCH_DIR) \
 		--out-dir $(BENCH_DIR)/sharded-128 --plots-dir docs/bench/sharded-128 \
 		--doc docs/benchmarks.md --section sharded-128 --title "Sharding RocksDB: YCSB load and A, 128-B records"
+
+# Placement (docs/placement.md, docs/benchmarks.md "Placement"): copse with every in-page class
+# in place, appended, and as `auto` chose from its write probe, against one RocksDB and copse's
+# router over RocksDB, YCSB load and A with 1 KiB and 128-B records. About 30 minutes after the
+# build.
+PLACEMENT_ENGINES ?= copse-in-place,copse-append,copse,rocksdb,rocksdb-sharded
+
+bench-placement: bench-deps
+	RUSTFLAGS="-C target-cpu=native" CARGO_TARGET_DIR=$(BENCH_TARGET_DIR) $(CARGO) build --release -p copse-cli --features rocksdb
+	@mkdir -p $(BENCH_DIR) docs/bench
+	$(COPSE_BENCH) bench device --dir $(BENCH_DIR) --json $(BENCH_DIR)/device.json --quiet
+	$(COPSE_BENCH) --cache-mb $(BENCH_CACHE_MB) bench compare --engines $(PLACEMENT_ENGINES) \
+		--repeats $(BENCH_REPEATS) --records $(BENCH_RECORDS) --record-bytes 1024 --threads $(BENCH_THREADS) \
+		--phases a@uniform,a@zipfian --seconds $(BENCH_SECONDS) --dir $(BENCH_DIR) \
+		--device-json $(BENCH_DIR)/device.json --out-dir $(BENCH_DIR)/placement-1k \
+		--plots-dir docs/bench/placement-1k --doc docs/benchmarks.md --section placement-1k \
+		--title "Placement: YCSB load and A, 1 KiB records"
+	$(COPSE_BENCH) --cache-mb $(BENCH_SMALL_CACHE_MB) bench compare --engines $(PLACEMENT_ENGINES) \
+		--repeats $(BENCH_REPEATS) --records $(BENCH_SMALL_RECORDS) --record-bytes 128 --threads $(BENCH_THREADS) \
+		--phases a@uniform,a@zipfian --seconds $(BENCH_SECONDS) --dir $(BENCH_DIR) \
+		--device-json $(BENCH_DIR)/device.json --out-dir $(BENCH_DIR)/placement-128 \
+		--plots-dir docs/bench/placement-128 --doc docs/benchmarks.md --section placement-128 \
+		--title "Placement: YCSB load and A, 128-B records"
 
 # The long reliability run (docs/reliability.md): each fuzz target for TORTURE_FUZZ_INPUTS inputs
 # (in-tree, then coverage-guided), the deterministic simulator (tests/sim.rs) and the

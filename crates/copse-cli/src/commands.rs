@@ -78,7 +78,16 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         Command::Serve(args) => serve(&cli, args)?,
         Command::Bench(command) => {
             let mut command = (**command).clone();
-            command.apply_globals(cli.cache_mb.map(|mib| mib as u64), cli.shards);
+            if cli.placement.is_some() {
+                return Err(Failure::Failed(
+                    "bench takes no --placement: name the placement in the engine (copse-in-place, copse-append; copse is auto)".into(),
+                ));
+            }
+            command.apply_globals(
+                cli.cache_mb.map(|mib| mib as u64),
+                cli.shards,
+                cli.space_amplification_max,
+            );
             copse_bench::cli::run(command).map_err(Failure::Failed)?;
         }
     }
@@ -133,6 +142,10 @@ fn open(cli: &Cli, create_if_missing: bool) -> Result<Db, Failure> {
         backend: backend(cli.backend),
         create_if_missing,
         engine: engine(cli)?,
+        placement: cli.placement.unwrap_or_default(),
+        space_amplification_max: cli
+            .space_amplification_max
+            .unwrap_or(copse::limits::SPACE_AMPLIFICATION_DEFAULT),
         ..Options::default()
     };
     Db::open(&cli.path, options).map_err(|err| missing_store(err, &cli.path))
@@ -347,6 +360,12 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     }
     if let Some(engine) = args.engine.or(cli.engine) {
         config.engine = engine.name().into();
+    }
+    if let Some(placement) = cli.placement {
+        config.placement = placement.to_string();
+    }
+    if let Some(ratio) = cli.space_amplification_max {
+        config.space_amplification_max = ratio;
     }
     if let Some(bind) = &args.bind {
         config.bind = bind.clone();

@@ -56,6 +56,16 @@ struct Cli {
     /// before the command (`copse --engine rocksdb put k v`); `serve --engine` also takes it.
     #[arg(long)]
     engine: Option<copse::EngineKind>,
+    /// How a new native store places records in its in-page size classes: in-place (KVell),
+    /// append (RStore, with a garbage collector) or auto (default: from a short write probe of
+    /// the device). An existing store keeps its own (docs/placement.md). Not for `bench`, whose
+    /// engines name their placement (copse-in-place, copse-append).
+    #[arg(long, global = true)]
+    placement: Option<copse::PlacementSetting>,
+    /// Append classes: the collector keeps each file under this many times its live bytes
+    /// (default 1.5, from 1.1 to 16). Applies at every open, and to `bench`'s copse engines.
+    #[arg(long, global = true)]
+    space_amplification_max: Option<f64>,
     #[command(subcommand)]
     command: Command,
     /// Whether these flags were given (not defaulted): `serve` lets a config file set them.

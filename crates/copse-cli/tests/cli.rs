@@ -164,6 +164,28 @@ fn reopening_with_another_explicit_shard_count_fails() {
 }
 
 #[test]
+fn placement_flags_shape_a_new_store_and_bad_ones_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let output = copse(&store, &["--space-amplification-max", "50", "put", "k", "v"]);
+    fails_with(&output, EXIT_FAILED, "space_amplification_max 50 is out of range");
+    assert!(!store.exists(), "a refused open leaves no directory behind");
+    let output = copse(&store, &["--placement", "sideways", "put", "k", "v"]);
+    assert_ne!(output.status.code(), Some(0));
+    assert!(stderr(&output).contains("expected in-place, append or auto"), "{}", stderr(&output));
+    assert!(!store.exists());
+    ok(copse(&store, &["--shards", "1", "--placement", "append", "put", "k", "v"]));
+    let stats: serde_json::Value = serde_json::from_str(&ok(copse(&store, &["stats"]))).unwrap();
+    assert_eq!(stats["placement"]["asked"], "append");
+    let classes = stats["placement"]["classes"].as_array().unwrap();
+    assert!(!classes.is_empty() && classes.iter().all(|class| class == "append"), "{classes:?}");
+    // The layout is the store's: asking for another one later changes nothing.
+    assert_eq!(ok(copse(&store, &["--placement", "in-place", "get", "k"])), "v\n");
+    let stats: serde_json::Value = serde_json::from_str(&ok(copse(&store, &["stats"]))).unwrap();
+    assert_eq!(stats["placement"]["asked"], "append");
+}
+
+#[test]
 fn demo_writes_reads_and_suggests_next_steps() {
     let dir = tempfile::tempdir().unwrap();
     let out = ok(copse(dir.path(), &["--shards", "2", "demo"]));

@@ -43,6 +43,13 @@ pub struct ServerConfig {
     /// The engine: "native", "rocksdb" (a build with the rocksdb feature), or "auto": an existing
     /// store's engine (from its manifest), native for a new store.
     pub engine: String,
+    /// How a new native store places records in its in-page size classes: "in-place", "append"
+    /// or "auto" (from a write probe of the device). An existing store keeps the placement it
+    /// was created with (docs/placement.md).
+    pub placement: String,
+    /// The collector keeps each append class's file under this many times its live slots
+    /// (copse's `SPACE_AMPLIFICATION_MIN` to `SPACE_AMPLIFICATION_MAX`); applies at every open.
+    pub space_amplification_max: f64,
     /// Password for AUTH; empty means none.
     pub requirepass: String,
     pub maxclients: usize,
@@ -66,6 +73,8 @@ impl Default for ServerConfig {
             durability: "flush-per-round".into(),
             backend: "auto".into(),
             engine: "auto".into(),
+            placement: "auto".into(),
+            space_amplification_max: copse::limits::SPACE_AMPLIFICATION_DEFAULT,
             requirepass: String::new(),
             maxclients: MAXCLIENTS_DEFAULT,
             timeout_secs: 0,
@@ -105,7 +114,7 @@ impl ServerConfig {
         if self.maxclients == 0 {
             return Err(ConfigError::Invalid("maxclients must be at least 1".into()));
         }
-        self.store_options()?;
+        self.store_options()?.validate().map_err(|err| ConfigError::Invalid(err.to_string()))?;
         Ok(())
     }
 
@@ -132,6 +141,12 @@ impl ServerConfig {
                 .parse()
                 .map_err(|err: String| ConfigError::Invalid(format!("engine: {err} (or auto)")))?,
         };
+        options.placement = self
+            .placement
+            .parse()
+            .map_err(|err: String| ConfigError::Invalid(format!("placement: {err}")))?;
+        // The range is checked by `Options::validate`, with the same message for every caller.
+        options.space_amplification_max = self.space_amplification_max;
         options.cache_bytes = self.cache_mb.saturating_mul(1024 * 1024);
         options.durability = match self.durability.as_str() {
             "flush-per-round" => copse::WriteDurability::FlushPerRound,
@@ -181,5 +196,13 @@ mod tests {
         assert!(engine.store_options().unwrap_err().to_string().contains("leveldb"));
         let bad = ServerConfig { durability: "sometimes".into(), ..ServerConfig::default() };
         assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
+        std::fs::write(&file, "placement = \"append\"\nspace_amplification_max = 2.5\n").unwrap();
+        let options = ServerConfig::from_file(&file).unwrap().store_options().unwrap();
+        assert_eq!(options.placement, copse::PlacementSetting::Append);
+        assert_eq!(options.space_amplification_max, 2.5);
+        let bad = ServerConfig { space_amplification_max: 0.5, ..ServerConfig::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("space_amplification_max"));
+        let bad = ServerConfig { placement: "sideways".into(), ..ServerConfig::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("sideways"));
     }
 }

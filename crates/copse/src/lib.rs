@@ -17,4 +17,4 @@ pub use device::{Backend, WriteDurability};
 pub use engine::native::placement::{Placement, PlacementSetting};
 pub use engine::{BatchOp, EngineKind, KeyValue, RecoveryStats, ScrubReport, ShardStats};
 pub use error::{Error, InputError, OpenError, ReadError, WriteError};
-pub use interfaces::db::{Db, Options, ScrubRun, StoreStats, WriteBatch};
+pub use interfaces::db::{Db, Options, ScrubRun, StorePlacement, StoreStats, WriteBatch};

@@ -90,6 +90,45 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// Checks every setting against its limit; `Db::open` calls it before it touches the
+    /// directory, so refused options leave nothing behind.
+    pub fn validate(&self) -> Result<(), OpenError> {
+        if self.shards == 0 || self.shards > SHARDS_MAX {
+            return Err(OpenError::ShardCountOutOfRange(self.shards));
+        }
+        if self.io_depth == 0 || self.io_depth > IO_DEPTH_MAX {
+            return Err(OpenError::InvalidOption(format!(
+                "io_depth {} is out of range (1 to {IO_DEPTH_MAX})",
+                self.io_depth
+            )));
+        }
+        if !(SPACE_AMPLIFICATION_MIN..=SPACE_AMPLIFICATION_MAX)
+            .contains(&self.space_amplification_max)
+        {
+            return Err(OpenError::InvalidOption(format!(
+            "space_amplification_max {} is out of range ({SPACE_AMPLIFICATION_MIN} to {SPACE_AMPLIFICATION_MAX})",
+            self.space_amplification_max
+        )));
+        }
+        if self.append_block_pages == 0 || self.append_block_pages > APPEND_BLOCK_PAGES_MAX {
+            return Err(OpenError::InvalidOption(format!(
+                "append_block_pages {} is out of range (1 to {APPEND_BLOCK_PAGES_MAX})",
+                self.append_block_pages
+            )));
+        }
+        if let Some((class, _)) =
+            self.placement_by_class.iter().find(|(class, _)| *class as usize >= IN_PAGE_CLASS_COUNT)
+        {
+            return Err(OpenError::InvalidOption(format!(
+            "placement_by_class names class {class}; only in-page classes (0 to {}) have a placement",
+            IN_PAGE_CLASS_COUNT - 1
+        )));
+        }
+        Ok(())
+    }
+}
+
 /// Decides the placement of every in-page class of a new store: the setting asked for (per
 /// class where `placement_by_class` says), with `Auto` resolved by the device's write probe.
 fn decide_placement(
@@ -275,6 +314,7 @@ impl Db {
         if !options.engine.available() {
             return Err(OpenError::EngineUnavailable(options.engine));
         }
+        options.validate()?;
         let lock = lock_directory(path)?;
         let ring_entries =
             (options.io_depth.clamp(1, IO_DEPTH_MAX) as u32).next_power_of_two().max(8);
@@ -300,39 +340,7 @@ impl Db {
         lock: Option<std::fs::File>,
         dir: Option<&Path>,
     ) -> Result<Db, OpenError> {
-        if options.shards == 0 || options.shards > SHARDS_MAX {
-            return Err(OpenError::ShardCountOutOfRange(options.shards));
-        }
-        if options.io_depth == 0 || options.io_depth > IO_DEPTH_MAX {
-            return Err(OpenError::InvalidOption(format!(
-                "io_depth {} is out of range (1 to {IO_DEPTH_MAX})",
-                options.io_depth
-            )));
-        }
-        if !(SPACE_AMPLIFICATION_MIN..=SPACE_AMPLIFICATION_MAX)
-            .contains(&options.space_amplification_max)
-        {
-            return Err(OpenError::InvalidOption(format!(
-                "space_amplification_max {} is out of range ({SPACE_AMPLIFICATION_MIN} to {SPACE_AMPLIFICATION_MAX})",
-                options.space_amplification_max
-            )));
-        }
-        if options.append_block_pages == 0 || options.append_block_pages > APPEND_BLOCK_PAGES_MAX {
-            return Err(OpenError::InvalidOption(format!(
-                "append_block_pages {} is out of range (1 to {APPEND_BLOCK_PAGES_MAX})",
-                options.append_block_pages
-            )));
-        }
-        if let Some((class, _)) = options
-            .placement_by_class
-            .iter()
-            .find(|(class, _)| *class as usize >= IN_PAGE_CLASS_COUNT)
-        {
-            return Err(OpenError::InvalidOption(format!(
-                "placement_by_class names class {class}; only in-page classes (0 to {}) have a placement",
-                IN_PAGE_CLASS_COUNT - 1
-            )));
-        }
+        options.validate()?;
         let manifest = {
             let mut device = storage.open_device()?;
             manifest::open_or_create(
