@@ -68,6 +68,10 @@ pub struct WorkloadArgs {
     /// copse shards: the global `--shards` flag (default one per core).
     #[arg(skip)]
     pub shards: Option<usize>,
+    /// copse's space ceiling for append classes: the global `--space-amplification-max` flag
+    /// (default copse's own).
+    #[arg(skip)]
+    pub space_amplification_max: Option<f64>,
     /// A `copse bench device --json` report: its random 4 KiB IOPS are the limit line for the
     /// device utilisation figures.
     #[arg(long)]
@@ -92,6 +96,10 @@ impl WorkloadArgs {
             ("ops", self.ops.map(|ops| ops.to_string())),
             ("rate", self.rate.map(|rate| rate.to_string())),
             ("shards", self.shards.map(|shards| shards.to_string())),
+            (
+                "space-amplification-max",
+                self.space_amplification_max.map(|ratio| ratio.to_string()),
+            ),
             ("device-json", self.device_json.as_ref().map(|path| path.display().to_string())),
         ];
         for (name, value) in optional {
@@ -124,6 +132,7 @@ impl WorkloadArgs {
                 dir: run_dir,
                 cache_bytes: (self.cache_mib * MIB) as usize,
                 shards: self.shards,
+                space_amplification_max: self.space_amplification_max,
                 background_jobs: None,
             },
             record_count: self.records,
@@ -146,7 +155,9 @@ impl WorkloadArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct YcsbArgs {
-    /// copse, rocksdb (WAL synced per write), rocksdb-relaxed (WAL not synced: not durable) or rocksdb-sharded (copse's router over one RocksDB per shard).
+    /// copse (placement chosen by the store), copse-in-place, copse-append, rocksdb (WAL synced
+    /// per write), rocksdb-relaxed (WAL not synced: not durable) or rocksdb-sharded (copse's
+    /// router over one RocksDB per shard).
     #[arg(long, default_value = "copse")]
     pub engine: String,
     #[command(flatten)]
@@ -239,7 +250,12 @@ fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), String>
 
 impl BenchCommand {
     /// Takes the `copse` tool's global `--cache-mb` and `--shards` flags.
-    pub fn apply_globals(&mut self, cache_mib: Option<u64>, shards: Option<usize>) {
+    pub fn apply_globals(
+        &mut self,
+        cache_mib: Option<u64>,
+        shards: Option<usize>,
+        space_amplification_max: Option<f64>,
+    ) {
         let workload = match self {
             BenchCommand::Ycsb(args) => &mut args.workload,
             BenchCommand::Compare(args) => &mut args.workload,
@@ -247,6 +263,7 @@ impl BenchCommand {
         };
         workload.cache_mib = cache_mib.unwrap_or(CACHE_MIB_DEFAULT);
         workload.shards = shards;
+        workload.space_amplification_max = space_amplification_max;
     }
 }
 

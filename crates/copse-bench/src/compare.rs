@@ -203,13 +203,33 @@ fn engine_lines(engines: &[EngineKind], runs: &[RunReport]) -> String {
         let disk = median(mine.iter().map(|run| run.disk_bytes_end as f64).collect());
         let index =
             median(mine.iter().filter_map(|run| run.engine_figures.index_bytes_per_item).collect());
+        let amplification =
+            median(mine.iter().filter_map(|run| run.engine_figures.write_amplification).collect());
+        let probe = median(
+            mine.iter().filter_map(|run| run.engine_figures.probe_sequential_over_random).collect(),
+        );
+        // Each run makes its own store, so `auto` may choose differently run by run: list each.
+        let mut placements: Vec<&str> =
+            mine.iter().filter_map(|run| run.engine_figures.placement.as_deref()).collect();
+        placements.dedup();
         let _ = writeln!(
             text,
-            "- {}: peak RSS {:.0} MiB, {:.0} MiB on disk after the run{} (medians over runs).",
+            "- {}: peak RSS {:.0} MiB, {:.0} MiB on disk after the run{}{}{}{} (medians over runs).",
             engine.name(),
             peak.unwrap_or(f64::NAN) / MIB,
             disk.unwrap_or(f64::NAN) / MIB,
             index.map_or(String::new(), |bytes| format!(", index {bytes:.1} B per item")),
+            amplification.map_or(String::new(), |wa| format!(
+                ", slab write amplification {wa:.2} over the store's life"
+            )),
+            if placements.is_empty() {
+                String::new()
+            } else {
+                format!(", placement {}", placements.join(" / "))
+            },
+            probe.map_or(String::new(), |ratio| format!(
+                ", write probe sequential/random {ratio:.1}"
+            )),
         );
     }
     text
@@ -317,7 +337,16 @@ impl<'a> Table<'a> {
 
     /// A plain list of the phases where copse's median throughput is below another engine's.
     fn losses(&self) -> String {
-        let Some(copse) = self.engines.iter().position(|e| *e == EngineKind::Copse) else {
+        // copse as a user gets it (`auto`) when it runs, else the first copse engine; it is
+        // held against the other engines, not against copse with another placement.
+        let is_copse = |engine: &EngineKind| matches!(engine, EngineKind::Copse(_));
+        let default = EngineKind::Copse(copse::PlacementSetting::Auto);
+        let Some(copse) = self
+            .engines
+            .iter()
+            .position(|engine| *engine == default)
+            .or_else(|| self.engines.iter().position(is_copse))
+        else {
             return String::new();
         };
         let mut lines = Vec::new();
@@ -325,7 +354,7 @@ impl<'a> Table<'a> {
             let Some(mine) = self.median(self.engines[copse], phase, |p| p.ops_per_second) else {
                 continue;
             };
-            for other in self.engines.iter().filter(|e| **e != EngineKind::Copse) {
+            for other in self.engines.iter().filter(|engine| !is_copse(engine)) {
                 if let Some(theirs) = self.median(*other, phase, |p| p.ops_per_second) {
                     if mine < theirs {
                         lines.push(format!("{phase} ({:.2}x of {})", mine / theirs, other.name()));
@@ -333,11 +362,13 @@ impl<'a> Table<'a> {
                 }
             }
         }
+        let name = self.engines[copse].name();
         if lines.is_empty() {
-            "\ncopse's median throughput is at least every other engine's in every phase.\n"
-                .to_string()
+            format!(
+                "\n{name}'s median throughput is at least every other engine's in every phase.\n"
+            )
         } else {
-            format!("\ncopse is slower in: {}.\n", lines.join(", "))
+            format!("\n{name} is slower in: {}.\n", lines.join(", "))
         }
     }
 }
@@ -474,6 +505,15 @@ pub fn run_summary(report: &RunReport) -> String {
         report.peak_rss_bytes as f64 / MIB,
         report.engine_figures.index_bytes_per_item.map_or("–".to_string(), |b| format!("{b:.1}")),
     );
+    if let Some(placement) = &report.engine_figures.placement {
+        let _ = write!(text, " · placement {placement}");
+    }
+    if let Some(ratio) = report.engine_figures.probe_sequential_over_random {
+        let _ = write!(text, " · write probe sequential/random {ratio:.1}");
+    }
+    if let Some(amplification) = report.engine_figures.write_amplification {
+        let _ = write!(text, " · slab write amplification {amplification:.2}");
+    }
     text
 }
 

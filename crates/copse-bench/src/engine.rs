@@ -1,6 +1,8 @@
 //! The engines under test, behind one blocking interface that many client threads call at once.
 //!
-//! `copse` is the native engine through its public API (`copse::Db`). `rocksdb` and
+//! `copse` is the native engine through its public API (`copse::Db`), with the placement the
+//! store chooses by itself (`auto`); `copse-in-place` and `copse-append` force one placement on
+//! every in-page size class (docs/placement.md). `rocksdb` and
 //! `rocksdb-relaxed` are one RocksDB instance through the `rocksdb` crate; `rocksdb-sharded` is
 //! copse's router and shards over one RocksDB instance per shard (copse's RocksDB engine, p2KVS).
 //! The three are built only with the `rocksdb` cargo feature (a bundled RocksDB build takes ~20
@@ -13,13 +15,13 @@
 
 use std::path::{Path, PathBuf};
 
-use copse::{Db, Options};
+use copse::{Db, Options, PlacementSetting};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("engine {0:?} is not built into this binary: rebuild with `--features rocksdb` (`make bench` does)")]
     NotBuilt(String),
-    #[error("unknown engine {0:?} (known: copse, rocksdb, rocksdb-relaxed, rocksdb-sharded)")]
+    #[error("unknown engine {0:?} (known: copse, copse-in-place, copse-append, rocksdb, rocksdb-relaxed, rocksdb-sharded)")]
     Unknown(String),
     #[error("opening {engine} at {dir}: {message}")]
     Open { engine: String, dir: String, message: String },
@@ -30,7 +32,9 @@ pub enum EngineError {
 /// Which engine to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineKind {
-    Copse,
+    /// The native engine; the setting is the placement its in-page classes are created with
+    /// (`Auto`: what the store's write probe picks).
+    Copse(PlacementSetting),
     /// RocksDB with the write-ahead log synced on every write batch: durable like copse.
     Rocksdb,
     /// RocksDB with the WAL written but not synced: a write can be lost on power failure.
@@ -43,7 +47,9 @@ pub enum EngineKind {
 impl EngineKind {
     pub fn parse(name: &str) -> Result<EngineKind, EngineError> {
         match name {
-            "copse" => Ok(EngineKind::Copse),
+            "copse" => Ok(EngineKind::Copse(PlacementSetting::Auto)),
+            "copse-in-place" => Ok(EngineKind::Copse(PlacementSetting::InPlace)),
+            "copse-append" => Ok(EngineKind::Copse(PlacementSetting::Append)),
             "rocksdb" => Ok(EngineKind::Rocksdb),
             "rocksdb-relaxed" => Ok(EngineKind::RocksdbRelaxed),
             "rocksdb-sharded" => Ok(EngineKind::RocksdbSharded),
@@ -53,7 +59,9 @@ impl EngineKind {
 
     pub fn name(self) -> &'static str {
         match self {
-            EngineKind::Copse => "copse",
+            EngineKind::Copse(PlacementSetting::Auto) => "copse",
+            EngineKind::Copse(PlacementSetting::InPlace) => "copse-in-place",
+            EngineKind::Copse(PlacementSetting::Append) => "copse-append",
             EngineKind::Rocksdb => "rocksdb",
             EngineKind::RocksdbRelaxed => "rocksdb-relaxed",
             EngineKind::RocksdbSharded => "rocksdb-sharded",
@@ -62,7 +70,11 @@ impl EngineKind {
 
     /// Engines compiled into this binary.
     pub fn built() -> Vec<EngineKind> {
-        let mut kinds = vec![EngineKind::Copse];
+        let mut kinds = vec![
+            EngineKind::Copse(PlacementSetting::Auto),
+            EngineKind::Copse(PlacementSetting::InPlace),
+            EngineKind::Copse(PlacementSetting::Append),
+        ];
         if cfg!(feature = "rocksdb") {
             kinds.extend([
                 EngineKind::Rocksdb,
@@ -89,6 +101,8 @@ pub struct EngineConfig {
     pub cache_bytes: usize,
     /// copse shards (threads); `None` is one per core.
     pub shards: Option<usize>,
+    /// copse's space ceiling for append classes; `None` is copse's default.
+    pub space_amplification_max: Option<f64>,
     /// RocksDB background jobs (flush and compaction threads); `None` is one per core.
     pub background_jobs: Option<usize>,
 }
@@ -103,6 +117,17 @@ pub struct EngineFigures {
     pub device_reads: Option<u64>,
     pub device_writes: Option<u64>,
     pub device_bytes_written: Option<u64>,
+    /// copse: device bytes its slabs wrote per user byte, over the store's life (its own count,
+    /// beside the process counters' figure in each phase).
+    #[serde(default)]
+    pub write_amplification: Option<f64>,
+    /// copse: the placement asked for and what each in-page class got, e.g.
+    /// `auto: in-place 0-5, append 6-12`.
+    #[serde(default)]
+    pub placement: Option<String>,
+    /// copse with `auto`: the write probe's sequential-over-random page throughput ratio.
+    #[serde(default)]
+    pub probe_sequential_over_random: Option<f64>,
 }
 
 /// A key-value engine as the harness drives it: blocking calls, from many threads at once.
@@ -126,11 +151,15 @@ pub trait BenchEngine: Send + Sync {
 pub fn open(config: &EngineConfig) -> Result<Box<dyn BenchEngine>, EngineError> {
     std::fs::create_dir_all(&config.dir).map_err(|err| open_error(config, err))?;
     match config.kind {
-        EngineKind::Copse => Ok(Box::new(CopseEngine::open(config, copse::EngineKind::Native)?)),
-        #[cfg(feature = "rocksdb")]
-        EngineKind::RocksdbSharded => {
-            Ok(Box::new(CopseEngine::open(config, copse::EngineKind::RocksDb)?))
+        EngineKind::Copse(placement) => {
+            Ok(Box::new(CopseEngine::open(config, copse::EngineKind::Native, placement)?))
         }
+        #[cfg(feature = "rocksdb")]
+        EngineKind::RocksdbSharded => Ok(Box::new(CopseEngine::open(
+            config,
+            copse::EngineKind::RocksDb,
+            PlacementSetting::default(),
+        )?)),
         #[cfg(feature = "rocksdb")]
         EngineKind::Rocksdb | EngineKind::RocksdbRelaxed => {
             Ok(Box::new(rocks::RocksEngine::open(config)?))
@@ -161,11 +190,19 @@ pub struct CopseEngine {
 }
 
 impl CopseEngine {
-    fn open(config: &EngineConfig, engine: copse::EngineKind) -> Result<CopseEngine, EngineError> {
-        let mut options = Options { cache_bytes: config.cache_bytes, engine, ..Options::default() };
+    fn open(
+        config: &EngineConfig,
+        engine: copse::EngineKind,
+        placement: PlacementSetting,
+    ) -> Result<CopseEngine, EngineError> {
+        let mut options =
+            Options { cache_bytes: config.cache_bytes, engine, placement, ..Options::default() };
         options.show_progress = false;
         if let Some(shards) = config.shards {
             options.shards = shards;
+        }
+        if let Some(ratio) = config.space_amplification_max {
+            options.space_amplification_max = ratio;
         }
         let db = Db::open(&config.dir, options).map_err(|err| open_error(config, err))?;
         Ok(CopseEngine { db, name: config.kind.name(), kind: engine })
@@ -199,6 +236,9 @@ impl BenchEngine for CopseEngine {
             device_reads: native.then_some(stats.device.reads),
             device_writes: native.then_some(stats.device.writes),
             device_bytes_written: native.then_some(stats.device.bytes_written),
+            write_amplification: native.then_some(stats.write_amplification),
+            placement: native.then(|| placement_summary(&stats.placement)),
+            probe_sequential_over_random: stats.placement.probe_sequential_over_random,
         })
     }
 
@@ -211,6 +251,29 @@ impl BenchEngine for CopseEngine {
     fn close(&self) -> Result<(), EngineError> {
         self.db.close().map_err(|err| operation_error(self.name, err))
     }
+}
+
+/// The placement a store asked for and the classes each placement got, in runs of class ids.
+fn placement_summary(placement: &copse::StorePlacement) -> String {
+    let asked = placement.asked.map_or("unrecorded".to_string(), |asked| asked.to_string());
+    let mut runs: Vec<(copse::Placement, usize, usize)> = Vec::new();
+    for (class, got) in placement.classes.iter().enumerate() {
+        match runs.last_mut() {
+            Some((last, _, end)) if last == got && *end + 1 == class => *end = class,
+            _ => runs.push((*got, class, class)),
+        }
+    }
+    let runs: Vec<String> =
+        runs.iter()
+            .map(|(got, start, end)| {
+                if start == end {
+                    format!("{got} {start}")
+                } else {
+                    format!("{got} {start}-{end}")
+                }
+            })
+            .collect();
+    format!("{asked}: {}", runs.join(", "))
 }
 
 /// Bytes the files under `dir` occupy on disk (allocated blocks, not apparent sizes).
@@ -333,5 +396,38 @@ mod rocks {
         fn close(&self) -> Result<(), EngineError> {
             self.db.flush_wal(true).map_err(|err| operation_error(self.name, err))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use copse::{Placement, StorePlacement};
+
+    #[test]
+    fn engine_names_round_trip() {
+        for kind in EngineKind::built() {
+            assert_eq!(EngineKind::parse(kind.name()).unwrap(), kind);
+        }
+        assert_eq!(
+            EngineKind::parse("copse-append").unwrap(),
+            EngineKind::Copse(PlacementSetting::Append)
+        );
+        assert!(EngineKind::parse("copse-sideways").is_err());
+    }
+
+    #[test]
+    fn placement_summary_lists_runs_of_classes() {
+        let mut classes = vec![Placement::InPlace; 13];
+        classes[6..12].fill(Placement::Append);
+        let placement = StorePlacement {
+            asked: Some(PlacementSetting::Auto),
+            classes,
+            probe_sequential_over_random: Some(9.5),
+        };
+        assert_eq!(placement_summary(&placement), "auto: in-place 0-5, append 6-11, in-place 12");
+        let unrecorded =
+            StorePlacement { asked: None, classes: vec![Placement::InPlace; 1], ..placement };
+        assert_eq!(placement_summary(&unrecorded), "unrecorded: in-place 0");
     }
 }

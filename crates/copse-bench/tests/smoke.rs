@@ -18,10 +18,11 @@ const RECORDS: u64 = 400;
 fn config(dir: &std::path::Path, phases: &str, record_size: RecordSize, mode: Mode) -> RunConfig {
     RunConfig {
         engine: EngineConfig {
-            kind: EngineKind::Copse,
+            kind: EngineKind::Copse(copse::PlacementSetting::Auto),
             dir: dir.join("store"),
             cache_bytes: 1 << 20,
             shards: Some(2),
+            space_amplification_max: None,
             background_jobs: None,
         },
         record_count: RECORDS,
