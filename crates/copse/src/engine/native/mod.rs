@@ -85,7 +85,7 @@ struct ClassFile {
     layout: RecordLayout,
     /// Append placement: pages [start, end) of the open block hold nothing live and were not
     /// written since it was opened, so their image is zeros, no read needed. The start moves
-    /// past every page imaged.
+    /// past every page a record is placed in, whether its image was cached, read or zeroed.
     fresh_pages: (u64, u64),
 }
 

@@ -314,21 +314,26 @@ impl NativeEngine {
         record: Vec<u8>,
         write: WriteId,
     ) {
+        // A page of the open block that gets a record is no longer fresh, however its image is
+        // found (cached, being read, or zeros): once it may be written, a later miss must read
+        // it back. (Moving the start only on a miss let a page imaged from the cache be zeroed
+        // after its eviction, wiping a live record: simulator seed 9188.)
+        let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
+        let (fresh_start, fresh_end) = file.fresh_pages;
+        let fresh = (fresh_start..fresh_end).contains(&page.1);
+        if fresh {
+            file.fresh_pages.0 = page.1 + 1;
+        }
         if self.loading.contains_key(&page) {
             self.loading.get_mut(&page).unwrap().push(PageWaiter::Place { write, offset, record });
             return;
         }
         if !self.cache.contains(page) {
             let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
-            let (fresh_start, fresh_end) = file.fresh_pages;
-            let fresh = (fresh_start..fresh_end).contains(&page.1);
             if page.1 >= file.frontier_page || fresh {
                 // Never written, or in the part of an open block nothing was written to since
                 // it was opened: its image is zeros, no read needed.
                 file.frontier_page = file.frontier_page.max(page.1 + 1);
-                if fresh {
-                    file.fresh_pages.0 = page.1 + 1;
-                }
                 self.cache.insert(page, &[0u8; PAGE_BYTES]);
             } else {
                 self.wait_page(page, PageWaiter::Place { write, offset, record });
