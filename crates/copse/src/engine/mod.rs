@@ -290,28 +290,24 @@ impl ClassStats {
         self.free_on_disk += other.free_on_disk;
         self.live_bytes += other.live_bytes;
         self.dead_bytes += other.dead_bytes;
-        let (a, b) = (&mut self.append, &other.append);
-        a.blocks += b.blocks;
-        a.free_blocks += b.free_blocks;
-        a.used_slots += b.used_slots;
-        a.dead_slots += b.dead_slots;
-        a.gc_runs += b.gc_runs;
-        a.gc_blocks_freed += b.gc_blocks_freed;
-        a.gc_slots_moved += b.gc_slots_moved;
-        a.gc_bytes_moved += b.gc_bytes_moved;
-        a.gc_bytes_read += b.gc_bytes_read;
-        a.gc_blocked += b.gc_blocked;
+        self.append.merge(&other.append);
         self.device_bytes_written += other.device_bytes_written;
         self.user_bytes_written += other.user_bytes_written;
     }
 
     /// Device bytes written per user byte written (0 before any user write).
     pub fn write_amplification(&self) -> f64 {
-        if self.user_bytes_written == 0 {
-            0.0
-        } else {
-            self.device_bytes_written as f64 / self.user_bytes_written as f64
-        }
+        write_amplification(self.device_bytes_written, self.user_bytes_written)
+    }
+}
+
+/// Device bytes written per user byte written (0 before any user write): one definition for a
+/// class's figure and the store's.
+pub fn write_amplification(device_bytes_written: u64, user_bytes_written: u64) -> f64 {
+    if user_bytes_written == 0 {
+        0.0
+    } else {
+        device_bytes_written as f64 / user_bytes_written as f64
     }
 }
 

@@ -107,9 +107,9 @@ impl Options {
             .contains(&self.space_amplification_max)
         {
             return Err(OpenError::InvalidOption(format!(
-            "space_amplification_max {} is out of range ({SPACE_AMPLIFICATION_MIN} to {SPACE_AMPLIFICATION_MAX})",
-            self.space_amplification_max
-        )));
+                "space_amplification_max {} is out of range ({SPACE_AMPLIFICATION_MIN} to {SPACE_AMPLIFICATION_MAX})",
+                self.space_amplification_max
+            )));
         }
         if self.append_block_pages == 0 || self.append_block_pages > APPEND_BLOCK_PAGES_MAX {
             return Err(OpenError::InvalidOption(format!(
@@ -121,9 +121,9 @@ impl Options {
             self.placement_by_class.iter().find(|(class, _)| *class as usize >= IN_PAGE_CLASS_COUNT)
         {
             return Err(OpenError::InvalidOption(format!(
-            "placement_by_class names class {class}; only in-page classes (0 to {}) have a placement",
-            IN_PAGE_CLASS_COUNT - 1
-        )));
+                "placement_by_class names class {class}; only in-page classes (0 to {}) have a placement",
+                IN_PAGE_CLASS_COUNT - 1
+            )));
         }
         Ok(())
     }
@@ -331,16 +331,17 @@ impl Db {
                 options.engine
             )));
         }
+        options.validate()?;
         Db::open_inner(storage, options, None, None)
     }
 
+    /// Both `open`s validated the options before they came here.
     fn open_inner(
         storage: Arc<dyn Storage>,
         options: Options,
         lock: Option<std::fs::File>,
         dir: Option<&Path>,
     ) -> Result<Db, OpenError> {
-        options.validate()?;
         let manifest = {
             let mut device = storage.open_device()?;
             manifest::open_or_create(
@@ -870,11 +871,10 @@ fn summarize(shards: Vec<ShardStats>, placement: &StorePlacement) -> StoreStats 
         index_bytes_per_item: if items == 0 { 0.0 } else { index_bytes as f64 / items as f64 },
         cache_hit_rate: if hits + misses == 0 { 0.0 } else { hits as f64 / (hits + misses) as f64 },
         user_bytes_written,
-        write_amplification: if user_bytes_written == 0 {
-            0.0
-        } else {
-            device.bytes_written as f64 / user_bytes_written as f64
-        },
+        write_amplification: crate::engine::write_amplification(
+            device.bytes_written,
+            user_bytes_written,
+        ),
         device,
         placement: placement.clone(),
         classes,

@@ -92,6 +92,7 @@ pub struct PlacementDecision {
 const MANIFEST_V1_BYTES: usize = 24;
 const MANIFEST_V2_BYTES: usize = 28;
 const MANIFEST_BYTES: usize = 48;
+const PLACEMENT_SETTING_AT: usize = 28;
 const PLACEMENTS_AT: usize = 29;
 const PROBE_AT: usize = 44;
 
@@ -103,7 +104,7 @@ pub fn encode(manifest: &Manifest) -> AlignedBuf {
     page[16..20].copy_from_slice(&(manifest.key_hash as u32).to_le_bytes());
     page[20..24].copy_from_slice(&manifest.slab_format_version.to_le_bytes());
     page[24..28].copy_from_slice(&(manifest.engine as u32).to_le_bytes());
-    page[28] = manifest.placement_setting.map_or(0, |setting| setting as u8);
+    page[PLACEMENT_SETTING_AT] = manifest.placement_setting.map_or(0, |setting| setting as u8);
     for (class, placement) in manifest.placements.iter().enumerate() {
         page[PLACEMENTS_AT + class] = *placement as u8;
     }
@@ -183,7 +184,7 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
     if page[PLACEMENTS_AT + IN_PAGE_CLASS_COUNT..PROBE_AT].iter().any(|&byte| byte != 0) {
         return Err("reserved manifest bytes are not zero".into());
     }
-    manifest.placement_setting = match page[28] {
+    manifest.placement_setting = match page[PLACEMENT_SETTING_AT] {
         0 => None,
         value => Some(
             PlacementSetting::from_persisted(value)

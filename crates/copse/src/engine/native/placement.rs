@@ -172,6 +172,22 @@ pub struct AppendFigures {
     pub gc_blocked: u64,
 }
 
+impl AppendFigures {
+    /// Adds another shard's figures of the same class.
+    pub fn merge(&mut self, other: &AppendFigures) {
+        self.blocks += other.blocks;
+        self.free_blocks += other.free_blocks;
+        self.used_slots += other.used_slots;
+        self.dead_slots += other.dead_slots;
+        self.gc_runs += other.gc_runs;
+        self.gc_blocks_freed += other.gc_blocks_freed;
+        self.gc_slots_moved += other.gc_slots_moved;
+        self.gc_bytes_moved += other.gc_bytes_moved;
+        self.gc_bytes_read += other.gc_bytes_read;
+        self.gc_blocked += other.gc_blocked;
+    }
+}
+
 /// One append class's blocks.
 pub(super) struct AppendClass {
     class: SizeClass,
