@@ -17,12 +17,19 @@
 //!   completion depends on [`WriteDurability`]: with `Dsync` every write carries RWF_DSYNC (FUA or
 //!   a cache flush), so a completed write is durable; with `FlushPerRound` the caller must call
 //!   `flush` after a round's writes complete and before acknowledging them.
+//! - A flush covers exactly the writes whose completions `reap` handed out before the flush
+//!   began, whichever round submitted them: a write submitted before one flush and completed
+//!   after it is covered by the next. The device tracks what needs syncing by completion, never
+//!   by submission, and says what a flush covered through two counters,
+//!   [`BlockDevice::write_completions_reaped`] and [`BlockDevice::write_completions_durable`],
+//!   which the engine checks at every acknowledgement.
 //! - A failed request completes with an error; it never panics. After a failed write or flush the
 //!   caller must assume nothing about that range (the engine poisons the store).
 
 pub mod aligned;
 pub mod fault_point;
 pub(crate) mod files;
+pub mod observer;
 pub mod probe;
 pub mod sim;
 pub mod sync;
@@ -30,6 +37,7 @@ pub mod uring;
 
 pub use aligned::AlignedBuf;
 pub use fault_point::FaultPoint;
+pub use observer::IoObserver;
 
 use std::path::{Path, PathBuf};
 
@@ -170,8 +178,15 @@ pub trait BlockDevice: Send {
         -> Result<(), DeviceError>;
     /// Requests submitted and not yet reaped.
     fn in_flight(&self) -> usize;
-    /// Makes every completed write durable (no-op cost under `Dsync` beyond the call).
+    /// Makes durable every write whose completion `reap` has handed out (no-op cost under
+    /// `Dsync` beyond the call). On success `write_completions_durable` rises to the value
+    /// `write_completions_reaped` had when the flush began.
     fn flush(&mut self) -> Result<(), DeviceError>;
+    /// Write completions (successful or not) that `reap` has handed out so far; never decreases.
+    fn write_completions_reaped(&self) -> u64;
+    /// Every write whose completion `reap` handed out while `write_completions_reaped` was at
+    /// most this is durable. Under `Dsync` it equals `write_completions_reaped`.
+    fn write_completions_durable(&self) -> u64;
     fn durability(&self) -> WriteDurability;
     fn stats(&self) -> DeviceStats;
     /// The engine has reached the named place `point` (see [`fault_point`]). Real devices do
@@ -211,6 +226,8 @@ pub struct DirStorage {
     backend: Backend,
     durability: WriteDurability,
     ring_entries: u32,
+    /// Attached to every device this storage opens (power-loss tests).
+    observer: Option<std::sync::Arc<dyn IoObserver>>,
 }
 
 impl DirStorage {
@@ -232,7 +249,19 @@ impl DirStorage {
             chosen => chosen,
         };
         tracing::info!(?backend, ?durability, root = %root.display(), "device backend chosen");
-        Ok(DirStorage { root: root.to_path_buf(), backend, durability, ring_entries })
+        Ok(DirStorage {
+            root: root.to_path_buf(),
+            backend,
+            durability,
+            ring_entries,
+            observer: None,
+        })
+    }
+
+    /// Reports every device's system calls to `observer` (see [`observer`]).
+    pub fn with_observer(mut self, observer: std::sync::Arc<dyn IoObserver>) -> DirStorage {
+        self.observer = Some(observer);
+        self
     }
 
     pub fn backend(&self) -> Backend {
@@ -240,16 +269,26 @@ impl DirStorage {
     }
 }
 
+impl DirStorage {
+    fn open_device_observed_by(
+        &self,
+        observer: Option<std::sync::Arc<dyn IoObserver>>,
+    ) -> Result<Box<dyn BlockDevice>, DeviceError> {
+        match self.backend {
+            Backend::Uring | Backend::Auto => Ok(Box::new(
+                uring::UringDevice::new(&self.root, self.durability, self.ring_entries)?
+                    .with_observer(observer),
+            )),
+            Backend::Sync => Ok(Box::new(
+                sync::SyncDevice::new(&self.root, self.durability)?.with_observer(observer),
+            )),
+        }
+    }
+}
+
 impl Storage for DirStorage {
     fn open_device(&self) -> Result<Box<dyn BlockDevice>, DeviceError> {
-        match self.backend {
-            Backend::Uring | Backend::Auto => Ok(Box::new(uring::UringDevice::new(
-                &self.root,
-                self.durability,
-                self.ring_entries,
-            )?)),
-            Backend::Sync => Ok(Box::new(sync::SyncDevice::new(&self.root, self.durability)?)),
-        }
+        self.open_device_observed_by(self.observer.clone())
     }
 
     /// The directory (the backend and durability mode are logged when chosen).
@@ -272,7 +311,8 @@ impl Storage for DirStorage {
         {
             return Ok(Some(*found));
         }
-        let mut device = self.open_device()?;
+        // Unobserved: the probe's scratch file is deleted below and is no part of the store.
+        let mut device = self.open_device_observed_by(None)?;
         let result = probe::probe_writes(device.as_mut());
         drop(device);
         let path = self.root.join(probe::PROBE_FILE);

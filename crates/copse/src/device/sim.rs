@@ -9,8 +9,12 @@
 //!
 //! A write is applied to the volatile image when it completes (at `reap`). Under `Dsync` it is
 //! durable at that moment; otherwise it is remembered in `pending` ("completed, not durable")
-//! until a `flush` applies every pending write (of all files: the disk has one cache) to the
-//! durable image. `grow_file` and file creation are durable at once (the real devices fsync them).
+//! until a `flush` *of the device that completed it* applies it to the durable image. A flush
+//! covers only the writes its device completed before the flush began, as an fdatasync covers
+//! only its own file: never a write still in flight, never another shard's writes. Completions
+//! may be held back across several reaps ([`SimDisk::hold_completions`]), so a write submitted
+//! in one round can complete after later rounds were flushed and acknowledged. `grow_file` and
+//! file creation are durable at once (the real devices fsync them).
 //!
 //! Crash. After a crash every operation fails with `Crashed`. [`SimDisk::restart`] builds the
 //! image a reboot would find: the durable image, then each pending write in completion order, then
@@ -123,6 +127,8 @@ struct SimFile {
 
 /// A write that is not (known to be) durable: completed and pending, or in flight at a crash.
 struct WriteRecord {
+    /// The device that completed it: only that device's flush makes it durable.
+    device: u64,
     name: String,
     offset: u64,
     data: Vec<u8>,
@@ -144,12 +150,17 @@ struct InFlight {
     name: String,
     /// Decided at submit: `Err` for a bad request or an injected fault.
     outcome: Result<(), DeviceError>,
+    /// Reaps this request sits out before it may complete (see `hold_completions`); a reap
+    /// that must return more completions than the unheld requests can give releases it early.
+    held_reaps: u32,
 }
 
 #[derive(Default)]
 struct DeviceSlot {
     in_flight: Vec<InFlight>,
     stats: DeviceStats,
+    write_completions_reaped: u64,
+    write_completions_durable: u64,
 }
 
 struct State {
@@ -179,6 +190,12 @@ struct State {
     points_fired: Vec<(FaultPoint, PointFault)>,
     stats: DeviceStats,
     restart_stats: RestartStats,
+    /// `hold_completions`: the chance that a submitted request is held, and for how many reaps
+    /// at most.
+    hold_probability: f64,
+    hold_reaps_max: u32,
+    /// Requests held back so far.
+    held_requests: u64,
 }
 
 impl State {
@@ -203,6 +220,9 @@ impl State {
             points_fired: Vec::new(),
             stats: DeviceStats::default(),
             restart_stats: RestartStats::default(),
+            hold_probability: 0.0,
+            hold_reaps_max: 0,
+            held_requests: 0,
         }
     }
 
@@ -249,6 +269,7 @@ impl State {
                 // A bad or faulted request never reaches the media.
                 if item.request.kind == IoKind::Write && item.outcome.is_ok() {
                     self.in_flight_at_crash.push(WriteRecord {
+                        device: u64::MAX,
                         name: item.name.clone(),
                         offset: item.request.offset,
                         data: item.request.buf.to_vec(),
@@ -274,11 +295,11 @@ impl State {
         durability: WriteDurability,
         item: InFlight,
     ) -> IoCompletion {
-        let InFlight { mut request, name, outcome } = item;
+        let InFlight { mut request, name, outcome, .. } = item;
         let result = if self.crashed {
             Err(DeviceError::Crashed)
         } else {
-            outcome.and_then(|()| self.perform(durability, &mut request, &name))
+            outcome.and_then(|()| self.perform(device, durability, &mut request, &name))
         };
         if result.is_ok() {
             let bytes = request.buf.len() as u64;
@@ -305,6 +326,7 @@ impl State {
 
     fn perform(
         &mut self,
+        device: u64,
         durability: WriteDurability,
         request: &mut IoRequest,
         name: &str,
@@ -375,6 +397,7 @@ impl State {
                     write_into(&mut file.durable, offset, &request.buf);
                 } else {
                     self.pending.push(WriteRecord {
+                        device,
                         name: name.to_string(),
                         offset,
                         data: request.buf.to_vec(),
@@ -386,9 +409,19 @@ impl State {
         }
     }
 
-    /// Makes every pending write durable.
-    fn flush_pending(&mut self) {
-        for record in std::mem::take(&mut self.pending) {
+    /// Makes durable the pending writes that `device` completed, then any durable (`Dsync`)
+    /// writes now at the head of `pending` (the header's invariant). Shards write disjoint
+    /// files, so the writes left pending never overlap the ones applied.
+    fn flush_pending(&mut self, device: u64) {
+        let (mine, others): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.pending).into_iter().partition(|r| r.device == device);
+        self.pending = others;
+        for record in mine {
+            let file = self.files.entry(record.name).or_default();
+            write_into(&mut file.durable, record.offset, &record.data);
+        }
+        let durable_head = self.pending.iter().take_while(|record| record.durable).count();
+        for record in self.pending.drain(..durable_head).collect::<Vec<_>>() {
             let file = self.files.entry(record.name).or_default();
             write_into(&mut file.durable, record.offset, &record.data);
         }
@@ -491,7 +524,7 @@ impl SimDisk {
     }
 
     /// The disk a reboot would find, as a new disk (fresh op counter, no faults or crash armed,
-    /// the random stream continued). Crashes this disk first if it has not crashed.
+    /// the random stream and `hold_completions` continued). Crashes this disk first if it has not crashed.
     pub fn restart(&self) -> SimDisk {
         let mut guard = self.lock();
         guard.crash();
@@ -530,7 +563,26 @@ impl SimDisk {
             })
             .collect();
         next.restart_stats = stats;
+        // The disk holds completions back after a reboot as before it.
+        next.hold_probability = state.hold_probability;
+        next.hold_reaps_max = state.hold_reaps_max;
         SimDisk { state: Arc::new(Mutex::new(next)) }
+    }
+
+    /// From now on each request submitted is held back with chance `probability`: it sits out
+    /// 1 to `reaps_max` reaps of its device (chosen from the seed) before it may complete, so
+    /// later rounds may complete, flush and be acknowledged first. A reap that must return more
+    /// completions than the other requests can give releases held ones.
+    pub fn hold_completions(&self, probability: f64, reaps_max: u32) {
+        assert!((0.0..=1.0).contains(&probability) && reaps_max >= 1);
+        let mut state = self.lock();
+        state.hold_probability = probability;
+        state.hold_reaps_max = reaps_max;
+    }
+
+    /// Requests held back by `hold_completions` on this disk (a restarted disk counts from 0).
+    pub fn held_requests(&self) -> u64 {
+        self.lock().held_requests
     }
 
     /// On a disk returned by `restart`: what happened to the non-durable writes. Zero otherwise.
@@ -834,9 +886,16 @@ impl BlockDevice for SimDevice {
                     gate
                 }
             };
+            let held_reaps =
+                if state.hold_probability > 0.0 && state.rng.gen_bool(state.hold_probability) {
+                    state.held_requests += 1;
+                    state.rng.gen_range(1..=state.hold_reaps_max)
+                } else {
+                    0
+                };
             // Queued before the next request's gate, so a crash there records it as in flight.
             if let Some(slot) = state.devices.get_mut(&self.id) {
-                slot.in_flight.push(InFlight { request, name, outcome });
+                slot.in_flight.push(InFlight { request, name, outcome, held_reaps });
             }
         }
         if crashed {
@@ -848,8 +907,9 @@ impl BlockDevice for SimDevice {
         Ok(())
     }
 
-    /// Completes between `min_complete` and all of the in-flight requests (a seeded random
-    /// number), picked in seeded random order.
+    /// Completes between `min_complete` and all of the in-flight requests that are not held
+    /// (a seeded random number), picked in seeded random order; held requests are released
+    /// when `min_complete` needs them.
     fn reap(
         &mut self,
         min_complete: usize,
@@ -857,7 +917,7 @@ impl BlockDevice for SimDevice {
     ) -> Result<(), DeviceError> {
         let mut guard = self.disk.lock();
         let state = &mut *guard;
-        let mut queue = match state.devices.get_mut(&self.id) {
+        let queue = match state.devices.get_mut(&self.id) {
             Some(slot) => std::mem::take(&mut slot.in_flight),
             None => return Ok(()),
         };
@@ -868,14 +928,29 @@ impl BlockDevice for SimDevice {
         if wanted > 0 {
             state.bump(self.id, |s| s.submit_calls += 1);
         }
-        let count = state.rng.gen_range(wanted..=queue.len());
+        // Held requests stay behind, unless needed to reach `wanted`.
+        let (mut held, mut ready): (Vec<_>, Vec<_>) =
+            queue.into_iter().partition(|item| item.held_reaps > 0);
+        while ready.len() < wanted {
+            let mut released = held.remove(0);
+            released.held_reaps = 0;
+            ready.push(released);
+        }
+        for item in &mut held {
+            item.held_reaps -= 1;
+        }
+        let count = state.rng.gen_range(wanted..=ready.len());
+        let mut writes = 0;
         for _ in 0..count {
-            let pick = state.rng.gen_range(0..queue.len());
-            let item = queue.swap_remove(pick);
+            let pick = state.rng.gen_range(0..ready.len());
+            let item = ready.swap_remove(pick);
+            writes += u64::from(item.request.kind == IoKind::Write);
             out.push(state.complete(self.id, self.durability, item));
         }
+        ready.extend(held);
         if let Some(slot) = state.devices.get_mut(&self.id) {
-            slot.in_flight = queue;
+            slot.in_flight = ready;
+            slot.write_completions_reaped += writes;
         }
         Ok(())
     }
@@ -888,8 +963,24 @@ impl BlockDevice for SimDevice {
         let mut state = self.disk.lock();
         state.begin_op(FaultOp::Flush, || "fdatasync".to_string())?;
         state.bump(self.id, |s| s.flushes += 1);
-        state.flush_pending();
+        state.flush_pending(self.id);
+        if let Some(slot) = state.devices.get_mut(&self.id) {
+            slot.write_completions_durable = slot.write_completions_reaped;
+        }
         Ok(())
+    }
+
+    fn write_completions_reaped(&self) -> u64 {
+        self.disk.lock().devices.get(&self.id).map_or(0, |slot| slot.write_completions_reaped)
+    }
+
+    fn write_completions_durable(&self) -> u64 {
+        let state = self.disk.lock();
+        let Some(slot) = state.devices.get(&self.id) else { return 0 };
+        match self.durability {
+            WriteDurability::Dsync => slot.write_completions_reaped,
+            WriteDurability::FlushPerRound => slot.write_completions_durable,
+        }
     }
 
     fn durability(&self) -> WriteDurability {

@@ -7,17 +7,20 @@
 //!   shared with the kernel past a system call.
 //! - Under `Dsync` files are opened with O_DSYNC (pwrite has no per-call flag without pwritev2),
 //!   so each pwrite returns only once durable, and `flush` does nothing. Under `FlushPerRound`
-//!   `flush` fdatasyncs every file written since the last flush.
+//!   `flush` fdatasyncs every file written since its last fdatasync began (a pwrite has
+//!   completed when it returns, inside `submit`, so marking there is marking at completion).
 //! - `submit_calls` counts every pread/pwrite: this backend cannot batch, and the stat says so.
 //! - A completion is `Ok` only for a whole transfer, as with io_uring.
 
 use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::files::{self, OpenFile};
 use super::{
-    BlockDevice, DeviceError, DeviceStats, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
+    BlockDevice, DeviceError, DeviceStats, FileId, IoCompletion, IoKind, IoObserver, IoRequest,
+    WriteDurability,
 };
 
 pub struct SyncDevice {
@@ -29,6 +32,9 @@ pub struct SyncDevice {
     /// Completions of performed requests, in submission order, not yet reaped.
     ready: VecDeque<IoCompletion>,
     stats: DeviceStats,
+    write_completions_reaped: u64,
+    write_completions_durable: u64,
+    observer: Option<Arc<dyn IoObserver>>,
 }
 
 impl SyncDevice {
@@ -40,7 +46,16 @@ impl SyncDevice {
             dirty: Vec::new(),
             ready: VecDeque::new(),
             stats: DeviceStats::default(),
+            write_completions_reaped: 0,
+            write_completions_durable: 0,
+            observer: None,
         })
+    }
+
+    /// Reports this device's system calls to `observer` (power-loss tests).
+    pub fn with_observer(mut self, observer: Option<Arc<dyn IoObserver>>) -> SyncDevice {
+        self.observer = observer;
+        self
     }
 
     fn open_flags(&self) -> i32 {
@@ -87,8 +102,13 @@ impl SyncDevice {
 impl BlockDevice for SyncDevice {
     fn open_file(&mut self, name: &str, create: bool) -> Result<FileId, DeviceError> {
         let flags = self.open_flags();
+        let opened_before = self.files.len();
         let id = files::open_in_table(&mut self.files, &self.root, name, create, flags)?;
         self.dirty.resize(self.files.len(), false);
+        if let (Some(observer), true) = (&self.observer, self.files.len() > opened_before) {
+            let open = &self.files[id as usize];
+            observer.file_opened(name, files::file_len_bytes(&open.file, name)?);
+        }
         Ok(id)
     }
 
@@ -103,12 +123,26 @@ impl BlockDevice for SyncDevice {
 
     fn grow_file(&mut self, file: FileId, len_bytes: u64) -> Result<(), DeviceError> {
         let open = files::lookup(&self.files, file)?;
-        files::grow_file(&open.file, &open.name, len_bytes)
+        files::grow_file(&open.file, &open.name, len_bytes)?;
+        if let Some(observer) = &self.observer {
+            observer.file_grown(&open.name, len_bytes);
+        }
+        Ok(())
     }
 
     fn submit(&mut self, requests: Vec<IoRequest>) -> Result<(), DeviceError> {
         for mut request in requests {
+            let observed = match (&self.observer, request.kind) {
+                (Some(observer), IoKind::Write) if (request.file as usize) < self.files.len() => {
+                    let name = &self.files[request.file as usize].name;
+                    Some(observer.write_submitted(name, request.offset, &request.buf))
+                }
+                _ => None,
+            };
             let result = self.perform(&mut request);
+            if let (Some(observer), Some(tag)) = (&self.observer, observed) {
+                observer.write_completed(tag, result.is_ok());
+            }
             // Even a failed write may have changed part of the range, so the file is dirty.
             if request.kind == IoKind::Write
                 && self.durability == WriteDurability::FlushPerRound
@@ -134,7 +168,12 @@ impl BlockDevice for SyncDevice {
         out: &mut Vec<IoCompletion>,
     ) -> Result<(), DeviceError> {
         // Everything submitted has already completed, so any `min_complete` is met.
-        out.extend(self.ready.drain(..));
+        for completion in self.ready.drain(..) {
+            if completion.kind == IoKind::Write {
+                self.write_completions_reaped += 1;
+            }
+            out.push(completion);
+        }
         Ok(())
     }
 
@@ -147,13 +186,37 @@ impl BlockDevice for SyncDevice {
         if self.durability == WriteDurability::Dsync {
             return Ok(()); // O_DSYNC: every completed write was already durable
         }
+        let covered = self.write_completions_reaped;
         for (open, dirty) in self.files.iter().zip(self.dirty.iter_mut()) {
             if *dirty {
-                files::sync_data(&open.file, &open.name)?;
                 *dirty = false;
+                if let Some(observer) = &self.observer {
+                    observer.sync_started(&open.name);
+                }
+                let synced = files::sync_data(&open.file, &open.name);
+                if let Some(observer) = &self.observer {
+                    observer.sync_finished(&open.name, synced.is_ok());
+                }
+                if let Err(err) = synced {
+                    *dirty = true;
+                    return Err(err);
+                }
             }
         }
+        assert!(covered >= self.write_completions_durable, "flush coverage went backwards");
+        self.write_completions_durable = covered;
         Ok(())
+    }
+
+    fn write_completions_reaped(&self) -> u64 {
+        self.write_completions_reaped
+    }
+
+    fn write_completions_durable(&self) -> u64 {
+        match self.durability {
+            WriteDurability::Dsync => self.write_completions_reaped,
+            WriteDurability::FlushPerRound => self.write_completions_durable,
+        }
     }
 
     fn durability(&self) -> WriteDurability {
@@ -191,6 +254,35 @@ mod tests {
             // One system call per request: 3 writes + 6 requests, of which 2 were rejected.
             assert_eq!(device.stats().submit_calls, 3 + 4);
         }
+    }
+
+    /// The fallback device under the same rule as io_uring (issue 20, finding 1): what a flush
+    /// reports as durable is only what it synced after the write completed.
+    #[test]
+    fn a_flush_covers_what_completed_before_it() {
+        use crate::device::observer::testing::EventLog;
+        let Some((_dir, device)) = device(WriteDurability::FlushPerRound) else {
+            return;
+        };
+        let log = std::sync::Arc::new(EventLog::default());
+        let mut device = device.with_observer(Some(log.clone()));
+        let file = device.open_file("a.slab", true).unwrap();
+        device.grow_file(file, 4 * PAGE_BYTES as u64).unwrap();
+        let mut buf = AlignedBuf::zeroed(PAGE_BYTES);
+        buf.fill(9);
+        device
+            .submit(vec![IoRequest { token: 1, file, offset: 0, kind: IoKind::Write, buf }])
+            .unwrap();
+        device.flush().unwrap();
+        let mut out = Vec::new();
+        device.reap(1, &mut out).unwrap();
+        assert_eq!(device.write_completions_reaped(), 1);
+        assert_eq!(device.write_completions_durable(), 0, "reaped after the flush began");
+        // pwrite returned before that fdatasync began, so it did cover the write.
+        let tag = log.first_write_to("a.slab").expect("the write was observed");
+        assert!(log.synced_after_completion(tag, "a.slab"));
+        device.flush().unwrap();
+        assert_eq!(device.write_completions_durable(), 1);
     }
 
     #[test]

@@ -14,20 +14,25 @@
 //! write (or a write plus cache flush on devices without FUA), and the filesystem commits any
 //! metadata the write needed (e.g. converting an unwritten extent). The write is durable when it
 //! completes and `flush` does nothing. With `FlushPerRound` writes are plain and `flush` issues
-//! one fdatasync per file written since the last flush: one cache flush covers the whole round
-//! instead of one per write. Which is faster depends on the device (FUA support, queue depth,
+//! one fdatasync per file with a write completed since that file's last fdatasync began: one
+//! cache flush covers the whole round instead of one per write. A file is marked for syncing when
+//! a write's completion is drained, not when it is submitted: a write submitted before a flush
+//! and completed after it must be covered by a later fdatasync (marking at submit let the flush
+//! clear the mark of a write still in flight, and the next flush skipped its file). Which is faster depends on the device (FUA support, queue depth,
 //! cache size); `examples/durability_probe.rs` measures it. Per-write RWF_DSYNC (not an O_DSYNC
 //! open flag) keeps reads and the choice per write free of the open mode.
 
 use std::collections::VecDeque;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring, Probe};
 
 use super::files::{self, OpenFile};
 use super::{
-    BlockDevice, DeviceError, DeviceStats, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
+    BlockDevice, DeviceError, DeviceStats, FileId, IoCompletion, IoKind, IoObserver, IoRequest,
+    WriteDurability,
 };
 
 /// Enters that may fail with EBUSY/EAGAIN (the kernel is short of completion space or memory)
@@ -82,9 +87,16 @@ pub struct UringDevice {
     slots_in_use: usize,
     /// Finished requests not yet returned by `reap` (drained CQEs and rejected requests).
     ready: VecDeque<IoCompletion>,
-    /// Per file id: written since the last flush (tracked only under `FlushPerRound`).
+    /// Per file id: a write to it completed since its last fdatasync began (tracked only under
+    /// `FlushPerRound`). Set when the completion is drained, whatever its outcome (a failed
+    /// write may have changed part of its range).
     dirty: Vec<bool>,
     stats: DeviceStats,
+    write_completions_reaped: u64,
+    write_completions_durable: u64,
+    observer: Option<Arc<dyn IoObserver>>,
+    /// Per slot: the observer's tag of the write in it.
+    observed_tags: Vec<u64>,
 }
 
 impl UringDevice {
@@ -109,7 +121,17 @@ impl UringDevice {
             ready: VecDeque::new(),
             dirty: Vec::new(),
             stats: DeviceStats::default(),
+            write_completions_reaped: 0,
+            write_completions_durable: 0,
+            observer: None,
+            observed_tags: Vec::new(),
         })
+    }
+
+    /// Reports this device's system calls to `observer` (power-loss tests).
+    pub fn with_observer(mut self, observer: Option<Arc<dyn IoObserver>>) -> UringDevice {
+        self.observer = observer;
+        self
     }
 
     fn insert_slot(&mut self, request: IoRequest) -> usize {
@@ -185,6 +207,15 @@ impl UringDevice {
                 tracing::error!(user_data, result, "completion for no request in flight; ignored");
                 continue;
             };
+            if request.kind == IoKind::Write {
+                if self.durability == WriteDurability::FlushPerRound {
+                    self.dirty[request.file as usize] = true;
+                }
+                if let Some(observer) = &self.observer {
+                    let tag = self.observed_tags[user_data as usize];
+                    observer.write_completed(tag, result == request.buf.len() as i32);
+                }
+            }
             let name = &self.files[request.file as usize].name;
             let outcome = if result < 0 {
                 Err(DeviceError::from_errno(-result, files::describe(&request, name)))
@@ -226,8 +257,13 @@ fn completion(request: IoRequest, result: Result<(), DeviceError>) -> IoCompleti
 
 impl BlockDevice for UringDevice {
     fn open_file(&mut self, name: &str, create: bool) -> Result<FileId, DeviceError> {
+        let opened_before = self.files.len();
         let id = files::open_in_table(&mut self.files, &self.root, name, create, 0)?;
         self.dirty.resize(self.files.len(), false);
+        if let (Some(observer), true) = (&self.observer, self.files.len() > opened_before) {
+            let open = &self.files[id as usize];
+            observer.file_opened(name, files::file_len_bytes(&open.file, name)?);
+        }
         Ok(id)
     }
 
@@ -242,7 +278,11 @@ impl BlockDevice for UringDevice {
 
     fn grow_file(&mut self, file: FileId, len_bytes: u64) -> Result<(), DeviceError> {
         let open = files::lookup(&self.files, file)?;
-        files::grow_file(&open.file, &open.name, len_bytes)
+        files::grow_file(&open.file, &open.name, len_bytes)?;
+        if let Some(observer) = &self.observer {
+            observer.file_grown(&open.name, len_bytes);
+        }
+        Ok(())
     }
 
     /// Malformed requests complete with `BadRequest` (returned by the next `reap`). On `Err` (the
@@ -254,10 +294,19 @@ impl BlockDevice for UringDevice {
                 self.ready.push_back(completion(request, Err(err)));
                 continue;
             }
-            if request.kind == IoKind::Write && self.durability == WriteDurability::FlushPerRound {
-                self.dirty[request.file as usize] = true;
-            }
+            let tag = match (&self.observer, request.kind) {
+                (Some(observer), IoKind::Write) => observer.write_submitted(
+                    &self.files[request.file as usize].name,
+                    request.offset,
+                    &request.buf,
+                ),
+                _ => 0,
+            };
             let slot = self.insert_slot(request);
+            if self.observed_tags.len() <= slot {
+                self.observed_tags.resize(slot + 1, 0);
+            }
+            self.observed_tags[slot] = tag;
             let entry = self.entry(slot);
             loop {
                 // SAFETY: the SQE points into the buffer of the request now owned by
@@ -302,7 +351,12 @@ impl BlockDevice for UringDevice {
             self.enter(wanted - self.ready.len())?;
             self.drain_cq();
         }
-        out.extend(self.ready.drain(..));
+        for completion in self.ready.drain(..) {
+            if completion.kind == IoKind::Write {
+                self.write_completions_reaped += 1;
+            }
+            out.push(completion);
+        }
         Ok(())
     }
 
@@ -315,13 +369,39 @@ impl BlockDevice for UringDevice {
         if self.durability == WriteDurability::Dsync {
             return Ok(()); // every completed write was already durable
         }
+        // Everything handed out so far was drained before now, so its file is marked.
+        let covered = self.write_completions_reaped;
         for (open, dirty) in self.files.iter().zip(self.dirty.iter_mut()) {
             if *dirty {
-                files::sync_data(&open.file, &open.name)?;
+                // Cleared before the call: nothing drains meanwhile (this thread owns the ring).
                 *dirty = false;
+                if let Some(observer) = &self.observer {
+                    observer.sync_started(&open.name);
+                }
+                let synced = files::sync_data(&open.file, &open.name);
+                if let Some(observer) = &self.observer {
+                    observer.sync_finished(&open.name, synced.is_ok());
+                }
+                if let Err(err) = synced {
+                    *dirty = true;
+                    return Err(err);
+                }
             }
         }
+        assert!(covered >= self.write_completions_durable, "flush coverage went backwards");
+        self.write_completions_durable = covered;
         Ok(())
+    }
+
+    fn write_completions_reaped(&self) -> u64 {
+        self.write_completions_reaped
+    }
+
+    fn write_completions_durable(&self) -> u64 {
+        match self.durability {
+            WriteDurability::Dsync => self.write_completions_reaped,
+            WriteDurability::FlushPerRound => self.write_completions_durable,
+        }
     }
 
     fn durability(&self) -> WriteDurability {
@@ -463,6 +543,43 @@ mod tests {
         let stats = device.stats();
         assert_eq!((stats.writes, stats.reads), (pages, pages));
         assert_eq!(stats.bytes_read, pages * PAGE_BYTES as u64);
+    }
+
+    /// Finding 1 of issue 20: a write submitted before a flush and completed after it must be
+    /// covered by a later fdatasync of its file before the device says it is durable. (With the
+    /// file marked dirty at submit, the first flush cleared the mark while the write was in
+    /// flight, the second skipped the file, and the engine acknowledged an unsynced write.)
+    #[test]
+    fn a_write_completed_after_a_flush_is_synced_by_the_next() {
+        use crate::device::observer::testing::EventLog;
+        let Some((_dir, device)) = device(WriteDurability::FlushPerRound) else {
+            return;
+        };
+        let log = std::sync::Arc::new(EventLog::default());
+        let mut device = device.with_observer(Some(log.clone()));
+        let file = device.open_file("late.slab", true).unwrap();
+        device.grow_file(file, 4 * PAGE_BYTES as u64).unwrap();
+        // A flush of the file while no write of it is known to have completed: it must not
+        // count for the write submitted below, whose completion nobody has drained yet.
+        device.submit(vec![request(1, file, 0, IoKind::Write, page(1, 1))]).unwrap();
+        let reaped_before = device.write_completions_reaped();
+        device.flush().unwrap();
+        assert_eq!(device.write_completions_durable(), reaped_before);
+        let done = reap_all(&mut device);
+        assert!(done.iter().all(|c| c.result.is_ok()));
+        assert_eq!(device.write_completions_reaped(), reaped_before + 1);
+        assert!(
+            device.write_completions_durable() < device.write_completions_reaped(),
+            "the reaped write counts as durable before any flush after its completion"
+        );
+        device.flush().unwrap();
+        assert_eq!(device.write_completions_durable(), device.write_completions_reaped());
+        let tag = log.first_write_to("late.slab").expect("the write was observed");
+        assert!(
+            log.synced_after_completion(tag, "late.slab"),
+            "no fdatasync of the file began after the write completed: {:?}",
+            log.events()
+        );
     }
 
     #[test]

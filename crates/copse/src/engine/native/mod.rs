@@ -9,7 +9,10 @@
 //! 1. The bytes of a live record (the one the index points to) are never overwritten. A new
 //!    version goes to a free slot; the old slot is freed only after the new one is durable, and
 //!    the index is updated at that moment, so a torn write can only damage a slot nobody needs.
-//! 2. A write is answered only when durable (`WriteDurability`).
+//! 2. A write is answered only when durable (`WriteDurability`): its completion was reaped
+//!    before a flush began, and that flush finished (or, under `Dsync`, it completed). Checked,
+//!    in release builds too, against the device's own count of what its flushes covered
+//!    (`PendingWrite::reaped_through`, asserted in `write_durable`).
 //! 3. A page has at most one write in flight; modifications made meanwhile ride the next write.
 //! 4. For every key, the disk holds at most: its newest record (live item or tombstone) and
 //!    older copies that are stale. Every stale copy is counted in `stale_counts` under the key's
@@ -149,6 +152,10 @@ enum ErasedRecord {
 }
 
 struct PendingWrite {
+    /// Once its I/O completed: the device's `write_completions_reaped` after the reap that
+    /// returned it (at or past the write's own number). It may be acknowledged only once the
+    /// device's `write_completions_durable` has reached this.
+    reaped_through: Option<u64>,
     loc: Loc,
     /// Stale key hash of what the slot held before; released once this write is durable.
     overwritten: Option<u64>,
@@ -499,6 +506,12 @@ impl NativeEngine {
         writes: Vec<WriteId>,
         result: Result<(), crate::device::DeviceError>,
     ) {
+        let reaped_through = self.device.write_completions_reaped();
+        for write in &writes {
+            if let Some(pending) = self.writes.get_mut(write) {
+                pending.reaped_through = Some(reaped_through);
+            }
+        }
         match result {
             Ok(()) => match self.durability {
                 WriteDurability::Dsync => self.writes_durable(writes),

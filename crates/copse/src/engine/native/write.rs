@@ -111,7 +111,7 @@ impl NativeEngine {
     ) -> WriteId {
         let id = self.next_write_id;
         self.next_write_id += 1;
-        self.writes.insert(id, PendingWrite { loc, overwritten, effect });
+        self.writes.insert(id, PendingWrite { reaped_through: None, loc, overwritten, effect });
         id
     }
 
@@ -420,8 +420,18 @@ impl NativeEngine {
 
     /// A write is durable: release what its slot held, then apply its effect.
     pub(super) fn write_durable(&mut self, write: WriteId) {
-        let PendingWrite { loc, overwritten, effect } =
+        let PendingWrite { reaped_through, loc, overwritten, effect } =
             self.writes.remove(&write).expect("durable write is pending");
+        // Invariant 2, checked at the moment everything below may acknowledge the write: a
+        // flush that began after its completion was reaped has finished. (A violation is a bug
+        // in the engine or the device; answering would break the durability promise.)
+        let covered = self.device.write_completions_durable();
+        assert!(
+            reaped_through.is_some_and(|reaped| reaped <= covered),
+            "shard {}: write {write} at {loc:?} would be acknowledged before a flush covered it \
+             (its completion reaped through {reaped_through:?}, flushes cover {covered})",
+            self.shard_id
+        );
         self.release_tag(overwritten);
         match effect {
             Effect::Put { key, seq, origin: Origin::Batch(batch) } => {
