@@ -23,6 +23,12 @@ pub const CLIENT_OUTPUT_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 pub const CLIENT_INPUT_CHUNK_BYTES: usize = 64 * 1024;
 /// Commands of one pipeline handed to the shards together before their replies are written.
 pub const PIPELINE_COMMANDS_MAX: usize = 1024;
+/// Arguments of one multibulk request before the client has authenticated (Redis since
+/// CVE-2021-32675): enough for AUTH, HELLO 3 AUTH user pass SETNAME name, QUIT and RESET.
+pub const UNAUTHENTICATED_ARGS_MAX: usize = 10;
+/// Bytes of one bulk argument before the client has authenticated (Redis: 16 KiB), so an
+/// unauthenticated client can make the server hold at most about 160 KiB of its request.
+pub const UNAUTHENTICATED_BULK_BYTES_MAX: usize = 16 * 1024;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]

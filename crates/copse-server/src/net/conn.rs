@@ -31,7 +31,9 @@ use super::{collect, ConnState, Server};
 use crate::cmd::{dispatch, Combine, Outcome};
 use crate::config::{
     CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
+    UNAUTHENTICATED_ARGS_MAX, UNAUTHENTICATED_BULK_BYTES_MAX,
 };
+use crate::resp::parse::UnauthenticatedLimits;
 use crate::resp::{encode_reply, parse_command, ParseLimits, Parsed, Protocol, Reply};
 
 /// Bytes of encoded replies gathered before they are written out.
@@ -118,6 +120,10 @@ async fn connection_loop(
             multibulk_len_max: MULTIBULK_ARGS_MAX,
             bulk_bytes_max: server.settings.proto_max_bulk_len.load(Ordering::Relaxed),
             inline_bytes_max: INLINE_BYTES_MAX,
+            unauthenticated: (!conn.authenticated).then_some(UnauthenticatedLimits {
+                multibulk_len_max: UNAUTHENTICATED_ARGS_MAX,
+                bulk_bytes_max: UNAUTHENTICATED_BULK_BYTES_MAX,
+            }),
         };
         let mut wave = Vec::new();
         let mut consumed_total = 0;
@@ -127,7 +133,9 @@ async fn connection_loop(
                 Ok(Parsed::Command { args, consumed }) => {
                     consumed_total += consumed;
                     wave.push(args);
-                    if wave.len() >= PIPELINE_COMMANDS_MAX {
+                    // Until AUTH has run, the next request is parsed only after it, under the
+                    // limits its outcome decides (a pipelined AUTH then SET of a large value).
+                    if wave.len() >= PIPELINE_COMMANDS_MAX || limits.unauthenticated.is_some() {
                         break;
                     }
                 }

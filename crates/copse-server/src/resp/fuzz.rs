@@ -7,7 +7,7 @@
 //! stays an error whatever bytes follow (the parser reports one only once the bytes proving it
 //! have arrived).
 
-use super::parse::{parse_command, ParseLimits, Parsed};
+use super::parse::{parse_command, ParseLimits, Parsed, UnauthenticatedLimits};
 
 /// Strict prefixes of a parsed request checked, at most (all of them for short requests).
 const PREFIXES_CHECKED_MAX: usize = 64;
@@ -17,12 +17,21 @@ const PREFIXES_CHECKED_MAX: usize = 64;
 pub fn parse_request(data: &[u8]) {
     let Some((&selector, buf)) = data.split_first() else { return };
     let limits = if selector & 1 == 0 {
-        ParseLimits { multibulk_len_max: 8, bulk_bytes_max: 64, inline_bytes_max: 32 }
+        ParseLimits {
+            multibulk_len_max: 8,
+            bulk_bytes_max: 64,
+            inline_bytes_max: 32,
+            unauthenticated: None,
+        }
     } else {
         ParseLimits {
             multibulk_len_max: 1024 * 1024,
             bulk_bytes_max: 512 << 20,
             inline_bytes_max: 64 << 10,
+            unauthenticated: (selector & 2 != 0).then_some(UnauthenticatedLimits {
+                multibulk_len_max: 10,
+                bulk_bytes_max: 16 << 10,
+            }),
         }
     };
     match parse_command(buf, &limits) {
@@ -30,6 +39,10 @@ pub fn parse_request(data: &[u8]) {
             assert!(consumed > 0 && consumed <= buf.len(), "consumed {consumed} of {}", buf.len());
             assert!(args.len() <= limits.multibulk_len_max);
             assert!(args.iter().all(|arg| arg.len() <= limits.bulk_bytes_max));
+            if let (Some(tight), Some(b'*')) = (limits.unauthenticated, buf.first()) {
+                assert!(args.len() <= tight.multibulk_len_max);
+                assert!(args.iter().all(|arg| arg.len() <= tight.bulk_bytes_max));
+            }
             assert_eq!(
                 parse_command(&buf[..consumed], &limits),
                 Ok(Parsed::Command { args: args.clone(), consumed }),
@@ -49,7 +62,10 @@ pub fn parse_request(data: &[u8]) {
                 encoded.extend_from_slice(arg);
                 encoded.extend_from_slice(b"\r\n");
             }
-            match parse_command(&encoded, &limits) {
+            // Before authentication only multibulk requests have the tight bounds (an inline one
+            // is bounded by its line), so an inline request's arguments may not fit them.
+            let reencode_limits = ParseLimits { unauthenticated: None, ..limits };
+            match parse_command(&encoded, &reencode_limits) {
                 Ok(Parsed::Command { args: again, consumed }) => {
                     assert_eq!(again, args, "re-encoded arguments parse otherwise");
                     assert_eq!(consumed, encoded.len());

@@ -43,6 +43,18 @@ pub struct ParseLimits {
     /// Maximum bytes of an inline request line, and of a `*N` / `$N` header line, without its
     /// line ending.
     pub inline_bytes_max: usize,
+    /// Tighter bounds while the client still has to authenticate (a password is set and it has
+    /// not given it), as in Redis since CVE-2021-32675: otherwise anyone who can reach the port
+    /// makes the server buffer and copy up to `multibulk_len_max` × `bulk_bytes_max` bytes
+    /// before it even looks at the command. `None` once authenticated, or with no password.
+    pub unauthenticated: Option<UnauthenticatedLimits>,
+}
+
+/// The bounds on a request sent before authentication (Redis: 10 arguments of 16 KiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnauthenticatedLimits {
+    pub multibulk_len_max: usize,
+    pub bulk_bytes_max: usize,
 }
 
 /// The outcome of parsing the start of a connection's buffer.
@@ -70,6 +82,12 @@ pub enum ProtocolError {
     /// The length of `$<length>` is not a number, is negative or exceeds `bulk_bytes_max`.
     #[error("Protocol error: invalid bulk length")]
     InvalidBulkLength,
+    /// Before authentication, a count over the unauthenticated `multibulk_len_max`.
+    #[error("Protocol error: unauthenticated multibulk length")]
+    UnauthenticatedMultibulkLength,
+    /// Before authentication, a bulk over the unauthenticated `bulk_bytes_max`.
+    #[error("Protocol error: unauthenticated bulk length")]
+    UnauthenticatedBulkLength,
     /// An argument of a multibulk request does not start with `$`. Bytes above 0x7f are shown as
     /// the Latin-1 character of that value, since Redis writes the raw byte, which is not UTF-8.
     #[error("Protocol error: expected '$', got '{}'", char::from(*.got))]
@@ -118,6 +136,10 @@ fn parse_multibulk(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolE
         Ok(count) if count <= limits.multibulk_len_max => count,
         _ => return Err(ProtocolError::InvalidMultibulkLength),
     };
+    // Redis checks the general limit first, then the unauthenticated one, and so answers.
+    if limits.unauthenticated.is_some_and(|tight| count > tight.multibulk_len_max) {
+        return Err(ProtocolError::UnauthenticatedMultibulkLength);
+    }
 
     let Some(consumed) = walk_bulks(buf, args_start, count, limits, |_| {})? else {
         return Ok(Parsed::Incomplete);
@@ -156,6 +178,9 @@ fn walk_bulks(
             Ok(length_bytes) if length_bytes <= limits.bulk_bytes_max => length_bytes,
             _ => return Err(ProtocolError::InvalidBulkLength),
         };
+        if limits.unauthenticated.is_some_and(|tight| length_bytes > tight.bulk_bytes_max) {
+            return Err(ProtocolError::UnauthenticatedBulkLength);
+        }
         // Checked because `bulk_bytes_max` may be configured near `usize::MAX`; a bulk whose end
         // cannot even be addressed can never arrive.
         let Some(data_end) = data_start.checked_add(length_bytes) else { return Ok(None) };
@@ -420,11 +445,16 @@ mod tests {
         multibulk_len_max: 1024 * 1024,
         bulk_bytes_max: 512 * 1024 * 1024,
         inline_bytes_max: 64 * 1024,
+        unauthenticated: None,
     };
 
     /// Small enough that random inputs reach every limit.
-    const SMALL_LIMITS: ParseLimits =
-        ParseLimits { multibulk_len_max: 8, bulk_bytes_max: 16, inline_bytes_max: 32 };
+    const SMALL_LIMITS: ParseLimits = ParseLimits {
+        multibulk_len_max: 8,
+        bulk_bytes_max: 16,
+        inline_bytes_max: 32,
+        unauthenticated: None,
+    };
 
     fn parse(buf: &[u8]) -> Result<Parsed, ProtocolError> {
         parse_command(buf, &REDIS_LIMITS)
@@ -587,6 +617,48 @@ mod tests {
         assert!(matches!(parse_command(&at_limit, &limits), Ok(Parsed::Command { .. })));
         let over_limit = encode_multibulk(&[b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), vec![]]);
         assert_eq!(parse_command(&over_limit, &limits), Err(ProtocolError::InvalidMultibulkLength));
+    }
+
+    /// CVE-2021-32675: before AUTH, a request that announces more than a few small arguments
+    /// is refused at its header, before any of its bytes are buffered (at 101534c these limits
+    /// did not exist and `*1048576` bulks of 16 MiB were read and copied first).
+    #[test]
+    fn an_unauthenticated_client_may_send_only_a_few_small_arguments() {
+        let tight = UnauthenticatedLimits { multibulk_len_max: 10, bulk_bytes_max: 16 * 1024 };
+        let limits = ParseLimits { unauthenticated: Some(tight), ..REDIS_LIMITS };
+        let at_limit: Vec<Vec<u8>> = std::iter::once(b"AUTH".to_vec())
+            .chain((0..9).map(|_| vec![b'p'; 16 * 1024]))
+            .collect();
+        let request = encode_multibulk(&at_limit);
+        assert_eq!(
+            parse_command(&request, &limits),
+            Ok(Parsed::Command { args: at_limit, consumed: request.len() })
+        );
+        // Refused as soon as the header line is in, with Redis's texts.
+        assert_eq!(
+            parse_command(b"*11\r\n", &limits),
+            Err(ProtocolError::UnauthenticatedMultibulkLength)
+        );
+        assert_eq!(
+            parse_command(b"*2\r\n$3\r\nDEL\r\n$16385\r\n", &limits),
+            Err(ProtocolError::UnauthenticatedBulkLength)
+        );
+        // The general limits still come first, as in Redis.
+        assert_eq!(
+            parse_command(b"*2000000\r\n", &limits),
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        assert_eq!(parse_command(b"*1\r\n$-5\r\n", &limits), Err(ProtocolError::InvalidBulkLength));
+        assert_eq!(
+            ProtocolError::UnauthenticatedMultibulkLength.to_string(),
+            "Protocol error: unauthenticated multibulk length"
+        );
+        assert_eq!(
+            ProtocolError::UnauthenticatedBulkLength.to_string(),
+            "Protocol error: unauthenticated bulk length"
+        );
+        // Authenticated, the same requests wait for their bytes.
+        assert_eq!(parse(b"*11\r\n"), Ok(Parsed::Incomplete));
     }
 
     #[test]
