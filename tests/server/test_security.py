@@ -25,19 +25,28 @@ UNAUTHENTICATED_BULK_BYTES_MAX = 16 * 1024
 ATTACK_PEAK_GROWTH_MAX = 64 * MIB
 
 
-def send_until_closed(sock: socket.socket, header: bytes, body_bytes: int) -> int:
-    """Sends `header`, then up to `body_bytes` of filler, stopping when the server closes;
-    returns the bytes of filler sent."""
-    sock.sendall(header)
+def send_until_closed(sock: socket.socket, arguments: int, bulk_bytes: int) -> tuple[int, int]:
+    """Sends a well-formed DEL of `arguments - 1` bulks of `bulk_bytes`, stopping when the
+    server closes; returns (bytes sent, bytes of the whole request)."""
     chunk = b"x" * MIB
+    parts = [b"*%d\r\n$3\r\nDEL\r\n" % arguments]
+    total = len(parts[0]) + (arguments - 1) * (len(b"$%d\r\n" % bulk_bytes) + bulk_bytes + 2)
     sent = 0
     try:
-        while sent < body_bytes:
-            sock.sendall(chunk)
-            sent += len(chunk)
+        sock.sendall(parts[0])
+        sent += len(parts[0])
+        for _ in range(arguments - 1):
+            header = b"$%d\r\n" % bulk_bytes
+            sock.sendall(header)
+            sent += len(header)
+            for _ in range(bulk_bytes // len(chunk)):
+                sock.sendall(chunk)
+                sent += len(chunk)
+            sock.sendall(b"\r\n")
+            sent += 2
     except (BrokenPipeError, ConnectionResetError):
         pass
-    return sent
+    return sent, total
 
 
 @pytest.mark.parametrize(
@@ -52,16 +61,14 @@ def send_until_closed(sock: socket.socket, header: bytes, body_bytes: int) -> in
 def test_an_unauthenticated_client_cannot_make_the_server_buffer_a_large_request(make_server, arguments, what):
     server = make_server("--requirepass", "pw")
     peak_before = server.peak_rss_bytes()
-    body_bytes = (arguments - 1) * (VALUE_BYTES_MAX + 32)
-    header = b"*%d\r\n$3\r\nDEL\r\n$%d\r\n" % (arguments, VALUE_BYTES_MAX)
     with server.connect(timeout=30) as sock:
-        sent = send_until_closed(sock, header, body_bytes)
+        sent, total = send_until_closed(sock, arguments, VALUE_BYTES_MAX)
     growth = server.peak_rss_bytes() - peak_before
     assert growth < ATTACK_PEAK_GROWTH_MAX, (
         f"an unauthenticated {arguments}-argument request ({what} limit) grew the server's peak "
         f"memory by {growth / MIB:.0f} MiB"
     )
-    assert sent < body_bytes, "the server read the whole unauthenticated request instead of closing"
+    assert sent < total, "the server read the whole unauthenticated request instead of closing"
     # Others are served, and a client that authenticates may send the same request.
     client = server.client(password="pw")
     assert client.ping() is True

@@ -18,6 +18,24 @@ pub const PROTO_MAX_BULK_LEN_DEFAULT: usize = copse::limits::VALUE_BYTES_MAX;
 /// Bytes of replies a client may have waiting before the server closes it (Redis's
 /// `client-output-buffer-limit` for normal clients is unlimited; copse bounds it).
 pub const CLIENT_OUTPUT_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// Bytes of one client's query buffer (Redis's `client-query-buffer-limit`, 1 GiB there): a
+/// request that does not fit closes the client. The largest request a client needs is one
+/// `VALUE_BYTES_MAX` value, or an MSET whose shards' parts each fit `WRITE_BATCH_BYTES_MAX`
+/// (16 MiB): 256 MiB covers sixteen shards' worth, and bounds what one connection's input and
+/// its parsed copy can hold to twice that.
+pub const CLIENT_QUERY_BUFFER_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// The smallest query buffer limit accepted (Redis's minimum, 1 MiB).
+pub const CLIENT_QUERY_BUFFER_BYTES_MIN: usize = 1024 * 1024;
+/// Bytes of replies a connection may have pending (reserved for the commands it has handed to
+/// the shards and not yet written) before it stops dispatching and reading until the client
+/// takes its replies. A command reserves the most its reply can be before it runs
+/// (`cmd::reply_bytes_reserved`), so this bounds what a client that never reads can make the
+/// server hold, whatever it pipelines: at most this, or one command's reply when that is more.
+/// Four of copse's largest values fit at once.
+pub const CLIENT_PENDING_REPLY_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
+/// What a command reserves for a reply that holds no stored value (an integer, a status, a
+/// key, a score): more than any such reply needs.
+pub const REPLY_SMALL_BYTES_MAX: usize = 4 * 1024;
 /// Bytes of requests a connection reads before it stops reading and answers what it has
 /// (bounds one connection's input buffer; a request larger than this is still read whole).
 pub const CLIENT_INPUT_CHUNK_BYTES: usize = 64 * 1024;
@@ -62,7 +80,12 @@ pub struct ServerConfig {
     /// Close a client idle this many seconds; 0 never.
     pub timeout_secs: u64,
     pub proto_max_bulk_len: usize,
+    /// The largest reply: a larger one is refused (MGET, as it reads) or closes the client.
     pub client_output_bytes_max: usize,
+    /// The largest request a client may send, buffered (`client-query-buffer-limit`).
+    pub client_query_buffer_bytes_max: usize,
+    /// Replies a connection may have pending before it stops reading (backpressure).
+    pub client_pending_reply_bytes_max: usize,
     /// Port of the Prometheus text endpoint on `bind`; 0 for none.
     pub metrics_port: u16,
 }
@@ -86,6 +109,8 @@ impl Default for ServerConfig {
             timeout_secs: 0,
             proto_max_bulk_len: PROTO_MAX_BULK_LEN_DEFAULT,
             client_output_bytes_max: CLIENT_OUTPUT_BYTES_MAX_DEFAULT,
+            client_query_buffer_bytes_max: CLIENT_QUERY_BUFFER_BYTES_MAX_DEFAULT,
+            client_pending_reply_bytes_max: CLIENT_PENDING_REPLY_BYTES_MAX_DEFAULT,
             metrics_port: 0,
         }
     }
@@ -116,6 +141,17 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(format!(
                 "proto_max_bulk_len must be 1 to {PROTO_MAX_BULK_LEN_DEFAULT} (copse's largest value)"
             )));
+        }
+        if self.client_query_buffer_bytes_max < CLIENT_QUERY_BUFFER_BYTES_MIN {
+            return Err(ConfigError::Invalid(format!(
+                "client_query_buffer_bytes_max must be at least {CLIENT_QUERY_BUFFER_BYTES_MIN}"
+            )));
+        }
+        if self.client_pending_reply_bytes_max == 0 || self.client_output_bytes_max == 0 {
+            return Err(ConfigError::Invalid(
+                "client_pending_reply_bytes_max and client_output_bytes_max must be at least 1"
+                    .into(),
+            ));
         }
         if self.maxclients == 0 {
             return Err(ConfigError::Invalid("maxclients must be at least 1".into()));

@@ -529,18 +529,28 @@ pub fn find(name: &str) -> Option<&'static Spec> {
 /// Commands a client may run before AUTH when a password is set.
 const ALLOWED_BEFORE_AUTH: &[&str] = &["auth", "hello", "quit", "reset"];
 
+/// A handled command, and the reply bytes its connection reserves for it until its reply is
+/// written (`reply_bytes_reserved`).
+pub struct Dispatched {
+    pub outcome: Outcome,
+    pub reply_bytes_reserved: usize,
+}
+
 /// Handles one command: checks it is known, its arity and authentication, then runs it.
-pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Vec<Vec<u8>>) -> Outcome {
+pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Vec<Vec<u8>>) -> Dispatched {
+    let refused = |outcome| Dispatched { outcome, reply_bytes_reserved: 0 };
     let name = lowercase(&args[0]);
     let Some(spec) = find(&name) else {
-        return Outcome::error(unknown_command(&args));
+        return refused(Outcome::error(unknown_command(&args)));
     };
     let count = args.len() as i32;
     if (spec.arity > 0 && count != spec.arity) || (spec.arity < 0 && count < -spec.arity) {
-        return Outcome::error(format!("ERR wrong number of arguments for '{name}' command"));
+        return refused(Outcome::error(format!(
+            "ERR wrong number of arguments for '{name}' command"
+        )));
     }
     if !conn.authenticated && !ALLOWED_BEFORE_AUTH.contains(&spec.name) {
-        return Outcome::error("NOAUTH Authentication required.");
+        return refused(Outcome::error("NOAUTH Authentication required."));
     }
     // Every key a command names must fit copse's keys; checked once here for all commands.
     if spec.first_key > 0 {
@@ -548,14 +558,48 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Vec<Vec<u8>>) 
         let mut at = spec.first_key;
         while at <= last && at < count {
             if let Err(reply) = check_key(&args[at as usize]) {
-                return Outcome::Reply(reply);
+                return refused(Outcome::Reply(reply));
             }
             at += spec.key_step.max(1);
         }
     }
     server.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     *conn.info.last_command.lock().unwrap_or_else(|poison| poison.into_inner()) = spec.name;
-    (spec.handler)(&mut Call { server, conn, args })
+    let output_limit =
+        server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
+    let reply_bytes_reserved = reply_bytes_reserved(spec, &args, output_limit);
+    let outcome = (spec.handler)(&mut Call { server, conn, args });
+    Dispatched { outcome, reply_bytes_reserved }
+}
+
+/// Commands whose reply holds one stored value (a string or a hash field).
+const ONE_VALUE_REPLIES: &[&str] = &["get", "getdel", "getrange", "getset", "hget"];
+/// Read commands whose reply is a number, a type or a status, never a stored value.
+const SMALL_READ_REPLIES: &[&str] = &[
+    "dbsize", "exists", "hexists", "hlen", "hstrlen", "pttl", "strlen", "ttl", "type", "zcard",
+    "zcount", "zrank", "zrevrank", "zscore",
+];
+
+/// The most bytes the reply of `spec` called with `args` can take before it is known: what its
+/// connection reserves from its pending-reply budget while the command runs. A write answers a
+/// number or a status (SET ... GET excepted); a read of one value at most copse's largest
+/// value; a read of many values (MGET, HGETALL, ZRANGE, ...) at most the output limit, which
+/// such a command enforces as it reads.
+pub fn reply_bytes_reserved(spec: &Spec, args: &[Vec<u8>], output_limit: usize) -> usize {
+    use crate::config::REPLY_SMALL_BYTES_MAX;
+    let one_value = copse::limits::VALUE_BYTES_MAX + REPLY_SMALL_BYTES_MAX;
+    let set_with_get = spec.name == "set" && args[3..].iter().any(|arg| lowercase(arg) == "get");
+    if ONE_VALUE_REPLIES.contains(&spec.name) || set_with_get {
+        one_value
+    } else if spec.flags.contains(&"write") || SMALL_READ_REPLIES.contains(&spec.name) {
+        REPLY_SMALL_BYTES_MAX
+    } else if spec.flags.contains(&"readonly") {
+        output_limit.max(one_value)
+    } else {
+        // Connection and server commands answer at once (their reply is built, not reserved)
+        // or after every earlier reply; a few hundred bytes stands for the rest.
+        REPLY_SMALL_BYTES_MAX
+    }
 }
 
 fn unknown_command(args: &[Vec<u8>]) -> String {

@@ -306,6 +306,11 @@ fn config_values(server: &Server) -> Vec<(&'static str, String)> {
             "client-output-buffer-limit",
             format!("normal {} 0 0", settings.client_output_bytes_max.load(Ordering::Relaxed)),
         ),
+        ("client-query-buffer-limit", server.config.client_query_buffer_bytes_max.to_string()),
+        (
+            "copse-client-pending-reply-bytes-max",
+            server.config.client_pending_reply_bytes_max.to_string(),
+        ),
         // Every acknowledged write is durable without a log: there is nothing to snapshot or
         // append, so these say what a Redis user would configure to get the same promise.
         ("save", String::new()),
@@ -526,6 +531,14 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                 line(
                     "copse_output_limit_closes",
                     &stats.output_limit_closes.load(Ordering::Relaxed),
+                );
+                line(
+                    "copse_query_buffer_closes",
+                    &stats.query_buffer_closes.load(Ordering::Relaxed),
+                );
+                line(
+                    "copse_reply_backpressure_waits",
+                    &stats.reply_backpressure_waits.load(Ordering::Relaxed),
                 );
                 if let Some(store) = &store {
                     let hits: u64 = store.shards.iter().map(|s| s.cache_hits).sum();

@@ -2,6 +2,9 @@
 //! and a SET one write. Every read-modify-write (INCR, APPEND, SETRANGE, GETSET, ...) is one
 //! exec holding the key's lock, so it is atomic and ordered with every other command on the key.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use copse::engine::BatchOp;
 use copse::shard::exec::{ExecView, ReadOp};
 
@@ -215,14 +218,15 @@ fn getdel(call: &mut Call<'_>) -> Outcome {
 /// earlier replies.
 fn mget(call: &mut Call<'_>) -> Outcome {
     let keys: Vec<Vec<u8>> = call.args[1..].to_vec();
+    let reply_bytes_max = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     if by_shard(call.db(), &keys).len() <= 1 {
-        return mget_plan(call.db(), &keys);
+        return mget_plan(call.db(), &keys, reply_bytes_max);
     }
     let db = call.db().clone();
     Outcome::AfterPending(Box::pin(async move {
         let read = db.read_consistently(|| async {
             Ok::<Reply, std::convert::Infallible>(
-                crate::net::run_outcome(&db, mget_plan(&db, &keys)).await,
+                crate::net::run_outcome(&db, mget_plan(&db, &keys, reply_bytes_max)).await,
             )
         });
         match read.await {
@@ -231,62 +235,144 @@ fn mget(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
-/// MGET's execs, one per shard.
-fn mget_plan(db: &copse::Db, keys: &[Vec<u8>]) -> Outcome {
-    let keys: Vec<Vec<u8>> = keys.to_vec();
-    let groups = by_shard(db, &keys);
+/// The bytes of MGET's reply counted so far over all its shards, and the worst case of the
+/// reads in flight; shared by its execs so that together they stop at the limit.
+struct ReplyBudget {
+    reply_bytes_max: usize,
+    reply_bytes: AtomicUsize,
+    reserved_bytes: AtomicUsize,
+}
+
+impl ReplyBudget {
+    /// Bytes a shard may still read in one step without the reply passing the limit, counting
+    /// what the other shards' reads in flight could add.
+    fn room_bytes(&self) -> usize {
+        let used = self.reply_bytes.load(Ordering::Acquire);
+        let reserved = self.reserved_bytes.load(Ordering::Acquire);
+        self.reply_bytes_max.saturating_sub(used.saturating_add(reserved))
+    }
+}
+
+/// Bytes of a bulk reply of `len` bytes (`$<len>\r\n<bytes>\r\n`), or of a null one.
+fn bulk_reply_bytes(value: Option<&[u8]>) -> usize {
+    match value {
+        Some(value) => value.len() + value.len().to_string().len() + 5,
+        None => 5,
+    }
+}
+
+/// MGET's execs, one per shard. A key named several times is read once and its value repeated
+/// in the reply. Each shard reads its keys in steps no larger than the room left under
+/// `reply_bytes_max` (one key at least), counting every position a value fills, so an MGET
+/// whose reply would pass the limit stops with an error having read at most the limit plus one
+/// largest value per shard, and nothing past the limit is ever copied into a reply.
+fn mget_plan(db: &copse::Db, keys: &[Vec<u8>], reply_bytes_max: usize) -> Outcome {
+    use copse::limits::{EXEC_READS_MAX, VALUE_BYTES_MAX};
+    let mut distinct: Vec<Vec<u8>> = Vec::new();
+    let mut repeats: Vec<usize> = Vec::new();
+    let mut first_at: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
+    let positions: Vec<usize> = keys
+        .iter()
+        .map(|key| {
+            let at = *first_at.entry(&key[..]).or_insert_with(|| {
+                distinct.push(key.clone());
+                repeats.push(0);
+                distinct.len() - 1
+            });
+            repeats[at] += 1;
+            at
+        })
+        .collect();
+    let budget = Arc::new(ReplyBudget {
+        reply_bytes_max,
+        reply_bytes: AtomicUsize::new(0),
+        reserved_bytes: AtomicUsize::new(0),
+    });
     let mut plan = Plan::new();
-    let mut positions = Vec::new();
-    for (shard, at) in groups {
-        let group: Vec<Vec<u8>> = at.iter().map(|&i| keys[i].clone()).collect();
-        positions.push(at);
-        let mut reads_of = Vec::new();
-        plan.add(shard, group.clone(), move |view, input| match input {
-            Input::Start => {
-                // MGET answers nil for a key of another type.
-                reads_of = group
-                    .iter()
-                    .map(|key| key_type(view, key) == Some(KeyType::String))
-                    .collect::<Vec<bool>>();
-                let reads = group
-                    .iter()
-                    .zip(&reads_of)
-                    .filter(|(_, read)| **read)
-                    .map(|(key, _)| ReadOp::Get(meta_key(key, KeyType::String)))
-                    .collect();
-                Next::Read(reads)
+    let mut groups_at = Vec::new();
+    for (shard, at) in by_shard(db, &distinct) {
+        let group: Vec<Vec<u8>> = at.iter().map(|&i| distinct[i].clone()).collect();
+        let group_repeats: Vec<usize> = at.iter().map(|&i| repeats[i]).collect();
+        groups_at.push(at);
+        let budget = budget.clone();
+        let mut values: Vec<Option<Vec<u8>>> = Vec::new();
+        let mut strings: Vec<bool> = Vec::new();
+        let mut next = 0;
+        let mut asked: Vec<usize> = Vec::new();
+        let mut asked_bytes = 0;
+        plan.add(shard, group.clone(), move |view, input| {
+            match input {
+                Input::Start => {
+                    // MGET answers nil for a key of another type, with no read.
+                    strings = group
+                        .iter()
+                        .map(|key| key_type(view, key) == Some(KeyType::String))
+                        .collect();
+                    values = vec![None; group.len()];
+                }
+                Input::Read(results) => {
+                    budget.reserved_bytes.fetch_sub(asked_bytes, Ordering::AcqRel);
+                    let mut added = 0;
+                    for (&at, result) in asked.iter().zip(results) {
+                        let value = value_of(Some(result));
+                        added += group_repeats[at] * bulk_reply_bytes(value.as_deref());
+                        values[at] = value;
+                    }
+                    let total = budget.reply_bytes.fetch_add(added, Ordering::AcqRel) + added;
+                    if total > budget.reply_bytes_max {
+                        return Next::Reply(Reply::Error(format!(
+                            "ERR reply of at least {total} bytes exceeds the client output limit ({} bytes)",
+                            budget.reply_bytes_max
+                        )));
+                    }
+                }
+                Input::Written => return unexpected(),
             }
-            Input::Read(results) => {
-                let mut results = results.into_iter();
-                let replies = reads_of
-                    .iter()
-                    .map(|read| {
-                        if *read {
-                            value_of(results.next()).map_or(Reply::Null, Reply::Bulk)
-                        } else {
-                            Reply::Null
-                        }
-                    })
-                    .collect();
-                Next::Reply(Reply::Array(replies))
+            // The next step's keys: as many as the room left allows at their largest.
+            let room = budget.room_bytes();
+            asked.clear();
+            asked_bytes = 0;
+            while next < group.len() && asked.len() < EXEC_READS_MAX {
+                if !strings[next] {
+                    next += 1;
+                    continue;
+                }
+                let worst = group_repeats[next].saturating_mul(VALUE_BYTES_MAX);
+                if !asked.is_empty() && asked_bytes.saturating_add(worst) > room {
+                    break;
+                }
+                asked_bytes = asked_bytes.saturating_add(worst);
+                asked.push(next);
+                next += 1;
             }
-            Input::Written => unexpected(),
+            if asked.is_empty() {
+                let replies = values
+                    .iter_mut()
+                    .map(|value| value.take().map_or(Reply::Null, Reply::Bulk))
+                    .collect();
+                return Next::Reply(Reply::Array(replies));
+            }
+            budget.reserved_bytes.fetch_add(asked_bytes, Ordering::AcqRel);
+            Next::Read(
+                asked.iter().map(|&at| ReadOp::Get(meta_key(&group[at], KeyType::String))).collect(),
+            )
         });
     }
-    let count = keys.len();
+    let distinct_count = distinct.len();
     plan.finish(Box::new(move |replies| {
-        let mut out = vec![Reply::Null; count];
-        for (reply, at) in replies.into_iter().zip(positions) {
+        let mut found: Vec<Reply> = vec![Reply::Null; distinct_count];
+        for (reply, at) in replies.into_iter().zip(groups_at) {
             match reply {
                 Reply::Array(values) => {
                     for (value, i) in values.into_iter().zip(at) {
-                        out[i] = value;
+                        found[i] = value;
                     }
                 }
                 error => return error,
             }
         }
-        Reply::Array(out)
+        // Within the limit now, so the copies of repeated keys are bounded by it.
+        Reply::Array(positions.iter().map(|&at| found[at].clone()).collect())
     }))
 }
 

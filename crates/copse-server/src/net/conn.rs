@@ -14,9 +14,13 @@
 //!   order).
 //! - A protocol error answers `-ERR Protocol error: ...` after the replies of the requests before
 //!   it, then closes: the stream cannot be trusted past it.
-//! - Memory per connection is bounded: input by the parser's limits, output by
-//!   `client_output_bytes_max` (a reply larger than that closes the connection), and a client
-//!   that does not read its replies stops being read (backpressure), never buffered without end.
+//! - Memory per connection is bounded: input by `client_query_buffer_bytes_max` (and before
+//!   AUTH by the parser's unauthenticated limits); replies by `client_pending_reply_bytes_max`:
+//!   each command reserves the most its reply can be before its execs are queued, and a
+//!   command that does not fit waits for the replies before it to be written (backpressure: a
+//!   client that does not read stops being read and served); one reply by
+//!   `client_output_bytes_max` (MGET refuses a larger one as it reads; any other larger reply
+//!   closes the connection).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -28,7 +32,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::{collect, ConnState, Server};
-use crate::cmd::{dispatch, Combine, Outcome};
+use crate::cmd::{dispatch, Combine, Dispatched, Outcome};
 use crate::config::{
     CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
     UNAUTHENTICATED_ARGS_MAX, UNAUTHENTICATED_BULK_BYTES_MAX,
@@ -153,6 +157,20 @@ async fn connection_loop(
             if *shutdown.borrow() {
                 return Ok(End::Done);
             }
+            // Only an incomplete request is buffered here: it may not grow past the limit.
+            let query_buffer_max = server.config.client_query_buffer_bytes_max;
+            if input.len() >= query_buffer_max {
+                server.stats.query_buffer_closes.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    client = conn.info.id,
+                    bytes = input.len(),
+                    limit = query_buffer_max,
+                    "closing a client whose request exceeds the query buffer limit"
+                );
+                return Ok(End::Error(format!(
+                    "ERR Protocol error: request exceeds the client query buffer limit ({query_buffer_max} bytes)"
+                )));
+            }
             let timeout_secs = server.settings.timeout_secs.load(Ordering::Relaxed);
             input.reserve(CLIENT_INPUT_CHUNK_BYTES);
             let read = tokio::select! {
@@ -172,34 +190,53 @@ async fn connection_loop(
                 .store(server.started.elapsed().as_millis() as u64, Ordering::Relaxed);
             continue;
         }
-        let mut slots: VecDeque<(Slot, Protocol)> = VecDeque::with_capacity(wave.len());
+        let budget = server.config.client_pending_reply_bytes_max;
+        let mut pending = Pending { slots: VecDeque::with_capacity(wave.len()), reserved_bytes: 0 };
         let mut close = false;
         for args in wave {
-            match dispatch(server, conn, args) {
-                Outcome::Reply(reply) => slots.push_back((Slot::Ready(reply), conn.protocol)),
+            let Dispatched { outcome, reply_bytes_reserved } = dispatch(server, conn, args);
+            match outcome {
+                Outcome::Reply(reply) => pending.push(Slot::Ready(reply), conn.protocol, 0),
                 Outcome::Execs { queued, answers, combine } => {
+                    // Backpressure: this command runs only once the replies before it leave
+                    // room for the most its own can be, so a client that does not read makes
+                    // the server hold at most the budget (or one command's reply) for it.
+                    let keep = budget.saturating_sub(reply_bytes_reserved);
+                    if pending.reserved_bytes > keep {
+                        server.stats.reply_backpressure_waits.fetch_add(1, Ordering::Relaxed);
+                        let until = Drain::UntilReserved(keep);
+                        if let Some(end) =
+                            drain(server, stream, &mut pending, &mut out, shutdown, until).await?
+                        {
+                            return Ok(end);
+                        }
+                    }
                     for queued in queued {
                         server.db.exec_async(queued.shard, queued.locks, queued.exec).await;
                     }
-                    slots.push_back((Slot::Waiting(answers, combine), conn.protocol));
+                    let slot = Slot::Waiting(answers, combine);
+                    pending.push(slot, conn.protocol, reply_bytes_reserved);
                 }
                 Outcome::AfterPending(future) => {
                     // Everything before it is answered first, so it sees those effects.
-                    if let Some(end) = drain(server, stream, &mut slots, &mut out, shutdown).await?
+                    if let Some(end) =
+                        drain(server, stream, &mut pending, &mut out, shutdown, Drain::All).await?
                     {
                         return Ok(end);
                     }
                     let reply = future.await;
-                    slots.push_back((Slot::Ready(reply), conn.protocol));
+                    pending.push(Slot::Ready(reply), conn.protocol, 0);
                 }
                 Outcome::Close(reply) => {
-                    slots.push_back((Slot::Ready(reply), conn.protocol));
+                    pending.push(Slot::Ready(reply), conn.protocol, 0);
                     close = true;
                     break;
                 }
             }
         }
-        if let Some(end) = drain(server, stream, &mut slots, &mut out, shutdown).await? {
+        if let Some(end) =
+            drain(server, stream, &mut pending, &mut out, shutdown, Drain::All).await?
+        {
             return Ok(end);
         }
         write_out(server, stream, &mut out, shutdown).await?;
@@ -212,21 +249,56 @@ async fn connection_loop(
     }
 }
 
+/// The replies of a wave on their way, in request order, each with the protocol in force when
+/// its command ran and the bytes reserved for it until it is encoded.
+struct Pending {
+    slots: VecDeque<(Slot, Protocol, usize)>,
+    /// The sum of the slots' reservations.
+    reserved_bytes: usize,
+}
+
+impl Pending {
+    fn push(&mut self, slot: Slot, protocol: Protocol, reserved_bytes: usize) {
+        self.reserved_bytes += reserved_bytes;
+        self.slots.push_back((slot, protocol, reserved_bytes));
+    }
+}
+
+/// How far `drain` goes.
+#[derive(Clone, Copy)]
+enum Drain {
+    /// Every slot.
+    All,
+    /// Until the slots still pending reserve at most this many bytes.
+    UntilReserved(usize),
+}
+
 /// Awaits the slots in order and encodes their replies, writing whenever a chunk is full.
 async fn drain(
     server: &Server,
     stream: &mut TcpStream,
-    slots: &mut VecDeque<(Slot, Protocol)>,
+    pending: &mut Pending,
     out: &mut Vec<u8>,
     shutdown: &mut watch::Receiver<bool>,
+    until: Drain,
 ) -> std::io::Result<Option<End>> {
-    while let Some((slot, protocol)) = slots.pop_front() {
+    loop {
+        let done = match until {
+            Drain::All => pending.slots.is_empty(),
+            Drain::UntilReserved(keep) => pending.reserved_bytes <= keep,
+        };
+        if done {
+            break;
+        }
+        let Some((slot, protocol, reserved_bytes)) = pending.slots.pop_front() else { break };
         let reply = match slot {
             Slot::Ready(reply) => reply,
             Slot::Waiting(answers, combine) => collect(answers, combine).await,
         };
+        pending.reserved_bytes -= reserved_bytes;
         let before = out.len();
         encode_reply(&reply, protocol, out);
+        drop(reply);
         let limit = server.settings.client_output_bytes_max.load(Ordering::Relaxed);
         let bytes = out.len() - before;
         if bytes > limit {
@@ -239,6 +311,8 @@ async fn drain(
                 "ERR reply of {bytes} bytes exceeds the client output limit ({limit} bytes)"
             ))));
         }
+        // Waiting to write is the backpressure: while the client does not read, nothing more
+        // of its is dispatched or read.
         if out.len() >= WRITE_CHUNK_BYTES {
             write_out(server, stream, out, shutdown).await?;
         }

@@ -43,6 +43,10 @@ pub struct Stats {
     pub net_output_bytes: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub output_limit_closes: AtomicU64,
+    /// Clients closed because their request outgrew the query buffer limit.
+    pub query_buffer_closes: AtomicU64,
+    /// Times a connection stopped dispatching to wait for its client to take replies.
+    pub reply_backpressure_waits: AtomicU64,
 }
 
 /// Settings CONFIG SET may change while the server runs.
