@@ -35,6 +35,20 @@
 //!   lands in checksummed bytes; no read returns a wrong value; a damaged live item reads as
 //!   corrupt until rewritten.
 //!
+//! - **collector** (a test of its own, `collector_...`, not drawn by the seeds above): every
+//!   in-page class appends, in one-page blocks under a 1.2 space ceiling, with small values,
+//!   many deletes and rewrites of few keys, and completions held back (rarely, but for up to
+//!   400 reaps), so the collector moves records while their keys are deleted, rewritten and
+//!   moved again. Then a clean close and reopen, every key checked, more of the workload with a
+//!   crash at an operation drawn from the seed (mostly inside a collection), recovery, every key
+//!   checked and a clean scrub.
+//!
+//! In half the seeds (a stream of its own) the disk holds completions back: each request is held,
+//! with a chance of 5 to 30%, for up to 12 reaps of its device, so writes of one round complete
+//! after later rounds were flushed and acknowledged; a flush covers only what its device had
+//! completed when it began. Under append placement this is what races the collector's moves
+//! against deletes and rewrites of the keys they move (issue 20, finding 2).
+//!
 //! The model (per key): every write with the clock ticks at which it was issued and answered
 //! and whether it was acknowledged. A value read at any time must be that of a write that began
 //! before the read ended and that no acknowledged write, begun after it ended, replaced before
@@ -50,7 +64,7 @@ use common::{describe_value, env_u64, make_value};
 use copse::device::sim::{FaultError, FaultOp, PointFault, SimDisk, WriteFault};
 use copse::device::{FaultPoint, WriteDurability};
 use copse::engine::native::format::{
-    byte_role, decode_slot, ByteRole, Loc, RecordLayout, SizeClass, CLASS_COUNT,
+    byte_role, decode_slot, record_bytes, ByteRole, Loc, RecordLayout, SizeClass, CLASS_COUNT,
     IN_PAGE_CLASS_COUNT,
 };
 use copse::engine::native::placement::Placement;
@@ -65,6 +79,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 const SEEDS_DEFAULT: u64 = 1_000;
+const COLLECTOR_SEEDS_DEFAULT: u64 = 300;
+/// The collector scenario rewrites keys below this all the time and mostly deletes the rest.
+const COLLECTOR_HOT_KEYS: usize = 6;
 const KEYS: usize = 24;
 /// Keys at and past this one take multi-page values.
 const BLOB_KEYS_FROM: usize = 20;
@@ -91,6 +108,8 @@ enum Scenario {
     Crash,
     /// A crash or an I/O error at a named fault point (`copse::device::FaultPoint`).
     FaultPoint,
+    /// The collector's races (`collector_run`), run by a test of its own.
+    Collector,
     IoError,
     Silent,
     Rot,
@@ -229,6 +248,9 @@ struct Totals {
     gc_runs: u64,
     gc_slots_moved: u64,
     crashes_during_gc: u64,
+    /// Seeds whose disk held completions back, and the requests it held.
+    hold_seeds: u64,
+    held_requests: u64,
 }
 
 struct Sim {
@@ -256,6 +278,8 @@ struct Sim {
     /// The round the engines were first seen poisoned (a write or flush failed): no write may
     /// be acknowledged in a later round.
     poisoned_at: Option<u64>,
+    /// The collector scenario: small values and many deletes.
+    collector_workload: bool,
     totals: Totals,
 }
 
@@ -286,6 +310,10 @@ impl Sim {
     }
 
     fn value_len(&mut self, key: usize) -> usize {
+        if self.collector_workload {
+            // Two neighbouring size classes, so that blocks fill and empty fast.
+            return self.rng.gen_range(8..80);
+        }
         if key >= BLOB_KEYS_FROM {
             return self.rng.gen_range(5_000..40_000);
         }
@@ -295,15 +323,33 @@ impl Sim {
         }
     }
 
+    /// The collector scenario's next key and operation (a roll as `issue` reads it: below 45 a
+    /// put, below 55 a delete, from 65 a get): hot keys rewritten all the time, so blocks fill,
+    /// die and get collected; the other keys deleted and written again as often, each every
+    /// ~150 operations, so their records sit in victims while they stay live or deleted.
+    fn collector_pick(&mut self) -> (usize, u32) {
+        let cold = || COLLECTOR_HOT_KEYS..KEYS;
+        match self.rng.gen_range(0..100) {
+            0..=54 => (self.rng.gen_range(0..COLLECTOR_HOT_KEYS), 0),
+            55..=66 => (self.rng.gen_range(cold()), 50),
+            67..=77 => (self.rng.gen_range(cold()), 0),
+            _ => (self.rng.gen_range(0..KEYS), 99),
+        }
+    }
+
     /// Issues one operation for a client; returns what to wait for.
     fn issue(&mut self, client: usize, n: usize) -> Outstanding {
         self.clock += 1;
         let issued = self.clock;
-        let key = self.rng.gen_range(0..KEYS);
+        let (key, roll) = if self.collector_workload {
+            self.collector_pick()
+        } else {
+            let key = self.rng.gen_range(0..KEYS);
+            (key, self.rng.gen_range(0..100))
+        };
         let shard = shard_of(&key_name(key), self.shards) as usize;
         // The clock makes labels (and so values) unique across workload phases.
         let label = format!("c{client}#{n}@{issued}");
-        let roll = self.rng.gen_range(0..100);
         let mut writes = Vec::new();
         let (request, pending) = if roll < 45 {
             let len = self.value_len(key);
@@ -643,6 +689,7 @@ impl Sim {
     /// Adds this disk's fault point hits and fired faults to the totals (a restarted disk
     /// counts from zero, so this runs before each restart and at the end of the seed).
     fn count_fault_points(&mut self) {
+        self.totals.held_requests += self.disk.held_requests();
         for (point, hits) in self.disk.fault_point_hits() {
             *self.totals.point_hits.entry(point).or_default() += hits;
         }
@@ -684,6 +731,12 @@ impl Sim {
 }
 
 fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
+    run_seed_as(seed, totals, None)
+}
+
+/// Runs one seed; `forced` replaces the scenario the seed would draw (the collector scenario is
+/// only ever forced).
+fn run_seed_as(seed: u64, totals: &mut Totals, forced: Option<Scenario>) -> Vec<String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_5eed);
     let mut scenario = match rng.gen_range(0..20) {
         0..=8 => Scenario::Crash,
@@ -697,6 +750,8 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
     if scenario == Scenario::Crash && aim.gen_range(0..POINT_SEEDS_EVERY) == 0 {
         scenario = Scenario::FaultPoint;
     }
+    let scenario = forced.unwrap_or(scenario);
+    let collector = scenario == Scenario::Collector;
     // Small growth steps make slab files grow during the workload (and so meet faults there).
     let slab_growth_bytes_min = match scenario {
         Scenario::FaultPoint | Scenario::IoError => aim.gen_range(1..=4) * PAGE_BYTES as u64,
@@ -705,7 +760,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
     // Placement, from a stream of its own too: half the seeds append every in-page class, in
     // blocks of 1 to 4 pages so that the collector runs often.
     let mut layout = ChaCha8Rng::seed_from_u64(seed ^ 0x5151_abab);
-    let append = layout.gen_bool(0.5);
+    let append = layout.gen_bool(0.5) || collector;
     let placements: Vec<Placement> = (0..CLASS_COUNT)
         .map(|class| {
             if append && class < IN_PAGE_CLASS_COUNT {
@@ -715,16 +770,28 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
             }
         })
         .collect();
-    let append_block_pages = layout.gen_range(1..=4);
+    let append_block_pages = if collector { 1 } else { layout.gen_range(1..=4) };
     totals.append_seeds += u64::from(append);
-    let space_amplification_max = [1.2, 1.5, 2.0][layout.gen_range(0..3)];
+    let space_amplification_max =
+        if collector { 1.2 } else { [1.2, 1.5, 2.0][layout.gen_range(0..3)] };
     let shards = rng.gen_range(1..=3);
     let durability =
         if rng.gen_bool(0.5) { WriteDurability::Dsync } else { WriteDurability::FlushPerRound };
+    let disk = SimDisk::new(seed);
+    let mut hold = ChaCha8Rng::seed_from_u64(seed ^ 0x4040_c0c0);
+    if collector {
+        // Rarely, but long: a move must outlast the delete of its key, the emptying and reuse of
+        // its victim block, and the rewrite of the old slot.
+        disk.hold_completions([0.05, 0.15, 0.3][hold.gen_range(0..3)], hold.gen_range(20..=400));
+        totals.hold_seeds += 1;
+    } else if hold.gen_bool(0.5) {
+        disk.hold_completions([0.05, 0.1, 0.3][hold.gen_range(0..3)], hold.gen_range(2..=12));
+        totals.hold_seeds += 1;
+    }
     let mut sim = Sim {
         seed,
         rng,
-        disk: SimDisk::new(seed),
+        disk,
         shards,
         durability,
         slab_growth_bytes_min,
@@ -739,6 +806,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
         damaged_ok: false,
         unattributable: BTreeSet::new(),
         poisoned_at: None,
+        collector_workload: collector,
         totals: Totals::default(),
     };
     *sim.totals.by_scenario.entry(format!("{scenario:?}")).or_default() += 1;
@@ -755,6 +823,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
             sim.recover_check_and_scrub("a recovered store");
         }
         Scenario::FaultPoint => fault_point_run(&mut sim, clients, ops_each),
+        Scenario::Collector => collector_run(&mut sim, clients, ops_each),
         Scenario::IoError => {
             let op = [FaultOp::Read, FaultOp::Write, FaultOp::Flush, FaultOp::Grow, FaultOp::Any]
                 [sim.rng.gen_range(0..5)];
@@ -1004,6 +1073,30 @@ fn judge_silent_fault(
 }
 
 /// After a clean close: flip bits, recover, scrub, read everything.
+/// The collector scenario's phases: the workload, a clean close and reopen with every key
+/// checked (a moved copy must not outlive its key's tombstone even without a crash), more of
+/// the workload, then a crash, recovery, every key checked and a clean scrub.
+fn collector_run(sim: &mut Sim, clients: usize, ops_each: usize) {
+    let ops_before = sim.disk.ops();
+    sim.run_workload(clients, ops_each * 3);
+    let workload_ops = sim.disk.ops() - ops_before;
+    if let Err(err) = sim.close_engines() {
+        sim.violations.push(err);
+        return;
+    }
+    if let Err(err) = sim.open_engines() {
+        sim.violations.push(format!("reopening after a clean close: {err}"));
+        return;
+    }
+    sim.check_after_restart();
+    // Collections run all the time here, so a crash at any operation mostly strikes one with
+    // moves in flight.
+    let at = sim.disk.ops() + sim.rng.gen_range(1..workload_ops.max(2));
+    sim.disk.crash_after_ops(at);
+    sim.run_workload(clients, ops_each * 3);
+    sim.recover_check_and_scrub("a store recovered after collections");
+}
+
 fn rot_checks(sim: &mut Sim) {
     let names: Vec<String> =
         sim.disk.file_names().into_iter().filter(|name| name.contains("slab")).collect();
@@ -1106,6 +1199,8 @@ impl Totals {
         self.gc_runs += other.gc_runs;
         self.gc_slots_moved += other.gc_slots_moved;
         self.crashes_during_gc += other.crashes_during_gc;
+        self.hold_seeds += other.hold_seeds;
+        self.held_requests += other.held_requests;
     }
 }
 
@@ -1143,7 +1238,42 @@ fn seeded_simulation_with_crashes_and_injected_faults_loses_and_returns_nothing_
             "no collection moved a record"
         );
         assert!(totals.crashes_during_gc > 0, "no crash struck during a collection");
+        assert!(totals.held_requests > 0, "no completion was held back");
     }
+}
+
+/// The collector's races with deletes and rewrites while completions are held back (issue 20,
+/// finding 2): a move in flight of a key that is deleted meanwhile must keep the key's tombstone
+/// until the moved copy is gone, or the copy brings the key back after a clean reopen.
+#[test]
+fn collector_moves_racing_deletes_and_rewrites_never_bring_a_key_back() {
+    copse::hash::make_deterministic();
+    let start = env_u64("COPSE_SIM_COLLECTOR_SEED_START", 0);
+    let seeds = env_u64("COPSE_SIM_COLLECTOR_SEEDS", COLLECTOR_SEEDS_DEFAULT);
+    let mut totals = Totals::default();
+    let mut failures = Vec::new();
+    for seed in start..start + seeds {
+        let violations = run_seed_as(seed, &mut totals, Some(Scenario::Collector));
+        if !violations.is_empty() {
+            failures.extend(violations.into_iter().take(5));
+            if std::env::var("COPSE_SIM_KEEP_GOING").is_err() {
+                break;
+            }
+        }
+    }
+    println!("collector scenario totals: {totals:#?}");
+    assert!(failures.is_empty(), "simulator violations:\n{}", failures.join("\n"));
+    assert!(
+        totals.crashes_during_gc > seeds / 50,
+        "{} crashes during a collection",
+        totals.crashes_during_gc
+    );
+    assert!(
+        totals.gc_slots_moved > seeds * 10 && totals.held_requests > seeds * 10,
+        "the scenario moved {} records and held {} completions in {seeds} seeds",
+        totals.gc_slots_moved,
+        totals.held_requests
+    );
 }
 
 /// Found by the simulator (seed 1636, 1 shard, Dsync): a crash tore the write of key 14 over a
@@ -1244,5 +1374,182 @@ fn a_failed_batch_replay_fails_the_open() {
         let engine = NativeEngine::open(Box::new(disk.device(durability)), config(), None)
             .expect("the replay succeeds without a fault");
         assert!(engine.contains_key(b"a") && engine.contains_key(b"b"), "{durability:?}");
+    }
+}
+
+/// A test's hand on one native shard over the simulated disk: requests in, rounds turned.
+struct Shard {
+    disk: SimDisk,
+    config: fn(&SimDisk) -> EngineConfig,
+    engine: NativeEngine,
+}
+
+impl Shard {
+    fn open(disk: &SimDisk, config: fn(&SimDisk) -> EngineConfig) -> Shard {
+        let device = Box::new(disk.device(WriteDurability::FlushPerRound));
+        let engine = NativeEngine::open(device, config(disk), None).expect("the shard opens");
+        Shard { disk: disk.clone(), config, engine }
+    }
+
+    /// Turns rounds without waiting (so held writes stay held) until `done` or `rounds_max`.
+    fn turn_until(&mut self, rounds_max: usize, mut done: impl FnMut() -> bool) -> bool {
+        for _ in 0..rounds_max {
+            if done() {
+                return true;
+            }
+            self.engine.end_round();
+            self.engine.reap(false);
+        }
+        done()
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> oneshot::Receiver<Result<(), WriteError>> {
+        let (reply, rx) = oneshot::channel();
+        self.engine.handle(Request::Put { key: key.to_vec(), value: value.to_vec(), reply });
+        rx
+    }
+
+    /// Puts `count` rewrites of the hot keys and waits for those not stuck behind a held write.
+    /// Half are 60-byte values, half empty ones, which share the size class of a tombstone of a
+    /// short key: both classes keep filling, dying and being reused.
+    fn churn(&mut self, count: usize, label: &str) {
+        let mut replies: Vec<_> = (0..count)
+            .map(|n| {
+                if n % 2 == 0 {
+                    let key = format!("hot-{:02}", n / 2 % 10);
+                    self.put(key.as_bytes(), &make_value(&format!("{label}-{n}"), 60))
+                } else {
+                    let key = format!("tiny{:02}", n / 2 % 10);
+                    self.put(key.as_bytes(), b"")
+                }
+            })
+            .collect();
+        // Until every write is answered, or nothing more is for 50 rounds (writes placed in
+        // the held page cannot finish until it lands).
+        let (mut left, mut idle_rounds) = (replies.len(), 0);
+        self.turn_until(5_000, || {
+            replies.retain_mut(|rx| !matches!(rx.try_recv(), Ok(Some(Ok(())))));
+            idle_rounds = if replies.len() < left { 0 } else { idle_rounds + 1 };
+            left = replies.len();
+            replies.is_empty() || idle_rounds > 50
+        });
+    }
+
+    fn get(&mut self, key: &[u8]) -> Option<Vec<u8>> {
+        let (reply, mut rx) = oneshot::channel();
+        self.engine.handle(Request::Get { key: key.to_vec(), reply });
+        let mut answer = None;
+        self.turn_until(1_000, || match rx.try_recv() {
+            Ok(Some(result)) => {
+                answer = Some(result.expect("the get succeeds"));
+                true
+            }
+            _ => false,
+        });
+        answer.expect("the get is answered")
+    }
+
+    fn reopen(self) -> Shard {
+        let Shard { disk, config, mut engine } = self;
+        engine.close().expect("a clean close");
+        drop(engine);
+        Shard::open(&disk, config)
+    }
+}
+
+/// Issue 20, finding 2 (found in review, reproduced on the simulated disk): the collector moves
+/// a live record of key V out of a victim block, and that move's page write lands late. Meanwhile
+/// DEL V is durable (answered 1), the victim block empties and is reused, the rewrite of V's old
+/// slot releases the last stale copy the tombstone guarded, and at 101534c the tombstone was then
+/// freed and overwritten, because the move in flight counted neither as a stale copy nor as a
+/// write of V. When the move landed, nothing newer of V was left on disk: after a *clean* close
+/// and reopen GET V returned the deleted value. A move is now a write of its key in flight, so
+/// the tombstone stays until the moved copy is durable and counted.
+#[test]
+fn a_collector_move_landing_late_never_brings_a_deleted_key_back() {
+    copse::hash::make_deterministic();
+    fn config(_: &SimDisk) -> EngineConfig {
+        EngineConfig {
+            shard_id: 0,
+            cache_pages: 64,
+            io_depth_max: 64,
+            slab_growth_bytes_min: PAGE_BYTES as u64,
+            placements: (0..CLASS_COUNT)
+                .map(|class| {
+                    if class < IN_PAGE_CLASS_COUNT {
+                        Placement::Append
+                    } else {
+                        Placement::InPlace
+                    }
+                })
+                .collect(),
+            append_block_pages: 1,
+            space_amplification_max: 1.2,
+            poisoned: Default::default(),
+        }
+    }
+    let disk = SimDisk::new(202);
+    let mut shard = Shard::open(&disk, config);
+    // The victim's block: the victim, then fillers up to the block's end, every filler then
+    // rewritten elsewhere, so that the victim is its block's only live record.
+    let class = SizeClass::for_record(record_bytes(b"victim".len(), 60));
+    let victim_value = make_value("VICTIM-VALUE", 60);
+    let mut replies = vec![shard.put(b"victim", &victim_value)];
+    for round in 0..2 {
+        for filler in 1..class.slots_per_page as usize {
+            let key = format!("fill{filler:02}");
+            replies.push(shard.put(key.as_bytes(), &make_value(&format!("{round}"), 60)));
+        }
+        assert!(shard.turn_until(500, || {
+            replies.retain_mut(|rx| !matches!(rx.try_recv(), Ok(Some(Ok(())))));
+            replies.is_empty()
+        }));
+    }
+    // The only write that will carry the victim's value again is the collector's move.
+    disk.hold_writes_containing(b"VICTIM-VALUE");
+    let mut churned = 0;
+    while disk.writes_held_until_released() == 0 {
+        assert!(churned < 20_000, "the collector never moved the victim");
+        shard.churn(40, &format!("before-{churned}"));
+        churned += 40;
+    }
+    assert!(shard.engine.collecting(), "the held write is the collector's move");
+    // Fill the rest of the held page's block, so that the tombstone lands in another page.
+    shard.churn(80, "fill");
+    let (reply, mut deleted) = oneshot::channel();
+    shard.engine.handle(Request::Delete { key: b"victim".to_vec(), reply });
+    let mut existed = None;
+    assert!(
+        shard.turn_until(2_000, || match deleted.try_recv() {
+            Ok(Some(result)) => {
+                existed = Some(result.expect("the delete succeeds"));
+                true
+            }
+            _ => false,
+        }),
+        "DEL was not answered while the move was held (its tombstone shares the held page)"
+    );
+    assert_eq!(existed, Some(true));
+    assert_eq!(shard.get(b"victim"), None);
+    // Cycle every block: the victim's old slot and the tombstone's block are reused.
+    for round in 0..60 {
+        shard.churn(100, &format!("after-{round}"));
+    }
+    assert_eq!(disk.writes_held_until_released(), 1, "the move is still held");
+    disk.release_held_writes();
+    let held = disk.clone();
+    assert!(shard.turn_until(2_000, || held.writes_held_until_released() == 0));
+    assert_eq!(shard.get(b"victim"), None, "deleted, while running");
+    // Blocks keep being reused after the copy landed; whichever of the key's records goes
+    // first, a clean close and reopen at any moment must find the key deleted.
+    for round in 0..40 {
+        shard = shard.reopen();
+        assert_eq!(
+            shard.get(b"victim").map(|value| describe_value(Some(&value))),
+            None,
+            "the deleted key came back after a clean close and reopen ({round} rounds of churn \
+             after the collector's copy landed)"
+        );
+        shard.churn(50, &format!("reopened-{round}"));
     }
 }

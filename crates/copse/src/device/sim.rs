@@ -47,6 +47,9 @@ use super::{
 };
 use crate::limits::SECTOR_BYTES;
 
+/// `InFlight::held_reaps` of a write held by pattern: it never counts down.
+const HELD_UNTIL_RELEASED: u32 = u32::MAX;
+
 /// The simulator keeps whole files in memory; a write that would make a file larger than this is
 /// rejected as a bad request (it is an engine bug, and would exhaust the test machine's memory).
 pub const SIM_FILE_BYTES_MAX: u64 = 1 << 32;
@@ -196,6 +199,8 @@ struct State {
     hold_reaps_max: u32,
     /// Requests held back so far.
     held_requests: u64,
+    /// `hold_writes_containing`: writes whose bytes contain this are held until released.
+    hold_pattern: Option<Vec<u8>>,
 }
 
 impl State {
@@ -223,6 +228,7 @@ impl State {
             hold_probability: 0.0,
             hold_reaps_max: 0,
             held_requests: 0,
+            hold_pattern: None,
         }
     }
 
@@ -580,7 +586,36 @@ impl SimDisk {
         state.hold_reaps_max = reaps_max;
     }
 
-    /// Requests held back by `hold_completions` on this disk (a restarted disk counts from 0).
+    /// From now on every write whose bytes contain `pattern` is held back, in flight, until
+    /// [`SimDisk::release_held_writes`] (or until a reap cannot return its minimum without it):
+    /// a test can keep one chosen write landing late (a collector's move of a chosen value).
+    pub fn hold_writes_containing(&self, pattern: &[u8]) {
+        assert!(!pattern.is_empty());
+        self.lock().hold_pattern = Some(pattern.to_vec());
+    }
+
+    /// Writes held by `hold_writes_containing` and still in flight.
+    pub fn writes_held_until_released(&self) -> usize {
+        let state = self.lock();
+        let held = |slot: &DeviceSlot| {
+            slot.in_flight.iter().filter(|item| item.held_reaps == HELD_UNTIL_RELEASED).count()
+        };
+        state.devices.values().map(held).sum()
+    }
+
+    /// Stops holding writes by pattern, and lets every held request complete at the next reap.
+    pub fn release_held_writes(&self) {
+        let mut state = self.lock();
+        state.hold_pattern = None;
+        for slot in state.devices.values_mut() {
+            for item in &mut slot.in_flight {
+                item.held_reaps = 0;
+            }
+        }
+    }
+
+    /// Requests held back by `hold_completions` or `hold_writes_containing` on this disk (a
+    /// restarted disk counts from 0).
     pub fn held_requests(&self) -> u64 {
         self.lock().held_requests
     }
@@ -886,13 +921,19 @@ impl BlockDevice for SimDevice {
                     gate
                 }
             };
-            let held_reaps =
-                if state.hold_probability > 0.0 && state.rng.gen_bool(state.hold_probability) {
-                    state.held_requests += 1;
-                    state.rng.gen_range(1..=state.hold_reaps_max)
-                } else {
-                    0
-                };
+            let held_by_pattern = request.kind == IoKind::Write
+                && state.hold_pattern.as_ref().is_some_and(|pattern| {
+                    request.buf.windows(pattern.len()).any(|window| window == &pattern[..])
+                });
+            let held_reaps = if held_by_pattern {
+                state.held_requests += 1;
+                HELD_UNTIL_RELEASED
+            } else if state.hold_probability > 0.0 && state.rng.gen_bool(state.hold_probability) {
+                state.held_requests += 1;
+                state.rng.gen_range(1..=state.hold_reaps_max)
+            } else {
+                0
+            };
             // Queued before the next request's gate, so a crash there records it as in flight.
             if let Some(slot) = state.devices.get_mut(&self.id) {
                 slot.in_flight.push(InFlight { request, name, outcome, held_reaps });
@@ -936,7 +977,7 @@ impl BlockDevice for SimDevice {
             released.held_reaps = 0;
             ready.push(released);
         }
-        for item in &mut held {
+        for item in held.iter_mut().filter(|item| item.held_reaps != HELD_UNTIL_RELEASED) {
             item.held_reaps -= 1;
         }
         let count = state.rng.gen_range(wanted..=ready.len());

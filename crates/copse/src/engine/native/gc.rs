@@ -16,6 +16,11 @@
 //!   at the old slot with the same seq; otherwise a newer write won meanwhile and the moved copy
 //!   is freed as a stale copy. The old slot is freed only after the move is durable, so a crash
 //!   at any point leaves at least one valid copy of every live record.
+//! - A move in flight is a write of its key in flight (`flight_begin` .. `flight_end`), like any
+//!   other: a tombstone of the key written meanwhile is kept (`release_guards`) until the moved
+//!   copy is durable and counted as a stale copy. Otherwise the tombstone could be freed and
+//!   overwritten while the copy was still landing, and the copy would bring the deleted key
+//!   back at the next open (issue 20, finding 2). Checked when a move ends.
 //! - One collection at a time per shard; at most `GC_MOVES_PER_ROUND_MAX` moves issued per round,
 //!   so foreground requests of the round are never queued behind a whole block.
 //! - Nothing runs while the store is poisoned.
@@ -234,6 +239,7 @@ impl NativeEngine {
         let (new_slot, overwritten) = self.allocate(SizeClass::get(class), None)?;
         let loc = Loc::new(class, new_slot, 0);
         let bytes = super::format::record_bytes(key.len(), value.len()) as u64;
+        self.flight_begin(&key);
         let write = self.new_write(
             loc,
             overwritten,
@@ -257,10 +263,28 @@ impl NativeEngine {
         bytes: u64,
     ) {
         self.gc_moves_in_flight -= 1;
+        // Not `applied`: whether the copy is live is the index's word (below), not the flight's.
+        self.flight_end(key, seq, false);
         let hash = key_hash(key);
         // A put left behind is a stale copy of its key until its slot is written again.
         let tag = (!tombstone).then_some(hash);
         if !self.gc_still_live(from, key, seq, tombstone) {
+            // The copy must stay below something newer of its key: the key's live record, a
+            // tombstone kept for it, or a write of it still in flight.
+            let covered = tombstone
+                || self.is_poisoned()
+                || self.index.contains(key)
+                || self.flights.contains_key(key)
+                || self
+                    .tombstone_guards
+                    .get(&hash)
+                    .is_some_and(|guards| guards.iter().any(|(_, k)| **k == *key));
+            assert!(
+                covered,
+                "shard {}: the collector's copy of a deleted key at {to:?} outlived the key's \
+                 tombstone (it would bring the key back at the next open)",
+                self.shard_id
+            );
             self.release_slot(to, tag, false);
         } else if tombstone {
             let guards = self.tombstone_guards.get_mut(&hash).expect("checked live above");
@@ -274,11 +298,15 @@ impl NativeEngine {
         let figures = &mut self.append[to.class() as usize].as_mut().expect("append").figures;
         figures.gc_slots_moved += 1;
         figures.gc_bytes_moved += bytes;
+        // The move's flight has ended: tombstones kept for it may go now.
+        self.release_guards(hash);
     }
 
     /// A move's write failed (the store is poisoned): nothing moved.
-    pub(super) fn gc_move_failed(&mut self) {
+    pub(super) fn gc_move_failed(&mut self, key: &[u8], seq: u64) {
         self.gc_moves_in_flight -= 1;
+        self.flight_end(key, seq, false);
+        self.release_guards(key_hash(key));
     }
 
     fn gc_finish(&mut self) {

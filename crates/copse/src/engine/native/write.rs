@@ -518,7 +518,7 @@ impl NativeEngine {
                 }
                 self.part_prepare_failed(gsn, err);
             }
-            Effect::Moved { .. } => self.gc_move_failed(),
+            Effect::Moved { key, seq, .. } => self.gc_move_failed(&key, seq),
         }
     }
 
