@@ -529,16 +529,16 @@ pub fn find(name: &str) -> Option<&'static Spec> {
 /// Commands a client may run before AUTH when a password is set.
 const ALLOWED_BEFORE_AUTH: &[&str] = &["auth", "hello", "quit", "reset"];
 
-/// A handled command, and the reply bytes its connection reserves for it until its reply is
-/// written (`reply_bytes_reserved`).
+/// A handled command, and how large its reply can be before it runs (what its connection
+/// reserves until the reply is written).
 pub struct Dispatched {
     pub outcome: Outcome,
-    pub reply_bytes_reserved: usize,
+    pub reply_size: ReplySize,
 }
 
 /// Handles one command: checks it is known, its arity and authentication, then runs it.
 pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Vec<Vec<u8>>) -> Dispatched {
-    let refused = |outcome| Dispatched { outcome, reply_bytes_reserved: 0 };
+    let refused = |outcome| Dispatched { outcome, reply_size: ReplySize::Small };
     let name = lowercase(&args[0]);
     let Some(spec) = find(&name) else {
         return refused(Outcome::error(unknown_command(&args)));
@@ -565,11 +565,38 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Vec<Vec<u8>>) 
     }
     server.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     *conn.info.last_command.lock().unwrap_or_else(|poison| poison.into_inner()) = spec.name;
-    let output_limit =
-        server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
-    let reply_bytes_reserved = reply_bytes_reserved(spec, &args, output_limit);
+    if spec.flags.contains(&"write") {
+        raise_value_bytes_bound(&server.value_bytes_bound, spec, &args);
+    }
+    let reply_size = reply_size(spec, &args);
     let outcome = (spec.handler)(&mut Call { server, conn, args });
-    Dispatched { outcome, reply_bytes_reserved }
+    Dispatched { outcome, reply_size }
+}
+
+/// How large a command's reply can be, before it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplySize {
+    /// A number, a status, a key, a score: no stored value.
+    Small,
+    /// One stored value (GET, HGET, SET ... GET, ...).
+    OneValue,
+    /// Many stored values (MGET, HGETALL, ZRANGE, ...): at most the output limit, which MGET
+    /// enforces as it reads and any other closes the client past.
+    Many,
+}
+
+impl ReplySize {
+    /// The bytes a connection reserves for the reply: `value_bytes_bound` is the largest value
+    /// the store can hold now (`Server::value_bytes_bound`).
+    pub fn reserved_bytes(self, value_bytes_bound: usize, output_limit: usize) -> usize {
+        use crate::config::REPLY_SMALL_BYTES_MAX;
+        let one_value = value_bytes_bound.min(copse::limits::VALUE_BYTES_MAX);
+        match self {
+            ReplySize::Small => REPLY_SMALL_BYTES_MAX,
+            ReplySize::OneValue => one_value + REPLY_SMALL_BYTES_MAX,
+            ReplySize::Many => output_limit.max(one_value + REPLY_SMALL_BYTES_MAX),
+        }
+    }
 }
 
 /// Commands whose reply holds one stored value (a string or a hash field).
@@ -580,26 +607,40 @@ const SMALL_READ_REPLIES: &[&str] = &[
     "zcount", "zrank", "zrevrank", "zscore",
 ];
 
-/// The most bytes the reply of `spec` called with `args` can take before it is known: what its
-/// connection reserves from its pending-reply budget while the command runs. A write answers a
-/// number or a status (SET ... GET excepted); a read of one value at most copse's largest
-/// value; a read of many values (MGET, HGETALL, ZRANGE, ...) at most the output limit, which
-/// such a command enforces as it reads.
-pub fn reply_bytes_reserved(spec: &Spec, args: &[Vec<u8>], output_limit: usize) -> usize {
-    use crate::config::REPLY_SMALL_BYTES_MAX;
-    let one_value = copse::limits::VALUE_BYTES_MAX + REPLY_SMALL_BYTES_MAX;
+/// The size class of the reply of `spec` called with `args`. A write answers a number or a
+/// status (SET ... GET excepted); connection and server commands answer at once (their reply
+/// is built, not reserved) or after every earlier reply.
+pub fn reply_size(spec: &Spec, args: &[Vec<u8>]) -> ReplySize {
     let set_with_get = spec.name == "set" && args[3..].iter().any(|arg| lowercase(arg) == "get");
     if ONE_VALUE_REPLIES.contains(&spec.name) || set_with_get {
-        one_value
-    } else if spec.flags.contains(&"write") || SMALL_READ_REPLIES.contains(&spec.name) {
-        REPLY_SMALL_BYTES_MAX
-    } else if spec.flags.contains(&"readonly") {
-        output_limit.max(one_value)
+        ReplySize::OneValue
+    } else if spec.flags.contains(&"readonly") && !SMALL_READ_REPLIES.contains(&spec.name) {
+        ReplySize::Many
     } else {
-        // Connection and server commands answer at once (their reply is built, not reserved)
-        // or after every earlier reply; a few hundred bytes stands for the rest.
-        REPLY_SMALL_BYTES_MAX
+        ReplySize::Small
     }
+}
+
+/// Raises `bound` (the largest value the store may hold) to cover what write `spec` may store,
+/// before its execs are queued, so that every read queued after it reserves enough for the
+/// value it could read. Values come from the arguments, except APPEND's and SETRANGE's, whose
+/// result is at most the old value (within the bound) plus, or up to, the argument.
+pub fn raise_value_bytes_bound(
+    bound: &std::sync::atomic::AtomicUsize,
+    spec: &Spec,
+    args: &[Vec<u8>],
+) {
+    use std::sync::atomic::Ordering;
+    let largest_argument = args[1..].iter().map(Vec::len).max().unwrap_or(0);
+    let written = match spec.name {
+        "append" => bound.load(Ordering::Acquire).saturating_add(largest_argument),
+        "setrange" => {
+            let offset = args.get(2).and_then(|arg| parse_i64(arg)).unwrap_or(0).max(0) as usize;
+            offset.saturating_add(args.get(3).map_or(0, Vec::len))
+        }
+        _ => largest_argument,
+    };
+    bound.fetch_max(written.min(copse::limits::VALUE_BYTES_MAX), Ordering::AcqRel);
 }
 
 fn unknown_command(args: &[Vec<u8>]) -> String {
@@ -655,6 +696,45 @@ mod tests {
         let ops = [put(WRITE_BATCH_BYTES_MAX / 2), put(WRITE_BATCH_BYTES_MAX / 3)];
         assert!(check_batch(&ops).is_ok());
         assert!(copse::engine::input::check_batch(&ops).is_ok());
+    }
+
+    #[test]
+    fn replies_are_reserved_by_what_they_can_hold() {
+        let args = |words: &[&str]| words.iter().map(|w| w.as_bytes().to_vec()).collect::<Vec<_>>();
+        let size = |words: &[&str]| reply_size(find(words[0]).unwrap(), &args(words));
+        assert_eq!(size(&["get", "k"]), ReplySize::OneValue);
+        assert_eq!(size(&["hget", "h", "f"]), ReplySize::OneValue);
+        assert_eq!(size(&["set", "k", "v", "GET"]), ReplySize::OneValue);
+        assert_eq!(size(&["set", "k", "v"]), ReplySize::Small);
+        assert_eq!(size(&["incr", "k"]), ReplySize::Small);
+        assert_eq!(size(&["strlen", "k"]), ReplySize::Small);
+        for many in [&["mget", "a", "b"][..], &["hgetall", "h"], &["zrange", "z", "0", "-1"]] {
+            assert_eq!(size(many), ReplySize::Many, "{many:?}");
+        }
+        let max = copse::limits::VALUE_BYTES_MAX;
+        let small = crate::config::REPLY_SMALL_BYTES_MAX;
+        assert_eq!(ReplySize::OneValue.reserved_bytes(100, 1 << 28), 100 + small);
+        assert_eq!(ReplySize::OneValue.reserved_bytes(usize::MAX, 1 << 28), max + small);
+        assert_eq!(ReplySize::Many.reserved_bytes(100, 1 << 28), 1 << 28);
+    }
+
+    /// A read queued after a write reserves for the value that write may store, including the
+    /// values APPEND and SETRANGE make larger than any of their arguments.
+    #[test]
+    fn writes_raise_the_value_bound_before_they_are_queued() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let args = |words: &[&str]| words.iter().map(|w| w.as_bytes().to_vec()).collect::<Vec<_>>();
+        let bound = AtomicUsize::new(10);
+        let raise = |words: &[&str]| {
+            raise_value_bytes_bound(&bound, find(words[0]).unwrap(), &args(words));
+            bound.load(Ordering::Acquire)
+        };
+        assert_eq!(raise(&["set", "k", "abcd"]), 10, "never lowered");
+        assert_eq!(raise(&["set", "k", &"v".repeat(100)]), 100);
+        assert_eq!(raise(&["append", "k", &"v".repeat(50)]), 150);
+        assert_eq!(raise(&["setrange", "k", "1000", "xy"]), 1002);
+        assert_eq!(raise(&["hset", "h", "f", &"v".repeat(2000)]), 2000);
+        assert_eq!(raise(&["setrange", "k", "99999999999", "x"]), copse::limits::VALUE_BYTES_MAX);
     }
 
     #[test]

@@ -219,14 +219,19 @@ fn getdel(call: &mut Call<'_>) -> Outcome {
 fn mget(call: &mut Call<'_>) -> Outcome {
     let keys: Vec<Vec<u8>> = call.args[1..].to_vec();
     let reply_bytes_max = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
+    let value_bytes_bound = call.server.value_bytes_bound.clone();
     if by_shard(call.db(), &keys).len() <= 1 {
-        return mget_plan(call.db(), &keys, reply_bytes_max);
+        return mget_plan(call.db(), &keys, reply_bytes_max, &value_bytes_bound);
     }
     let db = call.db().clone();
     Outcome::AfterPending(Box::pin(async move {
         let read = db.read_consistently(|| async {
             Ok::<Reply, std::convert::Infallible>(
-                crate::net::run_outcome(&db, mget_plan(&db, &keys, reply_bytes_max)).await,
+                crate::net::run_outcome(
+                    &db,
+                    mget_plan(&db, &keys, reply_bytes_max, &value_bytes_bound),
+                )
+                .await,
             )
         });
         match read.await {
@@ -263,10 +268,17 @@ fn bulk_reply_bytes(value: Option<&[u8]>) -> usize {
 
 /// MGET's execs, one per shard. A key named several times is read once and its value repeated
 /// in the reply. Each shard reads its keys in steps no larger than the room left under
-/// `reply_bytes_max` (one key at least), counting every position a value fills, so an MGET
-/// whose reply would pass the limit stops with an error having read at most the limit plus one
-/// largest value per shard, and nothing past the limit is ever copied into a reply.
-fn mget_plan(db: &copse::Db, keys: &[Vec<u8>], reply_bytes_max: usize) -> Outcome {
+/// `reply_bytes_max` (one key at least), each key counted at the largest value the store may
+/// hold (`value_bytes_bound`, read in the shard, after every write queued before this read)
+/// for every position it fills, so an MGET whose reply would pass the limit stops with an
+/// error having read at most the limit plus one largest value per shard, and nothing past the
+/// limit is ever copied into a reply.
+fn mget_plan(
+    db: &copse::Db,
+    keys: &[Vec<u8>],
+    reply_bytes_max: usize,
+    value_bytes_bound: &Arc<AtomicUsize>,
+) -> Outcome {
     use copse::limits::{EXEC_READS_MAX, VALUE_BYTES_MAX};
     let mut distinct: Vec<Vec<u8>> = Vec::new();
     let mut repeats: Vec<usize> = Vec::new();
@@ -295,6 +307,7 @@ fn mget_plan(db: &copse::Db, keys: &[Vec<u8>], reply_bytes_max: usize) -> Outcom
         let group_repeats: Vec<usize> = at.iter().map(|&i| repeats[i]).collect();
         groups_at.push(at);
         let budget = budget.clone();
+        let value_bytes_bound = value_bytes_bound.clone();
         let mut values: Vec<Option<Vec<u8>>> = Vec::new();
         let mut strings: Vec<bool> = Vec::new();
         let mut next = 0;
@@ -330,6 +343,8 @@ fn mget_plan(db: &copse::Db, keys: &[Vec<u8>], reply_bytes_max: usize) -> Outcom
             }
             // The next step's keys: as many as the room left allows at their largest.
             let room = budget.room_bytes();
+            let value_bytes_max =
+                bulk_reply_bytes(None) + value_bytes_bound.load(Ordering::Acquire).min(VALUE_BYTES_MAX) + 16;
             asked.clear();
             asked_bytes = 0;
             while next < group.len() && asked.len() < EXEC_READS_MAX {
@@ -337,7 +352,7 @@ fn mget_plan(db: &copse::Db, keys: &[Vec<u8>], reply_bytes_max: usize) -> Outcom
                     next += 1;
                     continue;
                 }
-                let worst = group_repeats[next].saturating_mul(VALUE_BYTES_MAX);
+                let worst = group_repeats[next].saturating_mul(value_bytes_max);
                 if !asked.is_empty() && asked_bytes.saturating_add(worst) > room {
                     break;
                 }

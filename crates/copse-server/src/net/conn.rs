@@ -194,15 +194,24 @@ async fn connection_loop(
         let mut pending = Pending { slots: VecDeque::with_capacity(wave.len()), reserved_bytes: 0 };
         let mut close = false;
         for args in wave {
-            let Dispatched { outcome, reply_bytes_reserved } = dispatch(server, conn, args);
+            let Dispatched { outcome, reply_size } = dispatch(server, conn, args);
             match outcome {
                 Outcome::Reply(reply) => pending.push(Slot::Ready(reply), conn.protocol, 0),
                 Outcome::Execs { queued, answers, combine } => {
                     // Backpressure: this command runs only once the replies before it leave
                     // room for the most its own can be, so a client that does not read makes
-                    // the server hold at most the budget (or one command's reply) for it.
-                    let keep = budget.saturating_sub(reply_bytes_reserved);
-                    if pending.reserved_bytes > keep {
+                    // the server hold at most the budget (or one command's reply) for it. The
+                    // bound on values is read again after each wait: a write queued meanwhile
+                    // may have raised it.
+                    let reply_bytes_reserved = loop {
+                        let reserved = reply_size.reserved_bytes(
+                            server.value_bytes_bound.load(Ordering::Acquire),
+                            server.settings.client_output_bytes_max.load(Ordering::Relaxed),
+                        );
+                        let keep = budget.saturating_sub(reserved);
+                        if pending.reserved_bytes <= keep {
+                            break reserved;
+                        }
                         server.stats.reply_backpressure_waits.fetch_add(1, Ordering::Relaxed);
                         let until = Drain::UntilReserved(keep);
                         if let Some(end) =
@@ -210,7 +219,7 @@ async fn connection_loop(
                         {
                             return Ok(end);
                         }
-                    }
+                    };
                     for queued in queued {
                         server.db.exec_async(queued.shard, queued.locks, queued.exec).await;
                     }

@@ -104,6 +104,10 @@ pub struct Server {
     pub run_id: String,
     pub local_addr: SocketAddr,
     pub shutting_down: AtomicBool,
+    /// At least the largest value the store holds: from the largest size class with live
+    /// items at start, raised by every write before it is queued (`cmd::dispatch`). Replies
+    /// are reserved against it, so small values keep deep pipelines and large ones are bounded.
+    pub value_bytes_bound: Arc<AtomicUsize>,
 }
 
 impl Server {
@@ -200,6 +204,21 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
     }
 }
 
+/// The largest value the store can hold now, from its figures: the slot size of the largest
+/// size class with anything live (a record holds its value and more). An engine without size
+/// classes (RocksDB) gives no such figure, so a store with items counts copse's largest value.
+fn stored_value_bytes_bound(db: &Db) -> Result<usize, ServeError> {
+    let stats = db.stats().map_err(|err| ServeError::Store(err.to_string()))?;
+    let live_slot_bytes =
+        stats.classes.iter().filter(|class| class.live_bytes > 0).map(|class| class.slot_bytes);
+    let bound = match live_slot_bytes.max() {
+        Some(slot_bytes) => slot_bytes as usize,
+        None if stats.classes.is_empty() && stats.items > 1 => copse::limits::VALUE_BYTES_MAX,
+        None => 0,
+    };
+    Ok(bound.min(copse::limits::VALUE_BYTES_MAX))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("{0}")]
@@ -245,6 +264,13 @@ pub fn start(config: ServerConfig) -> Result<Running, ServeError> {
         let _ = db.close();
         return Err(err);
     }
+    let value_bytes_bound = match stored_value_bytes_bound(&db) {
+        Ok(bound) => bound,
+        Err(err) => {
+            let _ = db.close();
+            return Err(err);
+        }
+    };
     let addr = format!("{}:{}", config.bind, config.port);
     let listener = std::net::TcpListener::bind(&addr)
         .map_err(|error| ServeError::Bind { addr: addr.clone(), error })?;
@@ -279,6 +305,7 @@ pub fn start(config: ServerConfig) -> Result<Running, ServeError> {
         run_id: format!("{:040x}", rand_id()),
         local_addr,
         shutting_down: AtomicBool::new(false),
+        value_bytes_bound: Arc::new(AtomicUsize::new(value_bytes_bound)),
     });
     let (stop, stop_receiver) = watch::channel(false);
     let main = std::thread::Builder::new()
