@@ -185,6 +185,34 @@ fn fsync_chain(root: &Path, parent: &Path, created_outermost: Option<PathBuf>) -
     chain
 }
 
+/// Creates a store's directory `dir` and its missing ancestors, durably: each directory that
+/// gained an entry is fsynced, outermost first, so the new store's directory survives a crash
+/// (a file created in it later fsyncs only the store directory down). Returns the directories it
+/// fsynced (none when `dir` existed).
+pub(crate) fn create_store_dir(dir: &Path) -> Result<Vec<PathBuf>, DeviceError> {
+    let Some(created) = create_dirs(dir)? else { return Ok(Vec::new()) };
+    // `created` is the outermost new directory; its entry lives in its parent, and each new
+    // directory below holds the entry of the next.
+    let top = match created.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut synced = vec![top];
+    synced.extend(
+        dir.ancestors()
+            .skip(1)
+            .take_while(|ancestor| ancestor.starts_with(&created))
+            .map(Path::to_path_buf)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev(),
+    );
+    for parent in &synced {
+        fsync_dir(parent)?;
+    }
+    Ok(synced)
+}
+
 /// Creates `dir` (inside `root`, which exists) and its missing ancestors, and fsyncs every
 /// directory that gained an entry, outermost first. (The RocksDB engine's instance directories.)
 #[cfg(feature = "rocksdb")]
@@ -331,6 +359,22 @@ mod tests {
         }
         assert!(check_dir("").is_ok());
         assert!(check_dir("..").is_err());
+    }
+
+    /// Issue 20, finding 7: a new store's directory was created with `create_dir_all` and its
+    /// parent never fsynced, so a crash could lose the whole new store's entry.
+    #[test]
+    fn a_new_store_directory_is_fsynced_into_its_parent() {
+        let root = tempfile::tempdir().unwrap();
+        let store = root.path().join("a").join("b").join("store");
+        let synced = create_store_dir(&store).unwrap();
+        assert!(store.is_dir());
+        let expected: Vec<PathBuf> =
+            vec![root.path().to_path_buf(), root.path().join("a"), root.path().join("a").join("b")];
+        assert_eq!(synced, expected, "every directory that gained an entry, outermost first");
+        assert_eq!(create_store_dir(&store).unwrap(), Vec::<PathBuf>::new(), "nothing new");
+        let sibling = root.path().join("a").join("other");
+        assert_eq!(create_store_dir(&sibling).unwrap(), vec![root.path().join("a")]);
     }
 
     #[test]
