@@ -475,6 +475,30 @@ pub fn peek_damaged_key<'a>(
     Some(DamagedRecord { header, key, attributable })
 }
 
+/// The header of a Batch or Part record that failed verification, if its header check holds
+/// (format 3 only: the damage is then in its value, so its seq is its own). Recovery needs the
+/// seq of such a record, which a torn write in flight at a crash leaves behind: no later record
+/// may reuse the number, and the watermark stays below it until the record is erased.
+pub fn peek_damaged_unkeyed(
+    bytes: &[u8],
+    layout: RecordLayout,
+    shard_id: u32,
+    loc: Loc,
+    slot_bytes: usize,
+) -> Option<RecordHeader> {
+    if layout != RecordLayout::HeaderCrc {
+        return None;
+    }
+    let header = peek_header(bytes, layout)?;
+    if !matches!(header.kind, RecordKind::Batch | RecordKind::Part) {
+        return None;
+    }
+    let key = key_of(bytes, slot_bytes).ok()?;
+    let raw = &bytes[..RECORD_HEADER_BYTES];
+    let stored = u32::from_le_bytes(raw[28..32].try_into().unwrap());
+    (stored == header_checksum(shard_id, loc, raw, key)).then_some(header)
+}
+
 /// Decodes and verifies the slot that starts at `bytes[0]`. `bytes` holds the slot (it may be
 /// shorter than a multi-page slot if it holds the whole record).
 pub fn decode_slot<'a>(

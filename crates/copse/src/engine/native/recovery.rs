@@ -13,8 +13,9 @@ use std::time::Instant;
 
 use super::batch::decode_batch;
 use super::format::{
-    decode_slab_header, decode_slot, pages_for, peek_damaged_key, shard_dir, DamagedRecord, Loc,
-    RecordKind, RecordLayout, SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
+    decode_slab_header, decode_slot, pages_for, peek_damaged_key, peek_damaged_unkeyed, shard_dir,
+    DamagedRecord, Loc, RecordKind, RecordLayout, SizeClass, SlabHeader, Slot, SlotDefect,
+    CLASS_COUNT,
 };
 use super::{key_hash, ClassFile, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest};
@@ -244,6 +245,8 @@ struct Found {
     batches: Vec<(Loc, u64, Vec<BatchOp>)>,
     /// Part records: location, sequence number, content.
     parts: Vec<(Loc, u64, PartRecord)>,
+    /// Damaged Batch and Part records whose own header still holds: their sequence numbers.
+    damaged_unkeyed: HashMap<Loc, u64>,
     max_seq: u64,
     /// Per class: one past the highest slot holding anything.
     frontier: Vec<u64>,
@@ -314,6 +317,10 @@ impl Found {
                         tombstone: header.kind == RecordKind::Tombstone,
                         attributable,
                     });
+                } else if let Some(header) =
+                    peek_damaged_unkeyed(bytes, layout, shard_id, loc, class.slot_bytes as usize)
+                {
+                    self.damaged_unkeyed.insert(loc.slot_only(), header.seq);
                 }
                 self.corrupt_slot(shard_id, loc, &defect.to_string());
             }
@@ -612,12 +619,27 @@ impl NativeEngine {
     }
 
     fn rebuild(&mut self, mut found: Found) -> Result<(), OpenError> {
-        let damaged_seq_max = found.damaged.iter().map(|damaged| damaged.seq).max().unwrap_or(0);
+        // A damaged record's number is taken too: a new record must never share or undercut it.
+        let damaged_seq_max = (found.damaged.iter().map(|damaged| damaged.seq))
+            .chain(found.damaged_unkeyed.values().copied())
+            .max()
+            .unwrap_or(0);
         self.next_seq = found.max_seq.max(damaged_seq_max) + 1;
         let judged = found.judge_damaged();
         let replays = found.batch_replays();
         let parts = found.part_replays();
-        let Found { newest, stale, free, empty, corrupt, frontier, corrupt_sample, .. } = found;
+        let watermark_max = found.watermark_max;
+        let Found {
+            newest,
+            stale,
+            free,
+            empty,
+            corrupt,
+            frontier,
+            corrupt_sample,
+            damaged_unkeyed,
+            ..
+        } = found;
         self.recovery.torn_or_corrupt = (corrupt.len() + judged.kept.len()) as u64;
         self.recovery.defects_sample = corrupt_sample;
         self.recovery.damaged_items = judged.decided.len() as u64;
@@ -636,8 +658,12 @@ impl NativeEngine {
             self.release_slot(loc, None, false);
         }
         for loc in corrupt {
-            match judged.torn.get(&loc.slot_only()) {
-                Some(&seq) => self.erase_torn(loc.slot_only(), seq),
+            // A torn Batch or Part record (past every durable watermark) is erased like a torn
+            // put: holding its number, so that no record written meanwhile claims it durable.
+            let torn_unkeyed =
+                (damaged_unkeyed.get(&loc.slot_only()).copied()).filter(|&seq| seq > watermark_max);
+            match judged.torn.get(&loc.slot_only()).copied().or(torn_unkeyed) {
+                Some(seq) => self.erase_torn(loc.slot_only(), seq),
                 None => {
                     let tag = judged.stale.get(&loc.slot_only()).copied();
                     self.release_slot(loc.slot_only(), tag, true)
