@@ -326,6 +326,8 @@ pub struct ShardStats {
     pub recovery: RecoveryStats,
     pub classes: Vec<ClassStats>,
     pub tombstones_held: u64,
+    /// Parts of cross-shard batches held (prepared or committed, not yet forgotten).
+    pub parts_held: u64,
 }
 
 /// One shard's engine, as the shard thread drives it (`shard/mod.rs`). The shard thread owns the

@@ -762,6 +762,7 @@ impl NativeEngine {
             recovery: self.recovery.clone(),
             classes,
             tombstones_held: self.tombstone_guards.values().map(|locs| locs.len() as u64).sum(),
+            parts_held: self.parts.len() as u64,
         }
     }
 }

@@ -470,6 +470,7 @@ impl RocksEngine {
             index_bytes: self.property("rocksdb.estimate-table-readers-mem")
                 + self.property("rocksdb.cur-size-all-mem-tables"),
             recovery: RecoveryStats { seconds: self.open_seconds, ..RecoveryStats::default() },
+            parts_held: self.parts.len() as u64,
             ..ShardStats::default()
         }
     }
