@@ -40,6 +40,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def local_non_loopback_address() -> str | None:
+    """An IPv4 address of one of this machine's own interfaces other than loopback, or None on
+    a loopback-only machine. Traffic to it never leaves the machine."""
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"],
+                             capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            return fields[fields.index("inet") + 1].split("/")[0]
+    return None
+
+
 class ServerFailed(Exception):
     pass
 
@@ -89,8 +104,9 @@ class CopseServer:
             "--shards",
             str(self.shards),
             "serve",
-            "--bind",
-            "127.0.0.1",
+            # Loopback unless a test binds elsewhere (and then connects to loopback or to this
+            # machine's own addresses only).
+            *([] if "--bind" in self.extra_args else ["--bind", "127.0.0.1"]),
             "--port",
             str(port),
             *self.extra_args,

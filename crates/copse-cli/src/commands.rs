@@ -388,6 +388,9 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     if let Some(port) = args.metrics_port {
         config.metrics_port = port;
     }
+    if let Some(protected_mode) = &args.protected_mode {
+        config.protected_mode = protected_mode == "yes";
+    }
     let (bind, port) = (config.bind.clone(), config.port);
     let running = copse_server::start(config).map_err(|err| Failure::Failed(err.to_string()))?;
     eprintln!(

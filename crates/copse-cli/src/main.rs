@@ -174,6 +174,10 @@ pub(crate) struct ServeArgs {
     /// Serve Prometheus metrics over HTTP on this port (0: off).
     #[arg(long)]
     pub metrics_port: Option<u16>,
+    /// Redis's protected mode: without a password, serve loopback clients only (yes, the
+    /// default) or every client (no). The metrics endpoint serves loopback only unless no.
+    #[arg(long, value_parser = ["yes", "no"])]
+    pub protected_mode: Option<String>,
     /// The engine of a new store: native or rocksdb (see the global --engine).
     #[arg(long)]
     pub engine: Option<copse::EngineKind>,

@@ -88,6 +88,9 @@ pub struct ServerConfig {
     pub client_pending_reply_bytes_max: usize,
     /// Port of the Prometheus text endpoint on `bind`; 0 for none.
     pub metrics_port: u16,
+    /// Redis's protected mode: with no password, serve loopback peers only (and the metrics
+    /// endpoint, which has no password, loopback peers only whatever the password).
+    pub protected_mode: bool,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +115,7 @@ impl Default for ServerConfig {
             client_query_buffer_bytes_max: CLIENT_QUERY_BUFFER_BYTES_MAX_DEFAULT,
             client_pending_reply_bytes_max: CLIENT_PENDING_REPLY_BYTES_MAX_DEFAULT,
             metrics_port: 0,
+            protected_mode: true,
         }
     }
 }

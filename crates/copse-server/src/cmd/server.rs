@@ -299,6 +299,10 @@ fn config_values(server: &Server) -> Vec<(&'static str, String)> {
         ("port", server.local_addr.port().to_string()),
         ("dir", server.config.path.display().to_string()),
         ("requirepass", server.requirepass()),
+        (
+            "protected-mode",
+            if settings.protected_mode.load(Ordering::Relaxed) { "yes" } else { "no" }.into(),
+        ),
         ("maxclients", settings.maxclients.load(Ordering::Relaxed).to_string()),
         ("timeout", settings.timeout_secs.load(Ordering::Relaxed).to_string()),
         ("proto-max-bulk-len", settings.proto_max_bulk_len.load(Ordering::Relaxed).to_string()),
@@ -369,6 +373,20 @@ fn config(call: &mut Call<'_>) -> Outcome {
                     {
                         Box::new(move |server: &Server| {
                             server.settings.proto_max_bulk_len.store(n as usize, Ordering::Relaxed)
+                        })
+                    }
+                    ("protected-mode", _) => {
+                        let on = match value.to_ascii_lowercase().as_str() {
+                            "yes" => true,
+                            "no" => false,
+                            _ => {
+                                return Outcome::error(
+                                    "ERR CONFIG SET failed (possibly related to argument 'protected-mode') - argument must be 'yes' or 'no'",
+                                )
+                            }
+                        };
+                        Box::new(move |server: &Server| {
+                            server.settings.protected_mode.store(on, Ordering::Relaxed)
                         })
                     }
                     ("maxclients" | "timeout" | "proto-max-bulk-len", _) => {

@@ -31,7 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::{collect, ConnState, Server};
+use super::{access, collect, ConnState, Server};
 use crate::cmd::{dispatch, Combine, Dispatched, Outcome};
 use crate::config::{
     CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
@@ -86,7 +86,15 @@ async fn serve(
         stream.write_all(b"-ERR max number of clients reached\r\n").await?;
         return Ok(());
     }
-    let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let peer = stream.peer_addr()?;
+    let protected_mode = server.settings.protected_mode.load(Ordering::Relaxed);
+    if access::refuses_client(protected_mode, !server.requirepass().is_empty(), peer.ip()) {
+        server.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%peer, "protected mode: refusing a client from outside loopback");
+        stream.write_all(access::PROTECTED_MODE_DENIED.as_bytes()).await?;
+        return Ok(());
+    }
+    let addr = peer.to_string();
     let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let info = server.register_client(addr, laddr);
     let id = info.id;

@@ -1,4 +1,5 @@
-//! The Prometheus text endpoint (`--metrics-port`): the INFO counters as metrics.
+//! The Prometheus text endpoint (`--metrics-port`): the INFO counters as metrics. It has no
+//! password, so with protected mode on it answers loopback peers only (`access.rs`).
 //!
 //! Hand-written rather than built on an HTTP crate: it answers one fixed page to any GET, and
 //! a 40-line responder is smaller than the dependency it would replace.
@@ -9,16 +10,22 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::Server;
+use super::{access, Server};
 
 /// Bytes of request head read before answering (anything longer is answered all the same).
 const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
 
 pub async fn serve(server: Arc<Server>, listener: tokio::net::TcpListener) {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let Ok((mut stream, peer)) = listener.accept().await else { continue };
         let server = server.clone();
         tokio::spawn(async move {
+            // No password guards this page: protected mode alone decides who may read it.
+            let protected_mode = server.settings.protected_mode.load(Ordering::Relaxed);
+            if access::refuses_metrics(protected_mode, peer.ip()) {
+                let _ = stream.write_all(access::METRICS_DENIED.as_bytes()).await;
+                return;
+            }
             let mut head = Vec::with_capacity(1024);
             let mut buf = [0u8; 1024];
             while head.len() < REQUEST_HEAD_BYTES_MAX && !head.windows(4).any(|w| w == b"\r\n\r\n")

@@ -16,6 +16,7 @@
 //! Shutdown (SIGTERM, SIGINT): stop accepting, tell every connection to finish the commands it
 //! has read and close, wait for the network threads, then close the store cleanly.
 
+pub mod access;
 pub mod conn;
 pub mod metrics;
 
@@ -56,6 +57,8 @@ pub struct Settings {
     pub timeout_secs: AtomicU64,
     pub proto_max_bulk_len: AtomicUsize,
     pub client_output_bytes_max: AtomicUsize,
+    /// Protected mode (net/access.rs): without a password, only loopback peers are served.
+    pub protected_mode: AtomicBool,
 }
 
 /// What CLIENT LIST shows of one connection.
@@ -204,6 +207,12 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
     }
 }
 
+/// Whether `bind` names only this host's loopback (an address that does not parse counts as
+/// not: the warning it decides is better given once too often).
+fn bind_is_loopback(bind: &str) -> bool {
+    bind == "localhost" || bind.parse().is_ok_and(access::is_loopback)
+}
+
 /// The largest value the store can hold now, from its figures: the slot size of the largest
 /// size class with anything live (a record holds its value and more). An engine without size
 /// classes (RocksDB) gives no such figure, so a store with items counts copse's largest value.
@@ -292,7 +301,14 @@ pub fn start(config: ServerConfig) -> Result<Running, ServeError> {
         timeout_secs: AtomicU64::new(config.timeout_secs),
         proto_max_bulk_len: AtomicUsize::new(config.proto_max_bulk_len),
         client_output_bytes_max: AtomicUsize::new(config.client_output_bytes_max),
+        protected_mode: AtomicBool::new(config.protected_mode),
     };
+    if config.protected_mode && config.requirepass.is_empty() && !bind_is_loopback(&config.bind) {
+        tracing::warn!(
+            bind = %config.bind,
+            "protected mode: no password is set, so only loopback clients will be served; set requirepass or protected_mode = false to serve others"
+        );
+    }
     let threads = config.thread_count();
     let server = Arc::new(Server {
         db,
