@@ -18,8 +18,13 @@
 //!   write acknowledged before the get began;
 //! - a scan agrees with the gets, and `stats()` counts the live keys.
 //!
-//! The directory is kept across cycles (20 by default, `COPSE_KILL_CYCLES`), so recovery runs
-//! over an ever larger store; every open must finish within `OPEN_SECONDS_MAX`. Cycles alternate
+//! Two stores take turns, four cycles each: one in place, one appending every in-page class in
+//! one-page blocks under a 1.2 space ceiling, where the child also runs `CHURN_THREADS` threads
+//! rewriting hot keys (not checked) in the same size classes, so the collector keeps moving the
+//! checked keys' records and the kills strike collections under way. The child reports the
+//! collector's figures (`C runs moved` lines); a run of 8 cycles or more fails unless records
+//! were moved. Each directory is kept across cycles (20 by default, `COPSE_KILL_CYCLES`), so
+//! recovery runs over an ever larger store; every open must finish within `OPEN_SECONDS_MAX`. Cycles alternate
 //! the durability mode and the I/O backend (io_uring when available, pread/pwrite). The kill
 //! times come from a seed printed at the start (`COPSE_KILL_SEED` sets it); what the child has
 //! done by then depends on timing.
@@ -54,6 +59,13 @@ const KILL_AFTER_READY_MS: std::ops::Range<u64> = 50..400;
 const EARLY_KILL_EVERY_CYCLES: u64 = 5;
 /// Opening the store (recovery included) must take less than this, however large it has grown.
 const OPEN_SECONDS_MAX: u64 = 30;
+/// Threads of the child that rewrite hot keys in an append store, so that collections run.
+const CHURN_THREADS: usize = 6;
+const CHURN_KEYS: usize = 300;
+/// Cycles with the same store before the other one takes its turn.
+const CYCLES_PER_STORE: u64 = 4;
+/// A run of this many cycles must see the collector move records.
+const CYCLES_FOR_COLLECTIONS_MIN: u64 = 8;
 /// The child stops by itself after this long, in case the parent is gone.
 const CHILD_SECONDS_MAX: u64 = 60;
 const MARK: &str = "@@ ";
@@ -65,9 +77,21 @@ fn key_name(key: usize) -> Vec<u8> {
     format!("k{key:04}").into_bytes()
 }
 
+/// Whether `cycle` runs on the appending store (the other one stays in place).
+fn appends(cycle: u64) -> bool {
+    (cycle / CYCLES_PER_STORE) % 2 == 1
+}
+
 /// What the store is opened with in `cycle` (child and parent alike).
 fn options(cycle: u64) -> Options {
     Options {
+        placement: if appends(cycle) {
+            copse::PlacementSetting::Append
+        } else {
+            copse::PlacementSetting::InPlace
+        },
+        append_block_pages: 1,
+        space_amplification_max: 1.2,
         shards: SHARDS,
         cache_bytes: 8 << 20,
         durability: if cycle.is_multiple_of(2) {
@@ -169,6 +193,30 @@ fn child_thread(db: &Db, cycle: u64, thread: usize, deadline: Instant) {
     }
 }
 
+/// Rewrites hot keys (outside the checked ones) with values of the checked keys' small sizes;
+/// the first thread reports the collector's figures every 100 writes.
+fn churn_thread(db: &Db, cycle: u64, thread: usize, deadline: Instant) {
+    let mut rng = ChaCha8Rng::seed_from_u64(cycle * 7_919 + thread as u64);
+    let mut written = 0u64;
+    while Instant::now() < deadline {
+        let key = format!("hot{:03}", rng.gen_range(0..CHURN_KEYS));
+        let len = rng.gen_range(0..300);
+        if let Err(err) = db.put(key.as_bytes(), &make_value(&format!("hot-c{cycle}"), len)) {
+            emit(&format!("E churn write failed: {err}"));
+            return;
+        }
+        written += 1;
+        if thread == 0 && written % 100 == 0 {
+            if let Ok(stats) = db.stats() {
+                let classes = stats.shards.iter().flat_map(|shard| shard.classes.iter());
+                let (runs, moved) = classes
+                    .fold((0, 0), |(r, m), c| (r + c.append.gc_runs, m + c.append.gc_slots_moved));
+                emit(&format!("C {runs} {moved}"));
+            }
+        }
+    }
+}
+
 /// Run by the parent in a child process (see the module comment); does nothing when run alone.
 #[test]
 #[ignore = "the child process of kill_9_loses_no_acknowledged_write; runs only when that test starts it"]
@@ -189,6 +237,12 @@ fn child_writer() {
         for thread in 0..CHILD_THREADS {
             let db = &db;
             scope.spawn(move || child_thread(db, cycle, thread, deadline));
+        }
+        if appends(cycle) {
+            for thread in 0..CHURN_THREADS {
+                let db = &db;
+                scope.spawn(move || churn_thread(db, cycle, thread, deadline));
+            }
         }
     });
     emit("E the child was not killed in time");
@@ -233,6 +287,8 @@ struct Cycle {
     errors: Vec<String>,
     opening: bool,
     ready: bool,
+    /// The collector's figures the child last reported: victim blocks, records moved.
+    collections: (u64, u64),
 }
 
 impl Cycle {
@@ -248,6 +304,7 @@ impl Cycle {
             errors: Vec::new(),
             opening: false,
             ready: false,
+            collections: (0, 0),
         };
         for (key, value) in baseline.iter().enumerate() {
             let op = value.clone().map_or(Op::Delete, Op::Put);
@@ -296,6 +353,7 @@ impl Cycle {
         match words.as_slice() {
             ["S"] => self.opening = true,
             ["R"] => self.ready = true,
+            ["C", runs, moved] => self.collections = (number(runs)? as u64, number(moved)? as u64),
             ["E", ..] => self.errors.push(text[at + MARK.len()..].to_string()),
             ["I", "P", key, tag, len] => {
                 let write = Write {
@@ -562,7 +620,9 @@ fn reopen_and_read(
             })
         })
         .collect();
-    let items = db.scan(.., KEYS * 2).expect("scan after the kill");
+    // The checked keys are `k....`; the churn threads' hot keys (`hot...`) sort before them.
+    let items = db.scan(b"k".to_vec().., KEYS * 2).expect("scan after the kill");
+    let hot_keys = db.scan(..b"k".to_vec(), CHURN_KEYS * 2).expect("scan after the kill").len();
     let expected: Vec<(Vec<u8>, Vec<u8>)> = state
         .iter()
         .enumerate()
@@ -576,8 +636,12 @@ fn reopen_and_read(
         ));
     }
     let stats = db.stats().expect("stats after the kill");
-    if stats.items != expected.len() as u64 {
-        violations.push(format!("stats count {} items, gets find {}", stats.items, expected.len()));
+    if stats.items != (expected.len() + hot_keys) as u64 {
+        violations.push(format!(
+            "stats count {} items, gets find {} and {hot_keys} hot keys",
+            stats.items,
+            expected.len()
+        ));
     }
     db.close()
         .unwrap_or_else(|err| panic!("cycle {cycle}: closing the reopened store failed: {err}"));
@@ -599,15 +663,18 @@ fn kill_9_loses_no_acknowledged_write() {
         });
     eprintln!("kill test: seed {seed} (COPSE_KILL_SEED), {cycles} cycles");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let dir = tempfile::tempdir().unwrap();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let exe = std::env::current_exe().unwrap();
-    let mut state: Vec<Option<Vec<u8>>> = vec![None; KEYS];
+    let mut states: [Vec<Option<Vec<u8>>>; 2] = [vec![None; KEYS], vec![None; KEYS]];
+    let (mut collections_total, mut moved_total) = (0u64, 0u64);
     let started = Instant::now();
     let (mut acked_total, mut in_flight_total, mut open_max) = (0u64, 0u64, Duration::ZERO);
     let mut last_open = Duration::ZERO;
     let mut killed_while_opening = 0u64;
 
     for cycle in 0..cycles {
+        let store = usize::from(appends(cycle));
+        let (dir, state) = (&dirs[store], &mut states[store]);
         let mut child = Command::new(&exe)
             .args(["--exact", "child_writer", "--nocapture", "--ignored", "--test-threads=1"])
             .env(DIR_ENV, dir.path())
@@ -635,7 +702,7 @@ fn kill_9_loses_no_acknowledged_write() {
                 }
             }
         });
-        let mut model = Cycle::new(&state);
+        let mut model = Cycle::new(state);
         let mut line_number = 0u64;
         let mut take = |model: &mut Cycle, text: String| {
             line_number += 1;
@@ -713,7 +780,9 @@ fn kill_9_loses_no_acknowledged_write() {
             stats.shards.iter().map(|s| s.recovery.torn_or_corrupt).sum::<u64>(),
             stats.shards.iter().map(|s| s.recovery.batches_replayed).sum::<u64>(),
         );
-        state = observed;
+        collections_total += model.collections.0;
+        moved_total += model.collections.1;
+        *state = observed;
     }
     eprintln!(
         "kill test: {cycles} cycles in {:.1?}: {acked_total} acknowledged writes checked, \
@@ -721,4 +790,11 @@ fn kill_9_loses_no_acknowledged_write() {
         started.elapsed()
     );
     assert!(acked_total > 0, "no write was acknowledged before a kill");
+    eprintln!(
+        "kill test: the collector took {collections_total} victim blocks and moved \
+         {moved_total} records in the appending store's cycles (as last reported before kills)"
+    );
+    if cycles >= CYCLES_FOR_COLLECTIONS_MIN && common::engine() == copse::EngineKind::Native {
+        assert!(moved_total > 0, "no collection moved a record in {cycles} cycles");
+    }
 }
