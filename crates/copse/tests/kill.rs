@@ -206,7 +206,7 @@ fn churn_thread(db: &Db, cycle: u64, thread: usize, deadline: Instant) {
             return;
         }
         written += 1;
-        if thread == 0 && written % 100 == 0 {
+        if thread == 0 && written.is_multiple_of(100) {
             if let Ok(stats) = db.stats() {
                 let classes = stats.shards.iter().flat_map(|shard| shard.classes.iter());
                 let (runs, moved) = classes
