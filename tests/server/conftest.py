@@ -34,9 +34,11 @@ def make_server(tmp_path_factory):
     """Starts servers with extra flags for one test: make_server("--maxclients", "2")."""
     started: list[CopseServer] = []
 
-    def make(*extra_args: str, shards: int = DEFAULT_SHARDS, data_dir: Path | None = None) -> CopseServer:
+    def make(*extra_args: str, shards: int = DEFAULT_SHARDS, data_dir: Path | None = None,
+             fd_limit: tuple[int, int] | None = None) -> CopseServer:
         base = tmp_path_factory.mktemp("copse")
-        server = CopseServer(data_dir or base / "data", base, *extra_args, shards=shards)
+        server = CopseServer(data_dir or base / "data", base, *extra_args, shards=shards,
+                             fd_limit=fd_limit)
         started.append(server)
         return server.start()
 

@@ -62,7 +62,10 @@ class ServerFailed(Exception):
 class CopseServer:
     """One `copse serve` process over a store directory; can be restarted on the same store."""
 
-    def __init__(self, data_dir: Path, log_dir: Path, *extra_args: str, shards: int = DEFAULT_SHARDS):
+    def __init__(self, data_dir: Path, log_dir: Path, *extra_args: str, shards: int = DEFAULT_SHARDS,
+                 fd_limit: tuple[int, int] | None = None):
+        # fd_limit: the (soft, hard) RLIMIT_NOFILE the server starts with.
+        self.fd_limit = fd_limit
         self.data_dir = Path(data_dir)
         self.log_dir = Path(log_dir)
         self.extra_args = list(extra_args)
@@ -115,8 +118,16 @@ class CopseServer:
         env.setdefault("COPSE_LOG", "info")
         env["NO_COLOR"] = "1"
         with open(self.log_path, "wb") as log:
+            fd_limit = self.fd_limit
+
+            def limit_fds():
+                if fd_limit is not None:
+                    import resource
+                    resource.setrlimit(resource.RLIMIT_NOFILE, fd_limit)
+
             self.proc = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=limit_fds,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -204,6 +215,14 @@ class CopseServer:
     def rss_bytes(self) -> int:
         """Resident memory of the server process (VmRSS)."""
         return self._status_bytes("VmRSS:")
+
+    def fd_soft_limit(self) -> int:
+        """The server's soft RLIMIT_NOFILE now (from /proc/<pid>/limits)."""
+        with open(f"/proc/{self.pid}/limits") as limits:
+            for line in limits:
+                if line.startswith("Max open files"):
+                    return int(line.split()[3])
+        raise AssertionError("no 'Max open files' in /proc limits")
 
     def peak_rss_bytes(self) -> int:
         """The most resident memory the server process has had since it started (VmHWM): a

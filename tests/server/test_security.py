@@ -204,3 +204,88 @@ def test_protected_mode_no_from_the_command_line(make_server):
         with connect_from(outside, server.port) as sock:
             sock.sendall(b"PING\r\n")
             assert recv_until(sock) == b"+PONG\r\n"
+
+
+# -- descriptors, maxclients, the AUTH timeout -----------------------------------------------------
+
+
+def test_maxclients_is_lowered_to_what_the_open_files_limit_leaves(make_server):
+    """At 101534c, with 1,024 descriptors and maxclients 10,000, idle clients used up the
+    descriptors and new clients timed out silently (accept failed). Now maxclients is lowered
+    at start, and the client past it hears Redis's error and is closed."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    server = make_server(fd_limit=(1024, min(1024, hard)))
+    admin = server.client()
+    maxclients = int(admin.config_get("maxclients")["maxclients"])
+    assert 0 < maxclients < 1024 - 32, maxclients
+    assert f"maxclients has been reduced to {maxclients}" in server.log_text()
+    with pytest.raises(Exception, match=f"try with {maxclients}"):
+        admin.config_set("maxclients", "5000")
+    # Fill every slot (the admin connection holds one), then one more.
+    idle = []
+    try:
+        for _ in range(maxclients - 1):
+            sock = server.connect()
+            sock.sendall(b"PING\r\n")
+            assert recv_until(sock) == b"+PONG\r\n"
+            idle.append(sock)
+        with server.connect() as extra:
+            assert recv_all_until_close(extra, timeout=5) == b"-ERR max number of clients reached\r\n"
+        assert admin.ping() is True, "the clients admitted keep being served"
+    finally:
+        for sock in idle:
+            sock.close()
+    admin.close()
+
+
+def test_the_open_files_limit_is_raised_towards_the_hard_limit(make_server):
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard < 10_000 + 1_000:
+        pytest.skip(f"the hard open files limit here ({hard}) cannot hold maxclients 10,000")
+    server = make_server(fd_limit=(256, hard))
+    assert server.fd_soft_limit() > 10_000, "the soft limit stayed at 256"
+    client = server.client()
+    assert client.config_get("maxclients")["maxclients"] == "10000"
+    client.close()
+
+
+def test_a_client_that_does_not_authenticate_is_closed_after_the_auth_timeout(make_server):
+    server = make_server("--requirepass", "pw", "--auth-timeout", "1")
+    silent = server.connect()
+    chatty = server.connect()
+    authenticated = server.client(password="pw")
+    try:
+        started = time.monotonic()
+        closed = {}
+        reader = RespReader(chatty)
+        while time.monotonic() - started < 4 and len(closed) < 2:
+            if "chatty" not in closed:
+                try:
+                    chatty.sendall(b"PING\r\n")
+                    reply = reader.read()
+                    if reply != Error(b"NOAUTH Authentication required."):
+                        assert reply.startswith(b"ERR authentication timeout"), reply
+                        assert reader.at_eof(), "the connection is closed after the error"
+                        closed["chatty"] = time.monotonic() - started
+                except (ConnectionError, OSError):
+                    closed["chatty"] = time.monotonic() - started
+            if "silent" not in closed:
+                silent.setblocking(False)
+                try:
+                    data = silent.recv(1000)
+                    assert data == b"" or data.startswith(b"-ERR authentication timeout"), data
+                    closed["silent"] = time.monotonic() - started
+                except BlockingIOError:
+                    pass
+            time.sleep(0.1)
+        assert set(closed) == {"chatty", "silent"}, f"not closed within 4 s: {closed}"
+        assert all(0.8 <= at <= 3.5 for at in closed.values()), closed
+        assert authenticated.ping() is True, "an authenticated client is not timed out"
+    finally:
+        silent.close()
+        chatty.close()
+        authenticated.close()

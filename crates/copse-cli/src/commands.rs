@@ -385,6 +385,9 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     if let Some(timeout) = args.timeout {
         config.timeout_secs = timeout;
     }
+    if let Some(timeout) = args.auth_timeout {
+        config.auth_timeout_secs = timeout;
+    }
     if let Some(port) = args.metrics_port {
         config.metrics_port = port;
     }

@@ -171,6 +171,10 @@ pub(crate) struct ServeArgs {
     /// Close clients idle this many seconds (0: never).
     #[arg(long)]
     pub timeout: Option<u64>,
+    /// With a password set, close clients that have not authenticated this many seconds after
+    /// connecting (default 10; 0: never).
+    #[arg(long)]
+    pub auth_timeout: Option<u64>,
     /// Serve Prometheus metrics over HTTP on this port (0: off).
     #[arg(long)]
     pub metrics_port: Option<u16>,

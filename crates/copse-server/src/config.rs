@@ -8,6 +8,17 @@ use serde::Deserialize;
 
 /// Redis's default for `maxclients`.
 pub const MAXCLIENTS_DEFAULT: usize = 10_000;
+/// Descriptors kept for the server besides clients and the store (Redis's
+/// CONFIG_MIN_RESERVED_FDS): listeners, the metrics endpoint, logs, files opened briefly.
+pub const FDS_RESERVED_MIN: usize = 32;
+/// Descriptors a shard may still open: a slab file per size class (36) with room to spare.
+pub const FDS_PER_SHARD_RESERVED: usize = 48;
+/// Descriptors of one network thread's event loop (epoll, its wakeup eventfd, timers).
+pub const FDS_PER_NETWORK_THREAD: usize = 4;
+/// Seconds a connection may stay unauthenticated while a password is set before it is closed
+/// (copse's; Redis has no such bound): a client that never authenticates holds a descriptor
+/// and a maxclients slot, and can do nothing else. 0 never closes.
+pub const AUTH_TIMEOUT_SECS_DEFAULT: u64 = 10;
 /// Arguments in one multibulk request (Redis: 1024 × 1024).
 pub const MULTIBULK_ARGS_MAX: usize = 1024 * 1024;
 /// Bytes of one inline request line, or of a `*`/`$` header line (Redis: 64 KiB).
@@ -76,7 +87,11 @@ pub struct ServerConfig {
     pub space_amplification_max: f64,
     /// Password for AUTH; empty means none.
     pub requirepass: String,
+    /// Clients served at once; lowered at start to what the open files limit leaves.
     pub maxclients: usize,
+    /// With a password set, close a client not authenticated this many seconds after it
+    /// connected; 0 never.
+    pub auth_timeout_secs: u64,
     /// Close a client idle this many seconds; 0 never.
     pub timeout_secs: u64,
     pub proto_max_bulk_len: usize,
@@ -109,6 +124,7 @@ impl Default for ServerConfig {
             space_amplification_max: copse::limits::SPACE_AMPLIFICATION_DEFAULT,
             requirepass: String::new(),
             maxclients: MAXCLIENTS_DEFAULT,
+            auth_timeout_secs: AUTH_TIMEOUT_SECS_DEFAULT,
             timeout_secs: 0,
             proto_max_bulk_len: PROTO_MAX_BULK_LEN_DEFAULT,
             client_output_bytes_max: CLIENT_OUTPUT_BYTES_MAX_DEFAULT,

@@ -362,9 +362,21 @@ fn config(call: &mut Call<'_>) -> Outcome {
                     ("requirepass", _) => Box::new(move |server: &Server| {
                         *server.settings.requirepass.lock().unwrap_or_else(|p| p.into_inner()) = value;
                     }),
-                    ("maxclients", Some(n)) if n >= 1 => Box::new(move |server: &Server| {
-                        server.settings.maxclients.store(n as usize, Ordering::Relaxed)
-                    }),
+                    ("maxclients", Some(n)) if n >= 1 => {
+                        // As Redis: more clients than descriptors allow is refused, after
+                        // trying to raise the open files limit.
+                        let wanted = n.saturating_add(server.settings.reserved_fds);
+                        let limit = crate::net::fds::raise_fd_limit(wanted).unwrap_or(0);
+                        let allowed = crate::net::fds::clients_max_for(limit, server.settings.reserved_fds);
+                        if (n as usize) > allowed {
+                            return Outcome::error(format!(
+                                "ERR CONFIG SET failed (possibly related to argument 'maxclients') - The operating system is not able to handle the specified number of clients, try with {allowed}"
+                            ));
+                        }
+                        Box::new(move |server: &Server| {
+                            server.settings.maxclients.store(n as usize, Ordering::Relaxed)
+                        })
+                    }
                     ("timeout", Some(n)) => Box::new(move |server: &Server| {
                         server.settings.timeout_secs.store(n, Ordering::Relaxed)
                     }),

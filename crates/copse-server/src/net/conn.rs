@@ -25,7 +25,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -126,7 +126,18 @@ async fn connection_loop(
 ) -> std::io::Result<End> {
     let mut input: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+    // When the connection last became unauthenticated (at connect, or by RESET).
+    let mut unauthenticated_since: Option<Instant> = None;
+    let auth_timeout_secs = server.config.auth_timeout_secs;
     loop {
+        if conn.authenticated {
+            unauthenticated_since = None;
+        } else {
+            let since = *unauthenticated_since.get_or_insert_with(Instant::now);
+            if auth_timeout_secs > 0 && since.elapsed() >= Duration::from_secs(auth_timeout_secs) {
+                return Ok(End::Error(auth_timeout_error(auth_timeout_secs)));
+            }
+        }
         // Read until at least one complete request is buffered.
         let limits = ParseLimits {
             multibulk_len_max: MULTIBULK_ARGS_MAX,
@@ -187,6 +198,10 @@ async fn connection_loop(
                 _ = idle(timeout_secs) => {
                     tracing::debug!(client = conn.info.id, "closing an idle client");
                     return Ok(End::Done);
+                }
+                _ = auth_deadline(unauthenticated_since, auth_timeout_secs) => {
+                    tracing::debug!(client = conn.info.id, "closing a client that did not authenticate");
+                    return Ok(End::Error(auth_timeout_error(auth_timeout_secs)));
                 }
             };
             if read == 0 {
@@ -372,6 +387,21 @@ async fn shutdown_grace(shutdown: &mut watch::Receiver<bool>) {
         }
     }
     tokio::time::sleep(Duration::from_millis(SHUTDOWN_WRITE_GRACE_MS)).await;
+}
+
+/// Resolves `timeout_secs` after `since` (never, for 0 or an authenticated connection).
+async fn auth_deadline(since: Option<Instant>, timeout_secs: u64) {
+    match since {
+        Some(since) if timeout_secs > 0 => {
+            let deadline = since + Duration::from_secs(timeout_secs);
+            tokio::time::sleep_until(deadline.into()).await;
+        }
+        _ => std::future::pending::<()>().await,
+    }
+}
+
+fn auth_timeout_error(timeout_secs: u64) -> String {
+    format!("ERR authentication timeout: no AUTH within {timeout_secs} seconds (auth_timeout_secs)")
 }
 
 /// Resolves after `timeout_secs` (never, for 0).

@@ -18,6 +18,7 @@
 
 pub mod access;
 pub mod conn;
+pub mod fds;
 pub mod metrics;
 
 use std::collections::BTreeMap;
@@ -59,6 +60,8 @@ pub struct Settings {
     pub client_output_bytes_max: AtomicUsize,
     /// Protected mode (net/access.rs): without a password, only loopback peers are served.
     pub protected_mode: AtomicBool,
+    /// Descriptors the server keeps for itself; CONFIG SET maxclients must leave them free.
+    pub reserved_fds: u64,
 }
 
 /// What CLIENT LIST shows of one connection.
@@ -207,6 +210,27 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
     }
 }
 
+/// Raises the open files limit for `maxclients` clients plus the server's own descriptors,
+/// and lowers `maxclients` to what the limit allows, saying so (Redis's words).
+fn clamp_maxclients(maxclients: usize, reserved_fds: u64) -> Result<usize, ServeError> {
+    let wanted = (maxclients as u64).saturating_add(reserved_fds);
+    let limit = fds::raise_fd_limit(wanted).map_err(ServeError::Runtime)?;
+    let allowed = fds::clients_max_for(limit, reserved_fds);
+    if allowed == 0 {
+        return Err(ServeError::Runtime(std::io::Error::other(format!(
+            "the open files limit ({limit}) is not enough for the server to start: it needs {reserved_fds} descriptors of its own; raise 'ulimit -n' to at least {}",
+            reserved_fds + 1
+        ))));
+    }
+    if allowed < maxclients {
+        tracing::warn!(
+            "You requested maxclients of {maxclients} requiring at least {wanted} max file descriptors. Current maximum open files is {limit}. maxclients has been reduced to {allowed} to compensate for low ulimit. If you need higher maxclients increase 'ulimit -n'."
+        );
+        return Ok(allowed);
+    }
+    Ok(maxclients)
+}
+
 /// Whether `bind` names only this host's loopback (an address that does not parse counts as
 /// not: the warning it decides is better given once too often).
 fn bind_is_loopback(bind: &str) -> bool {
@@ -295,13 +319,17 @@ pub fn start(config: ServerConfig) -> Result<Running, ServeError> {
         None
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let threads = config.thread_count();
+    let reserved_fds = fds::reserved_fds(db.shard_count() as usize, threads);
+    let maxclients = clamp_maxclients(config.maxclients, reserved_fds)?;
     let settings = Settings {
         requirepass: Mutex::new(config.requirepass.clone()),
-        maxclients: AtomicUsize::new(config.maxclients),
+        maxclients: AtomicUsize::new(maxclients),
         timeout_secs: AtomicU64::new(config.timeout_secs),
         proto_max_bulk_len: AtomicUsize::new(config.proto_max_bulk_len),
         client_output_bytes_max: AtomicUsize::new(config.client_output_bytes_max),
         protected_mode: AtomicBool::new(config.protected_mode),
+        reserved_fds,
     };
     if config.protected_mode && config.requirepass.is_empty() && !bind_is_loopback(&config.bind) {
         tracing::warn!(
@@ -309,7 +337,6 @@ pub fn start(config: ServerConfig) -> Result<Running, ServeError> {
             "protected mode: no password is set, so only loopback clients will be served; set requirepass or protected_mode = false to serve others"
         );
     }
-    let threads = config.thread_count();
     let server = Arc::new(Server {
         db,
         config,
