@@ -64,6 +64,11 @@ const CHURN_THREADS: usize = 6;
 const CHURN_KEYS: usize = 300;
 /// Cycles with the same store before the other one takes its turn.
 const CYCLES_PER_STORE: u64 = 4;
+/// The churn's first thread reports the collector's figures this often.
+const COLLECTOR_REPORT_EVERY_WRITES: u64 = 20;
+/// In an appending cycle the parent waits up to this long for the child to report a record
+/// moved before it starts the kill timer, so the kill strikes while collections run.
+const WAIT_FOR_COLLECTION_MAX: Duration = Duration::from_secs(15);
 /// A run of this many cycles must see the collector move records.
 const CYCLES_FOR_COLLECTIONS_MIN: u64 = 8;
 /// The child stops by itself after this long, in case the parent is gone.
@@ -194,7 +199,7 @@ fn child_thread(db: &Db, cycle: u64, thread: usize, deadline: Instant) {
 }
 
 /// Rewrites hot keys (outside the checked ones) with values of the checked keys' small sizes;
-/// the first thread reports the collector's figures every 100 writes.
+/// the first thread reports the collector's figures every `COLLECTOR_REPORT_EVERY_WRITES`.
 fn churn_thread(db: &Db, cycle: u64, thread: usize, deadline: Instant) {
     let mut rng = ChaCha8Rng::seed_from_u64(cycle * 7_919 + thread as u64);
     let mut written = 0u64;
@@ -206,7 +211,7 @@ fn churn_thread(db: &Db, cycle: u64, thread: usize, deadline: Instant) {
             return;
         }
         written += 1;
-        if thread == 0 && written.is_multiple_of(100) {
+        if thread == 0 && written.is_multiple_of(COLLECTOR_REPORT_EVERY_WRITES) {
             if let Ok(stats) = db.stats() {
                 let classes = stats.shards.iter().flat_map(|shard| shard.classes.iter());
                 let (runs, moved) = classes
@@ -722,6 +727,16 @@ fn kill_9_loses_no_acknowledged_write() {
                 Err(_) => {
                     let _ = child.kill();
                     panic!("cycle {cycle}: the child did not open the store within {OPEN_SECONDS_MAX} s");
+                }
+            }
+        }
+        if appends(cycle) && !early {
+            let until = Instant::now() + WAIT_FOR_COLLECTION_MAX;
+            while model.collections.1 == 0 && model.errors.is_empty() {
+                let Some(wait) = until.checked_duration_since(Instant::now()) else { break };
+                match lines.recv_timeout(wait) {
+                    Ok(text) => take(&mut model, text),
+                    Err(_) => break,
                 }
             }
         }

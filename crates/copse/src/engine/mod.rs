@@ -214,6 +214,11 @@ pub struct RecoveryStats {
     /// where to look when `torn_or_corrupt` is not zero.
     pub defects_sample: Vec<String>,
     pub batches_replayed: u64,
+    /// 1 if the shard was last closed cleanly, nothing was written since, and the live items
+    /// found differ from the digest that close recorded: a write acknowledged before the close
+    /// was lost or misdirected by the device, or a record's name rotted away. Which key, the
+    /// digest cannot tell; `defects_sample` says what differs.
+    pub lost_writes_detected: u64,
     /// Cross-shard parts found (prepared or committed), reported to the router.
     pub parts: u64,
     /// Of those, parts found committed (replayed by the shard itself).

@@ -104,6 +104,15 @@ impl Index {
         self.map.range::<[u8], _>((start, end)).take(limit).count()
     }
 
+    /// The digest of every live item (key and seq) that a clean close records.
+    pub fn digest(&self) -> super::format::LiveDigest {
+        let mut digest = super::format::LiveDigest::default();
+        for (key, entry) in &self.map {
+            digest.add(key, entry.seq);
+        }
+        digest
+    }
+
     /// Estimated heap bytes of the index.
     pub fn memory_bytes(&self) -> u64 {
         self.map.len() as u64 * ENTRY_BYTES_ESTIMATE + self.key_heap_bytes

@@ -366,7 +366,10 @@ impl NativeEngine {
         let seq = self.take_seq();
         let loc = Loc::new(class.id, slot, 0);
         let write = self.new_write(loc, overwritten, Effect::Watermark);
-        self.place(write, loc, format::RecordKind::Watermark, seq, watermark, &[], &[]);
+        // Every write is durable and applied (the shard is idle): the index is what the disk
+        // holds, and what recovery must find again.
+        let digest = self.index.digest().encode();
+        self.place(write, loc, format::RecordKind::Watermark, seq, watermark, &[], &digest);
         while !self.is_idle() {
             self.end_round();
             self.reap(true);

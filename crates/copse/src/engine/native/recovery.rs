@@ -14,8 +14,8 @@ use std::time::Instant;
 use super::batch::decode_batch;
 use super::format::{
     decode_slab_header, decode_slot, pages_for, peek_damaged_key, peek_damaged_unkeyed, shard_dir,
-    DamagedRecord, Loc, RecordKind, RecordLayout, SizeClass, SlabHeader, Slot, SlotDefect,
-    CLASS_COUNT,
+    DamagedRecord, LiveDigest, Loc, RecordKind, RecordLayout, SizeClass, SlabHeader, Slot,
+    SlotDefect, CLASS_COUNT,
 };
 use super::{key_hash, ClassFile, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest};
@@ -247,6 +247,8 @@ struct Found {
     parts: Vec<(Loc, u64, PartRecord)>,
     /// Damaged Batch and Part records whose own header still holds: their sequence numbers.
     damaged_unkeyed: HashMap<Loc, u64>,
+    /// The Watermark record with the highest seq: its seq and the live digest it carries.
+    last_watermark: Option<(u64, Option<LiveDigest>)>,
     max_seq: u64,
     /// Per class: one past the highest slot holding anything.
     frontier: Vec<u64>,
@@ -291,7 +293,13 @@ impl Found {
                             }
                         }
                     }
-                    RecordKind::Free | RecordKind::Watermark => self.free.push(loc),
+                    RecordKind::Free => self.free.push(loc),
+                    RecordKind::Watermark => {
+                        if self.last_watermark.is_none_or(|(seq, _)| seq < header.seq) {
+                            self.last_watermark = Some((header.seq, LiveDigest::decode(value)));
+                        }
+                        self.free.push(loc);
+                    }
                     RecordKind::Batch => match decode_batch(value) {
                         Ok(ops) => self.batches.push((loc, header.seq, ops)),
                         Err(reason) => self.corrupt_slot(shard_id, loc, &reason),
@@ -629,6 +637,11 @@ impl NativeEngine {
         let replays = found.batch_replays();
         let parts = found.part_replays();
         let watermark_max = found.watermark_max;
+        // A clean close's digest speaks for the disk only if nothing was written after it.
+        let closed_cleanly_with = match found.last_watermark {
+            Some((seq, digest)) if seq + 1 == self.next_seq => digest,
+            _ => None,
+        };
         let Found {
             newest,
             stale,
@@ -706,6 +719,20 @@ impl NativeEngine {
         }
         self.recovery.items = self.index.len() as u64;
         self.recovery.tombstones = tombstones.len() as u64;
+        if let Some(recorded) = closed_cleanly_with {
+            let found = self.index.digest();
+            if found != recorded {
+                self.recovery.lost_writes_detected = 1;
+                let what = format!(
+                    "the live items differ from what the last clean close recorded ({} items, \
+                     digest {:016x}; found {}, digest {:016x}): a write acknowledged before the \
+                     close was lost or misdirected by the device, or a record's name rotted",
+                    recorded.items, recorded.xor, found.items, found.xor
+                );
+                tracing::error!(shard = self.shard_id, "{what}");
+                self.recovery.defects_sample.push(what);
+            }
+        }
         for (hash, loc, key) in tombstones {
             if self.stale_counts.contains_key(&hash) || self.flights.contains_key(&key) {
                 self.tombstone_guards.entry(hash).or_default().push((loc.slot_only(), key));
