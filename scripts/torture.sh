@@ -10,13 +10,18 @@
 # own range of seeds; the two kill loops run side by side. Each lane's output is kept in
 # target/torture-logs and printed whole when its step ends.
 #
-# Env: CARGO, PYTHON, TORTURE_SEEDS (the simulator), TORTURE_CRASH_SEEDS (each crash test),
-# TORTURE_KILL_CYCLES, TORTURE_FUZZ_INPUTS (set by the Makefile), TORTURE_LANES.
+# Env: CARGO, PYTHON, TORTURE_SEEDS (the simulator), TORTURE_COLLECTOR_SEEDS (its collector
+# scenario), TORTURE_CRASH_SEEDS (each crash test), TORTURE_POWER_LOSS_SEEDS and
+# TORTURE_POWER_LOSS_CUTS (the power-loss test of the real backends), TORTURE_KILL_CYCLES,
+# TORTURE_FUZZ_INPUTS (set by the Makefile), TORTURE_LANES.
 set -u -o pipefail
 
 CARGO=${CARGO:-cargo}
 PYTHON=${PYTHON:-python3}
 SEEDS=${TORTURE_SEEDS:?}
+COLLECTOR_SEEDS=${TORTURE_COLLECTOR_SEEDS:?}
+POWER_LOSS_SEEDS=${TORTURE_POWER_LOSS_SEEDS:?}
+POWER_LOSS_CUTS=${TORTURE_POWER_LOSS_CUTS:?}
 CRASH_SEEDS=${TORTURE_CRASH_SEEDS:?}
 KILL_CYCLES=${TORTURE_KILL_CYCLES:?}
 FUZZ_INPUTS=${TORTURE_FUZZ_INPUTS:?}
@@ -87,6 +92,17 @@ seeded() {
     return $status
 }
 
+# The power-loss test (tests/power_loss.rs) over seeds 1..POWER_LOSS_SEEDS, each with
+# POWER_LOSS_CUTS cut points; stops at the first failing seed.
+power_loss() {
+    local seed
+    for ((seed = 1; seed <= POWER_LOSS_SEEDS; seed++)); do
+        echo "--- power loss, seed $seed"
+        env COPSE_POWER_LOSS_SEED=$seed COPSE_POWER_LOSS_CUTS="$POWER_LOSS_CUTS" \
+            "$CARGO" test --release -p copse --test power_loss -- --nocapture || return 1
+    done
+}
+
 # The kill -9 loops of a writing process and of `copse serve`, side by side.
 kill_loops() {
     local writer server status=0
@@ -105,7 +121,7 @@ kill_loops() {
     return $status
 }
 
-echo "=== torture: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores, $LANES lanes, simulator seeds $SEEDS, crash seeds $CRASH_SEEDS, kill cycles $KILL_CYCLES, fuzz inputs $FUZZ_INPUTS"
+echo "=== torture: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores, $LANES lanes, simulator seeds $SEEDS, collector seeds $COLLECTOR_SEEDS, crash seeds $CRASH_SEEDS, power-loss seeds $POWER_LOSS_SEEDS x $POWER_LOSS_CUTS cuts, kill cycles $KILL_CYCLES, fuzz inputs $FUZZ_INPUTS"
 
 step fuzz-copse env COPSE_FUZZ_INPUTS="$FUZZ_INPUTS" COPSE_FUZZ_SECONDS=86400 \
     "$CARGO" test --release -p copse --test fuzz -- --nocapture --test-threads 1
@@ -118,6 +134,9 @@ crash=$(test_binary copse crash) || failed=1
 batches=$(test_binary copse batches) || failed=1
 step simulator seeded simulator "$SEEDS" COPSE_SIM_SEED_START COPSE_SIM_SEEDS \
     env COPSE_SIM_KEEP_GOING=1 "$sim" seeded_simulation --nocapture
+step collector seeded collector "$COLLECTOR_SEEDS" COPSE_SIM_COLLECTOR_SEED_START \
+    COPSE_SIM_COLLECTOR_SEEDS env COPSE_SIM_KEEP_GOING=1 "$sim" collector_moves --nocapture
+step power-loss power_loss
 step crash seeded crash "$CRASH_SEEDS" COPSE_CRASH_SEED_START COPSE_CRASH_SEEDS \
     "$crash" every_acknowledged_write --nocapture
 step batch-crash seeded batch-crash "$CRASH_SEEDS" COPSE_BATCH_CRASH_SEED_START COPSE_BATCH_CRASH_SEEDS \
