@@ -35,10 +35,10 @@ def make_server(tmp_path_factory):
     started: list[CopseServer] = []
 
     def make(*extra_args: str, shards: int = DEFAULT_SHARDS, data_dir: Path | None = None,
-             fd_limit: tuple[int, int] | None = None) -> CopseServer:
+             fd_limit: tuple[int, int] | None = None, env: dict | None = None) -> CopseServer:
         base = tmp_path_factory.mktemp("copse")
         server = CopseServer(data_dir or base / "data", base, *extra_args, shards=shards,
-                             fd_limit=fd_limit)
+                             fd_limit=fd_limit, env=env)
         started.append(server)
         return server.start()
 

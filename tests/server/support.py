@@ -63,9 +63,11 @@ class CopseServer:
     """One `copse serve` process over a store directory; can be restarted on the same store."""
 
     def __init__(self, data_dir: Path, log_dir: Path, *extra_args: str, shards: int = DEFAULT_SHARDS,
-                 fd_limit: tuple[int, int] | None = None):
-        # fd_limit: the (soft, hard) RLIMIT_NOFILE the server starts with.
+                 fd_limit: tuple[int, int] | None = None, env: dict[str, str] | None = None):
+        # fd_limit: the (soft, hard) RLIMIT_NOFILE the server starts with; env: variables to
+        # set for it.
         self.fd_limit = fd_limit
+        self.env = dict(env or {})
         self.data_dir = Path(data_dir)
         self.log_dir = Path(log_dir)
         self.extra_args = list(extra_args)
@@ -117,6 +119,9 @@ class CopseServer:
         env = dict(os.environ)
         env.setdefault("COPSE_LOG", "info")
         env["NO_COLOR"] = "1"
+        # The server reads its password from here when no flag gives one.
+        env.pop("COPSE_REQUIREPASS", None)
+        env.update(self.env)
         with open(self.log_path, "wb") as log:
             fd_limit = self.fd_limit
 

@@ -289,3 +289,47 @@ def test_a_client_that_does_not_authenticate_is_closed_after_the_auth_timeout(ma
         silent.close()
         chatty.close()
         authenticated.close()
+
+
+# -- where the password comes from -----------------------------------------------------------------
+
+
+def test_the_password_from_a_file(make_server, tmp_path):
+    secret = tmp_path / "password"
+    secret.write_text("from a file\n")
+    server = make_server("--requirepass-file", str(secret))
+    assert server.client(password="from a file").ping() is True
+    with pytest.raises(Exception, match="invalid username-password pair"):
+        server.client(password="from a file\n").ping()
+    with server.connect() as sock:
+        sock.sendall(b"PING\r\n")
+        assert recv_until(sock) == b"-NOAUTH Authentication required.\r\n"
+    assert "from a file" not in open(f"/proc/{server.pid}/cmdline").read()
+
+
+def test_the_password_from_the_environment(make_server):
+    server = make_server(env={"COPSE_REQUIREPASS": "from the environment"})
+    assert server.client(password="from the environment").ping() is True
+    with pytest.raises(Exception, match="invalid username-password pair"):
+        server.client(password="from the").ping()
+    # A flag wins, and says the password it got is visible to every local user.
+    flagged = make_server("--requirepass", "flag", env={"COPSE_REQUIREPASS": "env"})
+    assert flagged.client(password="flag").ping() is True
+    assert "visible to every local user" in flagged.log_text()
+
+
+def test_an_empty_or_missing_password_file_is_refused_at_start(tmp_path):
+    import subprocess
+
+    from support import COPSE_BIN
+
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for path, words in [(empty, "is empty"), (tmp_path / "missing", "cannot read")]:
+        result = subprocess.run(
+            [str(COPSE_BIN), "--path", str(tmp_path / "data"), "serve", "--port", "0",
+             "--requirepass-file", str(path)],
+            capture_output=True, text=True, timeout=15,
+        )
+        assert result.returncode == 3, (path, result.returncode, result.stderr)
+        assert words in result.stderr, result.stderr

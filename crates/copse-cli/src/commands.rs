@@ -326,6 +326,10 @@ impl Stdout {
     }
 }
 
+/// The environment variable `copse serve` takes its password from when no flag gives one
+/// (unlike argv, a process's environment is readable only by its user and root).
+const REQUIREPASS_ENV: &str = "COPSE_REQUIREPASS";
+
 /// `copse serve`: settings are the defaults, then the config file, then the flags given.
 fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     let mut config = match &args.config {
@@ -376,8 +380,19 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     if let Some(threads) = args.threads {
         config.threads = threads;
     }
+    // The password: a flag, else COPSE_REQUIREPASS, else the config file's.
     if let Some(password) = &args.requirepass {
+        tracing::warn!(
+            "the password given with --requirepass is visible to every local user (/proc/PID/cmdline, ps); use --requirepass-file or COPSE_REQUIREPASS"
+        );
         config.requirepass = password.clone();
+        config.requirepass_file.clear();
+    } else if let Some(file) = &args.requirepass_file {
+        config.requirepass_file = file.display().to_string();
+        config.requirepass.clear();
+    } else if let Some(password) = std::env::var(REQUIREPASS_ENV).ok().filter(|p| !p.is_empty()) {
+        config.requirepass = password;
+        config.requirepass_file.clear();
     }
     if let Some(maxclients) = args.maxclients {
         config.maxclients = maxclients;

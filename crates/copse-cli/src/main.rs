@@ -163,9 +163,13 @@ pub(crate) struct ServeArgs {
     /// Network threads (event loops); default one per core.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Require AUTH with this password.
-    #[arg(long)]
+    /// Require AUTH with this password. Every local user can read it in /proc/PID/cmdline
+    /// and ps: prefer --requirepass-file or the COPSE_REQUIREPASS environment variable.
+    #[arg(long, conflicts_with = "requirepass_file")]
     pub requirepass: Option<String>,
+    /// Require AUTH with the password held in this file (one trailing newline ignored).
+    #[arg(long)]
+    pub requirepass_file: Option<PathBuf>,
     #[arg(long)]
     pub maxclients: Option<usize>,
     /// Close clients idle this many seconds (0: never).

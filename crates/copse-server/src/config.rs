@@ -85,8 +85,11 @@ pub struct ServerConfig {
     /// The collector keeps each append class's file under this many times its live slots
     /// (copse's `SPACE_AMPLIFICATION_MIN` to `SPACE_AMPLIFICATION_MAX`); applies at every open.
     pub space_amplification_max: f64,
-    /// Password for AUTH; empty means none.
+    /// Password for AUTH; empty means none. Anything in a config file or on the command line
+    /// can be read by others (argv is world-readable in /proc): prefer `requirepass_file`.
     pub requirepass: String,
+    /// A file holding the password (one trailing newline is ignored); empty for none.
+    pub requirepass_file: String,
     /// Clients served at once; lowered at start to what the open files limit leaves.
     pub maxclients: usize,
     /// With a password set, close a client not authenticated this many seconds after it
@@ -123,6 +126,7 @@ impl Default for ServerConfig {
             placement: "auto".into(),
             space_amplification_max: copse::limits::SPACE_AMPLIFICATION_DEFAULT,
             requirepass: String::new(),
+            requirepass_file: String::new(),
             maxclients: MAXCLIENTS_DEFAULT,
             auth_timeout_secs: AUTH_TIMEOUT_SECS_DEFAULT,
             timeout_secs: 0,
@@ -154,6 +158,33 @@ impl ServerConfig {
             path: path.display().to_string(),
             error: error.to_string(),
         })
+    }
+
+    /// Reads the password from `requirepass_file`, if one is named, into `requirepass`.
+    pub fn load_password_file(&mut self) -> Result<(), ConfigError> {
+        if self.requirepass_file.is_empty() {
+            return Ok(());
+        }
+        if !self.requirepass.is_empty() {
+            return Err(ConfigError::Invalid(
+                "requirepass and requirepass_file are both set; give the password once".into(),
+            ));
+        }
+        let path = self.requirepass_file.clone();
+        let text = std::fs::read(&path)
+            .map_err(|error| ConfigError::Read { path: path.clone(), error })?;
+        let text = text.strip_suffix(b"\n").unwrap_or(&text);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        if text.is_empty() {
+            return Err(ConfigError::Invalid(format!(
+                "requirepass_file {path} is empty: a password file must hold a password"
+            )));
+        }
+        self.requirepass = String::from_utf8(text.to_vec()).map_err(|_| {
+            ConfigError::Invalid(format!("requirepass_file {path} does not hold UTF-8 text"))
+        })?;
+        self.requirepass_file.clear();
+        Ok(())
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

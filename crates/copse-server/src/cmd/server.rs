@@ -58,14 +58,25 @@ fn echo(call: &mut Call<'_>) -> Outcome {
     Outcome::Reply(Reply::Bulk(call.args[1].clone()))
 }
 
-/// Checks a password for the `default` user.
+/// Checks a password for the `default` user. Both sides are hashed to SHA-256 and the digests
+/// compared in constant time, so how long a refusal takes tells nothing about how much of the
+/// password a guess got right, nor (fixed-length digests) its length.
 fn check_password(server: &Server, user: &[u8], password: &[u8]) -> Result<(), Reply> {
     let required = server.requirepass();
-    let accepted = required.is_empty() || required.as_bytes() == password;
+    let accepted = required.is_empty() || passwords_match(required.as_bytes(), password);
     if user != b"default" || !accepted {
         return Err(Reply::error("WRONGPASS invalid username-password pair or user is disabled."));
     }
     Ok(())
+}
+
+/// Whether `given` is `required`, in time independent of where they differ.
+fn passwords_match(required: &[u8], given: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    use subtle::ConstantTimeEq;
+    let required = Sha256::digest(required);
+    let given = Sha256::digest(given);
+    bool::from(required.as_slice().ct_eq(given.as_slice()))
 }
 
 fn auth(call: &mut Call<'_>) -> Outcome {
@@ -567,6 +578,10 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     &stats.query_buffer_closes.load(Ordering::Relaxed),
                 );
                 line(
+                    "copse_parser_examined_bytes",
+                    &stats.parser_examined_bytes.load(Ordering::Relaxed),
+                );
+                line(
                     "copse_reply_backpressure_waits",
                     &stats.reply_backpressure_waits.load(Ordering::Relaxed),
                 );
@@ -638,4 +653,18 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_match_exactly() {
+        assert!(passwords_match(b"secret", b"secret"));
+        for wrong in [&b""[..], b"secre", b"secret ", b"Secret", b"secretsecret", b"\0secret"] {
+            assert!(!passwords_match(b"secret", wrong), "{wrong:?}");
+        }
+        assert!(passwords_match(b"", b""));
+    }
 }

@@ -38,7 +38,9 @@ use crate::config::{
     UNAUTHENTICATED_ARGS_MAX, UNAUTHENTICATED_BULK_BYTES_MAX,
 };
 use crate::resp::parse::UnauthenticatedLimits;
-use crate::resp::{encode_reply, parse_command, ParseLimits, Parsed, Protocol, Reply};
+use crate::resp::{
+    encode_reply, parse_command_resumed, ParseLimits, ParseState, Parsed, Protocol, Reply,
+};
 
 /// Bytes of encoded replies gathered before they are written out.
 const WRITE_CHUNK_BYTES: usize = 64 * 1024;
@@ -128,6 +130,8 @@ async fn connection_loop(
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     // When the connection last became unauthenticated (at connect, or by RESET).
     let mut unauthenticated_since: Option<Instant> = None;
+    // Where the parse of a request that is still arriving stopped.
+    let mut parse_state = ParseState::default();
     let auth_timeout_secs = server.config.auth_timeout_secs;
     loop {
         if conn.authenticated {
@@ -152,7 +156,7 @@ async fn connection_loop(
         let mut consumed_total = 0;
         let mut protocol_error = None;
         loop {
-            match parse_command(&input[consumed_total..], &limits) {
+            match parse_command_resumed(&input[consumed_total..], &limits, &mut parse_state) {
                 Ok(Parsed::Command { args, consumed }) => {
                     consumed_total += consumed;
                     wave.push(args);
@@ -172,6 +176,8 @@ async fn connection_loop(
             }
         }
         input.drain(..consumed_total);
+        let examined_bytes = parse_state.take_examined_bytes();
+        server.stats.parser_examined_bytes.fetch_add(examined_bytes, Ordering::Relaxed);
         if wave.is_empty() && protocol_error.is_none() {
             if *shutdown.borrow() {
                 return Ok(End::Done);

@@ -49,6 +49,9 @@ pub struct Stats {
     pub query_buffer_closes: AtomicU64,
     /// Times a connection stopped dispatching to wait for its client to take replies.
     pub reply_backpressure_waits: AtomicU64,
+    /// Bytes the request parser examined (searched for line ends, or copied): about the bytes
+    /// received, however finely requests were split (`resp::ParseState`).
+    pub parser_examined_bytes: AtomicU64,
 }
 
 /// Settings CONFIG SET may change while the server runs.
@@ -289,7 +292,8 @@ impl Running {
 }
 
 /// Opens the store, binds, and starts serving on background threads.
-pub fn start(config: ServerConfig) -> Result<Running, ServeError> {
+pub fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
+    config.load_password_file()?;
     config.validate()?;
     let options = config.store_options()?;
     let db = Db::open(&config.path, options)?;

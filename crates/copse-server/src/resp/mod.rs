@@ -11,8 +11,9 @@
 //!   until the bytes it announces have arrived, so memory stays proportional to what a client
 //!   actually sent, and every size is checked against `ParseLimits` first.
 //! - **Incremental**: a request's outcome depends only on its own bytes. A strict prefix of a
-//!   valid request is `Incomplete`, and a request parses the same however the network split it,
-//!   so the caller may simply re-parse from the start of its buffer after every read.
+//!   valid request is `Incomplete`, and a request parses the same however the network split it.
+//!   A connection keeps a `ParseState` so that parsing after each read resumes where the last
+//!   parse stopped instead of walking the request again (linear, not quadratic, in its size).
 //!
 //! Behaviour follows Redis's `networking.c` (`processInlineBuffer`, `processMultibulkBuffer`) and
 //! its error texts, so that Redis clients and Redis's own protocol tests see what they expect;
@@ -23,4 +24,6 @@ pub mod fuzz;
 pub mod parse;
 
 pub use encode::{encode_reply, format_double, Protocol, Reply};
-pub use parse::{parse_command, ParseLimits, Parsed, ProtocolError};
+pub use parse::{
+    parse_command, parse_command_resumed, ParseLimits, ParseState, Parsed, ProtocolError,
+};
