@@ -84,30 +84,10 @@ def rc(request, server):
     client.close()
 
 
-_hashes_available: bool | None = None
-
-
-def hashes_available(client: redis.Redis) -> bool:
-    """Whether this server implements HSET (probed once per session)."""
-    global _hashes_available
-    if _hashes_available is None:
-        try:
-            client.execute_command("HSET", "__copse_probe_hash__", "f", "v")
-            client.delete("__copse_probe_hash__")
-            _hashes_available = True
-        except redis.ResponseError as err:
-            if "unknown command" not in str(err):
-                raise
-            _hashes_available = False
-    return _hashes_available
-
-
 @pytest.fixture
 def hash_key(r):
-    """Makes a function creating a hash key with HSET; skips when HSET is not implemented yet."""
-    if not hashes_available(r):
-        pytest.skip("HSET is not implemented yet (crates/copse-server/src/cmd/hashes.rs): "
-                    "wrong-type tests run once hashes land")
+    """Makes a function creating a hash key with HSET. (It used to skip its tests when HSET
+    was missing, so losing the command would have passed silently; now such a test fails.)"""
 
     def make(key, fields=None):
         fields = fields or {"f": "v"}
@@ -116,5 +96,3 @@ def hash_key(r):
         return key
 
     return make
-
-
