@@ -40,7 +40,7 @@ pub const CLIENT_QUERY_BUFFER_BYTES_MIN: usize = 1024 * 1024;
 /// Bytes of replies a connection may have pending (reserved for the commands it has handed to
 /// the shards and not yet written) before it stops dispatching and reading until the client
 /// takes its replies. A command reserves the most its reply can be before it runs
-/// (`cmd::reply_bytes_reserved`), so this bounds what a client that never reads can make the
+/// (`cmd::ReplySize::reserved_bytes`), so this bounds what a client that never reads can make the
 /// server hold, whatever it pipelines: at most this, or one command's reply when that is more.
 /// Four of copse's largest values fit at once.
 pub const CLIENT_PENDING_REPLY_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
