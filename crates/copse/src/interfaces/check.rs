@@ -107,8 +107,9 @@ impl SlotCounts {
 #[serde(rename_all = "kebab-case")]
 pub enum HeaderState {
     Ok,
-    /// All zeros: the file was created but its header never became durable. Recovery rewrites it
-    /// and reads no slot of it, so neither does the check.
+    /// All zeros: the file was created but its header never became durable (no slot is used),
+    /// or a device lost the header's write (slots are used: listed as a problem; recovery keeps
+    /// the records and rewrites the header). The slots are scanned either way.
     Blank,
     /// Listed as a problem. The slots are still scanned with the geometry the file name implies:
     /// each record's checksum covers its shard, class and slot, so one that verifies is genuine.
@@ -468,10 +469,9 @@ fn check_file(
             file_report.header = HeaderState::Ok;
             layout = RecordLayout::of_version(header.format_version);
         }
-        Ok(None) => {
-            file_report.header = HeaderState::Blank;
-            return Ok(0);
-        }
+        // Scanned too: records behind a blank header mean its write was lost (recovery keeps
+        // them and rewrites the header).
+        Ok(None) => file_report.header = HeaderState::Blank,
         Err(Ok(reason)) => {
             file_report.header = HeaderState::Bad;
             problems.report(Problem {
@@ -542,7 +542,22 @@ fn check_file(
             });
         }
     };
-    scan_slab(device, shard, SlabFile { file, file_bytes, class, layout }, None, &mut visit)
+    let bytes =
+        scan_slab(device, shard, SlabFile { file, file_bytes, class, layout }, None, &mut visit)?;
+    let used = file_report.slots.slots - file_report.slots.empty;
+    if file_report.header == HeaderState::Blank && used > 0 {
+        problems.report(Problem {
+            file: file_name.to_string(),
+            shard: Some(shard),
+            class: Some(class.id),
+            slot: None,
+            byte_offset: Some(0),
+            what: format!(
+                "the slab header page is blank over {used} used slots (its write was lost)"
+            ),
+        });
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -37,7 +37,8 @@ pub fn class_of_file_name(name: &str) -> Option<u8> {
 }
 
 /// Reads a slab file's header page and checks it belongs to `class` of `shard_id`.
-/// `Ok(None)`: the file was created but its header never became durable (no item can be in it).
+/// `Ok(None)`: the header page is blank: the file was created but its header never became
+/// durable (then no record follows it), or a device lost the header's write (then records do).
 pub fn read_slab_header(
     device: &mut dyn BlockDevice,
     file: FileId,
@@ -249,6 +250,8 @@ struct Found {
     damaged_unkeyed: HashMap<Loc, u64>,
     /// The Watermark record with the highest seq: its seq and the live digest it carries.
     last_watermark: Option<(u64, Option<LiveDigest>)>,
+    /// Slab files whose header page was blank over records (its write was lost): what to report.
+    lost_headers: Vec<String>,
     max_seq: u64,
     /// Per class: one past the highest slot holding anything.
     frontier: Vec<u64>,
@@ -575,29 +578,48 @@ impl NativeEngine {
             if let Some(progress) = progress {
                 progress.inc_length(file_bytes);
             }
-            let layout = match read_slab_header(
+            let (layout, blank_header) = match read_slab_header(
                 self.device.as_mut(),
                 file,
                 file_bytes,
                 class,
                 self.shard_id,
             ) {
-                Ok(Some(header)) => RecordLayout::of_version(header.format_version),
-                Ok(None) => {
-                    self.initialize_class_file(class, file)?;
-                    continue;
-                }
+                Ok(Some(header)) => (RecordLayout::of_version(header.format_version), false),
+                // Scanned like any file: only this build writes headers blank-first.
+                Ok(None) => (RecordLayout::current(), true),
                 Err(Ok(reason)) => return Err(OpenError::CorruptSlabHeader { file: path, reason }),
                 Err(Err(err)) => return Err(OpenError::Device(err)),
             };
             let shard_id = self.shard_id;
+            let mut slots_used = 0u64;
             self.recovery.bytes_scanned += scan_slab(
                 self.device.as_mut(),
                 shard_id,
                 SlabFile { file, file_bytes, class, layout },
                 progress,
-                &mut |loc, result, bytes| found.visit(shard_id, layout, loc, result, bytes),
+                &mut |loc, result, bytes| {
+                    slots_used += u64::from(!matches!(result, Ok(Slot::Empty)));
+                    found.visit(shard_id, layout, loc, result, bytes)
+                },
             )?;
+            if blank_header {
+                if slots_used == 0 {
+                    // Created, never used (a crash before its header was durable).
+                    self.initialize_class_file(class, file)?;
+                    continue;
+                }
+                // The header is written and flushed before any record, so records behind a blank
+                // header mean the device lost its write. Ignoring the file would bring back older
+                // versions of its keys, and re-initialising it would revive them later.
+                let what = format!(
+                    "{path}: the header page is blank over {slots_used} used slots (its write \
+                     was lost); rewritten, the records kept"
+                );
+                tracing::error!(shard = self.shard_id, "{what}");
+                found.lost_headers.push(what);
+                self.write_slab_header(class, file).map_err(OpenError::Device)?;
+            }
             scanned_classes.push((class, file, file_bytes, layout));
         }
         for (class, file, file_bytes, layout) in scanned_classes {
@@ -651,10 +673,13 @@ impl NativeEngine {
             frontier,
             corrupt_sample,
             damaged_unkeyed,
+            lost_headers: found_lost_headers,
             ..
         } = found;
-        self.recovery.torn_or_corrupt = (corrupt.len() + judged.kept.len()) as u64;
-        self.recovery.defects_sample = corrupt_sample;
+        self.recovery.torn_or_corrupt =
+            (corrupt.len() + judged.kept.len() + found_lost_headers.len()) as u64;
+        self.recovery.defects_sample =
+            found_lost_headers.into_iter().chain(corrupt_sample).collect();
         self.recovery.damaged_items = judged.decided.len() as u64;
         for (loc, key) in &judged.decided {
             tracing::error!(shard = self.shard_id, ?loc, key = %String::from_utf8_lossy(key), "the newest record of a key is damaged: it reads as corrupt until rewritten");

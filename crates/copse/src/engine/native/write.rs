@@ -248,6 +248,26 @@ impl NativeEngine {
         let file_bytes = class.file_bytes_for_slots(0).max(self.slab_growth_bytes_min);
         self.device.grow_file(file, file_bytes)?;
         self.device.fault_point(FaultPoint::SlabFileCreatedBeforeHeader)?;
+        self.write_slab_header(class, file)?;
+        self.classes[class.id as usize] = Some(ClassFile {
+            file,
+            next_append_slot: 0,
+            frontier_page: 1,
+            file_bytes,
+            layout: RecordLayout::current(),
+            fresh_pages: (0, 0),
+        });
+        self.open_placement(class, file_bytes, 0);
+        Ok(())
+    }
+
+    /// Writes a slab file's header page (this build's format) and makes it durable: before any
+    /// record of the file is written, and again by recovery when a device lost it.
+    pub(super) fn write_slab_header(
+        &mut self,
+        class: SizeClass,
+        file: crate::device::FileId,
+    ) -> Result<(), crate::device::DeviceError> {
         let mut page = AlignedBuf::zeroed(PAGE_BYTES);
         encode_slab_header(
             &mut page,
@@ -262,17 +282,7 @@ impl NativeEngine {
         );
         let token = self.take_token();
         self.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
-        self.device.flush()?;
-        self.classes[class.id as usize] = Some(ClassFile {
-            file,
-            next_append_slot: 0,
-            frontier_page: 1,
-            file_bytes,
-            layout: RecordLayout::current(),
-            fresh_pages: (0, 0),
-        });
-        self.open_placement(class, file_bytes, 0);
-        Ok(())
+        self.device.flush()
     }
 
     /// Encodes a record into its slot: straight into an I/O buffer for multi-page classes,
