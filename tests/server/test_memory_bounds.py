@@ -96,3 +96,29 @@ def test_a_request_over_the_query_buffer_limit_closes_the_client(make_server, tm
     client.set("k", b"f" * MIB)
     assert client.strlen("k") == MIB
     client.close()
+
+
+def test_hgetall_over_the_output_limit_is_refused_as_it_reads(make_server, tmp_path):
+    """At 101534c HGETALL read every value of the hash in one scan and encoded the reply before
+    the limit was checked: a 192 MiB hash against a 16 MiB limit. Now it reads in steps within
+    the limit and stops with an error."""
+    config = write_config(tmp_path, f"client_output_bytes_max = {16 * MIB}\n")
+    server = make_server("--config", config)
+    client = server.client()
+    value = b"v" * (8 * MIB)
+    for field in range(24):
+        client.hset("h", f"f{field}", value)
+    peak_before = server.peak_rss_bytes()
+    for command in ("HGETALL", "HVALS"):
+        try:
+            client.execute_command(command, "h")
+            raise AssertionError(f"{command} of 192 MiB passed a 16 MiB output limit")
+        except redis.ResponseError as err:
+            assert "exceeds the client output limit (16777216 bytes)" in str(err), err
+    growth = server.peak_rss_bytes() - peak_before
+    assert growth < 64 * MIB, f"a refused HGETALL grew peak RSS by {growth / MIB:.0f} MiB"
+    assert client.ping() is True
+    client.hset("small", mapping={"a": "1", "b": "2"})
+    assert client.hgetall("small") == {b"a": b"1", b"b": b"2"}
+    assert sorted(client.hvals("small")) == [b"1", b"2"]
+    client.close()

@@ -15,8 +15,8 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
 use copse::engine::BatchOp;
-use copse::limits::{KEY_BYTES_MAX, SCAN_ITEMS_MAX, WRITE_BATCH_OPS_MAX};
-use copse::shard::exec::{ExecView, ReadOp, ReadResult};
+use copse::limits::{KEY_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+use copse::shard::exec::{ExecView, ReadOp};
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
@@ -229,36 +229,59 @@ fn hstrlen(call: &mut Call<'_>) -> Outcome {
     })
 }
 
-/// Reads every (field, value) of the hash in one scan and answers `reply` of them.
+/// Reads every (field, value) of the hash and answers `reply` of them. The fields come from the
+/// index (no I/O); their values are read in steps no larger than the room left under the
+/// output limit, each counted at the largest value the store may hold, so a reply that would
+/// pass the limit is refused with an error having read at most the limit plus one value.
 fn read_all<F>(call: &Call<'_>, mut reply: F) -> Outcome
 where
     F: FnMut(Vec<(Vec<u8>, Vec<u8>)>) -> Reply + Send + 'static,
 {
+    use std::sync::atomic::Ordering;
     let key = call.args[1].clone();
-    on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => match hash_exists(view, &key) {
-            Ok(true) => {
-                let (start, end) = fields_range(&key);
-                // A hash holds at most HASH_FIELDS_MAX < SCAN_ITEMS_MAX fields: one scan reads all.
-                Next::Read(vec![ReadOp::Scan { start, end, limit: SCAN_ITEMS_MAX }])
-            }
-            Ok(false) => Next::Reply(reply(Vec::new())),
-            Err(error) => Next::Reply(error),
-        },
-        Input::Read(mut results) => match results.pop() {
-            Some(ReadResult::Items(items)) => {
-                let mut pairs = Vec::with_capacity(items.len());
-                for (item, value) in items {
-                    match decode_field(&item, key.len()) {
-                        Some((_, field)) => pairs.push((field.to_vec(), value)),
-                        None => return unexpected(),
-                    }
+    let reply_bytes_max = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
+    let value_bytes_bound = call.server.value_bytes_bound.clone();
+    let mut items: Vec<Vec<u8>> = Vec::new();
+    let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut asked = 0..0;
+    let mut reply_bytes = 0;
+    on_key(call.db(), &key.clone(), move |view, input| {
+        match input {
+            Input::Start => match hash_exists(view, &key) {
+                Ok(true) => {
+                    let (start, end) = fields_range(&key);
+                    items = view.keys(bound_ref(&start), bound_ref(&end), usize::MAX);
                 }
-                Next::Reply(reply(pairs))
+                Ok(false) => return Next::Reply(reply(Vec::new())),
+                Err(error) => return Next::Reply(error),
+            },
+            Input::Read(results) => {
+                for (item, result) in items[asked.clone()].iter().zip(results) {
+                    let Some((_, field)) = decode_field(item, key.len()) else {
+                        return unexpected();
+                    };
+                    // A field the index lists is there: the exec holds the hash's lock.
+                    let value = value_of(Some(result)).unwrap_or_default();
+                    reply_bytes += field.len() + value.len() + 32;
+                    pairs.push((field.to_vec(), value));
+                }
+                if reply_bytes > reply_bytes_max {
+                    return Next::Reply(Reply::Error(format!(
+                        "ERR reply of at least {reply_bytes} bytes exceeds the client output limit ({reply_bytes_max} bytes)"
+                    )));
+                }
             }
-            _ => unexpected(),
-        },
-        Input::Written => unexpected(),
+            Input::Written => return unexpected(),
+        }
+        let value_bytes_max =
+            value_bytes_bound.load(Ordering::Acquire).min(copse::limits::VALUE_BYTES_MAX) + 32;
+        let room = reply_bytes_max.saturating_sub(reply_bytes);
+        let step = (room / value_bytes_max).clamp(1, copse::limits::EXEC_READS_MAX);
+        asked = asked.end..(asked.end + step).min(items.len());
+        if asked.is_empty() {
+            return Next::Reply(reply(std::mem::take(&mut pairs)));
+        }
+        Next::Read(items[asked.clone()].iter().map(|item| ReadOp::Get(item.clone())).collect())
     })
 }
 
