@@ -1472,6 +1472,23 @@ impl Shard {
     }
 }
 
+/// One shard (id 0) of the tests that drive a `Shard` by hand: in-page classes in `placement`,
+/// one-page blocks under a 1.2 ceiling for append, slab files growing by `growth_pages`.
+fn one_shard_config(placement: Placement, growth_pages: u64) -> EngineConfig {
+    EngineConfig {
+        shard_id: 0,
+        cache_pages: 64,
+        io_depth_max: 64,
+        slab_growth_bytes_min: growth_pages * PAGE_BYTES as u64,
+        placements: (0..CLASS_COUNT)
+            .map(|class| if class < IN_PAGE_CLASS_COUNT { placement } else { Placement::InPlace })
+            .collect(),
+        append_block_pages: 1,
+        space_amplification_max: 1.2,
+        poisoned: Default::default(),
+    }
+}
+
 /// Issue 20, finding 2 (found in review, reproduced on the simulated disk): the collector moves
 /// a live record of key V out of a victim block, and that move's page write lands late. Meanwhile
 /// DEL V is durable (answered 1), the victim block empties and is reused, the rewrite of V's old
@@ -1484,24 +1501,7 @@ impl Shard {
 fn a_collector_move_landing_late_never_brings_a_deleted_key_back() {
     copse::hash::make_deterministic();
     fn config(_: &SimDisk) -> EngineConfig {
-        EngineConfig {
-            shard_id: 0,
-            cache_pages: 64,
-            io_depth_max: 64,
-            slab_growth_bytes_min: PAGE_BYTES as u64,
-            placements: (0..CLASS_COUNT)
-                .map(|class| {
-                    if class < IN_PAGE_CLASS_COUNT {
-                        Placement::Append
-                    } else {
-                        Placement::InPlace
-                    }
-                })
-                .collect(),
-            append_block_pages: 1,
-            space_amplification_max: 1.2,
-            poisoned: Default::default(),
-        }
+        one_shard_config(Placement::Append, 1)
     }
     let disk = SimDisk::new(202);
     let mut shard = Shard::open(&disk, config);
@@ -1617,16 +1617,7 @@ fn a_torn_batch_record_keeps_its_sequence_number_until_erased() {
     use copse::engine::native::format::{encode_record, RecordKind, RECORD_HEADER_BYTES};
     copse::hash::make_deterministic();
     fn config(_: &SimDisk) -> EngineConfig {
-        EngineConfig {
-            shard_id: 0,
-            cache_pages: 16,
-            io_depth_max: 16,
-            slab_growth_bytes_min: 8 * PAGE_BYTES as u64,
-            placements: vec![Placement::InPlace; CLASS_COUNT],
-            append_block_pages: 1,
-            space_amplification_max: 1.5,
-            poisoned: Default::default(),
-        }
+        one_shard_config(Placement::InPlace, 8)
     }
     const TORN_SEQ: u64 = 1_000;
     let disk = SimDisk::new(3);
@@ -1674,33 +1665,12 @@ fn a_torn_batch_record_keeps_its_sequence_number_until_erased() {
 fn a_write_lost_before_a_clean_close_is_detected_at_the_next_open() {
     use copse::device::sim::WriteFault;
     copse::hash::make_deterministic();
-    fn config_with(placement: Placement) -> EngineConfig {
-        EngineConfig {
-            shard_id: 0,
-            cache_pages: 16,
-            io_depth_max: 16,
-            slab_growth_bytes_min: 8 * PAGE_BYTES as u64,
-            placements: (0..CLASS_COUNT)
-                .map(
-                    |class| {
-                        if class < IN_PAGE_CLASS_COUNT {
-                            placement
-                        } else {
-                            Placement::InPlace
-                        }
-                    },
-                )
-                .collect(),
-            append_block_pages: 4,
-            space_amplification_max: 1.5,
-            poisoned: Default::default(),
-        }
-    }
+
     fn in_place(_: &SimDisk) -> EngineConfig {
-        config_with(Placement::InPlace)
+        one_shard_config(Placement::InPlace, 8)
     }
     fn appended(_: &SimDisk) -> EngineConfig {
-        config_with(Placement::Append)
+        one_shard_config(Placement::Append, 8)
     }
     fn wait(shard: &mut Shard, mut reply: oneshot::Receiver<Result<(), WriteError>>) {
         assert!(shard.turn_until(100, || matches!(reply.try_recv(), Ok(Some(Ok(()))))));
@@ -1793,16 +1763,7 @@ fn a_lost_slab_header_neither_hides_nor_later_revives_its_records() {
     use copse::device::sim::WriteFault;
     copse::hash::make_deterministic();
     fn config(_: &SimDisk) -> EngineConfig {
-        EngineConfig {
-            shard_id: 0,
-            cache_pages: 16,
-            io_depth_max: 16,
-            slab_growth_bytes_min: 8 * PAGE_BYTES as u64,
-            placements: vec![Placement::InPlace; CLASS_COUNT],
-            append_block_pages: 1,
-            space_amplification_max: 1.5,
-            poisoned: Default::default(),
-        }
+        one_shard_config(Placement::InPlace, 8)
     }
     let disk = SimDisk::new(9);
     let mut shard = Shard::open(&disk, config);

@@ -311,6 +311,35 @@ pub(crate) fn sync_data(file: &File, name: &str) -> Result<(), DeviceError> {
     file.sync_data().map_err(|err| DeviceError::from_io(&err, format!("fdatasync {name}")))
 }
 
+/// fdatasyncs every file marked in `dirty` (a write to it completed since its last fdatasync
+/// began), clearing each mark before its call, and tells `observer` when each begins and ends.
+/// On a failure the file stays marked and the error is returned. The real devices' `flush`.
+pub(crate) fn sync_marked_files(
+    files: &[OpenFile],
+    dirty: &mut [bool],
+    observer: Option<&dyn super::IoObserver>,
+) -> Result<(), DeviceError> {
+    for (open, dirty) in files.iter().zip(dirty.iter_mut()) {
+        if !*dirty {
+            continue;
+        }
+        // Cleared before the call: nothing completes meanwhile (the device's thread is here).
+        *dirty = false;
+        if let Some(observer) = observer {
+            observer.sync_started(&open.name);
+        }
+        let synced = sync_data(&open.file, &open.name);
+        if let Some(observer) = observer {
+            observer.sync_finished(&open.name, synced.is_ok());
+        }
+        if let Err(err) = synced {
+            *dirty = true;
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
 /// An open file of a real device and the name it was opened under (for error messages).
 pub(crate) struct OpenFile {
     pub(crate) file: File,

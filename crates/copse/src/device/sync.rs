@@ -187,22 +187,7 @@ impl BlockDevice for SyncDevice {
             return Ok(()); // O_DSYNC: every completed write was already durable
         }
         let covered = self.write_completions_reaped;
-        for (open, dirty) in self.files.iter().zip(self.dirty.iter_mut()) {
-            if *dirty {
-                *dirty = false;
-                if let Some(observer) = &self.observer {
-                    observer.sync_started(&open.name);
-                }
-                let synced = files::sync_data(&open.file, &open.name);
-                if let Some(observer) = &self.observer {
-                    observer.sync_finished(&open.name, synced.is_ok());
-                }
-                if let Err(err) = synced {
-                    *dirty = true;
-                    return Err(err);
-                }
-            }
-        }
+        files::sync_marked_files(&self.files, &mut self.dirty, self.observer.as_deref())?;
         assert!(covered >= self.write_completions_durable, "flush coverage went backwards");
         self.write_completions_durable = covered;
         Ok(())

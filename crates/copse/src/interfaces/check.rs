@@ -461,6 +461,14 @@ fn check_file(
             format!("file length {file_bytes} is not a multiple of the {PAGE_BYTES}-byte page"),
         );
     }
+    let header_problem = |what: String| Problem {
+        file: file_name.to_string(),
+        shard: Some(shard),
+        class: Some(class.id),
+        slot: None,
+        byte_offset: Some(0),
+        what,
+    };
     // A file whose header is bad is still scanned, as the current format: its slots' problems
     // are reported too.
     let mut layout = RecordLayout::current();
@@ -474,14 +482,7 @@ fn check_file(
         Ok(None) => file_report.header = HeaderState::Blank,
         Err(Ok(reason)) => {
             file_report.header = HeaderState::Bad;
-            problems.report(Problem {
-                file: file_name.to_string(),
-                shard: Some(shard),
-                class: Some(class.id),
-                slot: None,
-                byte_offset: Some(0),
-                what: format!("bad slab header: {reason}"),
-            });
+            problems.report(header_problem(format!("bad slab header: {reason}")));
         }
         Err(Err(err)) => return Err(err),
     }
@@ -546,16 +547,9 @@ fn check_file(
         scan_slab(device, shard, SlabFile { file, file_bytes, class, layout }, None, &mut visit)?;
     let used = file_report.slots.slots - file_report.slots.empty;
     if file_report.header == HeaderState::Blank && used > 0 {
-        problems.report(Problem {
-            file: file_name.to_string(),
-            shard: Some(shard),
-            class: Some(class.id),
-            slot: None,
-            byte_offset: Some(0),
-            what: format!(
-                "the slab header page is blank over {used} used slots (its write was lost)"
-            ),
-        });
+        let what =
+            format!("the slab header page is blank over {used} used slots (its write was lost)");
+        problems.report(header_problem(what));
     }
     Ok(bytes)
 }
