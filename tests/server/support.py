@@ -40,19 +40,66 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def local_non_loopback_address() -> str | None:
-    """An IPv4 address of one of this machine's own interfaces other than loopback, or None on
-    a loopback-only machine. Traffic to it never leaves the machine."""
-    try:
-        out = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"],
-                             capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        fields = line.split()
-        if "inet" in fields:
-            return fields[fields.index("inet") + 1].split("/")[0]
-    return None
+class OutsideHost:
+    """A client host outside loopback that exists only in this test's sandbox: a network namespace
+    of its own joined to ours by a veth pair (`198.18.N.1` on our side, `198.18.N.2` inside; the
+    RFC 2544 test range). A server bound to 0.0.0.0 sees its connections come from a non-loopback
+    peer. No traffic goes anywhere but between the two ends of the pair. Needs root (`ip netns`)."""
+
+    CLONE_NEWNET = 0x40000000
+    _created = 0
+
+    def __init__(self):
+        OutsideHost._created += 1
+        index = OutsideHost._created
+        tag = f"{os.getpid() % 10000}{index}"
+        self.name = f"copse-{tag}"
+        self.our_link, their_link = f"cph{tag}", f"cpn{tag}"
+        subnet = 100 + (os.getpid() + index) % 100
+        self.server_side, self.client_side = f"198.18.{subnet}.1", f"198.18.{subnet}.2"
+        steps = [
+            ["ip", "netns", "add", self.name],
+            ["ip", "link", "add", self.our_link, "type", "veth", "peer", "name", their_link],
+            ["ip", "link", "set", their_link, "netns", self.name],
+            ["ip", "addr", "add", f"{self.server_side}/30", "dev", self.our_link],
+            ["ip", "link", "set", self.our_link, "up"],
+            ["ip", "netns", "exec", self.name, "ip", "addr", "add", f"{self.client_side}/30", "dev", their_link],
+            ["ip", "netns", "exec", self.name, "ip", "link", "set", their_link, "up"],
+        ]
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=10)
+            if done.returncode != 0:
+                self.close()
+                raise RuntimeError(f"{' '.join(step)}: {done.stderr.strip()}")
+
+    def socket(self) -> socket.socket:
+        """A TCP socket of the namespace: it keeps the namespace it was created in."""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        ours = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        theirs = os.open(f"/var/run/netns/{self.name}", os.O_RDONLY)
+        try:
+            if libc.setns(theirs, self.CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns into the test namespace")
+            try:
+                return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            finally:
+                if libc.setns(ours, self.CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns back")
+        finally:
+            os.close(ours)
+            os.close(theirs)
+
+    def connect(self, port: int) -> socket.socket:
+        """A connection from the namespace to our side of the pair on `port`."""
+        sock = self.socket()
+        sock.settimeout(10)
+        sock.connect((self.server_side, port))
+        return sock
+
+    def close(self):
+        subprocess.run(["ip", "link", "del", self.our_link], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=10)
 
 
 class ServerFailed(Exception):

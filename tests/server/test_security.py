@@ -8,6 +8,7 @@ with requests large enough to pass the bound many times over were it not enforce
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -18,7 +19,7 @@ from support import (
     RespReader,
     encode_command,
     free_port,
-    local_non_loopback_address,
+    OutsideHost,
     recv_all_until_close,
     recv_until,
 )
@@ -127,21 +128,30 @@ DENIED_PREFIX = (
 )
 
 
-def connect_from(address: str, port: int) -> socket.socket:
-    """A connection to this machine's own `address` (the peer the server sees is that address)."""
-    return socket.create_connection((address, port), timeout=10)
+@pytest.fixture
+def outside():
+    """A client host outside loopback, in a network namespace of the test's own (support.py)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a network namespace needs root")
+    host = OutsideHost()
+    yield host
+    host.close()
 
 
-def http_get_metrics(address: str, port: int) -> bytes:
-    with socket.create_connection((address, port), timeout=10) as sock:
+def http_get_metrics_over(sock: socket.socket) -> bytes:
+    with sock:
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: copse\r\n\r\n")
         return recv_all_until_close(sock)
 
 
+def http_get_metrics(address: str, port: int) -> bytes:
+    return http_get_metrics_over(socket.create_connection((address, port), timeout=10))
+
+
 def test_protected_mode_serves_loopback_when_bound_to_every_address(make_server):
     """Loopback clients are served by a server bound to 0.0.0.0 without a password (the
-    decision over other peers is unit-tested in net/access.rs; below, over this machine's own
-    non-loopback address when it has one)."""
+    decision over other peers is unit-tested in net/access.rs; below, from a host outside
+    loopback in a network namespace of the test's own)."""
     metrics_port = free_port()
     server = make_server("--bind", "0.0.0.0", "--metrics-port", str(metrics_port))
     client = server.client()
@@ -152,12 +162,10 @@ def test_protected_mode_serves_loopback_when_bound_to_every_address(make_server)
     client.close()
 
 
-@pytest.mark.skipif(local_non_loopback_address() is None, reason="no non-loopback local address")
-def test_protected_mode_refuses_peers_outside_loopback(make_server):
-    outside = local_non_loopback_address()
+def test_protected_mode_refuses_peers_outside_loopback(make_server, outside):
     metrics_port = free_port()
     server = make_server("--bind", "0.0.0.0", "--metrics-port", str(metrics_port))
-    with connect_from(outside, server.port) as sock:
+    with outside.connect(server.port) as sock:
         sock.sendall(b"PING\r\n")
         try:
             data = recv_all_until_close(sock)
@@ -165,45 +173,41 @@ def test_protected_mode_refuses_peers_outside_loopback(make_server):
             data = b""
         assert data.startswith(DENIED_PREFIX) and data.endswith(b"\r\n"), data[:300]
         assert data.count(b"\r\n") == 1
-    assert http_get_metrics(outside, metrics_port).startswith(b"HTTP/1.1 403 Forbidden")
+    assert http_get_metrics_over(outside.connect(metrics_port)).startswith(b"HTTP/1.1 403 Forbidden")
     # Loopback may turn it off; then everyone is served, metrics included.
     client = server.client()
     assert client.config_set("protected-mode", "no") is True
-    with connect_from(outside, server.port) as sock:
+    with outside.connect(server.port) as sock:
         sock.sendall(b"PING\r\n")
         assert recv_until(sock) == b"+PONG\r\n"
-    assert http_get_metrics(outside, metrics_port).startswith(b"HTTP/1.1 200 OK")
+    assert http_get_metrics_over(outside.connect(metrics_port)).startswith(b"HTTP/1.1 200 OK")
     with pytest.raises(Exception, match="must be 'yes' or 'no'"):
         client.config_set("protected-mode", "maybe")
     client.close()
 
 
-@pytest.mark.skipif(local_non_loopback_address() is None, reason="no non-loopback local address")
-def test_with_a_password_outside_peers_must_authenticate_and_metrics_stay_loopback(make_server):
-    outside = local_non_loopback_address()
+def test_with_a_password_outside_peers_must_authenticate_and_metrics_stay_loopback(make_server, outside):
     metrics_port = free_port()
     server = make_server("--bind", "0.0.0.0", "--requirepass", "pw", "--metrics-port", str(metrics_port))
-    with connect_from(outside, server.port) as sock:
+    with outside.connect(server.port) as sock:
         sock.sendall(b"PING\r\n" + encode_command("AUTH", "pw") + b"PING\r\n")
         reader = RespReader(sock)
         assert [reader.read(), reader.read(), reader.read()] == [
             Error(b"NOAUTH Authentication required."), b"OK", b"PONG"
         ]
     # The metrics page has no password: protected mode keeps it loopback-only.
-    assert http_get_metrics(outside, metrics_port).startswith(b"HTTP/1.1 403 Forbidden")
+    assert http_get_metrics_over(outside.connect(metrics_port)).startswith(b"HTTP/1.1 403 Forbidden")
     assert http_get_metrics("127.0.0.1", metrics_port).startswith(b"HTTP/1.1 200 OK")
 
 
-def test_protected_mode_no_from_the_command_line(make_server):
+def test_protected_mode_no_from_the_command_line(make_server, outside):
     server = make_server("--bind", "0.0.0.0", "--protected-mode", "no")
     client = server.client()
     assert client.config_get("protected-mode") == {"protected-mode": "no"}
     client.close()
-    outside = local_non_loopback_address()
-    if outside is not None:
-        with connect_from(outside, server.port) as sock:
-            sock.sendall(b"PING\r\n")
-            assert recv_until(sock) == b"+PONG\r\n"
+    with outside.connect(server.port) as sock:
+        sock.sendall(b"PING\r\n")
+        assert recv_until(sock) == b"+PONG\r\n"
 
 
 # -- descriptors, maxclients, the AUTH timeout -----------------------------------------------------
