@@ -122,3 +122,57 @@ def test_hgetall_over_the_output_limit_is_refused_as_it_reads(make_server, tmp_p
     assert client.hgetall("small") == {b"a": b"1", b"b": b"2"}
     assert sorted(client.hvals("small")) == [b"1", b"2"]
     client.close()
+
+
+def test_hmget_reads_each_field_once_and_refuses_a_reply_over_the_limit_as_it_reads(make_server, tmp_path):
+    """HMGET built its whole reply before the output limit was checked (a field named 2,000
+    times, or many large fields): the MGET finding of issue 20 for hashes. Now each field is
+    read once, in steps within the limit, and a reply past it is refused with an error."""
+    config = write_config(tmp_path, f"client_output_bytes_max = {16 * MIB}\n")
+    server = make_server("--config", config)
+    client = server.client()
+    value = b"w" * MIB
+    for field in range(40):
+        client.hset("wide", f"f{field}", value)
+    peak_before = server.peak_rss_bytes()
+    with server.connect(timeout=60) as sock:
+        # One field 2,000 times (a 2 GiB reply), then 40 distinct 1 MiB fields (40 MiB).
+        sock.sendall(
+            encode_command("HMGET", "wide", *(["f0"] * 2000))
+            + encode_command("HMGET", "wide", *[f"f{field}" for field in range(40)])
+            + b"PING\r\n"
+        )
+        reader = RespReader(sock)
+        for _ in range(2):
+            error = reader.read()
+            assert isinstance(error, Error), error if not isinstance(error, list) else len(error)
+            assert error.endswith(b"exceeds the client output limit (16777216 bytes)"), error
+        assert reader.read() == b"PONG", "a refused HMGET leaves the connection usable"
+    growth = server.peak_rss_bytes() - peak_before
+    assert growth < 64 * MIB, f"refused HMGETs grew peak RSS by {growth / MIB:.0f} MiB"
+    # Under the limit every position is filled, however often a field is named.
+    client.hset("small", mapping={"a": "1", "b": "2"})
+    assert client.hmget("small", ["a", "b", "missing", "b", "a"]) == [b"1", b"2", None, b"2", b"1"]
+    assert client.hmget("wide", ["f1", "f1", "nope"]) == [value, value, None]
+    assert client.hmget("absent", ["a", "b"]) == [None, None]
+    client.close()
+
+
+def test_keys_over_the_output_limit_is_refused_as_it_lists(make_server, tmp_path):
+    """KEYS listed every matching key of the store before the output limit was checked. With a
+    1 MiB limit and ~4 MiB of key names it is refused with an error, the connection usable."""
+    config = write_config(tmp_path, f"client_output_bytes_max = {1 * MIB}\n")
+    server = make_server("--config", config)
+    client = server.client()
+    pipe = client.pipeline(transaction=False)
+    for index in range(4000):
+        pipe.set(f"{'k' * 1000}{index}", "v")
+    pipe.execute()
+    try:
+        client.keys("*")
+        raise AssertionError("KEYS of about 4 MiB passed a 1 MiB output limit")
+    except redis.ResponseError as err:
+        assert "exceeds the client output limit (1048576 bytes)" in str(err), err
+    assert client.ping() is True
+    assert len(client.keys("k*1")) < 1000
+    client.close()

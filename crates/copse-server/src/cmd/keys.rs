@@ -344,9 +344,14 @@ fn scan(call: &mut Call<'_>) -> Outcome {
 fn keys(call: &mut Call<'_>) -> Outcome {
     let pattern = call.args[1].clone();
     let db = call.db().clone();
+    let reply_bytes_max =
+        call.server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
     Outcome::AfterPending(Box::pin(async move {
         let mut cursor = 0;
         let mut keys = Vec::new();
+        // Counted page by page, so a reply past the output limit is refused having listed at
+        // most the limit plus one page, not every key of the store.
+        let mut reply_bytes = 0usize;
         loop {
             let (items, next) = match scan_page(&db, cursor, SCAN_COUNT_MAX).await {
                 Ok(page) => page,
@@ -354,8 +359,14 @@ fn keys(call: &mut Call<'_>) -> Outcome {
             };
             for (_, key, _) in items.iter().filter_map(|item| decode_meta(item)) {
                 if glob_match(&pattern, key) {
+                    reply_bytes += key.len() + KEY_REPLY_OVERHEAD_BYTES;
                     keys.push(Reply::Bulk(key.to_vec()));
                 }
+            }
+            if reply_bytes > reply_bytes_max {
+                return Reply::Error(format!(
+                    "ERR reply of at least {reply_bytes} bytes exceeds the client output limit ({reply_bytes_max} bytes)"
+                ));
             }
             if next == 0 {
                 return Reply::Array(keys);
@@ -364,6 +375,9 @@ fn keys(call: &mut Call<'_>) -> Outcome {
         }
     }))
 }
+
+/// What KEYS counts for one key in its reply besides the key's bytes (a bulk's header).
+const KEY_REPLY_OVERHEAD_BYTES: usize = 16;
 
 /// Keys in the whole store (meta items, counted in each shard's index).
 pub async fn key_count(db: &Db) -> Result<i64, Reply> {

@@ -299,37 +299,78 @@ pub fn read_items<F>(
 where
     F: FnMut(Vec<Option<Vec<u8>>>) -> Reply + Send + 'static,
 {
+    use std::sync::atomic::Ordering;
     let key = call.args[1].clone();
-    // Distinct names that exist, in the order they are read.
-    let mut reads: Vec<Vec<u8>> = Vec::new();
-    on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => {
-            if let Err(error) = exists_as(view, &key, ty) {
-                return Next::Reply(error);
-            }
-            let mut seen = std::collections::HashSet::new();
-            for name in &names {
-                if seen.insert(&name[..]) && view.contains(&item_key(&key, name)) {
-                    reads.push(name.clone());
+    let reply_bytes_max = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
+    let value_bytes_bound = call.server.value_bytes_bound.clone();
+    // Distinct names that exist, in the order they are read, with the positions each fills.
+    let mut reads: Vec<(Vec<u8>, usize)> = Vec::new();
+    let mut found: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
+    let mut asked = 0..0;
+    // Every position costs at least a null reply.
+    let mut reply_bytes = names.len() * ITEM_REPLY_OVERHEAD_BYTES;
+    on_key(call.db(), &key.clone(), move |view, input| {
+        match input {
+            Input::Start => {
+                if let Err(error) = exists_as(view, &key, ty) {
+                    return Next::Reply(error);
+                }
+                let mut positions: HashMap<&[u8], usize> = HashMap::new();
+                for name in &names {
+                    *positions.entry(&name[..]).or_default() += 1;
+                }
+                let mut seen = std::collections::HashSet::new();
+                for name in &names {
+                    if seen.insert(&name[..]) && view.contains(&item_key(&key, name)) {
+                        reads.push((name.clone(), positions[&name[..]]));
+                    }
                 }
             }
-            if reads.is_empty() {
-                return Next::Reply(reply(vec![None; names.len()]));
+            Input::Read(results) => {
+                for ((name, repeats), result) in reads[asked.clone()].iter().zip(results) {
+                    let value = value_of(Some(result));
+                    reply_bytes += repeats * value.as_ref().map_or(0, Vec::len);
+                    found.insert(name.clone(), value);
+                }
+                if reply_bytes > reply_bytes_max {
+                    return Next::Reply(Reply::Error(format!(
+                        "ERR reply of at least {reply_bytes} bytes exceeds the client output limit ({reply_bytes_max} bytes)"
+                    )));
+                }
             }
-            Next::Read(reads.iter().map(|name| ReadOp::Get(item_key(&key, name))).collect())
+            Input::Written => return unexpected(),
         }
-        Input::Read(results) => {
-            let found: HashMap<&[u8], Option<Vec<u8>>> = reads
+        // The next step: the reads that fit the room left, each counted at the largest value
+        // the store may hold times the positions it fills (one read at least), so a reply past
+        // the limit is refused having read at most the limit plus one value.
+        let value_bytes_max =
+            value_bytes_bound.load(Ordering::Acquire).min(copse::limits::VALUE_BYTES_MAX);
+        let room = reply_bytes_max.saturating_sub(reply_bytes);
+        let (mut end, mut reserved) = (asked.end, 0usize);
+        while end < reads.len() && end - asked.end < copse::limits::EXEC_READS_MAX {
+            reserved = reserved.saturating_add(reads[end].1.saturating_mul(value_bytes_max));
+            if end > asked.end && reserved > room {
+                break;
+            }
+            end += 1;
+        }
+        asked = asked.end..end;
+        if asked.is_empty() {
+            let values = names.iter().map(|name| found.get(name).cloned().flatten()).collect();
+            return Next::Reply(reply(values));
+        }
+        Next::Read(
+            reads[asked.clone()]
                 .iter()
-                .map(|name| &name[..])
-                .zip(results.into_iter().map(|result| value_of(Some(result))))
-                .collect();
-            let values = names.iter().map(|name| found.get(&name[..]).cloned().flatten()).collect();
-            Next::Reply(reply(values))
-        }
-        Input::Written => unexpected(),
+                .map(|(name, _)| ReadOp::Get(item_key(&key, name)))
+                .collect(),
+        )
     })
 }
+
+/// What a reply spends on one position of a multi-item reply besides the value's bytes (a
+/// bulk's header or a null), counted against the output limit.
+const ITEM_REPLY_OVERHEAD_BYTES: usize = 16;
 
 /// Deletes of every item of Redis key `key` of type `ty`: its meta item and, for a hash or a
 /// sorted set, each field or member (found in the index, no I/O).
