@@ -18,13 +18,17 @@ run: build
 	@echo "copse: starting the server on 127.0.0.1:6380 (data in ./data). Connect with: redis-cli -p 6380"
 	./target/release/copse --path ./data serve --bind 127.0.0.1 --port 6380
 
+# `apt-get update` once per checkout, before the first `apt-get install` (a fresh machine may
+# have no package lists at all); a stamp under target/ remembers it was done.
+APT_UPDATE_ONCE = { test -f target/.apt-updated || { apt-get update -qq >/dev/null && mkdir -p target && touch target/.apt-updated; }; }
+
 # Everything the tests need beyond cargo. redis-cli is optional (its tests skip without it); it is
 # installed where apt can do it.
 test-deps:
 ifneq ($(strip $(PYTHON_TEST_PACKAGES)),)
 	$(PYTHON) -m pip install --quiet $(PYTHON_TEST_PACKAGES)
 endif
-	@command -v redis-cli >/dev/null || (command -v apt-get >/dev/null && apt-get install -y -qq redis-tools >/dev/null 2>&1) || echo "make: redis-cli not installed; its tests will be skipped"
+	@command -v redis-cli >/dev/null || (command -v apt-get >/dev/null && $(APT_UPDATE_ONCE) && apt-get install -y -qq redis-tools >/dev/null 2>&1) || echo "make: redis-cli not installed; its tests will be skipped"
 
 # Release mode: the crash tests run many seeds each, and are slow unoptimised. The last line
 # totals every test binary's result (cargo's own last line is a doc-test run with no tests).
@@ -55,7 +59,7 @@ ROCKSDB_CI_SKIP := --skip simulated --skip updates_alternating_between_small_and
 	--skip size_class_opened_while_writes --skip a_scan_reads_only_the_items_it_returns
 
 rocksdb-test-deps:
-	@ls $(ROCKSDB_SYSTEM_LIB_DIR)/librocksdb.so >/dev/null 2>&1 && ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || apt-get install -y -qq librocksdb-dev libclang-dev >/dev/null
+	@ls $(ROCKSDB_SYSTEM_LIB_DIR)/librocksdb.so >/dev/null 2>&1 && ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || { $(APT_UPDATE_ONCE) && apt-get install -y -qq librocksdb-dev libclang-dev >/dev/null; }
 
 test-rocksdb: rocksdb-test-deps
 	@mkdir -p $(ROCKSDB_CI_DIR)/workspace
@@ -97,7 +101,7 @@ BENCH_TARGET_DIR ?= target/bench
 COPSE_BENCH = $(BENCH_TARGET_DIR)/release/copse
 
 bench-deps:
-	@ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || (command -v apt-get >/dev/null && apt-get install -y -qq libclang-dev >/dev/null) || echo "make: libclang not found; the rocksdb crate's bindgen needs it"
+	@ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || (command -v apt-get >/dev/null && $(APT_UPDATE_ONCE) && apt-get install -y -qq libclang-dev >/dev/null) || echo "make: libclang not found; the rocksdb crate's bindgen needs it"
 
 bench: bench-deps
 	RUSTFLAGS="-C target-cpu=native" CARGO_TARGET_DIR=$(BENCH_TARGET_DIR) $(CARGO) build --release -p copse-cli --features rocksdb
