@@ -176,3 +176,32 @@ def test_keys_over_the_output_limit_is_refused_as_it_lists(make_server, tmp_path
     assert client.ping() is True
     assert len(client.keys("k*1")) < 1000
     client.close()
+
+
+def test_hstrlen_is_not_counted_as_the_value_it_measures(make_server, tmp_path):
+    """Review finding: HSTRLEN read through the same path as HMGET and counted the value it
+    measures against the output limit, answering an error for a field larger than the limit."""
+    config = write_config(tmp_path, f"client_output_bytes_max = {1 * MIB}\n")
+    server = make_server("--config", config)
+    client = server.client()
+    client.hset("h", "big", b"b" * (2 * MIB))
+    assert client.hstrlen("h", "big") == 2 * MIB
+    client.close()
+
+
+def test_pipelined_mgets_of_small_values_do_not_wait_for_each_other(make_server):
+    """Review finding: MGET reserved the whole output limit (256 MiB), more than the pending-reply
+    budget (64 MiB), so every MGET of a pipeline waited for every reply before it. It now reserves
+    one value per key named, at the largest value the store holds. (One shard: an MGET over
+    several shards answers after every earlier reply anyway, by design.)"""
+    server = make_server(shards=1)
+    client = server.client()
+    client.mset({f"s{i}": "v" * 100 for i in range(10)})
+    waits_before = int(client.info("stats")["copse_reply_backpressure_waits"])
+    pipe = client.pipeline(transaction=False)
+    for _ in range(500):
+        pipe.mget([f"s{i}" for i in range(10)])
+    assert all(len(reply) == 10 for reply in pipe.execute())
+    waits = int(client.info("stats")["copse_reply_backpressure_waits"]) - waits_before
+    assert waits == 0, f"{waits} pipelined MGETs waited for the replies before them"
+    client.close()

@@ -336,3 +336,50 @@ def test_an_empty_or_missing_password_file_is_refused_at_start(tmp_path):
         )
         assert result.returncode == 3, (path, result.returncode, result.stderr)
         assert words in result.stderr, result.stderr
+
+
+def test_a_client_that_never_reads_is_closed_at_the_auth_timeout_too(make_server):
+    """Review finding: the AUTH timeout was checked only while reading, so a client that sent
+    PINGs without ever reading their -NOAUTH replies filled its socket, the server's write
+    blocked, and the connection held its descriptor and a maxclients slot for good. Writes now
+    end at the same deadline."""
+    server = make_server("--requirepass", "pw", "--auth-timeout", "1")
+    admin = server.client(password="pw")
+    stubborn = socket.create_connection(("127.0.0.1", server.port))
+    stubborn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stubborn.setblocking(False)
+    try:
+        started = time.monotonic()
+        sent = 0
+        while time.monotonic() - started < 0.8:
+            try:
+                sent += stubborn.send(b"PING\r\n" * 4096)
+            except BlockingIOError:
+                time.sleep(0.01)
+        assert sent > 1_000_000, f"the client only managed to send {sent} bytes"
+        # Only the admin connection may remain once the stubborn one timed out.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if int(admin.info("clients")["connected_clients"]) == 1:
+                break
+            time.sleep(0.1)
+        clients = int(admin.info("clients")["connected_clients"])
+        assert clients == 1, f"{clients} clients connected 5 s after a 1 s AUTH timeout"
+    finally:
+        stubborn.close()
+        admin.close()
+
+
+def test_reset_before_a_large_request_puts_it_under_the_unauthenticated_limits(make_server):
+    """Review finding: a request still arriving when RESET made the connection unauthenticated
+    went on being parsed under the authenticated limits (its argument count was already read),
+    where a fresh parse refuses it at its header."""
+    server = make_server("--requirepass", "pw")
+    with server.connect() as sock:
+        sock.sendall(encode_command("AUTH", "pw") + b"RESET\r\n*100000\r\n$1\r\na\r\n")
+        reader = RespReader(sock)
+        assert reader.read() == b"OK"
+        assert reader.read() == b"RESET"
+        error = reader.read()
+        assert isinstance(error, Error) and b"unauthenticated multibulk length" in error, error
+        assert reader.at_eof()

@@ -203,7 +203,7 @@ fn read_fields<F>(call: &Call<'_>, fields: Vec<Vec<u8>>, reply: F) -> Outcome
 where
     F: FnMut(Vec<Option<Vec<u8>>>) -> Reply + Send + 'static,
 {
-    read_items(call, KeyType::Hash, fields, field_key, reply)
+    read_items(call, KeyType::Hash, fields, field_key, true, reply)
 }
 
 fn hget(call: &mut Call<'_>) -> Outcome {
@@ -224,7 +224,8 @@ fn hmget(call: &mut Call<'_>) -> Outcome {
 
 fn hstrlen(call: &mut Call<'_>) -> Outcome {
     let field = call.args[2].clone();
-    read_fields(call, vec![field], |mut values| {
+    // Its reply is a length: the value counts for nothing against the output limit.
+    read_items(call, KeyType::Hash, vec![field], field_key, false, |mut values| {
         Reply::Integer(values.pop().flatten().map_or(0, |value| value.len() as i64))
     })
 }

@@ -376,8 +376,9 @@ fn keys(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
-/// What KEYS counts for one key in its reply besides the key's bytes (a bulk's header).
-const KEY_REPLY_OVERHEAD_BYTES: usize = 16;
+/// What KEYS counts for one key in its reply besides the key's bytes: the bulk's header once
+/// encoded, and the reply element and its allocation while the reply is built (~64 bytes).
+const KEY_REPLY_OVERHEAD_BYTES: usize = 64;
 
 /// Keys in the whole store (meta items, counted in each shard's index).
 pub async fn key_count(db: &Db) -> Result<i64, Reply> {

@@ -294,6 +294,7 @@ pub fn read_items<F>(
     ty: KeyType,
     names: Vec<Vec<u8>>,
     item_key: fn(&[u8], &[u8]) -> Vec<u8>,
+    values_in_reply: bool,
     mut reply: F,
 ) -> Outcome
 where
@@ -329,7 +330,9 @@ where
             Input::Read(results) => {
                 for ((name, repeats), result) in reads[asked.clone()].iter().zip(results) {
                     let value = value_of(Some(result));
-                    reply_bytes += repeats * value.as_ref().map_or(0, Vec::len);
+                    if values_in_reply {
+                        reply_bytes += repeats * value.as_ref().map_or(0, Vec::len);
+                    }
                     found.insert(name.clone(), value);
                 }
                 if reply_bytes > reply_bytes_max {
@@ -343,8 +346,12 @@ where
         // The next step: the reads that fit the room left, each counted at the largest value
         // the store may hold times the positions it fills (one read at least), so a reply past
         // the limit is refused having read at most the limit plus one value.
-        let value_bytes_max =
-            value_bytes_bound.load(Ordering::Acquire).min(copse::limits::VALUE_BYTES_MAX);
+        // A reply that only measures its values (HSTRLEN) is small whatever they hold.
+        let value_bytes_max = if values_in_reply {
+            value_bytes_bound.load(Ordering::Acquire).min(copse::limits::VALUE_BYTES_MAX)
+        } else {
+            0
+        };
         let room = reply_bytes_max.saturating_sub(reply_bytes);
         let (mut end, mut reserved) = (asked.end, 0usize);
         while end < reads.len() && end - asked.end < copse::limits::EXEC_READS_MAX {
@@ -621,7 +628,11 @@ pub enum ReplySize {
     Small,
     /// One stored value (GET, HGET, SET ... GET, ...).
     OneValue,
-    /// Many stored values (MGET, HGETALL, ZRANGE, ...): at most the output limit, which MGET
+    /// At most this many stored values (MGET, HMGET: one per key or field named), each counted
+    /// at the largest value the store holds, and at most the output limit (which they enforce
+    /// as they read). So pipelined MGETs of small values run side by side.
+    Values(usize),
+    /// Many stored values (HGETALL, ZRANGE, ...): at most the output limit, which HGETALL
     /// enforces as it reads and any other closes the client past.
     Many,
 }
@@ -635,11 +646,19 @@ impl ReplySize {
         match self {
             ReplySize::Small => REPLY_SMALL_BYTES_MAX,
             ReplySize::OneValue => one_value + REPLY_SMALL_BYTES_MAX,
+            ReplySize::Values(count) => count
+                .saturating_mul(one_value + VALUE_REPLY_OVERHEAD_BYTES)
+                .min(output_limit)
+                .max(one_value + REPLY_SMALL_BYTES_MAX),
             ReplySize::Many => output_limit.max(one_value + REPLY_SMALL_BYTES_MAX),
         }
     }
 }
 
+/// Commands whose reply holds one stored value per argument from the given position on.
+const NAMED_VALUES_REPLIES: &[(&str, usize)] = &[("mget", 1), ("hmget", 2)];
+/// What a reply spends on one value besides its bytes (a bulk's header), for reservations.
+const VALUE_REPLY_OVERHEAD_BYTES: usize = 16;
 /// Commands whose reply holds one stored value (a string or a hash field).
 const ONE_VALUE_REPLIES: &[&str] = &["get", "getdel", "getrange", "getset", "hget"];
 /// Read commands whose reply is a number, a type or a status, never a stored value.
@@ -653,7 +672,11 @@ const SMALL_READ_REPLIES: &[&str] = &[
 /// is built, not reserved) or after every earlier reply.
 pub fn reply_size(spec: &Spec, args: &[Vec<u8>]) -> ReplySize {
     let set_with_get = spec.name == "set" && args[3..].iter().any(|arg| lowercase(arg) == "get");
-    if ONE_VALUE_REPLIES.contains(&spec.name) || set_with_get {
+    if let Some(&(_, first_named)) =
+        NAMED_VALUES_REPLIES.iter().find(|(name, _)| *name == spec.name)
+    {
+        ReplySize::Values(args.len().saturating_sub(first_named))
+    } else if ONE_VALUE_REPLIES.contains(&spec.name) || set_with_get {
         ReplySize::OneValue
     } else if spec.flags.contains(&"readonly") && !SMALL_READ_REPLIES.contains(&spec.name) {
         ReplySize::Many
@@ -749,14 +772,26 @@ mod tests {
         assert_eq!(size(&["set", "k", "v"]), ReplySize::Small);
         assert_eq!(size(&["incr", "k"]), ReplySize::Small);
         assert_eq!(size(&["strlen", "k"]), ReplySize::Small);
-        for many in [&["mget", "a", "b"][..], &["hgetall", "h"], &["zrange", "z", "0", "-1"]] {
+        for many in [&["hgetall", "h"][..], &["zrange", "z", "0", "-1"]] {
             assert_eq!(size(many), ReplySize::Many, "{many:?}");
         }
+        // One value per key or field named: pipelined MGETs of small values fit the budget
+        // side by side instead of each waiting for every reply before it.
+        assert_eq!(size(&["mget", "a", "b"]), ReplySize::Values(2));
+        assert_eq!(size(&["hmget", "h", "f", "g", "f"]), ReplySize::Values(3));
+        assert_eq!(size(&["hstrlen", "h", "f"]), ReplySize::Small);
         let max = copse::limits::VALUE_BYTES_MAX;
         let small = crate::config::REPLY_SMALL_BYTES_MAX;
         assert_eq!(ReplySize::OneValue.reserved_bytes(100, 1 << 28), 100 + small);
         assert_eq!(ReplySize::OneValue.reserved_bytes(usize::MAX, 1 << 28), max + small);
         assert_eq!(ReplySize::Many.reserved_bytes(100, 1 << 28), 1 << 28);
+        assert_eq!(ReplySize::Values(100).reserved_bytes(100, 1 << 28), 100 * (100 + 16));
+        assert_eq!(
+            ReplySize::Values(2).reserved_bytes(100, 1 << 28),
+            100 + small,
+            "one value at least"
+        );
+        assert_eq!(ReplySize::Values(1_000_000).reserved_bytes(max, 1 << 28), 1 << 28);
     }
 
     /// A read queued after a write reserves for the value that write may store, including the

@@ -199,7 +199,7 @@ fn read_scores<F>(call: &Call<'_>, members: Vec<Vec<u8>>, mut reply: F) -> Outco
 where
     F: FnMut(Vec<Option<f64>>) -> Reply + Send + 'static,
 {
-    read_items(call, KeyType::ZSet, members, member_key, move |values| {
+    read_items(call, KeyType::ZSet, members, member_key, true, move |values| {
         let mut scores = Vec::with_capacity(values.len());
         for value in values {
             match value.map(|bytes| decode_score_value(&bytes)) {

@@ -46,6 +46,9 @@ use crate::resp::{
 const WRITE_CHUNK_BYTES: usize = 64 * 1024;
 /// How long a shutdown waits for a client to take its replies before dropping it.
 const SHUTDOWN_WRITE_GRACE_MS: u64 = 2_000;
+/// The last words to a client being closed (an error, a refusal) get this long to be written:
+/// a client that does not read must not hold its task, its descriptor or a shutdown.
+const FINAL_REPLY_WRITE_MS: u64 = 1_000;
 
 /// A reply on its way, in request order.
 enum Slot {
@@ -85,7 +88,7 @@ async fn serve(
     stream.set_nodelay(true)?;
     if connected > server.settings.maxclients.load(Ordering::Relaxed) {
         server.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
-        stream.write_all(b"-ERR max number of clients reached\r\n").await?;
+        write_final(&mut stream, b"-ERR max number of clients reached\r\n").await;
         return Ok(());
     }
     let peer = stream.peer_addr()?;
@@ -93,7 +96,7 @@ async fn serve(
     if access::refuses_client(protected_mode, !server.requirepass().is_empty(), peer.ip()) {
         server.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(%peer, "protected mode: refusing a client from outside loopback");
-        stream.write_all(access::PROTECTED_MODE_DENIED.as_bytes()).await?;
+        write_final(&mut stream, access::PROTECTED_MODE_DENIED.as_bytes()).await;
         return Ok(());
     }
     let addr = peer.to_string();
@@ -112,8 +115,7 @@ async fn serve(
         Ok(End::Error(text)) => {
             let mut out = Vec::new();
             encode_reply(&Reply::Error(text), conn.protocol, &mut out);
-            // The client may be gone already; nothing more to tell it.
-            let _ = stream.write_all(&out).await;
+            write_final(&mut stream, &out).await;
             Ok(())
         }
         Err(err) => Err(err),
@@ -134,6 +136,7 @@ async fn connection_loop(
     let mut parse_state = ParseState::default();
     let auth_timeout_secs = server.config.auth_timeout_secs;
     loop {
+        let authenticated_before = conn.authenticated;
         if conn.authenticated {
             unauthenticated_since = None;
         } else {
@@ -219,6 +222,10 @@ async fn connection_loop(
                 .store(server.started.elapsed().as_millis() as u64, Ordering::Relaxed);
             continue;
         }
+        // Until AUTH, replies are written against the same deadline as reads: a client that sends
+        // without ever reading must not outlive it by filling its socket.
+        let write_deadline = auth_deadline_at(unauthenticated_since, auth_timeout_secs);
+        let writer = &mut Writer { stream, deadline: write_deadline };
         let budget = server.config.client_pending_reply_bytes_max;
         let mut pending = Pending { slots: VecDeque::with_capacity(wave.len()), reserved_bytes: 0 };
         let mut close = false;
@@ -244,7 +251,7 @@ async fn connection_loop(
                         server.stats.reply_backpressure_waits.fetch_add(1, Ordering::Relaxed);
                         let until = Drain::UntilReserved(keep);
                         if let Some(end) =
-                            drain(server, stream, &mut pending, &mut out, shutdown, until).await?
+                            drain(server, writer, &mut pending, &mut out, shutdown, until).await?
                         {
                             return Ok(end);
                         }
@@ -258,7 +265,7 @@ async fn connection_loop(
                 Outcome::AfterPending(future) => {
                     // Everything before it is answered first, so it sees those effects.
                     if let Some(end) =
-                        drain(server, stream, &mut pending, &mut out, shutdown, Drain::All).await?
+                        drain(server, writer, &mut pending, &mut out, shutdown, Drain::All).await?
                     {
                         return Ok(end);
                     }
@@ -273,16 +280,21 @@ async fn connection_loop(
             }
         }
         if let Some(end) =
-            drain(server, stream, &mut pending, &mut out, shutdown, Drain::All).await?
+            drain(server, writer, &mut pending, &mut out, shutdown, Drain::All).await?
         {
             return Ok(end);
         }
-        write_out(server, stream, &mut out, shutdown).await?;
+        write_out(server, writer, &mut out, shutdown).await?;
         if close {
             return Ok(End::Done);
         }
         if let Some(text) = protocol_error {
             return Ok(End::Error(text));
+        }
+        if conn.authenticated != authenticated_before {
+            // A request still arriving was parsed so far under the other state's limits (RESET
+            // then a large request): parse it again from its start under the new ones.
+            parse_state = ParseState::default();
         }
     }
 }
@@ -311,10 +323,17 @@ enum Drain {
     UntilReserved(usize),
 }
 
+/// The connection's stream as replies are written to it, with the time by which an
+/// unauthenticated connection must have authenticated (writes past it fail).
+struct Writer<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Option<Instant>,
+}
+
 /// Awaits the slots in order and encodes their replies, writing whenever a chunk is full.
 async fn drain(
     server: &Server,
-    stream: &mut TcpStream,
+    writer: &mut Writer<'_>,
     pending: &mut Pending,
     out: &mut Vec<u8>,
     shutdown: &mut watch::Receiver<bool>,
@@ -344,7 +363,7 @@ async fn drain(
             tracing::warn!(bytes, limit, "a reply exceeds the client output limit; closing");
             // The replies before it still go out; this one is replaced by the error.
             out.truncate(before);
-            write_out(server, stream, out, shutdown).await?;
+            write_out(server, writer, out, shutdown).await?;
             return Ok(Some(End::Error(format!(
                 "ERR reply of {bytes} bytes exceeds the client output limit ({limit} bytes)"
             ))));
@@ -352,7 +371,7 @@ async fn drain(
         // Waiting to write is the backpressure: while the client does not read, nothing more
         // of its is dispatched or read.
         if out.len() >= WRITE_CHUNK_BYTES {
-            write_out(server, stream, out, shutdown).await?;
+            write_out(server, writer, out, shutdown).await?;
         }
     }
     Ok(None)
@@ -363,7 +382,7 @@ async fn drain(
 /// is dropped (its commands are done and durable; only their replies are lost).
 async fn write_out(
     server: &Server,
-    stream: &mut TcpStream,
+    writer: &mut Writer<'_>,
     out: &mut Vec<u8>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -371,11 +390,17 @@ async fn write_out(
         return Ok(());
     }
     tokio::select! {
-        written = stream.write_all(out) => written?,
+        written = writer.stream.write_all(out) => written?,
         _ = shutdown_grace(shutdown) => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "shutting down: the client is not reading its replies",
+            ));
+        }
+        _ = sleep_until_or_never(writer.deadline) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "authentication timeout: the client neither authenticated nor read its replies",
             ));
         }
     }
@@ -395,15 +420,30 @@ async fn shutdown_grace(shutdown: &mut watch::Receiver<bool>) {
     tokio::time::sleep(Duration::from_millis(SHUTDOWN_WRITE_GRACE_MS)).await;
 }
 
+/// When a connection unauthenticated since `since` must have authenticated: `None` for an
+/// authenticated one, for 0 (no timeout), or past what a clock can hold.
+fn auth_deadline_at(since: Option<Instant>, timeout_secs: u64) -> Option<Instant> {
+    let since = since?;
+    (timeout_secs > 0).then(|| since.checked_add(Duration::from_secs(timeout_secs))).flatten()
+}
+
 /// Resolves `timeout_secs` after `since` (never, for 0 or an authenticated connection).
 async fn auth_deadline(since: Option<Instant>, timeout_secs: u64) {
-    match since {
-        Some(since) if timeout_secs > 0 => {
-            let deadline = since + Duration::from_secs(timeout_secs);
-            tokio::time::sleep_until(deadline.into()).await;
-        }
-        _ => std::future::pending::<()>().await,
+    sleep_until_or_never(auth_deadline_at(since, timeout_secs)).await
+}
+
+async fn sleep_until_or_never(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending::<()>().await,
     }
+}
+
+/// Writes a closing connection's last words, giving up after `FINAL_REPLY_WRITE_MS` (the client
+/// may be gone or not reading; nothing more is owed to it).
+async fn write_final(stream: &mut TcpStream, bytes: &[u8]) {
+    let write = stream.write_all(bytes);
+    let _ = tokio::time::timeout(Duration::from_millis(FINAL_REPLY_WRITE_MS), write).await;
 }
 
 fn auth_timeout_error(timeout_secs: u64) -> String {
