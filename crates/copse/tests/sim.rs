@@ -934,6 +934,10 @@ fn fault_point_run(sim: &mut Sim, clients: usize, ops_each: usize) {
 /// After silent write faults: a scrub, then every key read through the device. A key that reads
 /// as corrupt must be one the scrub reported; every fault that damaged a key must be seen.
 fn silent_checks(sim: &mut Sim) {
+    // Every write lands before the scrub: a held write that the device misdirects could
+    // otherwise damage a page after the scrub read it, where no scrub can see it.
+    sim.disk.hold_completions(0.0, 1);
+    sim.drive(|reply| Request::Flush { reply });
     let injected = sim.disk.injected_write_faults();
     sim.totals.silent_faults_injected += injected.len() as u64;
     let report = sim.scrub();
