@@ -311,6 +311,56 @@ pub(crate) fn sync_data(file: &File, name: &str) -> Result<(), DeviceError> {
     file.sync_data().map_err(|err| DeviceError::from_io(&err, format!("fdatasync {name}")))
 }
 
+/// A real device's count of the write completions `reap` handed out, and how far its flushes
+/// covered them (`BlockDevice::write_completions_reaped` / `_durable`).
+#[derive(Default)]
+pub(crate) struct FlushLedger {
+    reaped: u64,
+    durable: u64,
+}
+
+impl FlushLedger {
+    /// Hands `ready` completions out to `out`, counting the writes among them.
+    pub(crate) fn hand_out(
+        &mut self,
+        ready: impl Iterator<Item = super::IoCompletion>,
+        out: &mut Vec<super::IoCompletion>,
+    ) {
+        for completion in ready {
+            self.reaped += u64::from(completion.kind == super::IoKind::Write);
+            out.push(completion);
+        }
+    }
+
+    /// `flush` under `FlushPerRound`: syncs the marked files (every write handed out so far
+    /// completed before now, so its file is marked), then counts everything handed out before
+    /// as durable.
+    pub(crate) fn flush(
+        &mut self,
+        files: &[OpenFile],
+        dirty: &mut [bool],
+        observer: Option<&dyn super::IoObserver>,
+    ) -> Result<(), DeviceError> {
+        let covered = self.reaped;
+        sync_marked_files(files, dirty, observer)?;
+        assert!(covered >= self.durable, "flush coverage went backwards");
+        self.durable = covered;
+        Ok(())
+    }
+
+    pub(crate) fn reaped(&self) -> u64 {
+        self.reaped
+    }
+
+    /// Under `Dsync` a completed write is durable at once.
+    pub(crate) fn durable(&self, durability: super::WriteDurability) -> u64 {
+        match durability {
+            super::WriteDurability::Dsync => self.reaped,
+            super::WriteDurability::FlushPerRound => self.durable,
+        }
+    }
+}
+
 /// fdatasyncs every file marked in `dirty` (a write to it completed since its last fdatasync
 /// began), clearing each mark before its call, and tells `observer` when each begins and ends.
 /// On a failure the file stays marked and the error is returned. The real devices' `flush`.
@@ -365,6 +415,38 @@ pub(crate) fn open_in_table(
     let file = open_direct(root, name, create, extra_flags)?;
     table.push(OpenFile { file, name: name.to_string() });
     Ok(id)
+}
+
+/// `open_in_table`, telling `observer` of a file newly opened (with its length).
+pub(crate) fn open_observed(
+    table: &mut Vec<OpenFile>,
+    root: &Path,
+    name: &str,
+    create: bool,
+    extra_flags: i32,
+    observer: Option<&dyn super::IoObserver>,
+) -> Result<FileId, DeviceError> {
+    let opened_before = table.len();
+    let id = open_in_table(table, root, name, create, extra_flags)?;
+    if let (Some(observer), true) = (observer, table.len() > opened_before) {
+        observer.file_opened(name, file_len_bytes(&table[id as usize].file, name)?);
+    }
+    Ok(id)
+}
+
+/// `grow_file` of a file of the table, telling `observer` of the size made durable.
+pub(crate) fn grow_observed(
+    table: &[OpenFile],
+    file: FileId,
+    len_bytes: u64,
+    observer: Option<&dyn super::IoObserver>,
+) -> Result<(), DeviceError> {
+    let open = lookup(table, file)?;
+    grow_file(&open.file, &open.name, len_bytes)?;
+    if let Some(observer) = observer {
+        observer.file_grown(&open.name, len_bytes);
+    }
+    Ok(())
 }
 
 /// Looks up a file id for the non-I/O calls (`grow_file`, `file_len_bytes`).

@@ -32,8 +32,7 @@ pub struct SyncDevice {
     /// Completions of performed requests, in submission order, not yet reaped.
     ready: VecDeque<IoCompletion>,
     stats: DeviceStats,
-    write_completions_reaped: u64,
-    write_completions_durable: u64,
+    ledger: files::FlushLedger,
     observer: Option<Arc<dyn IoObserver>>,
 }
 
@@ -46,8 +45,7 @@ impl SyncDevice {
             dirty: Vec::new(),
             ready: VecDeque::new(),
             stats: DeviceStats::default(),
-            write_completions_reaped: 0,
-            write_completions_durable: 0,
+            ledger: files::FlushLedger::default(),
             observer: None,
         })
     }
@@ -102,13 +100,9 @@ impl SyncDevice {
 impl BlockDevice for SyncDevice {
     fn open_file(&mut self, name: &str, create: bool) -> Result<FileId, DeviceError> {
         let flags = self.open_flags();
-        let opened_before = self.files.len();
-        let id = files::open_in_table(&mut self.files, &self.root, name, create, flags)?;
+        let observer = self.observer.as_deref();
+        let id = files::open_observed(&mut self.files, &self.root, name, create, flags, observer)?;
         self.dirty.resize(self.files.len(), false);
-        if let (Some(observer), true) = (&self.observer, self.files.len() > opened_before) {
-            let open = &self.files[id as usize];
-            observer.file_opened(name, files::file_len_bytes(&open.file, name)?);
-        }
         Ok(id)
     }
 
@@ -122,12 +116,7 @@ impl BlockDevice for SyncDevice {
     }
 
     fn grow_file(&mut self, file: FileId, len_bytes: u64) -> Result<(), DeviceError> {
-        let open = files::lookup(&self.files, file)?;
-        files::grow_file(&open.file, &open.name, len_bytes)?;
-        if let Some(observer) = &self.observer {
-            observer.file_grown(&open.name, len_bytes);
-        }
-        Ok(())
+        files::grow_observed(&self.files, file, len_bytes, self.observer.as_deref())
     }
 
     fn submit(&mut self, requests: Vec<IoRequest>) -> Result<(), DeviceError> {
@@ -168,12 +157,7 @@ impl BlockDevice for SyncDevice {
         out: &mut Vec<IoCompletion>,
     ) -> Result<(), DeviceError> {
         // Everything submitted has already completed, so any `min_complete` is met.
-        for completion in self.ready.drain(..) {
-            if completion.kind == IoKind::Write {
-                self.write_completions_reaped += 1;
-            }
-            out.push(completion);
-        }
+        self.ledger.hand_out(self.ready.drain(..), out);
         Ok(())
     }
 
@@ -186,22 +170,15 @@ impl BlockDevice for SyncDevice {
         if self.durability == WriteDurability::Dsync {
             return Ok(()); // O_DSYNC: every completed write was already durable
         }
-        let covered = self.write_completions_reaped;
-        files::sync_marked_files(&self.files, &mut self.dirty, self.observer.as_deref())?;
-        assert!(covered >= self.write_completions_durable, "flush coverage went backwards");
-        self.write_completions_durable = covered;
-        Ok(())
+        self.ledger.flush(&self.files, &mut self.dirty, self.observer.as_deref())
     }
 
     fn write_completions_reaped(&self) -> u64 {
-        self.write_completions_reaped
+        self.ledger.reaped()
     }
 
     fn write_completions_durable(&self) -> u64 {
-        match self.durability {
-            WriteDurability::Dsync => self.write_completions_reaped,
-            WriteDurability::FlushPerRound => self.write_completions_durable,
-        }
+        self.ledger.durable(self.durability)
     }
 
     fn durability(&self) -> WriteDurability {

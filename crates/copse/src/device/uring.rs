@@ -92,8 +92,7 @@ pub struct UringDevice {
     /// write may have changed part of its range).
     dirty: Vec<bool>,
     stats: DeviceStats,
-    write_completions_reaped: u64,
-    write_completions_durable: u64,
+    ledger: files::FlushLedger,
     observer: Option<Arc<dyn IoObserver>>,
     /// Per slot: the observer's tag of the write in it.
     observed_tags: Vec<u64>,
@@ -121,8 +120,7 @@ impl UringDevice {
             ready: VecDeque::new(),
             dirty: Vec::new(),
             stats: DeviceStats::default(),
-            write_completions_reaped: 0,
-            write_completions_durable: 0,
+            ledger: files::FlushLedger::default(),
             observer: None,
             observed_tags: Vec::new(),
         })
@@ -257,13 +255,9 @@ fn completion(request: IoRequest, result: Result<(), DeviceError>) -> IoCompleti
 
 impl BlockDevice for UringDevice {
     fn open_file(&mut self, name: &str, create: bool) -> Result<FileId, DeviceError> {
-        let opened_before = self.files.len();
-        let id = files::open_in_table(&mut self.files, &self.root, name, create, 0)?;
+        let observer = self.observer.as_deref();
+        let id = files::open_observed(&mut self.files, &self.root, name, create, 0, observer)?;
         self.dirty.resize(self.files.len(), false);
-        if let (Some(observer), true) = (&self.observer, self.files.len() > opened_before) {
-            let open = &self.files[id as usize];
-            observer.file_opened(name, files::file_len_bytes(&open.file, name)?);
-        }
         Ok(id)
     }
 
@@ -277,12 +271,7 @@ impl BlockDevice for UringDevice {
     }
 
     fn grow_file(&mut self, file: FileId, len_bytes: u64) -> Result<(), DeviceError> {
-        let open = files::lookup(&self.files, file)?;
-        files::grow_file(&open.file, &open.name, len_bytes)?;
-        if let Some(observer) = &self.observer {
-            observer.file_grown(&open.name, len_bytes);
-        }
-        Ok(())
+        files::grow_observed(&self.files, file, len_bytes, self.observer.as_deref())
     }
 
     /// Malformed requests complete with `BadRequest` (returned by the next `reap`). On `Err` (the
@@ -351,12 +340,7 @@ impl BlockDevice for UringDevice {
             self.enter(wanted - self.ready.len())?;
             self.drain_cq();
         }
-        for completion in self.ready.drain(..) {
-            if completion.kind == IoKind::Write {
-                self.write_completions_reaped += 1;
-            }
-            out.push(completion);
-        }
+        self.ledger.hand_out(self.ready.drain(..), out);
         Ok(())
     }
 
@@ -369,23 +353,15 @@ impl BlockDevice for UringDevice {
         if self.durability == WriteDurability::Dsync {
             return Ok(()); // every completed write was already durable
         }
-        // Everything handed out so far was drained before now, so its file is marked.
-        let covered = self.write_completions_reaped;
-        files::sync_marked_files(&self.files, &mut self.dirty, self.observer.as_deref())?;
-        assert!(covered >= self.write_completions_durable, "flush coverage went backwards");
-        self.write_completions_durable = covered;
-        Ok(())
+        self.ledger.flush(&self.files, &mut self.dirty, self.observer.as_deref())
     }
 
     fn write_completions_reaped(&self) -> u64 {
-        self.write_completions_reaped
+        self.ledger.reaped()
     }
 
     fn write_completions_durable(&self) -> u64 {
-        match self.durability {
-            WriteDurability::Dsync => self.write_completions_reaped,
-            WriteDurability::FlushPerRound => self.write_completions_durable,
-        }
+        self.ledger.durable(self.durability)
     }
 
     fn durability(&self) -> WriteDurability {
