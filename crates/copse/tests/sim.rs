@@ -1090,7 +1090,6 @@ fn judge_silent_fault(
     Ok(SilentFate::StaleLeftInPlace)
 }
 
-/// After a clean close: flip bits, recover, scrub, read everything.
 /// The collector scenario's phases: the workload, a clean close and reopen with every key
 /// checked (a moved copy must not outlive its key's tombstone even without a crash), more of
 /// the workload, then a crash, recovery, every key checked and a clean scrub.
@@ -1115,6 +1114,7 @@ fn collector_run(sim: &mut Sim, clients: usize, ops_each: usize) {
     sim.recover_check_and_scrub("a store recovered after collections");
 }
 
+/// After a clean close: flip bits, recover, scrub, read everything.
 fn rot_checks(sim: &mut Sim) {
     let names: Vec<String> =
         sim.disk.file_names().into_iter().filter(|name| name.contains("slab")).collect();

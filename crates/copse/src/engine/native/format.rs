@@ -464,13 +464,8 @@ pub fn peek_damaged_key<'a>(
     }
     let attributable = match layout {
         RecordLayout::Magic => false,
-        RecordLayout::HeaderCrc => {
-            let stored = u32::from_le_bytes(raw[28..32].try_into().unwrap());
-            if stored != header_checksum(shard_id, loc, raw, key) {
-                return None;
-            }
-            true
-        }
+        RecordLayout::HeaderCrc if header_check_holds(raw, shard_id, loc, key) => true,
+        RecordLayout::HeaderCrc => return None,
     };
     Some(DamagedRecord { header, key, attributable })
 }
@@ -494,9 +489,12 @@ pub fn peek_damaged_unkeyed(
         return None;
     }
     let key = key_of(bytes, slot_bytes).ok()?;
-    let raw = &bytes[..RECORD_HEADER_BYTES];
-    let stored = u32::from_le_bytes(raw[28..32].try_into().unwrap());
-    (stored == header_checksum(shard_id, loc, raw, key)).then_some(header)
+    header_check_holds(&bytes[..RECORD_HEADER_BYTES], shard_id, loc, key).then_some(header)
+}
+
+/// Whether a format-3 header's `header_crc` (bytes 28..32) matches its fields, key and place.
+fn header_check_holds(raw: &[u8], shard_id: u32, loc: Loc, key: &[u8]) -> bool {
+    u32::from_le_bytes(raw[28..32].try_into().unwrap()) == header_checksum(shard_id, loc, raw, key)
 }
 
 /// What a clean close knows of a shard's live items, kept in the value of its Watermark record
