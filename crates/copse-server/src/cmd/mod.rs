@@ -309,7 +309,7 @@ where
     let mut found: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
     let mut asked = 0..0;
     // Every position costs at least a null reply.
-    let mut reply_bytes = names.len() * ITEM_REPLY_OVERHEAD_BYTES;
+    let mut reply_bytes = names.len() * VALUE_REPLY_OVERHEAD_BYTES;
     on_key(call.db(), &key.clone(), move |view, input| {
         match input {
             Input::Start => {
@@ -374,10 +374,6 @@ where
         )
     })
 }
-
-/// What a reply spends on one position of a multi-item reply besides the value's bytes (a
-/// bulk's header or a null), counted against the output limit.
-const ITEM_REPLY_OVERHEAD_BYTES: usize = 16;
 
 /// Deletes of every item of Redis key `key` of type `ty`: its meta item and, for a hash or a
 /// sorted set, each field or member (found in the index, no I/O).
@@ -657,7 +653,8 @@ impl ReplySize {
 
 /// Commands whose reply holds one stored value per argument from the given position on.
 const NAMED_VALUES_REPLIES: &[(&str, usize)] = &[("mget", 1), ("hmget", 2)];
-/// What a reply spends on one value besides its bytes (a bulk's header), for reservations.
+/// What a reply spends on one value (or null) besides the value's bytes, a bulk's header:
+/// counted in reservations and against the output limit.
 const VALUE_REPLY_OVERHEAD_BYTES: usize = 16;
 /// Commands whose reply holds one stored value (a string or a hash field).
 const ONE_VALUE_REPLIES: &[&str] = &["get", "getdel", "getrange", "getset", "hget"];
