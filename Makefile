@@ -166,7 +166,8 @@ bench-placement: bench-deps
 # The long reliability run (docs/reliability.md): each fuzz target for TORTURE_FUZZ_INPUTS inputs
 # (in-tree, then coverage-guided), the deterministic simulator (tests/sim.rs) and the
 # simulated-device crash tests (every acknowledged write, and cross-shard batches): TORTURE_SEEDS
-# simulator seeds, TORTURE_COLLECTOR_SEEDS of its collector scenario, TORTURE_POWER_LOSS_SEEDS
+# simulator seeds, TORTURE_COLLECTOR_SEEDS of its collector scenario, TORTURE_LOST_SEEDS of its
+# lost-then-crash measurement, TORTURE_POWER_LOSS_SEEDS
 # runs of the power-loss test with TORTURE_POWER_LOSS_CUTS cuts each, and TORTURE_CRASH_SEEDS
 # seeds of each crash test (they use real threads and take
 # both cores, about 20 seeds a second), TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
@@ -177,6 +178,7 @@ bench-placement: bench-deps
 # lanes into target/torture-summary.md. About an hour on 2 cores.
 TORTURE_SEEDS ?= 100000
 TORTURE_COLLECTOR_SEEDS ?= 20000
+TORTURE_LOST_SEEDS ?= 3000
 TORTURE_CRASH_SEEDS ?= 20000
 TORTURE_POWER_LOSS_SEEDS ?= 10
 TORTURE_POWER_LOSS_CUTS ?= 100
@@ -203,7 +205,8 @@ fuzz: fuzz-deps
 torture: test-deps fuzz-deps build
 	@mkdir -p target
 	set -o pipefail; CARGO="$(CARGO)" PYTHON="$(PYTHON)" TORTURE_SEEDS=$(TORTURE_SEEDS) \
-	  TORTURE_COLLECTOR_SEEDS=$(TORTURE_COLLECTOR_SEEDS) TORTURE_CRASH_SEEDS=$(TORTURE_CRASH_SEEDS) \
+	  TORTURE_COLLECTOR_SEEDS=$(TORTURE_COLLECTOR_SEEDS) TORTURE_LOST_SEEDS=$(TORTURE_LOST_SEEDS) \
+	  TORTURE_CRASH_SEEDS=$(TORTURE_CRASH_SEEDS) \
 	  TORTURE_POWER_LOSS_SEEDS=$(TORTURE_POWER_LOSS_SEEDS) TORTURE_POWER_LOSS_CUTS=$(TORTURE_POWER_LOSS_CUTS) \
 	  TORTURE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) TORTURE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) \
 	  scripts/torture.sh 2>&1 | tee target/torture.log; status=$$?; \

@@ -11,7 +11,7 @@
 # target/torture-logs and printed whole when its step ends.
 #
 # Env: CARGO, PYTHON, TORTURE_SEEDS (the simulator), TORTURE_COLLECTOR_SEEDS (its collector
-# scenario), TORTURE_CRASH_SEEDS (each crash test), TORTURE_POWER_LOSS_SEEDS and
+# scenario), TORTURE_LOST_SEEDS (its lost-then-crash measurement), TORTURE_CRASH_SEEDS (each crash test), TORTURE_POWER_LOSS_SEEDS and
 # TORTURE_POWER_LOSS_CUTS (the power-loss test of the real backends), TORTURE_KILL_CYCLES,
 # TORTURE_FUZZ_INPUTS (set by the Makefile), TORTURE_LANES.
 set -u -o pipefail
@@ -20,6 +20,7 @@ CARGO=${CARGO:-cargo}
 PYTHON=${PYTHON:-python3}
 SEEDS=${TORTURE_SEEDS:?}
 COLLECTOR_SEEDS=${TORTURE_COLLECTOR_SEEDS:?}
+LOST_SEEDS=${TORTURE_LOST_SEEDS:?}
 POWER_LOSS_SEEDS=${TORTURE_POWER_LOSS_SEEDS:?}
 POWER_LOSS_CUTS=${TORTURE_POWER_LOSS_CUTS:?}
 CRASH_SEEDS=${TORTURE_CRASH_SEEDS:?}
@@ -121,7 +122,7 @@ kill_loops() {
     return $status
 }
 
-echo "=== torture: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores, $LANES lanes, simulator seeds $SEEDS, collector seeds $COLLECTOR_SEEDS, crash seeds $CRASH_SEEDS, power-loss seeds $POWER_LOSS_SEEDS x $POWER_LOSS_CUTS cuts, kill cycles $KILL_CYCLES, fuzz inputs $FUZZ_INPUTS"
+echo "=== torture: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores, $LANES lanes, simulator seeds $SEEDS, collector seeds $COLLECTOR_SEEDS, lost-then-crash seeds $LOST_SEEDS, crash seeds $CRASH_SEEDS, power-loss seeds $POWER_LOSS_SEEDS x $POWER_LOSS_CUTS cuts, kill cycles $KILL_CYCLES, fuzz inputs $FUZZ_INPUTS"
 
 step fuzz-copse env COPSE_FUZZ_INPUTS="$FUZZ_INPUTS" COPSE_FUZZ_SECONDS=86400 \
     "$CARGO" test --release -p copse --test fuzz -- --nocapture --test-threads 1
@@ -136,6 +137,8 @@ step simulator seeded simulator "$SEEDS" COPSE_SIM_SEED_START COPSE_SIM_SEEDS \
     env COPSE_SIM_KEEP_GOING=1 "$sim" seeded_simulation --nocapture
 step collector seeded collector "$COLLECTOR_SEEDS" COPSE_SIM_COLLECTOR_SEED_START \
     COPSE_SIM_COLLECTOR_SEEDS env COPSE_SIM_KEEP_GOING=1 "$sim" collector_moves --nocapture
+step lost-across-crash seeded lost-across-crash "$LOST_SEEDS" COPSE_SIM_LOST_SEED_START \
+    COPSE_SIM_LOST_SEEDS env COPSE_SIM_KEEP_GOING=1 "$sim" lost_writes_across --nocapture
 step power-loss power_loss
 step crash seeded crash "$CRASH_SEEDS" COPSE_CRASH_SEED_START COPSE_CRASH_SEEDS \
     "$crash" every_acknowledged_write --nocapture

@@ -96,6 +96,15 @@ def main():
         add(sim, parse_debug_totals(block))
     print_totals("Simulator", sim)
 
+    for title, marker in [
+        ("Collector scenario", "collector scenario totals: "),
+        ("Lost writes across a crash", "lost-then-crash totals: "),
+    ]:
+        scenario = Counter()
+        for block in blocks_after(log, marker):
+            add(scenario, parse_debug_totals(block))
+        print_totals(title, scenario)
+
     crash = Counter()
     for line in re.findall(r"crash test: \d+ seeds from \d+ in [\d.]+ s: (Totals \{.*\})", log):
         add(crash, parse_debug_totals(line))

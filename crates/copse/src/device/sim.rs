@@ -94,7 +94,7 @@ pub enum WriteFault {
 }
 
 /// A silent write fault that fired: where the write was meant to go, and where it went.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct InjectedWriteFault {
     pub fault: WriteFault,
     pub name: String,
@@ -102,6 +102,28 @@ pub struct InjectedWriteFault {
     pub len: u64,
     /// For a misdirected write: the offset it was stored at.
     pub landed_at: Option<u64>,
+    /// The bytes the write carried (never stored where they were sent).
+    pub sent: Vec<u8>,
+    /// The bytes the fault left in force in place of `sent`: for a lost write those already at
+    /// `offset`; for a misdirected one those it overwrote at `landed_at` (lost themselves).
+    /// Later writes may carry either on: a page read back and rewritten keeps what the fault
+    /// left, so the damage can outlive the pages it first struck.
+    pub displaced: Vec<u8>,
+}
+
+impl std::fmt::Debug for InjectedWriteFault {
+    // The bytes are pages long: their lengths say enough in a failure message.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InjectedWriteFault")
+            .field("fault", &self.fault)
+            .field("name", &self.name)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("landed_at", &self.landed_at)
+            .field("sent_bytes", &self.sent.len())
+            .field("displaced_bytes", &self.displaced.len())
+            .finish()
+    }
 }
 
 /// What [`SimDisk::restart`] did to the writes that were not durable at the crash (completed but
@@ -372,6 +394,8 @@ impl State {
                         offset,
                         len,
                         landed_at: None,
+                        sent: request.buf.to_vec(),
+                        displaced: Vec::new(),
                     };
                     // Another whole-page position inside the file; a file with room for this
                     // write only once loses it instead.
@@ -389,6 +413,11 @@ impl State {
                         injected.landed_at = Some(landed);
                         landing = Some(landed);
                     }
+                    let left_at = injected.landed_at.unwrap_or(offset) as usize;
+                    let volatile = self.files.get(name).map_or(&[][..], |f| &f.volatile[..]);
+                    injected.displaced = (left_at..left_at + len as usize)
+                        .map(|at| volatile.get(at).copied().unwrap_or(0))
+                        .collect();
                     self.injected_write_faults.push(injected);
                 }
                 let file = self.files.get_mut(name).expect("looked up above");
