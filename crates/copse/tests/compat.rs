@@ -135,3 +135,25 @@ fn a_format_2_store_opens_reads_and_takes_writes_in_both_formats() {
     }
     db.close().unwrap();
 }
+
+/// Freezes a format-2 fixture for `fixtures.rs`: a copy of the frozen format-3 fixture
+/// `native-in-place-v0.1`, rewritten as format 2 wrote it (no build older than format 3 is at
+/// hand, so the rewrite above stands in for one). Ignored, run by hand once:
+/// `cargo test --release -p copse --test compat -- --ignored freeze_format_2_fixture`.
+#[test]
+#[ignore]
+fn freeze_format_2_fixture() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures");
+    let from = fixtures.join("native-in-place-v0.1");
+    let to = fixtures.join("native-in-place-format2");
+    assert!(!to.exists(), "{} exists: fixtures are never rewritten", to.display());
+    let status = std::process::Command::new("cp").arg("-r").arg(&from).arg(&to).status().unwrap();
+    assert!(status.success());
+    rewrite_as_format_2(&to.join("store"));
+    let settings = std::fs::read_to_string(to.join("fixture.txt")).unwrap();
+    let settings = settings.replace(
+        "written_by: ",
+        "written_by: native-in-place-v0.1 rewritten as format 2 by compat.rs, from ",
+    );
+    std::fs::write(to.join("fixture.txt"), settings).unwrap();
+}
