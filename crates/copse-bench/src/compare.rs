@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::cli::{ycsb_command_args, WorkloadArgs};
 use crate::engine::EngineKind;
 use crate::plot;
 use crate::report::{read_run, PhaseReport, RunReport};
+use crate::run_args::{ycsb_command_args, WorkloadArgs};
 use crate::workload::PhaseSpec;
 
 /// Runs a comparison may ask for (each is a process with a full load).

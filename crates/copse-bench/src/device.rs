@@ -674,6 +674,12 @@ fn duration_millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A device report written by `bench device --json`, read back (for `--device-json`).
+pub fn read_report(path: &std::path::Path) -> Result<DeviceReport, String> {
+    let text = std::fs::read_to_string(path).map_err(|err| format!("{}: {err}", path.display()))?;
+    serde_json::from_str(&text).map_err(|err| format!("{}: {err}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

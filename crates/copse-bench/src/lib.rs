@@ -6,7 +6,8 @@
 //! Layout: `generator` (YCSB's key choosers, bit for bit), `workload` (operation mixes and key
 //! names), `engine` (the engines under test), `runner` (drives one phase and measures it),
 //! `report` (the JSON schema of a run, process figures), `device` (the device probe), `compare`
-//! (engine-alternating runs, medians, the markdown table), `plot` (SVGs), `cli` (the commands).
+//! (engine-alternating runs, medians, the markdown table), `plot` (SVGs), `run_args` (one run's settings, as flags and as a
+//! configuration), `cli` (the commands).
 //!
 //! Invariants: every figure in a report is measured in the run it describes (nothing is carried
 //! over or assumed); a run that saw a wrong or missing value reports it in `errors` and the command
@@ -19,5 +20,6 @@ pub mod engine;
 pub mod generator;
 pub mod plot;
 pub mod report;
+pub mod run_args;
 pub mod runner;
 pub mod workload;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::engine::native::batch::{decode_batch, encode_batch};
+use crate::engine::batch_codec::{decode_batch, encode_batch};
 use crate::engine::native::format::{
     checksum, decode_slab_header, decode_slot, encode_record, encode_slab_header, header_checksum,
     peek_damaged_key, Loc, RecordKind, RecordLayout, SizeClass, SlabHeader, Slot,

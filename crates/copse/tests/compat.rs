@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use copse::engine::native::format::class_of_file_name;
 use copse::engine::native::format::{
     decode_slab_header, decode_slot, encode_record, encode_slab_header, Loc, RecordLayout,
     SizeClass, Slot, SLAB_FORMAT_VERSION,
 };
-use copse::engine::native::recovery::class_of_file_name;
 use copse::interfaces::check::{check_store, CheckOptions};
 use copse::limits::PAGE_BYTES;
 use copse::router::manifest::{self, MANIFEST_FILE};

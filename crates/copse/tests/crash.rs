@@ -946,12 +946,12 @@ fn disk_images(disk: &SimDisk) -> BTreeMap<String, Vec<u8>> {
 
 /// The records (items, tombstones, batch operations) of `keys` in slab images, one line each.
 fn records_on_disk(images: &BTreeMap<String, Vec<u8>>, keys: &[usize]) -> Vec<String> {
-    use copse::engine::native::batch::decode_batch;
+    use copse::engine::batch_codec::decode_batch;
+    use copse::engine::native::format::class_of_file_name;
     use copse::engine::native::format::{
         decode_slab_header, decode_slot, peek_header, Loc, RecordKind, RecordLayout, SizeClass,
         Slot, RECORD_HEADER_BYTES,
     };
-    use copse::engine::native::recovery::class_of_file_name;
     use copse::limits::PAGE_BYTES;
     let names: Vec<Vec<u8>> = keys.iter().map(|&key| key_name(key)).collect();
     let mut lines = Vec::new();

@@ -67,12 +67,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{describe_value, env_u64, make_value};
 use copse::device::sim::{FaultError, FaultOp, PointFault, SimDisk, WriteFault};
 use copse::device::{FaultPoint, WriteDurability};
+use copse::engine::native::format::class_of_file_name;
 use copse::engine::native::format::{
     byte_role, decode_slot, record_bytes, ByteRole, Loc, RecordLayout, SizeClass, CLASS_COUNT,
     IN_PAGE_CLASS_COUNT,
 };
 use copse::engine::native::placement::Placement;
-use copse::engine::native::recovery::class_of_file_name;
 use copse::engine::native::{EngineConfig, NativeEngine};
 use copse::engine::{BatchOp, Request, ScrubReport, ShardEngine};
 use copse::limits::{PAGE_BYTES, SLAB_GROWTH_BYTES_MIN};
@@ -1840,7 +1840,7 @@ fn records_of(
 /// taken and held until the erasure is durable.
 #[test]
 fn a_torn_batch_record_keeps_its_sequence_number_until_erased() {
-    use copse::engine::native::batch::encode_batch;
+    use copse::engine::batch_codec::encode_batch;
     use copse::engine::native::format::{encode_record, RecordKind, RECORD_HEADER_BYTES};
     copse::hash::make_deterministic();
     fn config(_: &SimDisk) -> EngineConfig {

@@ -400,7 +400,7 @@ pub fn delete_ops(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Vec<BatchOp> 
 /// splitting one key's writes (each key changes all-or-nothing; the keys of a multi-key command
 /// share one batch when they fit, which is the common case).
 pub fn pack_batches(per_key: Vec<Vec<BatchOp>>) -> std::collections::VecDeque<Vec<BatchOp>> {
-    use copse::engine::native::batch::encoded_batch_bytes;
+    use copse::engine::batch_codec::encoded_batch_bytes;
     use copse::limits::{WRITE_BATCH_BYTES_MAX, WRITE_BATCH_OPS_MAX};
     let mut batches = std::collections::VecDeque::new();
     let mut current: Vec<BatchOp> = Vec::new();

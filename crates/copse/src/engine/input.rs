@@ -2,7 +2,7 @@
 //! embedded API checks them where a request enters the store, and the shard checks the writes
 //! and reads that an exec program asks for, so that a bad request changes nothing.
 
-use crate::engine::native::batch::encoded_batch_bytes;
+use crate::engine::batch_codec::encoded_batch_bytes;
 use crate::engine::BatchOp;
 use crate::error::InputError;
 use crate::limits::{

@@ -7,6 +7,7 @@
 //! a write only when it is durable. Adding an engine means implementing [`ShardEngine`]; the
 //! router, the shard loop, exec programs and everything above them then work unchanged.
 
+pub mod batch_codec;
 pub mod input;
 pub mod native;
 pub mod part;

@@ -10,7 +10,7 @@
 //! `state: u8, gsn: u64, participant_count: u16, participant_count × shard: u32 (ascending),
 //! then the operations in the write-batch encoding (engine/native/batch.rs)`.
 
-use super::native::batch::{decode_batch, encode_batch, encoded_batch_bytes};
+use super::batch_codec::{decode_batch, encode_batch, encoded_batch_bytes};
 use super::BatchOp;
 
 /// Whether a part was only made durable, or also applied. persisted: never renumber.

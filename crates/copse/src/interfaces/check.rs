@@ -26,12 +26,13 @@ use serde::Serialize;
 use crate::device::{
     Backend, BlockDevice, DeviceError, DirStorage, FileId, Storage, WriteDurability,
 };
-use crate::engine::native::batch::decode_batch;
+use crate::engine::batch_codec::decode_batch;
 use crate::engine::native::format::{
-    shard_dir, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect, CLASS_COUNT,
+    class_of_file_name, shard_dir, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect,
+    CLASS_COUNT,
 };
 use crate::engine::native::recovery::{
-    class_of_file_name, read_slab_header, read_sync, scan_slab, ShardScan, SlabFile,
+    read_slab_header, read_sync, scan_slab, ShardScan, SlabFile,
 };
 use crate::engine::part;
 use crate::error::OpenError;

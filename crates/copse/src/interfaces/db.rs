@@ -558,7 +558,7 @@ impl Db {
     fn split_batch(&self, ops: Vec<BatchOp>) -> Result<Vec<(u32, Vec<BatchOp>)>, WriteError> {
         check_batch(&ops)?;
         let mut parts: std::collections::BTreeMap<u32, Vec<BatchOp>> = Default::default();
-        for op in crate::engine::native::batch::dedupe_batch(ops) {
+        for op in crate::engine::batch_codec::dedupe_batch(ops) {
             parts.entry(shard_of(op.key(), self.shard_count())).or_default().push(op);
         }
         if parts.len() > 1 {

@@ -31,9 +31,8 @@ use crate::engine::part::{PartRecord, PartState};
 use crate::engine::{BatchOp, Request};
 use crate::error::WriteError;
 use crate::limits::MULTI_READ_ATTEMPTS_BEFORE_EXCLUSIVE;
-use crate::shard::exec::{
-    Coordinator, Decision, Exec, ExecRequest, ExecStep, ExecView, StepInput, Vote,
-};
+use crate::shard::coordinator::{Coordinator, Decision};
+use crate::shard::exec::{Exec, ExecRequest, ExecStep, ExecView, StepInput, Vote};
 
 /// The store-wide count of batch decisions, and the means for a reader that keeps missing a
 /// quiet moment to get one (invariant 1).

@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use futures::channel::oneshot;
 
+use super::coordinator::{Coordinator, Decision};
 use super::gate::Gate;
 use crate::engine::input::{check_key, check_part, check_write};
 use crate::engine::{BatchOp, KeyValue, Request, ShardEngine};
@@ -84,32 +85,6 @@ pub enum StepInput {
     /// The results of a `Read` step, in the order asked; the first failure if any failed.
     Read(Result<Vec<ReadResult>, ReadError>),
     Written(Result<(), WriteError>),
-}
-
-/// A cross-shard batch's outcome, as its coordinator knows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
-    Pending,
-    Committed,
-    /// Called off: nothing of the batch is applied anywhere; the reason.
-    Aborted(WriteError),
-}
-
-/// The coordinator of one cross-shard batch (the router's `Txn`), as its participants see it.
-/// Every participant shares it; the decision changes once, from pending to final.
-pub trait Coordinator: Send + Sync {
-    fn gsn(&self) -> u64;
-    /// Every shard holding a part, ascending.
-    fn participants(&self) -> &[u32];
-    fn decision(&self) -> Decision;
-    /// Shard `shard`'s part is durable (Ok), or could not be made so; may decide the batch.
-    fn prepared(&self, shard: u32, result: Result<(), WriteError>);
-    /// A participant does not take part (a condition failed, the exec was dropped): aborts.
-    fn refuse(&self, reason: WriteError);
-    /// Shard `shard` applied its part (Ok) or failed to.
-    fn applied(&self, shard: u32, result: Result<(), WriteError>);
-    /// Every participant applied its part: parts may be erased (forgotten) now.
-    fn all_applied(&self) -> bool;
 }
 
 /// A participant's say in a cross-shard batch. Dropped before it was cast (the exec never ran,
@@ -535,7 +510,7 @@ fn advance_part(
 
 /// Starts a part: checks it, locks its keys in the gate, and asks the engine to make it durable.
 fn issue_prepare(mut vote: Vote, ops: Vec<BatchOp>, engine: &mut Gate) -> State {
-    let ops = crate::engine::native::batch::dedupe_batch(ops);
+    let ops = crate::engine::batch_codec::dedupe_batch(ops);
     let coordinator = vote.coordinator().clone();
     if let Err(err) = check_part(coordinator.participants().len(), &ops) {
         vote.prepared(Err(err.into()));

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use futures::channel::oneshot;
 
-use super::exec::{Coordinator, Decision};
+use super::coordinator::{Coordinator, Decision};
 use crate::engine::part::PartRecord;
 use crate::engine::{BatchOp, KeyValue, Reply, Request, RequestKind, ShardEngine};
 use crate::error::{ReadError, WriteError};

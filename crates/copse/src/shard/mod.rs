@@ -13,6 +13,7 @@
 //! every exec that can move (its reads answered, its write durable, its locks free) and hands the
 //! reads and writes they ask for to the engine in the same round.
 
+pub mod coordinator;
 pub mod exec;
 pub mod gate;
 

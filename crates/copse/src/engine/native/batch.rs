@@ -10,12 +10,12 @@
 //! Recovery replays a batch record it finds: each operation whose key has no record at least as
 //! new as the batch is written again with the batch's sequence number (see `recovery.rs`).
 //!
-//! Encoding of the batch record's value (little-endian):
-//! `count: u32, then count × (kind: u8 [1 put, 2 delete], key_len: u16, value_len: u32, key, value)`.
+//! The batch record's value is the engine-neutral encoding of `engine/batch_codec.rs`.
 
 use super::format::{Loc, RecordKind};
 use super::{key_hash, Effect, Key, NativeEngine, Origin};
 use crate::device::FaultPoint;
+use crate::engine::batch_codec::{dedupe_batch, encode_batch};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
 
@@ -34,81 +34,6 @@ pub struct BatchState {
     /// The gsn when this is a cross-shard part being committed (`parts.rs`): its record is a
     /// committed Part record, kept (not erased) once the members are applied.
     part: Option<u64>,
-}
-
-pub fn encode_batch(ops: &[BatchOp]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + ops.iter().map(|op| 7 + op.key().len()).sum::<usize>());
-    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
-    for op in ops {
-        let (kind, key, value): (u8, &[u8], &[u8]) = match op {
-            BatchOp::Put { key, value } => (1, key, value),
-            BatchOp::Delete { key } => (2, key, &[]),
-        };
-        out.push(kind);
-        out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-        out.extend_from_slice(key);
-        out.extend_from_slice(value);
-    }
-    out
-}
-
-/// Bytes `encode_batch` produces, without producing them (for the limit check).
-pub fn encoded_batch_bytes(ops: &[BatchOp]) -> usize {
-    4 + ops
-        .iter()
-        .map(|op| {
-            7 + op.key().len()
-                + match op {
-                    BatchOp::Put { value, .. } => value.len(),
-                    BatchOp::Delete { .. } => 0,
-                }
-        })
-        .sum::<usize>()
-}
-
-pub fn decode_batch(bytes: &[u8]) -> Result<Vec<BatchOp>, String> {
-    let mut at = 0usize;
-    let mut take = |n: usize| -> Result<&[u8], String> {
-        let end = at
-            .checked_add(n)
-            .filter(|&end| end <= bytes.len())
-            .ok_or("batch record is truncated")?;
-        let slice = &bytes[at..end];
-        at = end;
-        Ok(slice)
-    };
-    let count = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
-    let mut ops = Vec::with_capacity(count.min(crate::limits::WRITE_BATCH_OPS_MAX));
-    for _ in 0..count {
-        let kind = take(1)?[0];
-        let key_len = u16::from_le_bytes(take(2)?.try_into().unwrap()) as usize;
-        let value_len = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
-        let key = take(key_len)?.to_vec();
-        let value = take(value_len)?.to_vec();
-        ops.push(match kind {
-            1 => BatchOp::Put { key, value },
-            2 if value_len == 0 => BatchOp::Delete { key },
-            _ => return Err(format!("unknown batch operation kind {kind}")),
-        });
-    }
-    if at != bytes.len() {
-        return Err("batch record has trailing bytes".into());
-    }
-    Ok(ops)
-}
-
-/// Keeps the last operation of each key, in the order of those last operations.
-pub fn dedupe_batch(ops: Vec<BatchOp>) -> Vec<BatchOp> {
-    let mut last = crate::hash::HashMap::default();
-    for (position, op) in ops.iter().enumerate() {
-        last.insert(op.key().to_vec(), position);
-    }
-    ops.into_iter()
-        .enumerate()
-        .filter(|(position, op)| last[op.key()] == *position)
-        .map(|(_, op)| op)
-        .collect()
 }
 
 impl NativeEngine {
@@ -375,41 +300,5 @@ impl NativeEngine {
         if let Some(reply) = state.reply.take() {
             let _ = reply.send(Err(err));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batch_encoding_round_trips_and_rejects_garbage() {
-        let ops = vec![
-            BatchOp::Put { key: b"a".to_vec(), value: b"1".to_vec() },
-            BatchOp::Delete { key: b"b".to_vec() },
-        ];
-        let bytes = encode_batch(&ops);
-        assert_eq!(bytes.len(), encoded_batch_bytes(&ops));
-        assert_eq!(decode_batch(&bytes).unwrap(), ops);
-        assert!(decode_batch(&bytes[..bytes.len() - 1]).is_err());
-        let mut bad = bytes.clone();
-        bad[4] = 9;
-        assert!(decode_batch(&bad).is_err());
-    }
-
-    #[test]
-    fn dedupe_keeps_the_last_operation_of_each_key() {
-        let ops = vec![
-            BatchOp::Put { key: b"a".to_vec(), value: b"1".to_vec() },
-            BatchOp::Put { key: b"b".to_vec(), value: b"2".to_vec() },
-            BatchOp::Delete { key: b"a".to_vec() },
-        ];
-        assert_eq!(
-            dedupe_batch(ops),
-            vec![
-                BatchOp::Put { key: b"b".to_vec(), value: b"2".to_vec() },
-                BatchOp::Delete { key: b"a".to_vec() }
-            ]
-        );
     }
 }

@@ -208,6 +208,12 @@ impl SizeClass {
     }
 }
 
+/// The class of a slab file name (`class-NN.slab`, as `SizeClass::file_name` writes it).
+pub fn class_of_file_name(name: &str) -> Option<u8> {
+    let digits = name.strip_prefix("class-")?.strip_suffix(".slab")?;
+    digits.parse::<u8>().ok()
+}
+
 pub fn shard_dir(shard_id: u32) -> String {
     format!("shard-{shard_id:03}")
 }
@@ -618,9 +624,7 @@ pub enum ByteRole {
 pub fn byte_role(image: &[u8], file_name: &str, at: u64) -> ByteRole {
     use ByteRole::{Checked, KeyOf, Unchecked, ValueOf};
     let base = file_name.rsplit('/').next().unwrap_or(file_name);
-    let Some(class) =
-        super::recovery::class_of_file_name(base).filter(|&id| (id as usize) < CLASS_COUNT)
-    else {
+    let Some(class) = class_of_file_name(base).filter(|&id| (id as usize) < CLASS_COUNT) else {
         return Unchecked;
     };
     let class = SizeClass::get(class);

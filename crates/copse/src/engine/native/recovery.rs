@@ -11,14 +11,14 @@
 use crate::hash::{HashMap, HashSet};
 use std::time::Instant;
 
-use super::batch::decode_batch;
 use super::format::{
-    decode_slab_header, decode_slot, pages_for, peek_damaged_key, peek_damaged_unkeyed, shard_dir,
-    DamagedRecord, LiveDigest, Loc, RecordKind, RecordLayout, SizeClass, SlabHeader, Slot,
-    SlotDefect, CLASS_COUNT,
+    class_of_file_name, decode_slab_header, decode_slot, pages_for, peek_damaged_key,
+    peek_damaged_unkeyed, shard_dir, DamagedRecord, LiveDigest, Loc, RecordKind, RecordLayout,
+    SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
 };
 use super::{key_hash, ClassFile, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest};
+use crate::engine::batch_codec::decode_batch;
 use crate::engine::part::{self, PartRecord, PartState};
 use crate::engine::BatchOp;
 use crate::error::OpenError;
@@ -29,12 +29,6 @@ pub type SlotVisitor<'a> = dyn FnMut(Loc, Result<Slot<'_>, SlotDefect>, &[u8]) +
 
 /// Corrupt slots logged one by one before recovery only counts them.
 const CORRUPT_SLOTS_LOGGED_MAX: u64 = 20;
-
-/// The class of a slab file name (`class-NN.slab`).
-pub fn class_of_file_name(name: &str) -> Option<u8> {
-    let digits = name.strip_prefix("class-")?.strip_suffix(".slab")?;
-    digits.parse::<u8>().ok()
-}
 
 /// Reads a slab file's header page and checks it belongs to `class` of `shard_id`.
 /// `Ok(None)`: the header page is blank: the file was created but its header never became
