@@ -37,6 +37,7 @@ FUZZ_SECONDS ?= 60
 
 test: test-deps
 	@mkdir -p target
+	$(PYTHON) scripts/check_layers.py
 	set -o pipefail; COPSE_FUZZ_SECONDS=$(FUZZ_SECONDS) CARGO_TERM_COLOR=never $(CARGO) test --workspace --release 2>&1 | tee target/test-output.log
 	$(CARGO) build --release -p copse-cli
 	set -o pipefail; $(PYTHON) -m pytest -q -p no:cacheprovider tests/server 2>&1 | tee target/test-server-output.log

@@ -15,8 +15,8 @@ use super::{
     by_shard, delete_ops, key_type, lowercase, on_key, pack_batches, parse_i64, unexpected, Call,
     Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
 };
+use crate::cmd::run_outcome;
 use crate::keyspace::{self, decode_meta, KeyType};
-use crate::net::run_outcome;
 use crate::resp::Reply;
 
 /// Keys a SCAN step looks at when COUNT is not given (Redis's default).

@@ -25,8 +25,8 @@ use copse::Db;
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
 
+use crate::context::{ConnState, Server};
 use crate::keyspace::{self, KeyType, REDIS_KEY_BYTES_MAX};
-use crate::net::{ConnState, Server};
 use crate::resp::Reply;
 
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -194,7 +194,7 @@ impl AtomicPlan {
         let db = db.clone();
         Outcome::AfterPending(Box::pin(async move {
             db.exec_atomic(self.parts).await;
-            crate::net::collect(self.answers, combine).await
+            collect(self.answers, combine).await
         }))
     }
 }
@@ -713,6 +713,33 @@ fn unknown_command(args: &[Vec<u8>]) -> String {
         text.push_str(&format!("'{}' ", String::from_utf8_lossy(arg)));
     }
     text
+}
+
+/// Queues the execs of `outcome` and waits for its answer (for commands that run other
+/// commands' plans, and for tests).
+pub async fn run_outcome(db: &Db, outcome: Outcome) -> Reply {
+    match outcome {
+        Outcome::Reply(reply) | Outcome::Close(reply) => reply,
+        Outcome::AfterPending(future) => future.await,
+        Outcome::Execs { queued, answers, combine } => {
+            for queued in queued {
+                db.exec_async(queued.shard, queued.locks, queued.exec).await;
+            }
+            collect(answers, combine).await
+        }
+    }
+}
+
+/// Waits for the answers of a command's execs and combines them.
+pub async fn collect(
+    answers: Vec<futures::channel::oneshot::Receiver<Reply>>,
+    combine: Combine,
+) -> Reply {
+    let mut replies = Vec::with_capacity(answers.len());
+    for answer in answers {
+        replies.push(answer.await.unwrap_or_else(|_| Reply::error("ERR the store is closed")));
+    }
+    combine(replies)
 }
 
 #[cfg(test)]

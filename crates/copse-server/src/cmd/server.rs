@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{keys, lowercase, parse_i64, table, Call, Outcome, Spec, SYNTAX};
 use crate::config::PROTO_MAX_BULK_LEN_DEFAULT;
-use crate::net::Server;
+use crate::context::Server;
 use crate::resp::{Protocol, Reply};
 
 /// The Redis version copse answers as (the command set it follows).
@@ -377,8 +377,8 @@ fn config(call: &mut Call<'_>) -> Outcome {
                         // As Redis: more clients than descriptors allow is refused, after
                         // trying to raise the open files limit.
                         let wanted = n.saturating_add(server.settings.reserved_fds);
-                        let limit = crate::net::fds::raise_fd_limit(wanted).unwrap_or(0);
-                        let allowed = crate::net::fds::clients_max_for(limit, server.settings.reserved_fds);
+                        let limit = crate::fds::raise_fd_limit(wanted).unwrap_or(0);
+                        let allowed = crate::fds::clients_max_for(limit, server.settings.reserved_fds);
                         if (n as usize) > allowed {
                             return Outcome::error(format!(
                                 "ERR CONFIG SET failed (possibly related to argument 'maxclients') - The operating system is not able to handle the specified number of clients, try with {allowed}"

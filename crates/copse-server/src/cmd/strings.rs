@@ -227,7 +227,7 @@ fn mget(call: &mut Call<'_>) -> Outcome {
     Outcome::AfterPending(Box::pin(async move {
         let read = db.read_consistently(|| async {
             Ok::<Reply, std::convert::Infallible>(
-                crate::net::run_outcome(
+                crate::cmd::run_outcome(
                     &db,
                     mget_plan(&db, &keys, reply_bytes_max, &value_bytes_bound),
                 )

@@ -31,12 +31,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::{access, collect, ConnState, Server};
-use crate::cmd::{dispatch, Combine, Dispatched, Outcome};
+use super::access;
+use crate::cmd::{collect, dispatch, Combine, Dispatched, Outcome};
 use crate::config::{
     CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
     UNAUTHENTICATED_ARGS_MAX, UNAUTHENTICATED_BULK_BYTES_MAX,
 };
+use crate::context::{ConnState, Server};
 use crate::resp::parse::UnauthenticatedLimits;
 use crate::resp::{
     encode_reply, parse_command_resumed, ParseLimits, ParseState, Parsed, Protocol, Reply,

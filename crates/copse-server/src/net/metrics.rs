@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{access, Server};
+use super::access;
+use crate::context::Server;
 
 /// Bytes of request head read before answering (anything longer is answered all the same).
 const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
