@@ -206,14 +206,6 @@ pub fn scores_prefix(key: &[u8]) -> Vec<u8> {
     prefix
 }
 
-/// The by-score item's key for (`score`, `member`) starts here; with an empty member it is the
-/// first key of that score.
-pub fn score_position(key: &[u8], score: f64) -> Vec<u8> {
-    let mut out = scores_prefix(key);
-    out.extend_from_slice(&sortable_score(score));
-    out
-}
-
 /// A by-score item's (score, member), given the Redis key's length.
 pub fn decode_score(item: &[u8], key_bytes: usize) -> Option<(f64, &[u8])> {
     let at = 6 + key_bytes;

@@ -150,14 +150,6 @@ fn existing_plan(db: &Db, keys: &[Vec<u8>]) -> Outcome {
     plan.finish(Box::new(sum_integers))
 }
 
-/// How many of `keys` exist, in order after the caller's earlier commands.
-pub async fn count_existing(db: &Db, keys: &[Vec<u8>]) -> Result<i64, Reply> {
-    match run_outcome(db, existing_plan(db, keys)).await {
-        Reply::Integer(count) => Ok(count),
-        other => Err(other),
-    }
-}
-
 fn exists(call: &mut Call<'_>) -> Outcome {
     existing_plan(call.db(), &call.args[1..])
 }

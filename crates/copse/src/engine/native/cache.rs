@@ -114,10 +114,6 @@ impl PageCache {
         }
     }
 
-    pub fn is_pinned(&self, page: PageKey) -> bool {
-        self.map.get(&page).is_some_and(|&index| self.frames[index as usize].pins > 0)
-    }
-
     /// Drops a page (after a failed write its image no longer matches the disk).
     pub fn remove(&mut self, page: PageKey) {
         if let Some(index) = self.map.remove(&page) {
