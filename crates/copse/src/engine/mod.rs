@@ -8,6 +8,7 @@
 //! router, the shard loop, exec programs and everything above them then work unchanged.
 
 pub mod batch_codec;
+pub mod factory;
 pub mod input;
 pub mod native;
 pub mod part;
@@ -23,6 +24,10 @@ use crate::device::DeviceStats;
 use crate::error::{ReadError, WriteError};
 
 pub type Reply<T, E> = oneshot::Sender<Result<T, E>>;
+
+/// Where the RocksDB engine keeps its instances (`rocksdb/shard-NNN`), relative to the store.
+/// Here rather than in `rocks/`, so that a build without the `rocksdb` feature still knows it.
+pub const ROCKSDB_DIR: &str = "rocksdb";
 
 /// Which engine a store's shards run. Recorded in the manifest at creation; a store is always
 /// opened with the engine that created it. persisted: never renumber.

@@ -206,7 +206,7 @@ pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, O
     // Decide this before taking the lock, which would create the directory and its LOCK file.
     let looks_like_store = path.join(MANIFEST_FILE).is_file()
         || (0..SHARDS_MAX as u32).any(|shard| path.join(shard_dir(shard)).is_dir())
-        || manifest::rocksdb_files_exist(path);
+        || crate::engine::factory::rocksdb_files_exist(path);
     if !looks_like_store {
         return Err(OpenError::NotFound(path.display().to_string()));
     }
@@ -273,14 +273,15 @@ pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, O
         report.live_keys += shard_report.live_keys;
         report.shards.push(shard_report);
     }
-    if manifest.is_none() && !manifest_reported && manifest::rocksdb_files_exist(path) {
+    if manifest.is_none() && !manifest_reported && crate::engine::factory::rocksdb_files_exist(path)
+    {
         problems.file(
             MANIFEST_FILE,
             None,
             None,
             format!(
                 "manifest is missing or blank but {}/ holds RocksDB instances",
-                manifest::ENGINE_DIR_ROCKSDB
+                crate::engine::ROCKSDB_DIR
             ),
         );
     } else if manifest.is_none() && !manifest_reported && report.files_checked > 0 {

@@ -7,30 +7,26 @@
 use std::io::IsTerminal;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::device::{Backend, DeviceStats, DirStorage, Storage, WriteDurability};
+use crate::engine::factory::{SetupSettings, StoreSetup};
 use crate::engine::input::{check_batch, check_key, check_value};
 use crate::engine::native::format::{SizeClass, IN_PAGE_CLASS_COUNT};
 use crate::engine::native::placement::{choose_placement, Placement, PlacementSetting};
-use crate::engine::native::{EngineConfig, NativeEngine};
-use crate::engine::{
-    BatchOp, ClassStats, EngineKind, KeyValue, Request, ScrubReport, ShardEngine, ShardStats,
-};
+use crate::engine::{BatchOp, ClassStats, EngineKind, KeyValue, Request, ScrubReport, ShardStats};
 use crate::error::{InputError, OpenError, ReadError, WriteError};
 use crate::limits::{
-    APPEND_BLOCK_PAGES_MAX, CACHE_BYTES_DEFAULT, CACHE_PAGES_PER_SHARD_MIN, IO_DEPTH_DEFAULT,
-    IO_DEPTH_MAX, KEY_BYTES_MAX, PAGE_BYTES, SCAN_ITEMS_MAX, SHARDS_MAX, SPACE_AMPLIFICATION_MAX,
-    SPACE_AMPLIFICATION_MIN,
+    APPEND_BLOCK_PAGES_MAX, CACHE_BYTES_DEFAULT, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
+    SCAN_ITEMS_MAX, SHARDS_MAX, SPACE_AMPLIFICATION_MAX, SPACE_AMPLIFICATION_MIN,
 };
 use crate::router::manifest::PlacementDecision;
 use crate::router::txn::{self, AtomicExec, Coordination};
 use crate::router::{close_shards, manifest, shard_of, Router};
 use crate::shard::exec::{Exec, ExecRequest};
-use crate::shard::{EngineOpener, ShardHandle};
+use crate::shard::ShardHandle;
 
 /// How to open a store.
 #[derive(Clone, Debug)]
@@ -311,6 +307,7 @@ impl Db {
             return Err(OpenError::NotFound(path.display().to_string()));
         }
         if !options.engine.available() {
+            // Checked again by the engine factory; here before the directory is touched.
             return Err(OpenError::EngineUnavailable(options.engine));
         }
         options.validate()?;
@@ -321,10 +318,11 @@ impl Db {
         Db::open_inner(Arc::new(storage), options, Some(lock), Some(path))
     }
 
-    /// Opens a store on any storage (the simulated device in tests). Native engine only: other
-    /// engines keep their own files in a directory (`Db::open`).
+    /// Opens a store on any storage (the simulated device in tests). An engine that keeps its
+    /// own files in a directory (RocksDB) is refused with the reason (`Db::open` serves it).
     pub fn open_with_storage(storage: Arc<dyn Storage>, options: Options) -> Result<Db, OpenError> {
-        if options.engine != EngineKind::Native {
+        if options.engine == EngineKind::RocksDb {
+            // Before the manifest is created: a refused open leaves nothing behind.
             return Err(OpenError::InvalidOption(format!(
                 "the {} engine needs a directory (Db::open), not a storage",
                 options.engine
@@ -349,7 +347,7 @@ impl Db {
                 options.engine,
                 options.create_if_missing,
                 &storage.describe(),
-                dir.is_some_and(manifest::rocksdb_files_exist),
+                dir.is_some_and(crate::engine::factory::rocksdb_files_exist),
                 &mut || decide_placement(storage.as_ref(), &options),
             )?
         };
@@ -371,64 +369,26 @@ impl Db {
             );
             bar
         });
-        let cache_pages =
-            (options.cache_bytes / PAGE_BYTES / options.shards).max(CACHE_PAGES_PER_SHARD_MIN);
-        let poisoned = Arc::new(AtomicBool::new(false));
-        #[cfg(feature = "rocksdb")]
-        let rocks_shared = match options.engine {
-            EngineKind::RocksDb => {
-                Some(crate::engine::rocks::RocksShared::new(options.cache_bytes, options.shards)?)
-            }
-            EngineKind::Native => None,
-        };
-        // RocksDB instances may be created only until the store's first open finished (see
-        // `rocks::CREATED_MARKER`); after that a missing instance is a lost one.
-        #[cfg(feature = "rocksdb")]
-        let rocks_created = dir.is_some_and(crate::engine::rocks::creation_finished);
+        let setup = StoreSetup::new(
+            SetupSettings {
+                kind: options.engine,
+                shards: options.shards,
+                cache_bytes: options.cache_bytes,
+                io_depth_max: options.io_depth,
+                placements,
+                append_block_pages: options.append_block_pages,
+                space_amplification_max: options.space_amplification_max,
+                progress,
+            },
+            storage.clone(),
+            dir,
+        )?;
         let (opened_sender, opened) = std::sync::mpsc::channel();
         let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
         let mut shards = Vec::with_capacity(options.shards);
         for shard_id in 0..options.shards as u32 {
-            let open: EngineOpener = match options.engine {
-                EngineKind::Native => {
-                    let config = EngineConfig {
-                        shard_id,
-                        cache_pages,
-                        io_depth_max: options.io_depth,
-                        slab_growth_bytes_min: crate::limits::SLAB_GROWTH_BYTES_MIN,
-                        placements: placements.clone(),
-                        append_block_pages: options.append_block_pages,
-                        space_amplification_max: options.space_amplification_max,
-                        poisoned: poisoned.clone(),
-                    };
-                    let storage = storage.clone();
-                    let progress = progress.clone();
-                    Box::new(move || {
-                        let device = storage.open_device()?;
-                        let engine = NativeEngine::open(device, config, progress.as_ref())?;
-                        Ok(Box::new(engine) as Box<dyn ShardEngine>)
-                    })
-                }
-                #[cfg(feature = "rocksdb")]
-                EngineKind::RocksDb => {
-                    let config = crate::engine::rocks::RocksConfig {
-                        shard_id,
-                        store_dir: dir
-                            .expect("Db::open gives the rocksdb engine a directory")
-                            .into(),
-                        shared: rocks_shared.clone().expect("made above for this engine"),
-                        poisoned: poisoned.clone(),
-                        create_if_missing: !rocks_created,
-                    };
-                    Box::new(move || {
-                        let engine = crate::engine::rocks::RocksEngine::open(config)?;
-                        Ok(Box::new(engine) as Box<dyn ShardEngine>)
-                    })
-                }
-                #[cfg(not(feature = "rocksdb"))]
-                EngineKind::RocksDb => unreachable!("refused above: {dir:?}"),
-            };
             let pin_core = options.pin_threads.then_some(shard_id as usize % cores);
+            let open = setup.opener(shard_id);
             match ShardHandle::spawn(shard_id, open, opened_sender.clone(), pin_core) {
                 Ok(handle) => shards.push(handle),
                 Err(err) => {
@@ -456,16 +416,11 @@ impl Db {
                 }
             }
         }
-        if let Some(progress) = &progress {
+        if let Some(progress) = setup.progress() {
             progress.finish_and_clear();
         }
-        #[cfg(feature = "rocksdb")]
-        if failure.is_none() && options.engine == EngineKind::RocksDb && !rocks_created {
-            if let Some(dir) = dir {
-                if let Err(err) = crate::engine::rocks::mark_creation_finished(dir) {
-                    failure = Some(err);
-                }
-            }
+        if failure.is_none() {
+            failure = setup.finish_open().err();
         }
         if let Some(err) = failure {
             close_shards(&mut shards).ok();

@@ -16,16 +16,6 @@ use crate::error::OpenError;
 use crate::limits::PAGE_BYTES;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
-/// Where the RocksDB engine keeps its instances (`rocksdb/shard-NNN`), relative to the store.
-pub const ENGINE_DIR_ROCKSDB: &str = "rocksdb";
-
-/// Whether the store in `path` holds anything under `rocksdb/` (an instance directory, or the
-/// engine's creation marker). Read with `std::fs`: devices list files, not directories.
-pub fn rocksdb_files_exist(path: &std::path::Path) -> bool {
-    std::fs::read_dir(path.join(ENGINE_DIR_ROCKSDB))
-        .map(|mut entries| entries.next().is_some())
-        .unwrap_or(false)
-}
 pub const MANIFEST_MAGIC: [u8; 8] = *b"COPSEMAN";
 pub const MANIFEST_FORMAT_VERSION: u32 = 3;
 
@@ -278,7 +268,8 @@ pub fn open_or_create(
     }
     if engine_files_exist {
         return Err(OpenError::CorruptManifest(format!(
-            "manifest is missing or blank but {ENGINE_DIR_ROCKSDB}/ holds RocksDB instances"
+            "manifest is missing or blank but {}/ holds RocksDB instances",
+            crate::engine::ROCKSDB_DIR
         )));
     }
     if !create_if_missing {

@@ -38,8 +38,7 @@ pub enum Message {
     Wake,
 }
 
-/// Opens (recovers) one shard's engine; runs on the shard's own thread.
-pub type EngineOpener = Box<dyn FnOnce() -> Result<Box<dyn ShardEngine>, OpenError> + Send>;
+pub use crate::engine::factory::EngineOpener;
 
 pub struct ShardHandle {
     pub sender: flume::Sender<Message>,

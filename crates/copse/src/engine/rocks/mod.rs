@@ -96,7 +96,7 @@ impl RocksShared {
 
 /// The directory of shard `shard`'s instance, relative to the store.
 pub fn shard_dir(store: &Path, shard: u32) -> PathBuf {
-    store.join(crate::router::manifest::ENGINE_DIR_ROCKSDB).join(format!("shard-{shard:03}"))
+    store.join(super::ROCKSDB_DIR).join(format!("shard-{shard:03}"))
 }
 
 /// RocksDB options for one shard's instance.
@@ -146,12 +146,12 @@ pub const CREATED_MARKER: &str = "CREATED";
 
 /// Whether the RocksDB store in `store` finished its creation.
 pub fn creation_finished(store: &Path) -> bool {
-    store.join(crate::router::manifest::ENGINE_DIR_ROCKSDB).join(CREATED_MARKER).is_file()
+    store.join(super::ROCKSDB_DIR).join(CREATED_MARKER).is_file()
 }
 
 /// Writes the creation marker durably (the file, then its directory).
 pub fn mark_creation_finished(store: &Path) -> Result<(), OpenError> {
-    let dir = store.join(crate::router::manifest::ENGINE_DIR_ROCKSDB);
+    let dir = store.join(super::ROCKSDB_DIR);
     let path = dir.join(CREATED_MARKER);
     let device_error =
         |err: std::io::Error| crate::device::DeviceError::from_io(&err, path.display().to_string());

@@ -1,0 +1,169 @@
+//! The engine factory: the one place outside an engine's own folder that names the engines. The
+//! store's open (`interfaces/db.rs`) describes what it wants in a [`StoreSetup`] and gets, per
+//! shard, an [`EngineOpener`] to run on the shard's thread; it never names an engine type.
+//!
+//! Invariants: a setup is made once per open, after the manifest was read or created (so the
+//! engine kind and the placements are the store's own); `finish_open` runs only after every
+//! shard opened, so an engine that records "creation finished" (RocksDB) records it only for a
+//! store whose every shard exists.
+
+use std::path::Path;
+#[cfg(feature = "rocksdb")]
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use super::native::placement::Placement;
+use super::native::{EngineConfig, NativeEngine};
+use super::{EngineKind, ShardEngine};
+use crate::device::Storage;
+use crate::error::OpenError;
+use crate::limits::{CACHE_PAGES_PER_SHARD_MIN, PAGE_BYTES, SLAB_GROWTH_BYTES_MIN};
+
+/// Opens (recovers) one shard's engine; runs on the shard's own thread.
+pub type EngineOpener = Box<dyn FnOnce() -> Result<Box<dyn ShardEngine>, OpenError> + Send>;
+
+/// What the engines of one store's shards are opened with.
+pub struct StoreSetup {
+    kind: EngineKind,
+    storage: Arc<dyn Storage>,
+    /// The store's directory, for engines that keep their own files in it.
+    #[cfg(feature = "rocksdb")]
+    dir: Option<PathBuf>,
+    cache_pages_per_shard: usize,
+    io_depth_max: usize,
+    /// Of every size class (native engine).
+    placements: Vec<Placement>,
+    append_block_pages: u32,
+    space_amplification_max: f64,
+    /// Raised by any shard whose write or flush failed; every shard then refuses writes.
+    poisoned: Arc<AtomicBool>,
+    progress: Option<indicatif::ProgressBar>,
+    #[cfg(feature = "rocksdb")]
+    rocks: Option<(super::rocks::RocksShared, bool)>,
+}
+
+/// The settings a [`StoreSetup`] is made from (validated `Options`, the manifest's placements).
+pub struct SetupSettings {
+    pub kind: EngineKind,
+    pub shards: usize,
+    pub cache_bytes: usize,
+    pub io_depth_max: usize,
+    pub placements: Vec<Placement>,
+    pub append_block_pages: u32,
+    pub space_amplification_max: f64,
+    pub progress: Option<indicatif::ProgressBar>,
+}
+
+impl StoreSetup {
+    /// A setup for `settings.kind` over `storage` (and `dir`, for engines that keep their own
+    /// files). Refuses an engine this build lacks, and one that needs a directory when there
+    /// is none, with the reason.
+    pub fn new(
+        settings: SetupSettings,
+        storage: Arc<dyn Storage>,
+        dir: Option<&Path>,
+    ) -> Result<StoreSetup, OpenError> {
+        if !settings.kind.available() {
+            return Err(OpenError::EngineUnavailable(settings.kind));
+        }
+        if settings.kind == EngineKind::RocksDb && dir.is_none() {
+            // RocksDB writes its own files through the file system; it cannot run on a
+            // `Storage` such as the simulated device.
+            return Err(OpenError::InvalidOption(format!(
+                "the {} engine needs a directory (Db::open), not a storage",
+                settings.kind
+            )));
+        }
+        #[cfg(feature = "rocksdb")]
+        let rocks = match (settings.kind, dir) {
+            (EngineKind::RocksDb, Some(dir)) => Some((
+                super::rocks::RocksShared::new(settings.cache_bytes, settings.shards)?,
+                // Instances may be created only until the store's first open finished (see
+                // `rocks::CREATED_MARKER`); after that a missing instance is a lost one.
+                super::rocks::creation_finished(dir),
+            )),
+            _ => None,
+        };
+        Ok(StoreSetup {
+            kind: settings.kind,
+            storage,
+            #[cfg(feature = "rocksdb")]
+            dir: dir.map(Path::to_path_buf),
+            cache_pages_per_shard: (settings.cache_bytes / PAGE_BYTES / settings.shards.max(1))
+                .max(CACHE_PAGES_PER_SHARD_MIN),
+            io_depth_max: settings.io_depth_max,
+            placements: settings.placements,
+            append_block_pages: settings.append_block_pages,
+            space_amplification_max: settings.space_amplification_max,
+            poisoned: Arc::new(AtomicBool::new(false)),
+            progress: settings.progress,
+            #[cfg(feature = "rocksdb")]
+            rocks,
+        })
+    }
+
+    /// The opener of shard `shard_id`'s engine.
+    pub fn opener(&self, shard_id: u32) -> EngineOpener {
+        match self.kind {
+            EngineKind::Native => {
+                let config = EngineConfig {
+                    shard_id,
+                    cache_pages: self.cache_pages_per_shard,
+                    io_depth_max: self.io_depth_max,
+                    slab_growth_bytes_min: SLAB_GROWTH_BYTES_MIN,
+                    placements: self.placements.clone(),
+                    append_block_pages: self.append_block_pages,
+                    space_amplification_max: self.space_amplification_max,
+                    poisoned: self.poisoned.clone(),
+                };
+                let storage = self.storage.clone();
+                let progress = self.progress.clone();
+                Box::new(move || {
+                    let device = storage.open_device()?;
+                    let engine = NativeEngine::open(device, config, progress.as_ref())?;
+                    Ok(Box::new(engine) as Box<dyn ShardEngine>)
+                })
+            }
+            #[cfg(feature = "rocksdb")]
+            EngineKind::RocksDb => {
+                let (shared, created) = self.rocks.clone().expect("made by new for this engine");
+                let config = super::rocks::RocksConfig {
+                    shard_id,
+                    store_dir: self.dir.clone().expect("new refuses rocksdb without a directory"),
+                    shared,
+                    poisoned: self.poisoned.clone(),
+                    create_if_missing: !created,
+                };
+                Box::new(move || {
+                    let engine = super::rocks::RocksEngine::open(config)?;
+                    Ok(Box::new(engine) as Box<dyn ShardEngine>)
+                })
+            }
+            #[cfg(not(feature = "rocksdb"))]
+            EngineKind::RocksDb => unreachable!("new refuses an engine this build lacks"),
+        }
+    }
+
+    /// Every shard opened: records what the engine needs recorded once a store exists whole.
+    pub fn finish_open(&self) -> Result<(), OpenError> {
+        #[cfg(feature = "rocksdb")]
+        if let (Some((_, false)), Some(dir)) = (&self.rocks, &self.dir) {
+            super::rocks::mark_creation_finished(dir)?;
+        }
+        Ok(())
+    }
+
+    pub fn progress(&self) -> Option<&indicatif::ProgressBar> {
+        self.progress.as_ref()
+    }
+}
+
+/// Whether the store in `path` holds anything under the RocksDB engine's directory (an
+/// instance, or its creation marker). Read with `std::fs`: devices list files, not directories.
+/// Known to every build, so one without the `rocksdb` feature still recognises such a store.
+pub fn rocksdb_files_exist(path: &Path) -> bool {
+    std::fs::read_dir(path.join(super::ROCKSDB_DIR))
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false)
+}
