@@ -404,8 +404,8 @@ pub fn manifest_corpus() -> Vec<Vec<u8>> {
         Manifest::new(1, EngineKind::RocksDb),
         Manifest { slab_format_version: 1, ..Manifest::new(256, EngineKind::Native) },
         Manifest {
-            placement_setting: Some(crate::engine::native::placement::PlacementSetting::Auto),
-            placements: [crate::engine::native::placement::Placement::Append;
+            placement_setting: Some(crate::engine::placement::PlacementSetting::Auto),
+            placements: [crate::engine::placement::Placement::Append;
                 crate::engine::native::format::IN_PAGE_CLASS_COUNT],
             probe_ratio_milli: 5123,
             ..Manifest::new(2, EngineKind::Native)

@@ -14,7 +14,7 @@ pub mod router;
 pub mod shard;
 
 pub use device::{Backend, WriteDurability};
-pub use engine::native::placement::{Placement, PlacementSetting};
+pub use engine::placement::{Placement, PlacementSetting};
 pub use engine::{BatchOp, EngineKind, KeyValue, RecoveryStats, ScrubReport, ShardStats};
 pub use error::{Error, InputError, OpenError, ReadError, WriteError};
 pub use interfaces::db::{Db, Options, ScrubRun, StorePlacement, StoreStats, WriteBatch};

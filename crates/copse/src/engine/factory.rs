@@ -13,8 +13,10 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use super::native::placement::Placement;
+use super::native::format::{SizeClass, CLASS_COUNT, IN_PAGE_CLASS_COUNT};
+use super::native::placement::choose_placement;
 use super::native::{EngineConfig, NativeEngine};
+use super::placement::{Placement, PlacementDecision, PlacementSetting, PLACED_CLASS_COUNT};
 use super::{EngineKind, ShardEngine};
 use crate::device::Storage;
 use crate::error::OpenError;
@@ -49,7 +51,8 @@ pub struct SetupSettings {
     pub shards: usize,
     pub cache_bytes: usize,
     pub io_depth_max: usize,
-    pub placements: Vec<Placement>,
+    /// Of the in-page classes, from the manifest (the others are always in place).
+    pub placements: [Placement; PLACED_CLASS_COUNT],
     pub append_block_pages: u32,
     pub space_amplification_max: f64,
     pub progress: Option<indicatif::ProgressBar>,
@@ -93,7 +96,11 @@ impl StoreSetup {
             cache_pages_per_shard: (settings.cache_bytes / PAGE_BYTES / settings.shards.max(1))
                 .max(CACHE_PAGES_PER_SHARD_MIN),
             io_depth_max: settings.io_depth_max,
-            placements: settings.placements,
+            placements: {
+                let mut all = vec![Placement::InPlace; CLASS_COUNT];
+                all[..PLACED_CLASS_COUNT].copy_from_slice(&settings.placements);
+                all
+            },
             append_block_pages: settings.append_block_pages,
             space_amplification_max: settings.space_amplification_max,
             poisoned: Arc::new(AtomicBool::new(false)),
@@ -157,6 +164,57 @@ impl StoreSetup {
     pub fn progress(&self) -> Option<&indicatif::ProgressBar> {
         self.progress.as_ref()
     }
+}
+
+/// Decides the placement of every in-page class of a new store: the setting asked for (per
+/// class where `placement_by_class` says), with `Auto` resolved by the device's write probe
+/// (`placement_by_class` overrides `placement` for the classes it names).
+pub fn decide_placement(
+    storage: &dyn Storage,
+    placement: PlacementSetting,
+    placement_by_class: &[(u8, PlacementSetting)],
+    space_amplification_max: f64,
+) -> Result<PlacementDecision, OpenError> {
+    let setting_of = |class: usize| {
+        placement_by_class
+            .iter()
+            .rev()
+            .find(|(id, _)| *id as usize == class)
+            .map_or(placement, |(_, setting)| *setting)
+    };
+    let wants_probe =
+        (0..IN_PAGE_CLASS_COUNT).any(|class| setting_of(class) == PlacementSetting::Auto);
+    let ratio = if wants_probe {
+        storage.probe_writes()?.map(|probe| probe.sequential_over_random())
+    } else {
+        None
+    };
+    let mut placements = [Placement::InPlace; IN_PAGE_CLASS_COUNT];
+    for (class, placement) in placements.iter_mut().enumerate() {
+        *placement = match setting_of(class) {
+            PlacementSetting::InPlace => Placement::InPlace,
+            PlacementSetting::Append => Placement::Append,
+            PlacementSetting::Auto => match ratio {
+                Some(ratio) => {
+                    choose_placement(SizeClass::get(class as u8), ratio, space_amplification_max)
+                }
+                None => Placement::InPlace,
+            },
+        };
+    }
+    if wants_probe {
+        tracing::info!(
+            sequential_over_random = ratio,
+            placements = ?placements.iter().map(|placement| placement.name()).collect::<Vec<_>>(),
+            "auto placement decided"
+        );
+    }
+    Ok(PlacementDecision {
+        setting: placement,
+        placements,
+        probe_ratio_milli: ratio
+            .map_or(0, |ratio| (ratio * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32),
+    })
 }
 
 /// Whether the store in `path` holds anything under the RocksDB engine's directory (an

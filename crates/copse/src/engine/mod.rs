@@ -12,6 +12,7 @@ pub mod factory;
 pub mod input;
 pub mod native;
 pub mod part;
+pub mod placement;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
 
@@ -272,7 +273,7 @@ impl ScrubReport {
 pub struct ClassStats {
     pub class: u8,
     pub slot_bytes: u32,
-    pub placement: crate::engine::native::placement::Placement,
+    pub placement: placement::Placement,
     pub file_bytes: u64,
     /// Slots ever handed out (the file's written part).
     pub slots_used: u64,
@@ -284,7 +285,7 @@ pub struct ClassStats {
     /// slots of blocks not yet collected.
     pub dead_bytes: u64,
     /// Append placement: blocks and the collector's work (zeros in place).
-    pub append: crate::engine::native::placement::AppendFigures,
+    pub append: placement::AppendFigures,
     /// Bytes the device was asked to write for this class, and bytes of keys and values users
     /// asked to write into it; their ratio is the class's write amplification.
     pub device_bytes_written: u64,

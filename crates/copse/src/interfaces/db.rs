@@ -12,17 +12,15 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::device::{Backend, DeviceStats, DirStorage, Storage, WriteDurability};
-use crate::engine::factory::{SetupSettings, StoreSetup};
+use crate::engine::factory::{decide_placement, SetupSettings, StoreSetup};
 use crate::engine::input::{check_batch, check_key, check_value};
-use crate::engine::native::format::{SizeClass, IN_PAGE_CLASS_COUNT};
-use crate::engine::native::placement::{choose_placement, Placement, PlacementSetting};
+use crate::engine::placement::{Placement, PlacementSetting, PLACED_CLASS_COUNT};
 use crate::engine::{BatchOp, ClassStats, EngineKind, KeyValue, Request, ScrubReport, ShardStats};
 use crate::error::{InputError, OpenError, ReadError, WriteError};
 use crate::limits::{
     APPEND_BLOCK_PAGES_MAX, CACHE_BYTES_DEFAULT, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, KEY_BYTES_MAX,
     SCAN_ITEMS_MAX, SHARDS_MAX, SPACE_AMPLIFICATION_MAX, SPACE_AMPLIFICATION_MIN,
 };
-use crate::router::manifest::PlacementDecision;
 use crate::router::txn::{self, AtomicExec, Coordination};
 use crate::router::{close_shards, manifest, shard_of, Router};
 use crate::shard::exec::{Exec, ExecRequest};
@@ -114,66 +112,15 @@ impl Options {
             )));
         }
         if let Some((class, _)) =
-            self.placement_by_class.iter().find(|(class, _)| *class as usize >= IN_PAGE_CLASS_COUNT)
+            self.placement_by_class.iter().find(|(class, _)| *class as usize >= PLACED_CLASS_COUNT)
         {
             return Err(OpenError::InvalidOption(format!(
                 "placement_by_class names class {class}; only in-page classes (0 to {}) have a placement",
-                IN_PAGE_CLASS_COUNT - 1
+                PLACED_CLASS_COUNT - 1
             )));
         }
         Ok(())
     }
-}
-
-/// Decides the placement of every in-page class of a new store: the setting asked for (per
-/// class where `placement_by_class` says), with `Auto` resolved by the device's write probe.
-fn decide_placement(
-    storage: &dyn crate::device::Storage,
-    options: &Options,
-) -> Result<PlacementDecision, OpenError> {
-    let setting_of = |class: usize| {
-        options
-            .placement_by_class
-            .iter()
-            .rev()
-            .find(|(id, _)| *id as usize == class)
-            .map_or(options.placement, |(_, setting)| *setting)
-    };
-    let wants_probe =
-        (0..IN_PAGE_CLASS_COUNT).any(|class| setting_of(class) == PlacementSetting::Auto);
-    let ratio = if wants_probe {
-        storage.probe_writes()?.map(|probe| probe.sequential_over_random())
-    } else {
-        None
-    };
-    let mut placements = [Placement::InPlace; IN_PAGE_CLASS_COUNT];
-    for (class, placement) in placements.iter_mut().enumerate() {
-        *placement = match setting_of(class) {
-            PlacementSetting::InPlace => Placement::InPlace,
-            PlacementSetting::Append => Placement::Append,
-            PlacementSetting::Auto => match ratio {
-                Some(ratio) => choose_placement(
-                    SizeClass::get(class as u8),
-                    ratio,
-                    options.space_amplification_max,
-                ),
-                None => Placement::InPlace,
-            },
-        };
-    }
-    if wants_probe {
-        tracing::info!(
-            sequential_over_random = ratio,
-            placements = ?placements.iter().map(|placement| placement.name()).collect::<Vec<_>>(),
-            "auto placement decided"
-        );
-    }
-    Ok(PlacementDecision {
-        setting: options.placement,
-        placements,
-        probe_ratio_milli: ratio
-            .map_or(0, |ratio| (ratio * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32),
-    })
 }
 
 /// Owned start and end bounds of a scan.
@@ -348,7 +295,14 @@ impl Db {
                 options.create_if_missing,
                 &storage.describe(),
                 dir.is_some_and(crate::engine::factory::rocksdb_files_exist),
-                &mut || decide_placement(storage.as_ref(), &options),
+                &mut || {
+                    decide_placement(
+                        storage.as_ref(),
+                        options.placement,
+                        &options.placement_by_class,
+                        options.space_amplification_max,
+                    )
+                },
             )?
         };
         if manifest.placement_setting.is_some_and(|asked| asked != options.placement) {
@@ -358,7 +312,6 @@ impl Db {
                 "the store keeps the placement it was created with"
             );
         }
-        let placements = manifest.class_placements();
         let progress = (options.show_progress && std::io::stderr().is_terminal()).then(|| {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
@@ -375,7 +328,7 @@ impl Db {
                 shards: options.shards,
                 cache_bytes: options.cache_bytes,
                 io_depth_max: options.io_depth,
-                placements,
+                placements: manifest.placements,
                 append_block_pages: options.append_block_pages,
                 space_amplification_max: options.space_amplification_max,
                 progress,

@@ -6,11 +6,11 @@
 //! during creation and is created again, while a blank manifest beside slab files is corruption.
 
 use crate::device::{AlignedBuf, BlockDevice, IoKind, IoRequest};
-use crate::engine::native::format::{
-    IN_PAGE_CLASS_COUNT, SLAB_FORMAT_VERSION, SLAB_FORMAT_VERSION_READ_MIN,
-};
-use crate::engine::native::placement::{Placement, PlacementSetting};
+use crate::engine::native::format::{SLAB_FORMAT_VERSION, SLAB_FORMAT_VERSION_READ_MIN};
 use crate::engine::native::recovery::read_sync;
+use crate::engine::placement::{
+    Placement, PlacementDecision, PlacementSetting, PLACED_CLASS_COUNT,
+};
 use crate::engine::EngineKind;
 use crate::error::OpenError;
 use crate::limits::PAGE_BYTES;
@@ -38,7 +38,7 @@ pub struct Manifest {
     /// before manifest version 3, in place).
     pub placement_setting: Option<PlacementSetting>,
     /// The placement of each in-page class (multi-page classes are always in place).
-    pub placements: [Placement; IN_PAGE_CLASS_COUNT],
+    pub placements: [Placement; PLACED_CLASS_COUNT],
     /// The write probe's sequential-over-random throughput ratio, times 1000, when `auto` ran
     /// it at creation; 0 when no probe ran.
     pub probe_ratio_milli: u32,
@@ -56,25 +56,10 @@ impl Manifest {
             },
             engine,
             placement_setting: Some(PlacementSetting::InPlace),
-            placements: [Placement::InPlace; IN_PAGE_CLASS_COUNT],
+            placements: [Placement::InPlace; PLACED_CLASS_COUNT],
             probe_ratio_milli: 0,
         }
     }
-
-    /// The placement of every class (`CLASS_COUNT` entries).
-    pub fn class_placements(&self) -> Vec<Placement> {
-        let mut all = vec![Placement::InPlace; crate::engine::native::format::CLASS_COUNT];
-        all[..IN_PAGE_CLASS_COUNT].copy_from_slice(&self.placements);
-        all
-    }
-}
-
-/// How a new store places records, decided when it is created (`Db::open`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PlacementDecision {
-    pub setting: PlacementSetting,
-    pub placements: [Placement; IN_PAGE_CLASS_COUNT],
-    pub probe_ratio_milli: u32,
 }
 
 /// Header bytes covered by the crc, by format version (version 1 had no engine field, version 2
@@ -171,7 +156,7 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
         manifest.placement_setting = None;
         return Ok(Some(manifest));
     }
-    if page[PLACEMENTS_AT + IN_PAGE_CLASS_COUNT..PROBE_AT].iter().any(|&byte| byte != 0) {
+    if page[PLACEMENTS_AT + PLACED_CLASS_COUNT..PROBE_AT].iter().any(|&byte| byte != 0) {
         return Err("reserved manifest bytes are not zero".into());
     }
     manifest.placement_setting = match page[PLACEMENT_SETTING_AT] {
@@ -181,7 +166,7 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
                 .ok_or_else(|| format!("unknown placement setting {value}"))?,
         ),
     };
-    for class in 0..IN_PAGE_CLASS_COUNT {
+    for class in 0..PLACED_CLASS_COUNT {
         let value = page[PLACEMENTS_AT + class];
         manifest.placements[class] = Placement::from_persisted(value)
             .ok_or_else(|| format!("unknown placement {value} for class {class}"))?;

@@ -110,6 +110,8 @@ const MULTI_PAGE_PAGES_PER_SLOT: [u32; 23] = [
 pub const CLASS_COUNT: usize = IN_PAGE_SLOTS_PER_PAGE.len() + MULTI_PAGE_PAGES_PER_SLOT.len();
 /// The in-page classes are the first ones (ids 0 to 12).
 pub const IN_PAGE_CLASS_COUNT: usize = IN_PAGE_SLOTS_PER_PAGE.len();
+// The manifest keeps one placement byte per in-page class.
+const _: () = assert!(IN_PAGE_CLASS_COUNT == crate::engine::placement::PLACED_CLASS_COUNT);
 
 const _: () = assert!(RECORD_BYTES_MAX <= 4097 * PAGE_BYTES);
 const _: () = assert!(CLASS_COUNT < 64);
