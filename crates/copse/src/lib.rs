@@ -6,6 +6,7 @@
 pub mod device;
 pub mod engine;
 pub mod error;
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzz;
 pub mod hash;
 pub mod interfaces;

@@ -20,6 +20,7 @@
 //! `parse.rs` lists where it is deliberately stricter.
 
 pub mod encode;
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzz;
 pub mod parse;
 

@@ -31,6 +31,7 @@ pub mod fault_point;
 pub(crate) mod files;
 pub mod observer;
 pub mod probe;
+#[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod sync;
 pub mod uring;
