@@ -292,7 +292,13 @@ impl NativeEngine {
             guard.expect("checked live above").0 = to;
             self.release_slot(from, tag, false);
         } else {
-            self.index.insert(key, to, seq);
+            let old = self.index.insert(key, to, seq);
+            // A move carries the live record as it is: same seq, from where the index pointed.
+            assert!(
+                old.is_some_and(|old| old.seq == seq && old.loc == from),
+                "shard {}: the collector moved seq {seq} of a key from {from:?} to {to:?}, but the                  index held {old:?}",
+                self.shard_id
+            );
             self.release_slot(from, tag, false);
         }
         let figures = &mut self.append[to.class() as usize].as_mut().expect("append").figures;

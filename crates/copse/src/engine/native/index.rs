@@ -54,11 +54,12 @@ impl Index {
         self.map.contains_key(key)
     }
 
-    /// Points `key` at the record `seq` at `loc`; returns the previous location.
-    pub fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Loc> {
+    /// Points `key` at the record `seq` at `loc`; returns the previous entry (callers assert
+    /// what its seq must be: lower for a new version, the same for a moved record).
+    pub fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Entry> {
         let entry = Entry { loc, seq };
         if let Some(slot) = self.map.get_mut(key) {
-            return Some(std::mem::replace(slot, entry).loc);
+            return Some(std::mem::replace(slot, entry));
         }
         self.key_heap_bytes += key_allocation_bytes(key.len());
         self.map.insert(key.into(), entry);

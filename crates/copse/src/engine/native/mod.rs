@@ -13,13 +13,16 @@
 //!    before a flush began, and that flush finished (or, under `Dsync`, it completed). Checked,
 //!    in release builds too, against the device's own count of what its flushes covered
 //!    (`PendingWrite::reaped_through`, asserted in `write_durable`).
-//! 3. A page has at most one write in flight; modifications made meanwhile ride the next write.
+//! 3. A page has at most one write in flight; modifications made meanwhile ride the next write
+//!    (asserted where a page write is queued and where it completes).
 //! 4. For every key, the disk holds at most: its newest record (live item or tombstone) and
 //!    older copies that are stale. Every stale copy is counted in `stale_counts` under the key's
 //!    hash until it is overwritten or erased; a tombstone is kept while its key's count is
 //!    non-zero, so no stale copy can come back at recovery.
 //! 5. Writes of one key may be in flight together; each carries a sequence number and only the
 //!    highest one that completed is applied (`Flight`), so completion order does not matter.
+//!    Asserted where the index changes: a put replaces only a lower seq, a collector move keeps
+//!    the seq and the slot the index pointed to, recovery indexes each key once.
 
 pub mod batch;
 pub mod cache;
@@ -491,7 +494,8 @@ impl NativeEngine {
             IoPurpose::PageLoad(page) => self.page_loaded(page, completion),
             IoPurpose::PageWrite { page, pages, writes } => {
                 for number in page.1..page.1 + pages {
-                    self.pages_in_flight.remove(&(page.0, number));
+                    let was_in_flight = self.pages_in_flight.remove(&(page.0, number));
+                    assert!(was_in_flight, "a page write completed that was not in flight");
                     self.cache.unpin((page.0, number));
                 }
                 self.writes_completed(writes, completion.result);

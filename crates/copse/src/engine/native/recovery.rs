@@ -733,7 +733,8 @@ impl NativeEngine {
             if newest.tombstone {
                 tombstones.push((key_hash(&key), newest.loc, key));
             } else {
-                self.index.insert(&key, newest.loc, newest.seq);
+                let old = self.index.insert(&key, newest.loc, newest.seq);
+                assert!(old.is_none(), "recovery indexed a key twice");
             }
         }
         self.recovery.items = self.index.len() as u64;

@@ -414,7 +414,9 @@ impl NativeEngine {
         for (index, &page) in run.iter().enumerate() {
             buf[index * PAGE_BYTES..(index + 1) * PAGE_BYTES]
                 .copy_from_slice(self.cache.image(page).expect("dirty pages are pinned"));
-            self.pages_in_flight.insert(page);
+            // Invariant 3: at most one write of a page in flight.
+            let first_write = self.pages_in_flight.insert(page);
+            assert!(first_write, "shard {}: page {page:?} written twice at once", self.shard_id);
             self.scrub_page_written(page);
         }
         self.device_bytes_written[first.0 as usize] += buf.len() as u64;
@@ -549,7 +551,15 @@ impl NativeEngine {
         let hash = key_hash(key);
         if self.flight_end(key, seq, true) {
             if let Some(old) = self.index.insert(key, loc, seq) {
-                self.release_slot(old.slot_only(), Some(hash), false);
+                // Invariant 5: only the newest completed write of a key is applied.
+                assert!(
+                    old.seq < seq,
+                    "shard {}: put seq {seq} at {loc:?} replaced a newer or equal seq {} at {:?}",
+                    self.shard_id,
+                    old.seq,
+                    old.loc
+                );
+                self.release_slot(old.loc.slot_only(), Some(hash), false);
             }
         } else {
             self.release_slot(loc.slot_only(), Some(hash), false);
