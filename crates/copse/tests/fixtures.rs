@@ -38,7 +38,7 @@ fn fixtures_dir() -> PathBuf {
 /// one record per page), a multi-page one, and a 70 KB value now and then. Few classes, since
 /// each costs a 1 MiB slab file per shard in the repository.
 fn recipe_len(i: usize, round: usize) -> usize {
-    if i % 53 == 0 {
+    if i.is_multiple_of(53) {
         return 70_000;
     }
     RECIPE_LENS[(i + round) % RECIPE_LENS.len()]
