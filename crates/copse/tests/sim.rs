@@ -1452,6 +1452,26 @@ fn seeded_simulation_with_crashes_and_injected_faults_loses_and_returns_nothing_
     }
 }
 
+/// Runs seeds `start..start + seeds` of one forced scenario, prints their totals under `title`
+/// (scripts/torture_summary.py reads them) and fails on any violation (after the first failing
+/// seed unless COPSE_SIM_KEEP_GOING is set).
+fn run_scenario(scenario: Scenario, start: u64, seeds: u64, title: &str) -> Totals {
+    let mut totals = Totals::default();
+    let mut failures = Vec::new();
+    for seed in start..start + seeds {
+        let violations = run_seed_as(seed, &mut totals, Some(scenario));
+        if !violations.is_empty() {
+            failures.extend(violations.into_iter().take(5));
+            if std::env::var("COPSE_SIM_KEEP_GOING").is_err() {
+                break;
+            }
+        }
+    }
+    println!("{title}: {totals:#?}");
+    assert!(failures.is_empty(), "simulator violations:\n{}", failures.join("\n"));
+    totals
+}
+
 /// The collector's races with deletes and rewrites while completions are held back (issue 20,
 /// finding 2): a move in flight of a key that is deleted meanwhile must keep the key's tombstone
 /// until the moved copy is gone, or the copy brings the key back after a clean reopen.
@@ -1460,19 +1480,7 @@ fn collector_moves_racing_deletes_and_rewrites_never_bring_a_key_back() {
     copse::hash::make_deterministic();
     let start = env_u64("COPSE_SIM_COLLECTOR_SEED_START", 0);
     let seeds = env_u64("COPSE_SIM_COLLECTOR_SEEDS", COLLECTOR_SEEDS_DEFAULT);
-    let mut totals = Totals::default();
-    let mut failures = Vec::new();
-    for seed in start..start + seeds {
-        let violations = run_seed_as(seed, &mut totals, Some(Scenario::Collector));
-        if !violations.is_empty() {
-            failures.extend(violations.into_iter().take(5));
-            if std::env::var("COPSE_SIM_KEEP_GOING").is_err() {
-                break;
-            }
-        }
-    }
-    println!("collector scenario totals: {totals:#?}");
-    assert!(failures.is_empty(), "simulator violations:\n{}", failures.join("\n"));
+    let totals = run_scenario(Scenario::Collector, start, seeds, "collector scenario totals");
     assert!(
         totals.crashes_during_gc > seeds / 50,
         "{} crashes during a collection",
@@ -1496,19 +1504,7 @@ fn lost_writes_across_a_crash_are_measured() {
     copse::hash::make_deterministic();
     let start = env_u64("COPSE_SIM_LOST_SEED_START", 0);
     let seeds = env_u64("COPSE_SIM_LOST_SEEDS", LOST_THEN_CRASH_SEEDS_DEFAULT);
-    let mut totals = Totals::default();
-    let mut failures = Vec::new();
-    for seed in start..start + seeds {
-        let violations = run_seed_as(seed, &mut totals, Some(Scenario::LostThenCrash));
-        if !violations.is_empty() {
-            failures.extend(violations.into_iter().take(5));
-            if std::env::var("COPSE_SIM_KEEP_GOING").is_err() {
-                break;
-            }
-        }
-    }
-    println!("lost-then-crash totals: {totals:#?}");
-    assert!(failures.is_empty(), "simulator violations:\n{}", failures.join("\n"));
+    let totals = run_scenario(Scenario::LostThenCrash, start, seeds, "lost-then-crash totals");
     let lost = |fate| totals.crash_silent_keys.get(&fate).copied().unwrap_or(0);
     assert!(
         totals.crash_silent_faults > seeds && lost(LostAcrossCrash::OlderValue) > 0,
