@@ -332,3 +332,26 @@ impl Storage for DirStorage {
         Ok(Some(found))
     }
 }
+
+/// One read, waited for: for the manifest, recovery's headers and the offline check, before
+/// (or without) the engine's asynchronous machinery. Refuses to run with I/O in flight.
+pub fn read_sync(
+    device: &mut dyn BlockDevice,
+    file: FileId,
+    offset: u64,
+    bytes: usize,
+) -> Result<AlignedBuf, DeviceError> {
+    assert_eq!(device.in_flight(), 0, "read_sync with I/O in flight");
+    device.submit(vec![IoRequest {
+        token: 0,
+        file,
+        offset,
+        kind: IoKind::Read,
+        buf: AlignedBuf::zeroed(bytes),
+    }])?;
+    let mut done = Vec::new();
+    device.reap(1, &mut done)?;
+    let completion = done.pop().expect("reap(1) returns a completion");
+    completion.result?;
+    Ok(completion.buf)
+}

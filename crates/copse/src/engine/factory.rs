@@ -13,14 +13,17 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use super::native::format::{SizeClass, CLASS_COUNT, IN_PAGE_CLASS_COUNT};
+use super::native::format::{
+    shard_dir, SizeClass, CLASS_COUNT, IN_PAGE_CLASS_COUNT, SLAB_FORMAT_VERSION,
+    SLAB_FORMAT_VERSION_READ_MIN,
+};
 use super::native::placement::choose_placement;
 use super::native::{EngineConfig, NativeEngine};
 use super::placement::{Placement, PlacementDecision, PlacementSetting, PLACED_CLASS_COUNT};
 use super::{EngineKind, ShardEngine};
-use crate::device::Storage;
+use crate::device::{BlockDevice, Storage};
 use crate::error::OpenError;
-use crate::limits::{CACHE_PAGES_PER_SHARD_MIN, PAGE_BYTES, SLAB_GROWTH_BYTES_MIN};
+use crate::limits::{CACHE_PAGES_PER_SHARD_MIN, PAGE_BYTES, SHARDS_MAX, SLAB_GROWTH_BYTES_MIN};
 
 /// Opens (recovers) one shard's engine; runs on the shard's own thread.
 pub type EngineOpener = Box<dyn FnOnce() -> Result<Box<dyn ShardEngine>, OpenError> + Send>;
@@ -214,6 +217,34 @@ pub fn decide_placement(
         placements,
         probe_ratio_milli: ratio
             .map_or(0, |ratio| (ratio * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32),
+    })
+}
+
+/// The format version of the files a new store of `kind` writes, as the manifest records it
+/// (`slab_format_version`): the native slab format; 0 for an engine whose files are its own
+/// (RocksDB).
+pub fn file_format_version(kind: EngineKind) -> u32 {
+    match kind {
+        EngineKind::Native => SLAB_FORMAT_VERSION,
+        EngineKind::RocksDb => 0,
+    }
+}
+
+/// Whether this build reads a store of `kind` whose manifest records file format `version`.
+pub fn reads_file_format(kind: EngineKind, version: u32) -> bool {
+    match kind {
+        EngineKind::Native => {
+            (SLAB_FORMAT_VERSION_READ_MIN..=SLAB_FORMAT_VERSION).contains(&version)
+        }
+        EngineKind::RocksDb => version == 0,
+    }
+}
+
+/// Whether `device` holds files in any native shard directory, whatever the shard count (a store
+/// created with more shards and a lost manifest must not be taken for a new store).
+pub fn native_files_exist(device: &mut dyn BlockDevice) -> bool {
+    (0..SHARDS_MAX as u32).any(|shard| {
+        device.list_files(&shard_dir(shard)).map(|files| !files.is_empty()).unwrap_or(false)
     })
 }
 

@@ -23,6 +23,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::device::read_sync;
 use crate::device::{
     Backend, BlockDevice, DeviceError, DirStorage, FileId, Storage, WriteDurability,
 };
@@ -31,9 +32,7 @@ use crate::engine::native::format::{
     class_of_file_name, shard_dir, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect,
     CLASS_COUNT,
 };
-use crate::engine::native::recovery::{
-    read_slab_header, read_sync, scan_slab, ShardScan, SlabFile,
-};
+use crate::engine::native::recovery::{read_slab_header, scan_slab, ShardScan, SlabFile};
 use crate::engine::part;
 use crate::error::OpenError;
 use crate::interfaces::db::lock_directory;

@@ -5,9 +5,8 @@
 //! so a store whose manifest is missing or blank and which has no slab files was interrupted
 //! during creation and is created again, while a blank manifest beside slab files is corruption.
 
-use crate::device::{AlignedBuf, BlockDevice, IoKind, IoRequest};
-use crate::engine::native::format::{SLAB_FORMAT_VERSION, SLAB_FORMAT_VERSION_READ_MIN};
-use crate::engine::native::recovery::read_sync;
+use crate::device::{read_sync, AlignedBuf, BlockDevice, IoKind, IoRequest};
+use crate::engine::factory::{file_format_version, native_files_exist, reads_file_format};
 use crate::engine::placement::{
     Placement, PlacementDecision, PlacementSetting, PLACED_CLASS_COUNT,
 };
@@ -50,10 +49,7 @@ impl Manifest {
         Manifest {
             shard_count,
             key_hash: KeyHash::Xxh3Seed0Modulo,
-            slab_format_version: match engine {
-                EngineKind::Native => SLAB_FORMAT_VERSION,
-                EngineKind::RocksDb => 0,
-            },
+            slab_format_version: file_format_version(engine),
             engine,
             placement_setting: Some(PlacementSetting::InPlace),
             placements: [Placement::InPlace; PLACED_CLASS_COUNT],
@@ -134,13 +130,7 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
             .ok_or_else(|| format!("unknown engine {}", word(24)))?
     };
     let slab_format_version = word(20);
-    let known = match engine {
-        EngineKind::Native => {
-            (SLAB_FORMAT_VERSION_READ_MIN..=SLAB_FORMAT_VERSION).contains(&slab_format_version)
-        }
-        EngineKind::RocksDb => slab_format_version == 0,
-    };
-    if !known {
+    if !reads_file_format(engine, slab_format_version) {
         return Err(format!(
             "unsupported slab format version {slab_format_version} for the {engine} engine"
         ));
@@ -240,13 +230,7 @@ pub fn open_or_create(
     }
     // Any shard directory counts, whatever the requested count: a store created with more shards
     // and a lost manifest must not be taken for a new store.
-    let has_slabs = (0..crate::limits::SHARDS_MAX as u32).any(|shard| {
-        device
-            .list_files(&crate::engine::native::format::shard_dir(shard))
-            .map(|files| !files.is_empty())
-            .unwrap_or(false)
-    });
-    if has_slabs {
+    if native_files_exist(device) {
         return Err(OpenError::CorruptManifest(
             "manifest is missing or blank but slab files exist".into(),
         ));
@@ -324,6 +308,7 @@ pub fn read_manifest(path: &std::path::Path) -> Result<Option<Manifest>, OpenErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::native::format::SLAB_FORMAT_VERSION;
 
     #[test]
     fn manifest_is_read_from_its_file() {

@@ -17,7 +17,9 @@ use super::format::{
     SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
 };
 use super::{key_hash, ClassFile, NativeEngine};
-use crate::device::{AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest};
+use crate::device::{
+    read_sync, AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest,
+};
 use crate::engine::batch_codec::decode_batch;
 use crate::engine::part::{self, PartRecord, PartState};
 use crate::engine::BatchOp;
@@ -73,28 +75,6 @@ pub fn check_slab_header(
         ));
     }
     Ok(Some(header))
-}
-
-/// One read, waited for. Only for use before the engine's asynchronous machinery runs.
-pub fn read_sync(
-    device: &mut dyn BlockDevice,
-    file: FileId,
-    offset: u64,
-    bytes: usize,
-) -> Result<AlignedBuf, DeviceError> {
-    assert_eq!(device.in_flight(), 0, "read_sync with I/O in flight");
-    device.submit(vec![IoRequest {
-        token: 0,
-        file,
-        offset,
-        kind: IoKind::Read,
-        buf: AlignedBuf::zeroed(bytes),
-    }])?;
-    let mut done = Vec::new();
-    device.reap(1, &mut done)?;
-    let completion = done.pop().expect("reap(1) returns a completion");
-    completion.result?;
-    Ok(completion.buf)
 }
 
 /// A slab file to scan: which file, how long, and how to read its slots.
