@@ -13,6 +13,9 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+#[cfg(feature = "rocksdb")]
+use super::check::ShardReport;
+use super::check::{Problems, ShardChecks};
 use super::native::format::{
     shard_dir, SizeClass, CLASS_COUNT, IN_PAGE_CLASS_COUNT, SLAB_FORMAT_VERSION,
     SLAB_FORMAT_VERSION_READ_MIN,
@@ -238,6 +241,61 @@ pub fn reads_file_format(kind: EngineKind, version: u32) -> bool {
         }
         EngineKind::RocksDb => version == 0,
     }
+}
+
+/// The check of every shard of a store of `kind` (`copse check`; a store with no manifest is
+/// checked as native). Problems go to `problems`; `Err` only when the check cannot run.
+pub fn check_shards(
+    kind: EngineKind,
+    path: &Path,
+    storage: &dyn Storage,
+    shard_count: u32,
+    manifest_found: bool,
+    problems: &mut Problems,
+) -> Result<ShardChecks, OpenError> {
+    match kind {
+        EngineKind::Native => {
+            super::native::check::check_shards(storage, shard_count, manifest_found, problems)
+        }
+        EngineKind::RocksDb => check_rocksdb_shards(path, shard_count, problems),
+    }
+}
+
+/// A store of the RocksDB engine: every shard's instance is opened read-only and every item read
+/// with RocksDB's block checksums verified; a failure is a problem of that instance.
+#[cfg(feature = "rocksdb")]
+fn check_rocksdb_shards(
+    path: &Path,
+    shard_count: u32,
+    problems: &mut Problems,
+) -> Result<ShardChecks, OpenError> {
+    let mut checks = ShardChecks::default();
+    for shard in 0..shard_count {
+        let dir = super::rocks::shard_dir(path, shard);
+        let file = dir.strip_prefix(path).unwrap_or(&dir).display().to_string();
+        match super::rocks::check_instance(&dir) {
+            Ok(live_keys) => {
+                checks.files_checked += 1;
+                checks.shards.push(ShardReport { shard, live_keys, ..ShardReport::default() });
+            }
+            Err(what) => problems.file(&file, Some(shard), None, what),
+        }
+    }
+    Ok(checks)
+}
+
+#[cfg(not(feature = "rocksdb"))]
+fn check_rocksdb_shards(
+    _path: &Path,
+    _shard_count: u32,
+    _problems: &mut Problems,
+) -> Result<ShardChecks, OpenError> {
+    Err(OpenError::EngineUnavailable(EngineKind::RocksDb))
+}
+
+/// Whether the directory `path` has a native shard directory (any shard number).
+pub fn native_shard_dirs_exist(path: &Path) -> bool {
+    (0..SHARDS_MAX as u32).any(|shard| path.join(shard_dir(shard)).is_dir())
 }
 
 /// Whether `device` holds files in any native shard directory, whatever the shard count (a store

@@ -8,6 +8,7 @@
 //! router, the shard loop, exec programs and everything above them then work unchanged.
 
 pub mod batch_codec;
+pub mod check;
 pub mod factory;
 pub mod input;
 pub mod native;

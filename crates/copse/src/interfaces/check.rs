@@ -1,5 +1,7 @@
-//! Offline integrity check of a store directory (`copse check`): reads the manifest and every
-//! slot of every slab file, and reports what it holds and every defect it finds.
+//! Offline integrity check of a store directory (`copse check`): reads the manifest, has the
+//! store's engine check every shard (`engine::factory::check_shards`: every slot of every slab
+//! file for the native engine, `engine/native/check.rs`), and reports what it holds and every
+//! defect it finds.
 //!
 //! Invariants:
 //! - The check changes no store byte: it opens files without `create` and submits only reads.
@@ -23,24 +25,19 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::device::read_sync;
 use crate::device::{
-    Backend, BlockDevice, DeviceError, DirStorage, FileId, Storage, WriteDurability,
+    read_sync, Backend, BlockDevice, DeviceError, DirStorage, Storage, WriteDurability,
 };
-use crate::engine::batch_codec::decode_batch;
-use crate::engine::native::format::{
-    class_of_file_name, shard_dir, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect,
-    CLASS_COUNT,
+use crate::engine::check::Problems;
+pub use crate::engine::check::{
+    FileReport, HeaderState, Problem, ShardReport, SlotCounts, PROBLEMS_LISTED_MAX,
 };
-use crate::engine::native::recovery::{read_slab_header, scan_slab, ShardScan, SlabFile};
-use crate::engine::part;
+use crate::engine::factory;
+use crate::engine::EngineKind;
 use crate::error::OpenError;
 use crate::interfaces::db::lock_directory;
-use crate::limits::{PAGE_BYTES, SHARDS_MAX};
+use crate::limits::PAGE_BYTES;
 use crate::router::manifest::{self, MANIFEST_FILE};
-
-/// Problems listed in a report at most; the rest are only counted.
-pub const PROBLEMS_LISTED_MAX: usize = 1000;
 
 /// Ring entries of the check's device: `scan_slab` keeps a few chunks in flight.
 const CHECK_RING_ENTRIES: u32 = 8;
@@ -56,89 +53,6 @@ impl Default for CheckOptions {
     fn default() -> Self {
         CheckOptions { backend: Backend::Auto }
     }
-}
-
-/// One defect: where it is and what is wrong.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Problem {
-    /// Relative to the store directory, e.g. `shard-000/class-04.slab` or `MANIFEST`.
-    pub file: String,
-    pub shard: Option<u32>,
-    pub class: Option<u8>,
-    /// The slot, for a slot defect; `None` for a problem with a whole file.
-    pub slot: Option<u64>,
-    /// Where the damaged structure starts in the file: the slot's first byte, or 0 for a header.
-    /// (A checksum says that a slot is damaged, not which byte.)
-    pub byte_offset: Option<u64>,
-    pub what: String,
-}
-
-/// Slots by what they hold. `items` and `tombstones` count every copy, stale ones included.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct SlotCounts {
-    pub slots: u64,
-    pub items: u64,
-    pub tombstones: u64,
-    pub free: u64,
-    pub empty: u64,
-    pub batch_records: u64,
-    /// Cross-shard parts (prepared or committed) not yet forgotten.
-    pub part_records: u64,
-    /// Slots that do not verify (torn writes, bit flips) and batch or part records that do not
-    /// decode.
-    pub defective: u64,
-}
-
-impl SlotCounts {
-    fn add(&mut self, other: &SlotCounts) {
-        self.slots += other.slots;
-        self.items += other.items;
-        self.tombstones += other.tombstones;
-        self.free += other.free;
-        self.empty += other.empty;
-        self.batch_records += other.batch_records;
-        self.part_records += other.part_records;
-        self.defective += other.defective;
-    }
-}
-
-/// The state of a slab file's header page.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HeaderState {
-    Ok,
-    /// All zeros: the file was created but its header never became durable (no slot is used),
-    /// or a device lost the header's write (slots are used: listed as a problem; recovery keeps
-    /// the records and rewrites the header). The slots are scanned either way.
-    Blank,
-    /// Listed as a problem. The slots are still scanned with the geometry the file name implies:
-    /// each record's checksum covers its shard, class and slot, so one that verifies is genuine.
-    Bad,
-    /// The file could not be read (the device error is listed as a problem).
-    Unreadable,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct FileReport {
-    pub file: String,
-    pub class: Option<u8>,
-    pub slot_bytes: Option<u32>,
-    pub file_bytes: u64,
-    pub header: HeaderState,
-    pub slots: SlotCounts,
-}
-
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ShardReport {
-    pub shard: u32,
-    pub files: Vec<FileReport>,
-    pub slots: SlotCounts,
-    /// Keys whose newest record is a put: what recovery would index.
-    pub live_keys: u64,
-    /// Keys whose newest record is a tombstone.
-    pub deleted_keys: u64,
-    /// Put and tombstone records older than their key's newest record.
-    pub stale_copies: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -171,41 +85,14 @@ impl CheckReport {
     }
 }
 
-/// Counts every problem, keeps the first `PROBLEMS_LISTED_MAX`.
-#[derive(Default)]
-struct Problems {
-    found: u64,
-    listed: Vec<Problem>,
-}
-
-impl Problems {
-    fn report(&mut self, problem: Problem) {
-        self.found += 1;
-        if self.listed.len() < PROBLEMS_LISTED_MAX {
-            self.listed.push(problem);
-        }
-    }
-
-    fn file(&mut self, file: &str, shard: Option<u32>, class: Option<u8>, what: String) {
-        self.report(Problem {
-            file: file.to_string(),
-            shard,
-            class,
-            slot: None,
-            byte_offset: None,
-            what,
-        });
-    }
-}
-
 /// Checks the store in `path` without changing it. `Err` only when the check cannot run at all
 /// (no store there, the store is in use, no device); every defect of the store itself is a
 /// `Problem` in the report.
 pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, OpenError> {
     // Decide this before taking the lock, which would create the directory and its LOCK file.
     let looks_like_store = path.join(MANIFEST_FILE).is_file()
-        || (0..SHARDS_MAX as u32).any(|shard| path.join(shard_dir(shard)).is_dir())
-        || crate::engine::factory::rocksdb_files_exist(path);
+        || factory::native_shard_dirs_exist(path)
+        || factory::rocksdb_files_exist(path);
     if !looks_like_store {
         return Err(OpenError::NotFound(path.display().to_string()));
     }
@@ -229,51 +116,24 @@ pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, O
         shards: Vec::new(),
     };
     let shard_count = manifest.as_ref().map_or(0, |manifest| manifest.shard_count);
-    if let Some(ManifestSummary { engine: crate::EngineKind::RocksDb, .. }) = manifest {
-        check_rocksdb_store(path, shard_count, &mut problems, &mut report)?;
-        report.problems_found = problems.found;
-        report.problems = problems.listed;
-        return Ok(report);
-    }
-    for shard in 0..SHARDS_MAX as u32 {
-        let dir = shard_dir(shard);
-        let names = match device.list_files(&dir) {
-            Ok(names) => names,
-            Err(err) => {
-                problems.file(
-                    &dir,
-                    Some(shard),
-                    None,
-                    format!("cannot list the shard directory: {err}"),
-                );
-                continue;
-            }
-        };
-        if shard >= shard_count {
-            if names.is_empty() {
-                continue;
-            }
-            // Without a manifest there is no shard count to hold the directory against; either
-            // way its slabs are checked.
-            if manifest.is_some() {
-                problems.file(
-                    &dir,
-                    Some(shard),
-                    None,
-                    format!(
-                        "holds files, but the manifest says the store has {shard_count} shards"
-                    ),
-                );
-            }
-        }
-        let shard_report =
-            check_shard(&storage, &mut device, shard, &names, &mut problems, &mut report)?;
+    let kind = manifest.as_ref().map_or(EngineKind::Native, |manifest| manifest.engine);
+    drop(device);
+    let checks = factory::check_shards(
+        kind,
+        path,
+        &storage,
+        shard_count,
+        manifest.is_some(),
+        &mut problems,
+    )?;
+    report.files_checked = checks.files_checked;
+    report.bytes_scanned = checks.bytes_scanned;
+    for shard_report in &checks.shards {
         report.slots.add(&shard_report.slots);
         report.live_keys += shard_report.live_keys;
-        report.shards.push(shard_report);
     }
-    if manifest.is_none() && !manifest_reported && crate::engine::factory::rocksdb_files_exist(path)
-    {
+    report.shards = checks.shards;
+    if manifest.is_none() && !manifest_reported && factory::rocksdb_files_exist(path) {
         problems.file(
             MANIFEST_FILE,
             None,
@@ -294,40 +154,6 @@ pub fn check_store(path: &Path, options: &CheckOptions) -> Result<CheckReport, O
     report.problems_found = problems.found;
     report.problems = problems.listed;
     Ok(report)
-}
-
-/// A store of the RocksDB engine: every shard's instance is opened read-only and every item read
-/// with RocksDB's block checksums verified; a failure is a problem of that instance.
-#[cfg(feature = "rocksdb")]
-fn check_rocksdb_store(
-    path: &Path,
-    shard_count: u32,
-    problems: &mut Problems,
-    report: &mut CheckReport,
-) -> Result<(), OpenError> {
-    for shard in 0..shard_count {
-        let dir = crate::engine::rocks::shard_dir(path, shard);
-        let file = dir.strip_prefix(path).unwrap_or(&dir).display().to_string();
-        match crate::engine::rocks::check_instance(&dir) {
-            Ok(live_keys) => {
-                report.files_checked += 1;
-                report.live_keys += live_keys;
-                report.shards.push(ShardReport { shard, live_keys, ..ShardReport::default() });
-            }
-            Err(what) => problems.file(&file, Some(shard), None, what),
-        }
-    }
-    Ok(())
-}
-
-#[cfg(not(feature = "rocksdb"))]
-fn check_rocksdb_store(
-    _path: &Path,
-    _shard_count: u32,
-    _problems: &mut Problems,
-    _report: &mut CheckReport,
-) -> Result<(), OpenError> {
-    Err(OpenError::EngineUnavailable(crate::EngineKind::RocksDb))
 }
 
 /// Reads and verifies the manifest. A missing or blank one gives `None` (a store whose creation
@@ -377,187 +203,10 @@ fn read_manifest(
     }
 }
 
-fn check_shard(
-    storage: &DirStorage,
-    device: &mut Box<dyn BlockDevice>,
-    shard: u32,
-    names: &[String],
-    problems: &mut Problems,
-    report: &mut CheckReport,
-) -> Result<ShardReport, OpenError> {
-    let mut shard_report = ShardReport { shard, ..ShardReport::default() };
-    let mut tally = ShardScan::default();
-    for name in names {
-        let file_name = format!("{}/{name}", shard_dir(shard));
-        let Some(class_id) = class_of_file_name(name).filter(|&id| (id as usize) < CLASS_COUNT)
-        else {
-            if class_of_file_name(name).is_some() {
-                problems.file(&file_name, Some(shard), None, "no such size class".into());
-            } else {
-                // Recovery ignores files that are not slabs (with a warning); so does the check.
-                tracing::warn!(file = %file_name, "ignoring a file that is not a slab");
-            }
-            continue;
-        };
-        let class = SizeClass::get(class_id);
-        report.files_checked += 1;
-        let mut file_report = FileReport {
-            file: file_name.clone(),
-            class: Some(class_id),
-            slot_bytes: Some(class.slot_bytes),
-            file_bytes: 0,
-            header: HeaderState::Unreadable,
-            slots: SlotCounts::default(),
-        };
-        match check_file(
-            device.as_mut(),
-            shard,
-            class,
-            &file_name,
-            &mut file_report,
-            &mut tally,
-            problems,
-        ) {
-            Ok(scanned_bytes) => report.bytes_scanned += scanned_bytes,
-            Err(err) => {
-                problems.file(
-                    &file_name,
-                    Some(shard),
-                    Some(class_id),
-                    format!("read failed: {err}"),
-                );
-                // A failed scan may leave reads in flight; the next file starts on a fresh device.
-                *device = storage.open_device()?;
-            }
-        }
-        shard_report.slots.add(&file_report.slots);
-        shard_report.files.push(file_report);
-    }
-    let keys = tally.key_counts();
-    shard_report.live_keys = keys.live;
-    shard_report.deleted_keys = keys.deleted;
-    shard_report.stale_copies = keys.stale_copies;
-    Ok(shard_report)
-}
-
-/// Checks one slab file; returns the bytes scanned. Slot and header defects go to `problems`;
-/// `Err` is a device failure that stopped the file's check.
-fn check_file(
-    device: &mut dyn BlockDevice,
-    shard: u32,
-    class: SizeClass,
-    file_name: &str,
-    file_report: &mut FileReport,
-    tally: &mut ShardScan,
-    problems: &mut Problems,
-) -> Result<u64, DeviceError> {
-    let file: FileId = device.open_file(file_name, false)?;
-    let file_bytes = device.file_len_bytes(file)?;
-    file_report.file_bytes = file_bytes;
-    if file_bytes % PAGE_BYTES as u64 != 0 {
-        problems.file(
-            file_name,
-            Some(shard),
-            Some(class.id),
-            format!("file length {file_bytes} is not a multiple of the {PAGE_BYTES}-byte page"),
-        );
-    }
-    let header_problem = |what: String| Problem {
-        file: file_name.to_string(),
-        shard: Some(shard),
-        class: Some(class.id),
-        slot: None,
-        byte_offset: Some(0),
-        what,
-    };
-    // A file whose header is bad is still scanned, as the current format: its slots' problems
-    // are reported too.
-    let mut layout = RecordLayout::current();
-    match read_slab_header(device, file, file_bytes, class, shard) {
-        Ok(Some(header)) => {
-            file_report.header = HeaderState::Ok;
-            layout = RecordLayout::of_version(header.format_version);
-        }
-        // Scanned too: records behind a blank header mean its write was lost (recovery keeps
-        // them and rewrites the header).
-        Ok(None) => file_report.header = HeaderState::Blank,
-        Err(Ok(reason)) => {
-            file_report.header = HeaderState::Bad;
-            problems.report(header_problem(format!("bad slab header: {reason}")));
-        }
-        Err(Err(err)) => return Err(err),
-    }
-    let counts = &mut file_report.slots;
-    let mut visit = |loc: Loc, result: Result<Slot<'_>, SlotDefect>, bytes: &[u8]| {
-        // Recovery's own judgement decides which keys count as live.
-        tally.visit(shard, layout, loc, result.clone(), bytes);
-        counts.slots += 1;
-        let defect = match result {
-            Ok(Slot::Empty) => {
-                counts.empty += 1;
-                None
-            }
-            Ok(Slot::Record { header, value, .. }) => match header.kind {
-                RecordKind::Put => {
-                    counts.items += 1;
-                    None
-                }
-                RecordKind::Tombstone => {
-                    counts.tombstones += 1;
-                    None
-                }
-                // A clean close's watermark record: free space from the next open on.
-                RecordKind::Free | RecordKind::Watermark => {
-                    counts.free += 1;
-                    None
-                }
-                RecordKind::Batch => match decode_batch(value) {
-                    Ok(_) => {
-                        counts.batch_records += 1;
-                        None
-                    }
-                    Err(reason) => Some(format!("batch record does not decode: {reason}")),
-                },
-                RecordKind::Part => match part::decode(value) {
-                    Ok(_) => {
-                        counts.part_records += 1;
-                        None
-                    }
-                    Err(reason) => Some(format!("part record does not decode: {reason}")),
-                },
-            },
-            Err(defect) => Some(defect.to_string()),
-        };
-        if let Some(what) = defect {
-            counts.defective += 1;
-            let slot = loc.slot();
-            problems.report(Problem {
-                file: file_name.to_string(),
-                shard: Some(shard),
-                class: Some(class.id),
-                slot: Some(slot),
-                byte_offset: Some(
-                    class.page_of_slot(slot) * PAGE_BYTES as u64
-                        + class.offset_in_page(slot) as u64,
-                ),
-                what,
-            });
-        }
-    };
-    let bytes =
-        scan_slab(device, shard, SlabFile { file, file_bytes, class, layout }, None, &mut visit)?;
-    let used = file_report.slots.slots - file_report.slots.empty;
-    if file_report.header == HeaderState::Blank && used > 0 {
-        let what =
-            format!("the slab header page is blank over {used} used slots (its write was lost)");
-        problems.report(header_problem(what));
-    }
-    Ok(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::native::format::SizeClass;
     use crate::interfaces::db::{Db, Options};
 
     fn options(shards: usize) -> Options {

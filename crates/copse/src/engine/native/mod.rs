@@ -26,6 +26,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod check;
 pub mod format;
 pub mod free_list;
 mod gc;
