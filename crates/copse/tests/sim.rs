@@ -669,17 +669,7 @@ impl Sim {
         let started = self.clock;
         for key in 0..KEYS {
             let shard = shard_of(&key_name(key), self.shards) as usize;
-            let (reply, mut rx) = oneshot::channel();
-            self.engines[shard].handle(Request::Get { key: key_name(key), reply });
-            let mut answer = None;
-            for _ in 0..ROUNDS_MAX {
-                self.engines[shard].end_round();
-                self.engines[shard].reap(true);
-                if let Ok(Some(result)) = rx.try_recv() {
-                    answer = Some(result);
-                    break;
-                }
-            }
+            let answer = self.drive_one(shard, |reply| Request::Get { key: key_name(key), reply });
             self.totals.keys_checked += 1;
             match answer {
                 None => self.violations.push(format!("key {key}: the read never finished")),
@@ -1051,6 +1041,23 @@ enum SilentFate {
     MultiPageNotLive,
 }
 
+/// The pages (of `damaged`, the disk's damaged pages by file and byte offset) that lie where
+/// `fault` was meant to land or where it landed instead.
+fn pages_damaged_by(
+    fault: &copse::device::sim::InjectedWriteFault,
+    damaged: &[(String, u64)],
+) -> Vec<u64> {
+    let within = |at: u64, start: u64| at >= start && at < start + fault.len;
+    damaged
+        .iter()
+        .filter(|(name, at)| {
+            *name == fault.name
+                && (within(*at, fault.offset) || fault.landed_at.is_some_and(|l| within(*at, l)))
+        })
+        .map(|(_, at)| at / PAGE_BYTES as u64)
+        .collect()
+}
+
 /// Attributes one silent write fault: which pages it still damages, and who reported them.
 fn judge_silent_fault(
     sim: &Sim,
@@ -1061,15 +1068,7 @@ fn judge_silent_fault(
     corrupt: &BTreeSet<usize>,
 ) -> Result<SilentFate, String> {
     let page_bytes = PAGE_BYTES as u64;
-    let within = |at: u64, start: u64| at >= start && at < start + fault.len;
-    let pages: Vec<u64> = damaged
-        .iter()
-        .filter(|(name, at)| {
-            *name == fault.name
-                && (within(*at, fault.offset) || fault.landed_at.is_some_and(|l| within(*at, l)))
-        })
-        .map(|(_, at)| at / page_bytes)
-        .collect();
+    let pages = pages_damaged_by(fault, damaged);
     if pages.is_empty() {
         return Ok(SilentFate::Repaired);
     }
@@ -1157,17 +1156,7 @@ fn lost_then_crash_run(sim: &mut Sim, clients: usize, ops_each: usize) {
     let damaged = sim.disk.silently_damaged_pages();
     let mut touched = BTreeSet::new();
     for fault in &injected {
-        let page_bytes = PAGE_BYTES as u64;
-        let within = |at: u64, start: u64| at >= start && at < start + fault.len;
-        let pages: Vec<u64> = damaged
-            .iter()
-            .filter(|(name, at)| {
-                *name == fault.name
-                    && (within(*at, fault.offset)
-                        || fault.landed_at.is_some_and(|l| within(*at, l)))
-            })
-            .map(|(_, at)| at / page_bytes)
-            .collect();
+        let pages = pages_damaged_by(fault, damaged.as_slice());
         let actual = sim.disk.read_file(&fault.name).unwrap_or_default();
         let intended = sim.disk.intended_file(&fault.name).unwrap_or_default();
         if pages.is_empty() {
