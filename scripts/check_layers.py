@@ -38,6 +38,7 @@ CRATES = {
             ["engine"],
             ["shard"],
             ["router"],
+            ["store"],
             ["interfaces"],
             ["fuzz"],
             [""],  # lib.rs: the crate root re-exports from every layer
@@ -55,9 +56,11 @@ CRATES = {
             # and the neutral stats shape are the seam).
             ("shard", "engine::native"),
             ("router", "engine::native"),
+            ("store", "engine::native"),
             ("interfaces", "engine::native"),
             ("shard", "engine::rocks"),
             ("router", "engine::rocks"),
+            ("store", "engine::rocks"),
             ("interfaces", "engine::rocks"),
         ],
     ),

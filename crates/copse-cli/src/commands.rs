@@ -11,7 +11,7 @@ use std::path::Path;
 
 use copse::interfaces::check::{check_store, CheckOptions};
 use copse::limits::{CACHE_BYTES_DEFAULT, SCAN_ITEMS_MAX, SHARDS_MAX};
-use copse::router::manifest::read_manifest;
+use copse::store::manifest::read_manifest;
 use copse::{Backend, Db, Options, WriteDurability};
 
 use crate::{BackendArg, CheckArgs, Cli, Command, Durability, Failure, ServeArgs};

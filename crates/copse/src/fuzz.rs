@@ -27,7 +27,7 @@ use crate::engine::native::recovery::ShardScan;
 use crate::engine::part::{self, PartState};
 use crate::engine::{BatchOp, EngineKind};
 use crate::limits::PAGE_BYTES;
-use crate::router::manifest::{self, Manifest};
+use crate::store::manifest::{self, Manifest};
 
 /// Size classes whose slots lie inside one page (the slab-page target decodes one page).
 const IN_PAGE_CLASSES: u8 = 13;

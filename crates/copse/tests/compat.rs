@@ -12,7 +12,7 @@ use copse::engine::native::format::{
 };
 use copse::interfaces::check::{check_store, CheckOptions};
 use copse::limits::PAGE_BYTES;
-use copse::router::manifest::{self, MANIFEST_FILE};
+use copse::store::manifest::{self, MANIFEST_FILE};
 use copse::{Db, EngineKind, Options};
 
 fn options() -> Options {

@@ -34,7 +34,7 @@ fn a_store_is_refused_with_another_engine_than_the_one_that_made_it() {
     db.put(b"key", b"value").unwrap();
     db.close().unwrap();
     drop(db);
-    let manifest = copse::router::manifest::read_manifest(dir.path()).unwrap().unwrap();
+    let manifest = copse::store::manifest::read_manifest(dir.path()).unwrap().unwrap();
     assert_eq!(manifest.engine, engine, "the manifest records the engine");
     match Db::open(dir.path(), options(other(engine))) {
         Err(OpenError::EngineMismatch { found, requested, .. }) => {

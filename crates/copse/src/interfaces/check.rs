@@ -35,9 +35,9 @@ pub use crate::engine::check::{
 use crate::engine::factory;
 use crate::engine::EngineKind;
 use crate::error::OpenError;
-use crate::interfaces::db::lock_directory;
 use crate::limits::PAGE_BYTES;
-use crate::router::manifest::{self, MANIFEST_FILE};
+use crate::store::manifest::{self, MANIFEST_FILE};
+use crate::store::open::lock_directory;
 
 /// Ring entries of the check's device: `scan_slab` keeps a few chunks in flight.
 const CHECK_RING_ENTRIES: u32 = 8;
@@ -207,7 +207,7 @@ fn read_manifest(
 mod tests {
     use super::*;
     use crate::engine::native::format::SizeClass;
-    use crate::interfaces::db::{Db, Options};
+    use crate::{Db, Options};
 
     fn options(shards: usize) -> Options {
         Options { shards, cache_bytes: 4 << 20, show_progress: false, ..Options::default() }

@@ -5,7 +5,6 @@
 //! The hash is xxh3-64 of the full key (seed 0) modulo the shard count; both are recorded in the
 //! manifest, so a store always routes a key to the shard that holds it.
 
-pub mod manifest;
 pub mod scan;
 pub mod txn;
 

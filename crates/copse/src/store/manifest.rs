@@ -351,7 +351,7 @@ mod tests {
     /// older build, which would read Part records as damage, refuses it from then on).
     #[test]
     fn a_slab_version_1_store_is_upgraded_at_open() {
-        use crate::interfaces::db::{Db, Options};
+        use crate::{Db, Options};
         let dir = tempfile::tempdir().unwrap();
         let options = || Options { shards: 2, show_progress: false, ..Options::default() };
         let db = Db::open(dir.path(), options()).unwrap();
