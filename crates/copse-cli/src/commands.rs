@@ -9,9 +9,9 @@ use std::ops::Bound;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use copse::interfaces::check::{check_store, CheckOptions};
 use copse::limits::{CACHE_BYTES_DEFAULT, SCAN_ITEMS_MAX, SHARDS_MAX};
-use copse::store::manifest::read_manifest;
+use copse::read_manifest;
+use copse::{check_store, CheckOptions};
 use copse::{Backend, Db, Options, WriteDurability};
 
 use crate::{BackendArg, CheckArgs, Cli, Command, Durability, Failure, ServeArgs};

@@ -222,7 +222,7 @@ impl ServerConfig {
     /// The store's options from these settings.
     pub fn store_options(&self) -> Result<copse::Options, ConfigError> {
         let mut options = copse::Options::default();
-        let existing = copse::store::manifest::read_manifest(&self.path).ok().flatten();
+        let existing = copse::read_manifest(&self.path).ok().flatten();
         if self.shards > 0 {
             options.shards = self.shards;
         } else if let Some(existing) = existing {

@@ -20,6 +20,7 @@ static DETERMINISTIC: AtomicBool = AtomicBool::new(false);
 
 /// Makes every map made from now on in this process hash with a fixed seed. For simulators and
 /// tests that replay a seed; never called by the store itself.
+#[cfg(any(test, feature = "testing"))]
 pub fn make_deterministic() {
     DETERMINISTIC.store(true, Ordering::Release);
 }

@@ -14,9 +14,9 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
-use copse::engine::BatchOp;
+use copse::exec::{ExecView, ReadOp};
 use copse::limits::{KEY_BYTES_MAX, WRITE_BATCH_OPS_MAX};
-use copse::shard::exec::{ExecView, ReadOp};
+use copse::BatchOp;
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{

@@ -8,7 +8,7 @@
 
 use std::ops::Bound;
 
-use copse::engine::BatchOp;
+use copse::BatchOp;
 use copse::Db;
 
 use super::{

@@ -19,8 +19,8 @@ pub mod zsets;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use copse::engine::BatchOp;
-use copse::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote};
+use copse::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote};
+use copse::BatchOp;
 use copse::Db;
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
@@ -161,7 +161,7 @@ impl Plan {
 /// Builds one exec per shard for a cross-shard batch (`Db::exec_atomic`): each step function
 /// is made from its vote when the coordinator queues it.
 pub struct AtomicPlan {
-    parts: Vec<copse::router::txn::AtomicExec>,
+    parts: Vec<copse::exec::AtomicExec>,
     answers: Vec<oneshot::Receiver<Reply>>,
 }
 
@@ -178,7 +178,7 @@ impl AtomicPlan {
         F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
     {
         let (answer, receiver) = oneshot::channel();
-        self.parts.push(copse::router::txn::AtomicExec {
+        self.parts.push(copse::exec::AtomicExec {
             shard,
             locks: keys,
             build: Box::new(move |vote| {
@@ -252,11 +252,11 @@ pub fn exists_as(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Result<bool, R
     }
 }
 
-/// Refuses a write that does not fit one atomic batch (`copse::engine::input::check_write`, the
+/// Refuses a write that does not fit one atomic batch (`copse::check_write`, the
 /// shard's own check), with an error that says what it means for the command.
 pub fn check_batch(ops: &[BatchOp]) -> Result<(), Reply> {
     use copse::InputError;
-    match copse::engine::input::check_write(ops) {
+    match copse::check_write(ops) {
         Ok(()) => Ok(()),
         Err(InputError::BatchTooManyOps { ops, max }) => Err(Reply::Error(format!(
             "ERR this command would change {ops} items in one atomic batch, more than copse's \
@@ -400,7 +400,7 @@ pub fn delete_ops(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Vec<BatchOp> 
 /// splitting one key's writes (each key changes all-or-nothing; the keys of a multi-key command
 /// share one batch when they fit, which is the common case).
 pub fn pack_batches(per_key: Vec<Vec<BatchOp>>) -> std::collections::VecDeque<Vec<BatchOp>> {
-    use copse::engine::batch_codec::encoded_batch_bytes;
+    use copse::encoded_batch_bytes;
     use copse::limits::{WRITE_BATCH_BYTES_MAX, WRITE_BATCH_OPS_MAX};
     let mut batches = std::collections::VecDeque::new();
     let mut current: Vec<BatchOp> = Vec::new();
@@ -783,7 +783,7 @@ mod tests {
         // What passes here passes the engine's own check.
         let ops = [put(WRITE_BATCH_BYTES_MAX / 2), put(WRITE_BATCH_BYTES_MAX / 3)];
         assert!(check_batch(&ops).is_ok());
-        assert!(copse::engine::input::check_batch(&ops).is_ok());
+        assert!(copse::check_batch(&ops).is_ok());
     }
 
     #[test]

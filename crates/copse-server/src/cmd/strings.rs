@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use copse::engine::BatchOp;
-use copse::shard::exec::{ExecView, ReadOp};
+use copse::exec::{ExecView, ReadOp};
+use copse::BatchOp;
 
 use super::{
     answer, by_shard, check_value, delete_ops, key_type, on_key, pack_batches, parse_f64,
@@ -467,7 +467,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
             let locks = group.iter().map(|(key, _)| key.clone()).collect();
             plan.add(shard, locks, move |vote| {
                 let mut part = Some((vote, group));
-                move |view: &copse::shard::exec::ExecView<'_>, input| match input {
+                move |view: &copse::exec::ExecView<'_>, input| match input {
                     Input::Start => {
                         let Some((vote, group)) = part.take() else { return unexpected() };
                         if only_new && group.iter().any(|(key, _)| key_type(view, key).is_some()) {

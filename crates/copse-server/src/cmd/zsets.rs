@@ -17,9 +17,9 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
-use copse::engine::BatchOp;
+use copse::exec::{ExecView, ReadOp};
 use copse::limits::{KEY_BYTES_MAX, WRITE_BATCH_OPS_MAX};
-use copse::shard::exec::{ExecView, ReadOp};
+use copse::BatchOp;
 
 use super::{
     answer, bound_ref, check_batch, exists_as, from_index, on_key, parse_f64, parse_i64,

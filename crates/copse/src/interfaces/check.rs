@@ -29,9 +29,7 @@ use crate::device::{
     read_sync, Backend, BlockDevice, DeviceError, DirStorage, Storage, WriteDurability,
 };
 use crate::engine::check::Problems;
-pub use crate::engine::check::{
-    FileReport, HeaderState, Problem, ShardReport, SlotCounts, PROBLEMS_LISTED_MAX,
-};
+use crate::engine::check::{Problem, ShardReport, SlotCounts};
 use crate::engine::factory;
 use crate::engine::EngineKind;
 use crate::error::OpenError;
@@ -207,6 +205,7 @@ fn read_manifest(
 mod tests {
     use super::*;
     use crate::engine::native::format::SizeClass;
+    use crate::engine::check::{HeaderState, PROBLEMS_LISTED_MAX};
     use crate::{Db, Options};
 
     fn options(shards: usize) -> Options {

@@ -227,6 +227,7 @@ impl ExecTable {
         self.running.is_empty()
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.running.len()
     }

@@ -84,10 +84,6 @@ impl Gate {
         }
     }
 
-    pub fn recovered_parts(&self) -> Vec<PartRecord> {
-        self.engine.recovered_parts()
-    }
-
     /// Locks a part's keys; call before its `PreparePart` reaches the engine.
     pub fn lock(&mut self, coordinator: Arc<dyn Coordinator>, ops: &[BatchOp]) {
         let gsn = coordinator.gsn();
