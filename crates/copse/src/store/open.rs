@@ -277,3 +277,47 @@ impl Drop for Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::sim::SimDisk;
+    use crate::device::WriteDurability;
+
+    /// An engine that keeps its own files in a directory cannot run over a storage: the open
+    /// says why, and leaves the storage as it found it (no manifest written).
+    #[test]
+    fn an_engine_that_needs_a_directory_is_refused_over_a_storage_and_nothing_is_written() {
+        let disk = SimDisk::new(3);
+        let storage = Arc::new(disk.storage(WriteDurability::FlushPerRound));
+        let options = Options { engine: EngineKind::RocksDb, shards: 2, ..Options::default() };
+        let refused = Store::open_with_storage(storage, options).err().expect("refused");
+        let message = refused.to_string();
+        assert!(matches!(refused, OpenError::InvalidOption(_)), "{message}");
+        assert!(message.contains("needs a directory"), "{message}");
+        assert!(disk.file_names().is_empty(), "the refused open wrote {:?}", disk.file_names());
+    }
+
+    /// The native engine opens over the simulated device like over a directory, and a second
+    /// open finds what the first wrote (the manifest it created included).
+    #[test]
+    fn the_native_engine_opens_over_a_simulated_storage_and_reopens() {
+        let disk = SimDisk::new(4);
+        let options = || Options {
+            shards: 2,
+            cache_bytes: 1 << 20,
+            show_progress: false,
+            pin_threads: false,
+            ..Options::default()
+        };
+        let storage = Arc::new(disk.storage(WriteDurability::FlushPerRound));
+        let store = Store::open_with_storage(storage, options()).expect("opens");
+        assert_eq!(store.router.shard_count(), 2);
+        store.close().expect("closes");
+        drop(store);
+        assert!(disk.file_names().iter().any(|name| name == manifest::MANIFEST_FILE));
+        let storage = Arc::new(disk.storage(WriteDurability::FlushPerRound));
+        let reopened = Store::open_with_storage(storage, options()).expect("reopens");
+        assert_eq!(reopened.router.shard_count(), 2);
+    }
+}
