@@ -416,7 +416,7 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
         running.local_addr,
         cli.path.display()
     );
-    copse_server::net::wait_for_signal().map_err(|err| Failure::Failed(err.to_string()))?;
+    copse_server::wait_for_signal().map_err(|err| Failure::Failed(err.to_string()))?;
     running.stop().map_err(|err| Failure::Failed(err.to_string()))
 }
 

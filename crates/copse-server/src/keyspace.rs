@@ -213,11 +213,6 @@ pub fn decode_score(item: &[u8], key_bytes: usize) -> Option<(f64, &[u8])> {
     Some((score_from_sortable(bits), &item[at + 8..]))
 }
 
-/// A member item's member name, given the Redis key's length.
-pub fn decode_member(item: &[u8], key_bytes: usize) -> Option<&[u8]> {
-    item.get(6 + key_bytes..)
-}
-
 pub fn encode_score(score: f64) -> Vec<u8> {
     score.to_bits().to_be_bytes().to_vec()
 }
@@ -326,8 +321,6 @@ mod tests {
         assert!(within(&inside));
         assert!(!within(&other), "a longer key's fields are outside (length prefix)");
         assert_eq!(decode_field(&inside, 1).unwrap().1, b"f");
-        let member = member_key(b"z", b"m1");
-        assert_eq!(decode_member(&member, 1), Some(&b"m1"[..]));
         let by_score = score_key(b"z", -3.5, b"m1");
         assert_eq!(decode_score(&by_score, 1), Some((-3.5, &b"m1"[..])));
         assert_eq!(prefix_end(&[1, 0xff]), Bound::Excluded(vec![2]));

@@ -9,13 +9,29 @@
 //! Layers, bottom to top (`scripts/check_layers.py` keeps them): `config`, `resp`, `fds` →
 //! `keyspace` → `context` → `cmd` → `net`.
 
-pub mod cmd;
-pub mod config;
-pub mod context;
-pub mod fds;
-pub mod keyspace;
-pub mod net;
-pub mod resp;
+//! The public API is what this file exports: start or serve a server from a [`ServerConfig`],
+//! and wait for a stop signal. The modules are crate-private; the `testing` cargo feature (the
+//! crate's tests, the corpus example and the fuzz crate turn it on) makes them public and adds
+//! the protocol's fuzz target.
+
+/// Declares a module: crate-private, public under the `testing` feature.
+macro_rules! module {
+    ($name:ident) => {
+        #[cfg(feature = "testing")]
+        pub mod $name;
+        #[cfg(not(feature = "testing"))]
+        pub(crate) mod $name;
+    };
+}
+
+module!(cmd);
+module!(config);
+module!(context);
+module!(fds);
+module!(keyspace);
+module!(net);
+module!(resp);
 
 pub use config::ServerConfig;
-pub use net::{serve, start, Running, ServeError};
+pub use keyspace::KEYSPACE_FORMAT_VERSION;
+pub use net::{serve, start, wait_for_signal, Running, ServeError};

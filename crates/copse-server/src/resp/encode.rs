@@ -40,8 +40,6 @@ pub enum Reply {
     Set(Vec<Reply>),
     /// Formatted by `format_double`; a bulk string in RESP2.
     Double(f64),
-    /// An integer 1 or 0 in RESP2.
-    Bool(bool),
     /// Text with a three-letter format such as `txt` or `mkd`; a plain bulk in RESP2.
     Verbatim {
         format: [u8; 3],
@@ -114,12 +112,6 @@ pub fn encode_reply(reply: &Reply, protocol: Protocol, out: &mut Vec<u8>) {
                 }
             }
         }
-        Reply::Bool(value) => out.extend_from_slice(match (protocol, value) {
-            (Protocol::Resp2, true) => b":1\r\n",
-            (Protocol::Resp2, false) => b":0\r\n",
-            (Protocol::Resp3, true) => b"#t\r\n",
-            (Protocol::Resp3, false) => b"#f\r\n",
-        }),
         Reply::Verbatim { format, text } => match protocol {
             Protocol::Resp2 => push_bulk(out, text),
             Protocol::Resp3 => {
@@ -475,11 +467,6 @@ mod tests {
         assert_encodes(Reply::Double(f64::NAN), b"$3\r\nnan\r\n", b",nan\r\n");
     }
 
-    #[test]
-    fn booleans_are_integers_in_resp2() {
-        assert_encodes(Reply::Bool(true), b":1\r\n", b"#t\r\n");
-        assert_encodes(Reply::Bool(false), b":0\r\n", b"#f\r\n");
-    }
 
     #[test]
     fn verbatim_is_a_plain_bulk_in_resp2() {

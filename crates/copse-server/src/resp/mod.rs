@@ -25,6 +25,6 @@ pub mod fuzz;
 pub mod parse;
 
 pub use encode::{encode_reply, format_double, Protocol, Reply};
-pub use parse::{
-    parse_command, parse_command_resumed, ParseLimits, ParseState, Parsed, ProtocolError,
-};
+#[cfg(any(test, feature = "testing"))]
+pub use parse::parse_command;
+pub use parse::{parse_command_resumed, ParseLimits, ParseState, Parsed};

@@ -142,7 +142,8 @@ pub struct ParseState {
 }
 
 impl ParseState {
-    /// Bytes examined over this state's life, for tests of the parser's cost and for INFO.
+    /// Bytes examined over this state's life, for tests of the parser's cost.
+    #[cfg(test)]
     pub fn examined_bytes(&self) -> u64 {
         self.examined_bytes
     }
@@ -160,6 +161,8 @@ impl ParseState {
 }
 
 /// Parses the first request at the start of `buf` from scratch. Never panics on any input.
+/// For tests and the fuzz target; a connection resumes (`parse_command_resumed`).
+#[cfg(any(test, feature = "testing"))]
 pub fn parse_command(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
     parse_command_resumed(buf, limits, &mut ParseState::default())
 }
