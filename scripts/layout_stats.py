@@ -18,7 +18,8 @@ string, byte-string, raw-string and char literals:
   `struct`, `enum`, `trait`, `const`, `static`, `type`, `mod`, `use` or `union`, outside test
   code; `pub(crate)`, `pub(super)` and `pub(in ..)` are not public. A `pub use` statement counts
   once however many names it brings. "Reachable" counts those in files whose module is reached
-  from the crate root (lib.rs) through `pub mod` declarations alone;
+  from the crate root (lib.rs) through `pub mod` declarations alone (a module declared with the
+  crate's `layer!`/`module!` macro is `pub(crate)` in a default build, so it does not count);
 - functions: `fn name` items with a body, outside test code (a trait method declared without a
   default body is not counted);
 - asserts: `assert!`, `assert_eq!`, `assert_ne!` (release) and `debug_assert!`,
@@ -193,6 +194,9 @@ PUB_ITEM = re.compile(
 FN = re.compile(r"\bfn\s+(?:r#)?[A-Za-z_]\w*")
 ASSERT = re.compile(r"(?<!\w)(debug_)?assert(?:_eq|_ne)?\s*!")
 MOD_DECL = re.compile(r"(?:\b(pub)(\s*\([^)]*\))?\s+)?\bmod\s+(?:r#)?(\w+)\s*([;{])")
+# A module declared through the crate's `layer!(name)` / `module!(name)` macro (lib.rs): crate-
+# private in a default build, public only under the `testing` feature, so not reachable.
+MACRO_MOD_DECL = re.compile(r"\b(?:layer|module)!\s*\(\s*(\w+)\s*\)")
 KINDS = ["fn", "struct", "enum", "trait", "const", "static", "type", "mod", "use", "union"]
 
 
@@ -285,6 +289,8 @@ def analyse_crate(crate_dir):
         children[module] = {
             m.group(3): bool(m.group(1)) and not m.group(2) for m in MOD_DECL.finditer(live)
         }
+        for m in MACRO_MOD_DECL.finditer(live):
+            children[module].setdefault(m.group(1), False)
         stats["fns"] += count_fns(live)
         for m in ASSERT.finditer(live):
             stats["debug_asserts" if m.group(1) else "asserts"] += 1
