@@ -174,7 +174,7 @@ impl NativeEngine {
     pub(super) fn batch_record_durable(&mut self, batch: u64, loc: Loc) {
         let Some(state) = self.batches.get_mut(&batch) else { return };
         state.record = Some(loc);
-        if let Err(err) = self.device.fault_point(FaultPoint::BatchRecordedBeforeMembers) {
+        if let Err(err) = self.io.device.fault_point(FaultPoint::BatchRecordedBeforeMembers) {
             // The record is durable: batch_member_failed poisons the store, and recovery
             // replays the batch.
             self.batch_member_failed(batch, WriteError::from_device(err));

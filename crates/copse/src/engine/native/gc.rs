@@ -152,7 +152,7 @@ impl NativeEngine {
                 candidates: reads.is_empty().then(|| Vec::new().into_iter()),
             });
             for (block, first_page, pages) in reads {
-                self.queue_io(
+                self.io.queue(
                     IoKind::Read,
                     fid,
                     first_page * PAGE_BYTES as u64,

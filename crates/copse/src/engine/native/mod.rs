@@ -31,6 +31,8 @@ pub mod format;
 pub mod free_list;
 mod gc;
 pub mod index;
+mod io;
+mod pages;
 mod parts;
 pub mod placement;
 mod read;
@@ -40,21 +42,21 @@ mod write;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::hash::{HashMap, HashSet};
+use crate::hash::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::device::{
-    AlignedBuf, BlockDevice, FaultPoint, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
-};
+use crate::device::{BlockDevice, FaultPoint, FileId, IoCompletion, WriteDurability};
 use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
 use crate::error::{OpenError, ReadError, WriteError};
 use crate::limits::PAGE_BYTES;
 
-use cache::{PageCache, PageKey};
+use cache::PageKey;
 use format::{Loc, RecordLayout, SizeClass, CLASS_COUNT};
 use free_list::FreeList;
 use index::Index;
+use io::Io;
+use pages::Pages;
 use placement::{AppendClass, Placement};
 
 type WriteId = u64;
@@ -173,13 +175,6 @@ struct Flight {
     applied_seq: u64,
 }
 
-enum PageWaiter {
-    Place { write: WriteId, offset: usize, record: Vec<u8> },
-    Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError> },
-    ScanItem { scan: u64, item: usize },
-    ChainPop { class: u8, chain: usize, slot: u64 },
-}
-
 enum DirectRead {
     Get { key: Vec<u8>, loc: Loc, reply: Reply<Option<Vec<u8>>, ReadError> },
     ScanItem { scan: u64, item: usize, loc: Loc },
@@ -206,9 +201,7 @@ enum IoPurpose {
 
 pub struct NativeEngine {
     shard_id: u32,
-    device: Box<dyn BlockDevice>,
-    durability: WriteDurability,
-    io_depth_max: usize,
+    io: Io,
     slab_growth_bytes_min: u64,
     poisoned: Arc<AtomicBool>,
     placements: Vec<Placement>,
@@ -234,19 +227,9 @@ pub struct NativeEngine {
     user_bytes_written: Vec<u64>,
     free: Vec<FreeList>,
     index: Index,
-    cache: PageCache,
+    pages: Pages,
     next_seq: u64,
 
-    io_ready: VecDeque<IoRequest>,
-    io_purpose: HashMap<u64, IoPurpose>,
-    next_token: u64,
-    /// Completions reaped by `sync_io` that belong to the asynchronous machinery.
-    stashed: Vec<IoCompletion>,
-
-    loading: HashMap<PageKey, Vec<PageWaiter>>,
-    /// Pages with modifications not yet submitted, and the writes those modifications carry.
-    dirty: HashMap<PageKey, Vec<WriteId>>,
-    pages_in_flight: HashSet<PageKey>,
     writes: BTreeMap<WriteId, PendingWrite>,
     next_write_id: WriteId,
     awaiting_flush: Vec<WriteId>,
@@ -285,12 +268,9 @@ impl NativeEngine {
         config: EngineConfig,
         progress: Option<&indicatif::ProgressBar>,
     ) -> Result<NativeEngine, OpenError> {
-        let durability = device.durability();
         let mut engine = NativeEngine {
             shard_id: config.shard_id,
-            device,
-            durability,
-            io_depth_max: config.io_depth_max.max(1),
+            io: Io::new(config.shard_id, device, config.io_depth_max),
             slab_growth_bytes_min: config.slab_growth_bytes_min.max(PAGE_BYTES as u64),
             poisoned: config.poisoned,
             placements: {
@@ -311,15 +291,8 @@ impl NativeEngine {
             user_bytes_written: vec![0; CLASS_COUNT],
             free: (0..CLASS_COUNT).map(|_| FreeList::default()).collect(),
             index: Index::default(),
-            cache: PageCache::new(config.cache_pages),
+            pages: Pages::new(config.shard_id, config.cache_pages),
             next_seq: 1,
-            io_ready: VecDeque::new(),
-            io_purpose: HashMap::default(),
-            next_token: 1,
-            stashed: Vec::new(),
-            loading: HashMap::default(),
-            dirty: HashMap::default(),
-            pages_in_flight: HashSet::default(),
             writes: BTreeMap::new(),
             next_write_id: 1,
             awaiting_flush: Vec::new(),
@@ -346,7 +319,7 @@ impl NativeEngine {
         // the batch's keys are not applied, and a poisoned store refuses every write.
         while !engine.batches.is_empty() && !engine.is_poisoned() {
             engine.end_round();
-            engine.device.fault_point(FaultPoint::RecoveryReplayingBatch)?;
+            engine.io.device.fault_point(FaultPoint::RecoveryReplayingBatch)?;
             engine.reap(true);
         }
         if engine.is_poisoned() {
@@ -410,80 +383,8 @@ impl NativeEngine {
         }
     }
 
-    fn take_token(&mut self) -> u64 {
-        let token = self.next_token;
-        self.next_token += 1;
-        token
-    }
-
-    fn queue_io(
-        &mut self,
-        kind: IoKind,
-        file: FileId,
-        offset: u64,
-        buf: AlignedBuf,
-        purpose: IoPurpose,
-    ) {
-        let token = self.take_token();
-        self.io_purpose.insert(token, purpose);
-        self.io_ready.push_back(IoRequest { token, file, offset, kind, buf });
-    }
-
-    /// Submits queued I/O up to the queue-depth bound, with one system call.
-    fn submit_ready(&mut self) {
-        let room = self.io_depth_max.saturating_sub(self.device.in_flight());
-        let count = room.min(self.io_ready.len());
-        if count == 0 {
-            return;
-        }
-        let requests: Vec<IoRequest> = self.io_ready.drain(..count).collect();
-        let tokens: Vec<(u64, FileId, u64, IoKind)> =
-            requests.iter().map(|r| (r.token, r.file, r.offset, r.kind)).collect();
-        if let Err(err) = self.device.submit(requests) {
-            // The device took none of them: complete each with the error.
-            tracing::error!(shard = self.shard_id, %err, "submitting I/O failed");
-            for (token, file, offset, kind) in tokens {
-                self.stashed.push(IoCompletion {
-                    token,
-                    file,
-                    offset,
-                    kind,
-                    buf: AlignedBuf::zeroed(PAGE_BYTES),
-                    result: Err(err.clone()),
-                });
-            }
-        }
-    }
-
-    /// Performs one request synchronously (slab creation), stashing unrelated completions.
-    fn sync_io(&mut self, request: IoRequest) -> Result<AlignedBuf, crate::device::DeviceError> {
-        let token = request.token;
-        self.io_purpose.insert(token, IoPurpose::Sync);
-        self.device.submit(vec![request]).inspect_err(|_| {
-            self.io_purpose.remove(&token);
-        })?;
-        loop {
-            let mut completions = Vec::new();
-            self.device.reap(1, &mut completions)?;
-            let mut mine = None;
-            // Everything else reaped here belongs to the asynchronous machinery: keep it all.
-            for completion in completions {
-                if completion.token == token {
-                    mine = Some(completion);
-                } else {
-                    self.stashed.push(completion);
-                }
-            }
-            if let Some(completion) = mine {
-                self.io_purpose.remove(&token);
-                completion.result?;
-                return Ok(completion.buf);
-            }
-        }
-    }
-
     fn complete(&mut self, completion: IoCompletion) {
-        let Some(purpose) = self.io_purpose.remove(&completion.token) else {
+        let Some(purpose) = self.io.take_purpose(completion.token) else {
             tracing::error!(
                 shard = self.shard_id,
                 token = completion.token,
@@ -495,9 +396,7 @@ impl NativeEngine {
             IoPurpose::PageLoad(page) => self.page_loaded(page, completion),
             IoPurpose::PageWrite { page, pages, writes } => {
                 for number in page.1..page.1 + pages {
-                    let was_in_flight = self.pages_in_flight.remove(&(page.0, number));
-                    assert!(was_in_flight, "a page write completed that was not in flight");
-                    self.cache.unpin((page.0, number));
+                    self.pages.end_write((page.0, number));
                 }
                 self.writes_completed(writes, completion.result);
             }
@@ -514,14 +413,14 @@ impl NativeEngine {
         writes: Vec<WriteId>,
         result: Result<(), crate::device::DeviceError>,
     ) {
-        let reaped_through = self.device.write_completions_reaped();
+        let reaped_through = self.io.device.write_completions_reaped();
         for write in &writes {
             if let Some(pending) = self.writes.get_mut(write) {
                 pending.reaped_through = Some(reaped_through);
             }
         }
         match result {
-            Ok(()) => match self.durability {
+            Ok(()) => match self.io.durability {
                 WriteDurability::Dsync => self.writes_durable(writes),
                 WriteDurability::FlushPerRound => self.awaiting_flush.extend(writes),
             },
@@ -541,7 +440,7 @@ impl NativeEngine {
             return;
         }
         let writes = std::mem::take(&mut self.awaiting_flush);
-        match self.device.flush() {
+        match self.io.device.flush() {
             Ok(()) => self.writes_durable(writes),
             Err(err) => {
                 tracing::error!(shard = self.shard_id, %err, "flush failed");
@@ -557,7 +456,7 @@ impl NativeEngine {
     /// is handled like a failed flush, so the writes are answered with the error (recovery may
     /// still find them, as it may find any write in flight at a failure).
     fn writes_durable(&mut self, writes: Vec<WriteId>) {
-        if let Err(err) = self.device.fault_point(FaultPoint::SlabWrittenBeforeIndexUpdate) {
+        if let Err(err) = self.io.device.fault_point(FaultPoint::SlabWrittenBeforeIndexUpdate) {
             tracing::error!(shard = self.shard_id, %err, "failed after writes were durable");
             self.poison();
             for write in writes {
@@ -588,7 +487,7 @@ impl NativeEngine {
         let result = if self.is_poisoned() {
             Err(WriteError::Poisoned)
         } else {
-            self.device.flush().map_err(|err| {
+            self.io.device.flush().map_err(|err| {
                 self.poison();
                 WriteError::from_device(err)
             })
@@ -608,80 +507,6 @@ impl NativeEngine {
     /// The record layout of a class's slab file (which must be open).
     fn layout_of(&self, class: u8) -> RecordLayout {
         self.classes[class as usize].as_ref().expect("class file is open").layout
-    }
-
-    fn page_of(loc: Loc) -> PageKey {
-        let class = SizeClass::get(loc.class());
-        (loc.class(), class.page_of_slot(loc.slot()))
-    }
-
-    /// Registers a waiter for a page image, reading the page if no read is under way.
-    fn wait_page(&mut self, page: PageKey, waiter: PageWaiter) {
-        let first = !self.loading.contains_key(&page);
-        self.loading.entry(page).or_default().push(waiter);
-        if first {
-            let file = self.classes[page.0 as usize].as_ref().expect("class file is open").file;
-            self.queue_io(
-                IoKind::Read,
-                file,
-                page.1 * PAGE_BYTES as u64,
-                AlignedBuf::zeroed(PAGE_BYTES),
-                IoPurpose::PageLoad(page),
-            );
-        }
-    }
-
-    fn page_loaded(&mut self, page: PageKey, completion: IoCompletion) {
-        let waiters = self.loading.remove(&page).unwrap_or_default();
-        if let Err(err) = completion.result {
-            tracing::error!(shard = self.shard_id, ?page, %err, "page read failed");
-            for waiter in waiters {
-                self.page_waiter_failed(waiter, &err);
-            }
-            return;
-        }
-        assert!(!self.cache.contains(page), "a page was read while a newer image was cached");
-        self.cache.insert(page, &completion.buf[..PAGE_BYTES]);
-        // Pin while the waiters run so that a waiter's own page reads cannot evict it.
-        self.cache.pin(page);
-        for waiter in waiters {
-            self.run_page_waiter(waiter);
-        }
-        self.cache.unpin(page);
-    }
-
-    fn run_page_waiter(&mut self, waiter: PageWaiter) {
-        match waiter {
-            PageWaiter::Place { write, offset, record } => {
-                let loc = self.writes[&write].loc;
-                self.place_in_page(Self::page_of(loc), offset, record, write);
-            }
-            PageWaiter::Get { key, reply } => self.get(key, reply),
-            PageWaiter::ScanItem { scan, item } => self.scan_item(scan, item),
-            PageWaiter::ChainPop { class, chain, slot } => {
-                let class_info = SizeClass::get(class);
-                let page = (class, class_info.page_of_slot(slot));
-                let offset = class_info.offset_in_page(slot);
-                let image = self.cache.image(page).expect("page was just loaded");
-                let bytes = image[offset..offset + class_info.slot_bytes as usize].to_vec();
-                self.chain_head_read(class, chain, slot, &bytes);
-            }
-        }
-    }
-
-    fn page_waiter_failed(&mut self, waiter: PageWaiter, err: &crate::device::DeviceError) {
-        match waiter {
-            PageWaiter::Place { write, .. } => {
-                self.write_failed(write, WriteError::from_device(err.clone()))
-            }
-            PageWaiter::Get { reply, .. } => {
-                let _ = reply.send(Err(ReadError::Device(err.clone())));
-            }
-            PageWaiter::ScanItem { scan, .. } => {
-                self.scan_item_failed(scan, ReadError::Device(err.clone()))
-            }
-            PageWaiter::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
-        }
     }
 
     fn direct_read_done(&mut self, read: DirectRead, completion: IoCompletion) {
@@ -714,7 +539,7 @@ impl NativeEngine {
     /// (a cold-cache benchmark, or a simulator checking what the device really holds). Pages
     /// with modifications not yet durable stay.
     pub fn drop_clean_pages(&mut self) {
-        self.cache.drop_unpinned();
+        self.pages.cache.drop_unpinned();
     }
 
     /// Whether the collector is emptying a block now (for tests that crash during collection).
@@ -762,11 +587,11 @@ impl NativeEngine {
             items: self.index.len() as u64,
             file_bytes,
             index_bytes: self.index.memory_bytes(),
-            cache_pages: self.cache.len_pages() as u64,
-            cache_capacity_pages: self.cache.capacity_frames() as u64,
-            cache_hits: self.cache.hits,
-            cache_misses: self.cache.misses,
-            device: self.device.stats(),
+            cache_pages: self.pages.cache.len_pages() as u64,
+            cache_capacity_pages: self.pages.cache.capacity_frames() as u64,
+            cache_hits: self.pages.cache.hits,
+            cache_misses: self.pages.cache.misses,
+            device: self.io.device.stats(),
             recovery: self.recovery.clone(),
             classes,
             tombstones_held: self.tombstone_guards.values().map(|locs| locs.len() as u64).sum(),
@@ -860,16 +685,15 @@ impl ShardEngine for NativeEngine {
         self.schedule_page_writes();
         self.settle_step();
         self.scrub_step();
-        self.submit_ready();
+        self.io.submit_ready();
         self.answer_flush_waiters();
     }
 
     /// Reaps completions (waiting for at least one if `wait` and I/O is in flight) and
     /// completes the requests they finish.
     fn reap(&mut self, wait: bool) {
-        let mut completions = std::mem::take(&mut self.stashed);
-        let min = usize::from(wait && completions.is_empty() && self.device.in_flight() > 0);
-        if let Err(err) = self.device.reap(min, &mut completions) {
+        let mut completions = Vec::new();
+        if let Err(err) = self.io.reap(wait, &mut completions) {
             tracing::error!(shard = self.shard_id, %err, "reaping I/O failed");
             self.poison();
         }
@@ -882,11 +706,9 @@ impl ShardEngine for NativeEngine {
 
     /// True when nothing is queued, in flight, or waiting for a later round.
     fn is_idle(&self) -> bool {
-        self.io_ready.is_empty()
-            && self.device.in_flight() == 0
-            && self.dirty.is_empty()
+        self.io.is_quiet()
+            && self.pages.is_clean()
             && self.awaiting_flush.is_empty()
-            && self.stashed.is_empty()
             && self.flush_waiters.is_empty()
             && self.deferred_frees.is_empty()
             && !self.scrub_running()
@@ -920,7 +742,7 @@ impl ShardEngine for NativeEngine {
     }
 
     fn has_io_in_flight(&self) -> bool {
-        self.device.in_flight() > 0
+        self.io.in_flight() > 0
     }
 
     fn recovered_parts(&self) -> Vec<crate::engine::part::PartRecord> {
@@ -933,7 +755,7 @@ impl ShardEngine for NativeEngine {
         while !self.is_idle() {
             self.end_round();
             self.reap(true);
-            if self.is_poisoned() && self.device.in_flight() == 0 {
+            if self.is_poisoned() && self.io.in_flight() == 0 {
                 break;
             }
         }
@@ -941,6 +763,6 @@ impl ShardEngine for NativeEngine {
             return Err(WriteError::Poisoned);
         }
         self.write_watermark_record()?;
-        self.device.flush().map_err(WriteError::from_device)
+        self.io.device.flush().map_err(WriteError::from_device)
     }
 }

@@ -11,7 +11,8 @@ use std::ops::Bound;
 
 use super::format::{decode_slot, Loc, RecordKind, RecordLayout, SizeClass, Slot};
 use super::index::Entry;
-use super::{DirectRead, IoPurpose, NativeEngine, PageWaiter};
+use super::pages::{PageWaiter, Pages};
+use super::{DirectRead, IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, IoKind};
 use crate::engine::{KeyValue, Reply};
 use crate::error::ReadError;
@@ -43,10 +44,10 @@ impl NativeEngine {
         if class.is_multi_page() {
             return Resolved::NeedRead(loc);
         }
-        let page = Self::page_of(loc);
+        let page = Pages::page_of(loc);
         let shard_id = self.shard_id;
         let layout = self.layout_of(loc.class());
-        let Some(image) = self.cache.lookup(page) else { return Resolved::NeedPage(page) };
+        let Some(image) = self.pages.cache.lookup(page) else { return Resolved::NeedPage(page) };
         let offset = class.offset_in_page(loc.slot());
         let bytes = &image[offset..offset + class.slot_bytes as usize];
         match verify_value(bytes, layout, shard_id, loc, class.slot_bytes as usize, key, seq) {
@@ -75,7 +76,7 @@ impl NativeEngine {
     fn read_record(&mut self, loc: Loc, read: DirectRead) {
         let (file, offset) = self.slot_position(loc);
         let pages = loc.pages_used().max(1) as usize;
-        self.queue_io(
+        self.io.queue(
             IoKind::Read,
             file,
             offset,

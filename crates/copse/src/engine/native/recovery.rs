@@ -534,7 +534,7 @@ impl NativeEngine {
         let dir = shard_dir(self.shard_id);
         let mut found = Found { frontier: vec![0; CLASS_COUNT], ..Found::default() };
         let mut scanned_classes = Vec::new();
-        for name in self.device.list_files(&dir)? {
+        for name in self.io.device.list_files(&dir)? {
             let path = format!("{dir}/{name}");
             let Some(class_id) = class_of_file_name(&name) else {
                 tracing::warn!(file = %path, "ignoring a file that is not a slab");
@@ -547,13 +547,13 @@ impl NativeEngine {
                 });
             }
             let class = SizeClass::get(class_id);
-            let file = self.device.open_file(&path, false)?;
-            let file_bytes = self.device.file_len_bytes(file)?;
+            let file = self.io.device.open_file(&path, false)?;
+            let file_bytes = self.io.device.file_len_bytes(file)?;
             if let Some(progress) = progress {
                 progress.inc_length(file_bytes);
             }
             let (layout, blank_header) = match read_slab_header(
-                self.device.as_mut(),
+                self.io.device.as_mut(),
                 file,
                 file_bytes,
                 class,
@@ -568,7 +568,7 @@ impl NativeEngine {
             let shard_id = self.shard_id;
             let mut slots_used = 0u64;
             self.recovery.bytes_scanned += scan_slab(
-                self.device.as_mut(),
+                self.io.device.as_mut(),
                 shard_id,
                 SlabFile { file, file_bytes, class, layout },
                 progress,
@@ -613,7 +613,7 @@ impl NativeEngine {
             });
             self.open_placement(class, file_bytes, next_append_slot);
         }
-        self.device.fault_point(FaultPoint::RecoveryScanned)?;
+        self.io.device.fault_point(FaultPoint::RecoveryScanned)?;
         self.rebuild(found)?;
         self.recovery.seconds = started.elapsed().as_secs_f64();
         if self.recovery.bytes_scanned > 0 {

@@ -107,7 +107,7 @@ impl NativeEngine {
                 }
             };
             scrub.reads_in_flight += 1;
-            self.queue_io(
+            self.io.queue(
                 IoKind::Read,
                 file,
                 offset,
@@ -136,14 +136,14 @@ impl NativeEngine {
             if page.1 >= file.frontier_page.max(1) {
                 continue;
             }
-            if self.page_busy(page) {
+            if self.pages.busy(page) {
                 scrub.retry.push(page);
                 continue;
             }
             return Some(ScrubRead::Page(page));
         }
         // Busy pages, once their writes are done (and a rewrite of a quiet page counts once).
-        if let Some(at) = scrub.retry.iter().position(|page| !self.page_busy(*page)) {
+        if let Some(at) = scrub.retry.iter().position(|page| !self.pages.busy(*page)) {
             let page = scrub.retry.swap_remove(at);
             return Some(ScrubRead::Page(page));
         }
@@ -190,10 +190,6 @@ impl NativeEngine {
         }
     }
 
-    fn page_busy(&self, page: PageKey) -> bool {
-        self.dirty.contains_key(&page) || self.pages_in_flight.contains(&page)
-    }
-
     pub(super) fn scrub_read_done(&mut self, read: ScrubRead, completion: IoCompletion) {
         let Some(mut scrub) = self.scrub.take() else {
             unreachable!("a scrub read completes while its scrub runs");
@@ -207,7 +203,7 @@ impl NativeEngine {
                         "shard {} class {} page {}: read failed: {err}",
                         self.shard_id, page.0, page.1
                     )),
-                    Ok(()) if disturbed || self.page_busy(page) => {
+                    Ok(()) if disturbed || self.pages.busy(page) => {
                         scrub.report.pages_reread += 1;
                         scrub.retry.push(page);
                     }

@@ -11,14 +11,15 @@ use super::format::{
     encode_record, encode_slab_header, pages_for, record_bytes, Loc, RecordKind, RecordLayout,
     SizeClass, SlabHeader, SLAB_FORMAT_VERSION,
 };
+use super::pages::{PageWaiter, Pages};
 use super::{
     key_hash, ClassFile, Effect, ErasedRecord, Flight, IoPurpose, NativeEngine, Origin, PageKey,
-    PageWaiter, PendingWrite, WriteId,
+    PendingWrite, WriteId,
 };
 use crate::device::{AlignedBuf, FaultPoint, IoKind, IoRequest};
 use crate::engine::Reply;
 use crate::error::WriteError;
-use crate::limits::{PAGE_BYTES, SLAB_GROWTH_DIVISOR, WRITE_PAGES_PER_IO_MAX};
+use crate::limits::{PAGE_BYTES, SLAB_GROWTH_DIVISOR};
 
 impl NativeEngine {
     pub(super) fn put(&mut self, key: Vec<u8>, value: Vec<u8>, origin: Origin, seq: Option<u64>) {
@@ -169,7 +170,7 @@ impl NativeEngine {
         let free = &mut self.free[class.id as usize];
         if let Some(near) = near.filter(|near| near.class() == class.id && !class.is_multi_page()) {
             let page = class.page_of_slot(near.slot());
-            if self.cache.contains((class.id, page)) {
+            if self.pages.cache.contains((class.id, page)) {
                 let first = class.first_slot_of_page(page);
                 for slot in first..first + class.slots_per_page as u64 {
                     if let Some(tag) = free.take(slot) {
@@ -219,9 +220,10 @@ impl NativeEngine {
         let wanted = (file.file_bytes + growth)
             .max(class.file_bytes_for_slots(slots))
             .next_multiple_of(PAGE_BYTES as u64);
-        self.device
+        self.io
+            .device
             .grow_file(file.file, wanted)
-            .and_then(|()| self.device.fault_point(FaultPoint::SlabFileGrown))
+            .and_then(|()| self.io.device.fault_point(FaultPoint::SlabFileGrown))
             .map_err(WriteError::from_device)?;
         file.file_bytes = wanted;
         assert!(slot < class.slots_in_file(wanted));
@@ -234,7 +236,7 @@ impl NativeEngine {
             return Ok(());
         }
         let name = class.file_name(self.shard_id);
-        let file = self.device.open_file(&name, true).map_err(WriteError::from_device)?;
+        let file = self.io.device.open_file(&name, true).map_err(WriteError::from_device)?;
         self.initialize_class_file(class, file).map_err(WriteError::from_device)?;
         Ok(())
     }
@@ -246,8 +248,8 @@ impl NativeEngine {
         file: crate::device::FileId,
     ) -> Result<(), crate::device::DeviceError> {
         let file_bytes = class.file_bytes_for_slots(0).max(self.slab_growth_bytes_min);
-        self.device.grow_file(file, file_bytes)?;
-        self.device.fault_point(FaultPoint::SlabFileCreatedBeforeHeader)?;
+        self.io.device.grow_file(file, file_bytes)?;
+        self.io.device.fault_point(FaultPoint::SlabFileCreatedBeforeHeader)?;
         self.write_slab_header(class, file)?;
         self.classes[class.id as usize] = Some(ClassFile {
             file,
@@ -280,9 +282,9 @@ impl NativeEngine {
                 shard_id: self.shard_id,
             },
         );
-        let token = self.take_token();
-        self.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
-        self.device.flush()
+        let token = self.io.take_token();
+        self.io.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
+        self.io.device.flush()
     }
 
     /// Encodes a record into its slot: straight into an I/O buffer for multi-page classes,
@@ -308,11 +310,11 @@ impl NativeEngine {
             encode_record(&mut buf, layout, self.shard_id, loc, kind, seq, aux, key, value);
             self.device_bytes_written[loc.class() as usize] += buf.len() as u64;
             let (file, offset) = self.slot_position(loc);
-            self.queue_io(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
+            self.io.queue(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
         } else {
             let mut record = vec![0u8; bytes];
             encode_record(&mut record, layout, self.shard_id, loc, kind, seq, aux, key, value);
-            let page = Self::page_of(loc);
+            let page = Pages::page_of(loc);
             self.place_in_page(page, class.offset_in_page(loc.slot()), record, write);
         }
     }
@@ -334,17 +336,17 @@ impl NativeEngine {
         if fresh {
             file.fresh_pages.0 = page.1 + 1;
         }
-        if self.loading.contains_key(&page) {
-            self.loading.get_mut(&page).unwrap().push(PageWaiter::Place { write, offset, record });
+        if self.pages.is_loading(page) {
+            self.pages.join_read(page, PageWaiter::Place { write, offset, record });
             return;
         }
-        if !self.cache.contains(page) {
+        if !self.pages.cache.contains(page) {
             let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
             if page.1 >= file.frontier_page || fresh {
                 // Never written, or in the part of an open block nothing was written to since
                 // it was opened: its image is zeros, no read needed.
                 file.frontier_page = file.frontier_page.max(page.1 + 1);
-                self.cache.insert(page, &[0u8; PAGE_BYTES]);
+                self.pages.cache.insert(page, &[0u8; PAGE_BYTES]);
             } else {
                 self.wait_page(page, PageWaiter::Place { write, offset, record });
                 return;
@@ -352,45 +354,23 @@ impl NativeEngine {
         }
         let slot_bytes = SizeClass::get(page.0).slot_bytes as usize;
         assert!(offset + record.len() <= PAGE_BYTES && record.len() <= slot_bytes);
-        let image = self.cache.image_mut(page).expect("checked above");
+        let image = self.pages.cache.image_mut(page).expect("checked above");
         let slot_bytes_in_page = &mut image[offset..offset + slot_bytes];
         slot_bytes_in_page[..record.len()].copy_from_slice(&record);
         // Clear the rest of the slot so a shorter record leaves no stale tail behind it.
         slot_bytes_in_page[record.len()..].fill(0);
-        match self.dirty.get_mut(&page) {
-            Some(writes) => writes.push(write),
-            None => {
-                self.cache.pin(page);
-                self.dirty.insert(page, vec![write]);
-            }
-        }
+        self.pages.mark_dirty(page, write);
     }
 
     /// Hands every dirty page without a write in flight to the device (invariant 3), each run
     /// of consecutive pages of a file as one write of up to `WRITE_PAGES_PER_IO_MAX` pages (the
     /// pages an append class fills in a round go out as one sequential I/O).
     pub(super) fn schedule_page_writes(&mut self) {
-        if self.dirty.is_empty() {
+        if self.pages.is_clean() {
             return;
         }
-        let mut ready: Vec<PageKey> = self
-            .dirty
-            .keys()
-            .filter(|page| !self.pages_in_flight.contains(*page))
-            .copied()
-            .collect();
-        ready.sort_unstable();
-        let mut start = 0;
-        while start < ready.len() {
-            let mut end = start + 1;
-            while end < ready.len()
-                && end - start < WRITE_PAGES_PER_IO_MAX
-                && ready[end] == (ready[start].0, ready[start].1 + (end - start) as u64)
-            {
-                end += 1;
-            }
-            self.write_pages(&ready[start..end]);
-            start = end;
+        for run in self.pages.writable_runs() {
+            self.write_pages(&run);
         }
     }
 
@@ -398,11 +378,11 @@ impl NativeEngine {
     fn write_pages(&mut self, run: &[PageKey]) {
         let mut writes = Vec::new();
         for page in run {
-            writes.extend(self.dirty.remove(page).expect("listed as dirty"));
+            writes.extend(self.pages.take_dirty(*page));
         }
         if self.is_poisoned() {
             for &page in run {
-                self.cache.unpin(page);
+                self.pages.cache.unpin(page);
             }
             for write in writes {
                 self.write_failed(write, WriteError::Poisoned);
@@ -413,15 +393,14 @@ impl NativeEngine {
         let mut buf = AlignedBuf::zeroed(run.len() * PAGE_BYTES);
         for (index, &page) in run.iter().enumerate() {
             buf[index * PAGE_BYTES..(index + 1) * PAGE_BYTES]
-                .copy_from_slice(self.cache.image(page).expect("dirty pages are pinned"));
+                .copy_from_slice(self.pages.cache.image(page).expect("dirty pages are pinned"));
             // Invariant 3: at most one write of a page in flight.
-            let first_write = self.pages_in_flight.insert(page);
-            assert!(first_write, "shard {}: page {page:?} written twice at once", self.shard_id);
+            self.pages.begin_write(page);
             self.scrub_page_written(page);
         }
         self.device_bytes_written[first.0 as usize] += buf.len() as u64;
         let file = self.classes[first.0 as usize].as_ref().expect("class file is open").file;
-        self.queue_io(
+        self.io.queue(
             IoKind::Write,
             file,
             first.1 * PAGE_BYTES as u64,
@@ -437,7 +416,7 @@ impl NativeEngine {
         // Invariant 2, checked at the moment everything below may acknowledge the write: a
         // flush that began after its completion was reaped has finished. (A violation is a bug
         // in the engine or the device; answering would break the durability promise.)
-        let covered = self.device.write_completions_durable();
+        let covered = self.io.device.write_completions_durable();
         assert!(
             reaped_through.is_some_and(|reaped| reaped <= covered),
             "shard {}: write {write} at {loc:?} would be acknowledged before a flush covered it \
@@ -742,7 +721,7 @@ impl NativeEngine {
             let loc = Loc::new(class.id, slot, 0);
             if class.is_multi_page() {
                 let (file, offset) = self.slot_position(loc);
-                self.queue_io(
+                self.io.queue(
                     IoKind::Read,
                     file,
                     offset,
@@ -754,10 +733,10 @@ impl NativeEngine {
                     }),
                 );
             } else {
-                let page = Self::page_of(loc);
-                if self.cache.contains(page) {
+                let page = Pages::page_of(loc);
+                if self.pages.cache.contains(page) {
                     let offset = class.offset_in_page(slot);
-                    let bytes = self.cache.image(page).unwrap()
+                    let bytes = self.pages.cache.image(page).unwrap()
                         [offset..offset + class.slot_bytes as usize]
                         .to_vec();
                     self.chain_head_read(class.id, chain, slot, &bytes);
