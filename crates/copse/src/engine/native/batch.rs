@@ -13,7 +13,8 @@
 //! The batch record's value is the engine-neutral encoding of `engine/batch_codec.rs`.
 
 use super::format::{Loc, RecordKind};
-use super::{key_hash, Effect, Key, NativeEngine, Origin};
+use super::seqs::key_hash;
+use super::{Effect, Key, NativeEngine, Origin};
 use crate::device::FaultPoint;
 use crate::engine::batch_codec::{dedupe_batch, encode_batch};
 use crate::engine::{BatchOp, Reply};
@@ -80,11 +81,11 @@ impl NativeEngine {
                 return;
             }
         };
-        let seq = self.take_seq();
+        let seq = self.seqs.take();
         let held = self.hold_batch_keys(&ops);
         let batch = self.start_batch(ops, slots, seq, held, None, Some(reply), part);
         let write = self.new_write(loc, overwritten, Effect::BatchRecord { batch });
-        let watermark = self.durable_watermark();
+        let watermark = self.seqs.durable_watermark();
         self.place(write, loc, kind, seq, watermark, &[], value);
     }
 
@@ -112,7 +113,7 @@ impl NativeEngine {
     fn hold_batch_keys(&mut self, ops: &[BatchOp]) -> Vec<u64> {
         let held: Vec<u64> = ops.iter().map(|op| key_hash(op.key())).collect();
         for &hash in &held {
-            *self.stale_counts.entry(hash).or_default() += 1;
+            self.seqs.count_stale(hash);
         }
         held
     }
@@ -150,9 +151,9 @@ impl NativeEngine {
         reply: Option<Reply<(), WriteError>>,
         part: Option<u64>,
     ) -> u64 {
-        self.hold_seq(seq);
+        self.seqs.hold(seq);
         for op in &ops {
-            self.flight_begin(op.key());
+            self.seqs.flight_begin(op.key());
         }
         let batch = self.next_batch_id;
         self.next_batch_id += 1;
@@ -221,8 +222,8 @@ impl NativeEngine {
     ) {
         let Some(state) = self.batches.get_mut(&batch) else {
             // The batch failed: this member is never applied.
-            self.flight_end(&key, seq, false);
-            self.release_guards(super::key_hash(&key));
+            self.seqs.flight_end(&key, seq, false);
+            self.release_guards(key_hash(&key));
             return;
         };
         state.durable.push((key, seq, loc, kind));
@@ -241,7 +242,7 @@ impl NativeEngine {
         let record = state.record.expect("members are written after the record");
         let batch_seq = state.seq;
         let part = state.part;
-        self.finish_seq(batch_seq);
+        self.seqs.finish(batch_seq);
         for (key, seq, loc, kind) in durable {
             match kind {
                 RecordKind::Put => self.apply_put(&key, seq, loc),
@@ -284,14 +285,14 @@ impl NativeEngine {
             // Nothing of the batch is durable: undo what it registered when it started. (Its
             // member slots stay allocated until the next recovery.)
             for op in std::mem::take(&mut state.ops) {
-                self.flight_end(op.key(), state.seq, false);
-                self.release_guards(super::key_hash(op.key()));
+                self.seqs.flight_end(op.key(), state.seq, false);
+                self.release_guards(key_hash(op.key()));
             }
             for hash in std::mem::take(&mut state.held) {
                 self.release_tag(Some(hash));
             }
             if !self.is_poisoned() {
-                self.finish_seq(state.seq);
+                self.seqs.finish(state.seq);
             }
         }
         if let (Some(gsn), None) = (state.part, state.record) {

@@ -26,7 +26,8 @@
 //! - Nothing runs while the store is poisoned.
 
 use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot};
-use super::{key_hash, Effect, IoPurpose, NativeEngine};
+use super::seqs::key_hash;
+use super::{Effect, IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, IoCompletion, IoKind};
 use crate::engine::Reply;
 use crate::error::WriteError;
@@ -221,9 +222,7 @@ impl NativeEngine {
     /// guard of its key) holds.
     fn gc_still_live(&self, loc: Loc, key: &[u8], seq: u64, tombstone: bool) -> bool {
         if tombstone {
-            self.tombstone_guards
-                .get(&key_hash(key))
-                .is_some_and(|guards| guards.iter().any(|(at, k)| *at == loc && **k == *key))
+            self.seqs.guards_at(loc, key)
         } else {
             self.index.entry(key).is_some_and(|entry| entry.loc == loc && entry.seq == seq)
         }
@@ -239,13 +238,13 @@ impl NativeEngine {
         let (new_slot, overwritten) = self.allocate(SizeClass::get(class), None)?;
         let loc = Loc::new(class, new_slot, 0);
         let bytes = super::format::record_bytes(key.len(), value.len()) as u64;
-        self.flight_begin(&key);
+        self.seqs.flight_begin(&key);
         let write = self.new_write(
             loc,
             overwritten,
             Effect::Moved { key: key.clone(), seq, from, tombstone, bytes },
         );
-        let watermark = self.durable_watermark();
+        let watermark = self.seqs.durable_watermark();
         let kind = if tombstone { RecordKind::Tombstone } else { RecordKind::Put };
         self.place(write, loc, kind, seq, watermark, &key, &value);
         self.gc_moves_in_flight += 1;
@@ -264,7 +263,7 @@ impl NativeEngine {
     ) {
         self.gc_moves_in_flight -= 1;
         // Not `applied`: whether the copy is live is the index's word (below), not the flight's.
-        self.flight_end(key, seq, false);
+        self.seqs.flight_end(key, seq, false);
         let hash = key_hash(key);
         // A put left behind is a stale copy of its key until its slot is written again.
         let tag = (!tombstone).then_some(hash);
@@ -274,11 +273,8 @@ impl NativeEngine {
             let covered = tombstone
                 || self.is_poisoned()
                 || self.index.contains(key)
-                || self.flights.contains_key(key)
-                || self
-                    .tombstone_guards
-                    .get(&hash)
-                    .is_some_and(|guards| guards.iter().any(|(_, k)| **k == *key));
+                || self.seqs.in_flight(key)
+                || self.seqs.guards_key(key);
             assert!(
                 covered,
                 "shard {}: the collector's copy of a deleted key at {to:?} outlived the key's \
@@ -287,9 +283,7 @@ impl NativeEngine {
             );
             self.release_slot(to, tag, false);
         } else if tombstone {
-            let guards = self.tombstone_guards.get_mut(&hash).expect("checked live above");
-            let guard = guards.iter_mut().find(|(at, k)| *at == from && **k == *key);
-            guard.expect("checked live above").0 = to;
+            self.seqs.move_guard(key, from, to);
             self.release_slot(from, tag, false);
         } else {
             let old = self.index.insert(key, to, seq);
@@ -311,7 +305,7 @@ impl NativeEngine {
     /// A move's write failed (the store is poisoned): nothing moved.
     pub(super) fn gc_move_failed(&mut self, key: &[u8], seq: u64) {
         self.gc_moves_in_flight -= 1;
-        self.flight_end(key, seq, false);
+        self.seqs.flight_end(key, seq, false);
         self.release_guards(key_hash(key));
     }
 

@@ -38,6 +38,7 @@ pub mod placement;
 mod read;
 pub mod recovery;
 mod scrub;
+mod seqs;
 mod write;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -58,6 +59,7 @@ use index::Index;
 use io::Io;
 use pages::Pages;
 use placement::{AppendClass, Placement};
+use seqs::Seqs;
 
 type WriteId = u64;
 type Key = Box<[u8]>;
@@ -168,13 +170,6 @@ struct PendingWrite {
     effect: Effect,
 }
 
-/// Writes of one key that are in flight (invariant 5).
-#[derive(Default)]
-struct Flight {
-    in_flight: u32,
-    applied_seq: u64,
-}
-
 enum DirectRead {
     Get { key: Vec<u8>, loc: Loc, reply: Reply<Option<Vec<u8>>, ReadError> },
     ScanItem { scan: u64, item: usize, loc: Loc },
@@ -228,22 +223,13 @@ pub struct NativeEngine {
     free: Vec<FreeList>,
     index: Index,
     pages: Pages,
-    next_seq: u64,
+    seqs: Seqs,
 
     writes: BTreeMap<WriteId, PendingWrite>,
     next_write_id: WriteId,
     awaiting_flush: Vec<WriteId>,
     flush_waiters: Vec<(WriteId, Reply<(), WriteError>)>,
 
-    flights: HashMap<Key, Flight>,
-    /// Sequence numbers handed out whose records are not yet durable (count of holders). Every
-    /// record carries the durable watermark (below the smallest of these) so that recovery can
-    /// tell a damaged record that was once durable (bit rot) from a torn in-flight write.
-    unfinished_seqs: BTreeMap<u64, u32>,
-    next_seq_at_open: u64,
-    stale_counts: HashMap<u64, u32>,
-    /// Tombstones kept (with their keys) until no older copy of the key can remain on disk.
-    tombstone_guards: HashMap<u64, Vec<(Loc, Key)>>,
     /// Frees that found every chain of their class busy; retried each round (already counted).
     deferred_frees: VecDeque<(Loc, Option<u64>, bool, Option<ErasedRecord>)>,
     batches: HashMap<u64, batch::BatchState>,
@@ -292,16 +278,11 @@ impl NativeEngine {
             free: (0..CLASS_COUNT).map(|_| FreeList::default()).collect(),
             index: Index::default(),
             pages: Pages::new(config.shard_id, config.cache_pages),
-            next_seq: 1,
+            seqs: Seqs::new(),
             writes: BTreeMap::new(),
             next_write_id: 1,
             awaiting_flush: Vec::new(),
             flush_waiters: Vec::new(),
-            flights: HashMap::default(),
-            unfinished_seqs: BTreeMap::new(),
-            next_seq_at_open: 0,
-            stale_counts: HashMap::default(),
-            tombstone_guards: HashMap::default(),
             deferred_frees: VecDeque::new(),
             batches: HashMap::default(),
             next_batch_id: 1,
@@ -313,7 +294,7 @@ impl NativeEngine {
             recovery: RecoveryStats::default(),
         };
         engine.recover(progress)?;
-        engine.next_seq_at_open = engine.next_seq;
+        engine.seqs.mark_open();
         // Replayed batches must be applied before the shard answers anyone. A replay that failed
         // forgets its batch (even the last one), so the poison is what says the open failed:
         // the batch's keys are not applied, and a poisoned store refuses every write.
@@ -333,14 +314,14 @@ impl NativeEngine {
     /// Records, durably, that every write so far is durable: recovery then treats any damaged
     /// record up to here as rot rather than as a torn write.
     fn write_watermark_record(&mut self) -> Result<(), WriteError> {
-        if self.next_seq == self.next_seq_at_open {
+        if !self.seqs.written_since_open() {
             // Nothing written since open: the records on disk are what recovery saw.
             return Ok(());
         }
         let class = format::SizeClass::get(0);
-        let watermark = self.durable_watermark();
+        let watermark = self.seqs.durable_watermark();
         let (slot, overwritten) = self.allocate(class, None)?;
-        let seq = self.take_seq();
+        let seq = self.seqs.take();
         let loc = Loc::new(class.id, slot, 0);
         let write = self.new_write(loc, overwritten, Effect::Watermark);
         // Every write is durable and applied (the shard is idle): the index is what the disk
@@ -594,39 +575,10 @@ impl NativeEngine {
             device: self.io.device.stats(),
             recovery: self.recovery.clone(),
             classes,
-            tombstones_held: self.tombstone_guards.values().map(|locs| locs.len() as u64).sum(),
+            tombstones_held: self.seqs.tombstones_held(),
             parts_held: self.parts.len() as u64,
         }
     }
-}
-
-impl NativeEngine {
-    /// Every sequence number up to this one belongs to a record that is durable (or to nothing
-    /// on disk). Written into each record's `aux`.
-    fn durable_watermark(&self) -> u64 {
-        match self.unfinished_seqs.keys().next() {
-            Some(&oldest) => oldest - 1,
-            None => self.next_seq - 1,
-        }
-    }
-
-    fn hold_seq(&mut self, seq: u64) {
-        *self.unfinished_seqs.entry(seq).or_default() += 1;
-    }
-
-    fn finish_seq(&mut self, seq: u64) {
-        let holders =
-            self.unfinished_seqs.get_mut(&seq).expect("finishing a sequence number never held");
-        *holders -= 1;
-        if *holders == 0 {
-            self.unfinished_seqs.remove(&seq);
-        }
-    }
-}
-
-/// The hash under which stale copies of a key are counted (invariant 4).
-fn key_hash(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(key, 0x5741_4c45)
 }
 
 /// The native engine is a shard engine (the contract: `engine::ShardEngine`).

@@ -101,8 +101,8 @@ impl NativeEngine {
                 return;
             }
         };
-        let seq = self.take_seq();
-        self.hold_seq(seq);
+        let seq = self.seqs.take();
+        self.seqs.hold(seq);
         self.parts.insert(
             gsn,
             Part {
@@ -115,13 +115,13 @@ impl NativeEngine {
             },
         );
         let write = self.new_write(loc, overwritten, Effect::PartPrepared { gsn, seq });
-        let watermark = self.durable_watermark();
+        let watermark = self.seqs.durable_watermark();
         self.place(write, loc, RecordKind::Part, seq, watermark, &[], &value);
     }
 
     /// The prepared record is durable: so is the part.
     pub(super) fn part_prepared(&mut self, gsn: u64, seq: u64, loc: Loc) {
-        self.finish_seq(seq);
+        self.seqs.finish(seq);
         let part = self.parts.get_mut(&gsn).expect("a prepared record of an unknown part");
         assert_eq!(part.stage, Stage::Preparing);
         part.stage = Stage::Prepared;

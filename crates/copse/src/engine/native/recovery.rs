@@ -16,7 +16,8 @@ use super::format::{
     peek_damaged_unkeyed, shard_dir, DamagedRecord, LiveDigest, Loc, RecordKind, RecordLayout,
     SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
 };
-use super::{key_hash, ClassFile, NativeEngine};
+use super::seqs::key_hash;
+use super::{ClassFile, NativeEngine};
 use crate::device::{
     read_sync, AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest,
 };
@@ -628,14 +629,14 @@ impl NativeEngine {
             .chain(found.damaged_unkeyed.values().copied())
             .max()
             .unwrap_or(0);
-        self.next_seq = found.max_seq.max(damaged_seq_max) + 1;
+        self.seqs.restart_above(found.max_seq.max(damaged_seq_max));
         let judged = found.judge_damaged();
         let replays = found.batch_replays();
         let parts = found.part_replays();
         let watermark_max = found.watermark_max;
         // A clean close's digest speaks for the disk only if nothing was written after it.
         let closed_cleanly_with = match found.last_watermark {
-            Some((seq, digest)) if seq + 1 == self.next_seq => digest,
+            Some((seq, digest)) if seq + 1 == self.seqs.next() => digest,
             _ => None,
         };
         let Found {
@@ -734,8 +735,8 @@ impl NativeEngine {
             }
         }
         for (hash, loc, key) in tombstones {
-            if self.stale_counts.contains_key(&hash) || self.flights.contains_key(&key) {
-                self.tombstone_guards.entry(hash).or_default().push((loc.slot_only(), key));
+            if self.seqs.has_stale(hash) || self.seqs.in_flight(&key) {
+                self.seqs.guard(hash, loc.slot_only(), key);
             } else {
                 self.release_slot(loc.slot_only(), None, false);
             }

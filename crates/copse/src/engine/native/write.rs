@@ -12,9 +12,10 @@ use super::format::{
     SizeClass, SlabHeader, SLAB_FORMAT_VERSION,
 };
 use super::pages::{PageWaiter, Pages};
+use super::seqs::key_hash;
 use super::{
-    key_hash, ClassFile, Effect, ErasedRecord, Flight, IoPurpose, NativeEngine, Origin, PageKey,
-    PendingWrite, WriteId,
+    ClassFile, Effect, ErasedRecord, IoPurpose, NativeEngine, Origin, PageKey, PendingWrite,
+    WriteId,
 };
 use crate::device::{AlignedBuf, FaultPoint, IoKind, IoRequest};
 use crate::engine::Reply;
@@ -32,7 +33,7 @@ impl NativeEngine {
             return;
         }
         // Nothing durable and nothing in flight: there is nothing a tombstone could hide.
-        if !self.index.contains(&key) && !self.flights.contains_key(&key[..]) {
+        if !self.index.contains(&key) && !self.seqs.in_flight(&key) {
             let _ = reply.send(Ok(false));
             return;
         }
@@ -76,15 +77,15 @@ impl NativeEngine {
         };
         // A batch member shares (and is held by) its batch's sequence number.
         let seq = seq.unwrap_or_else(|| {
-            let seq = self.take_seq();
-            self.hold_seq(seq);
+            let seq = self.seqs.take();
+            self.seqs.hold(seq);
             seq
         });
         self.user_bytes_written[loc.class() as usize] += (key.len() + value.len()) as u64;
         let key: Box<[u8]> = key.into();
         if !matches!(origin, Origin::Batch(_)) {
             // A batch registered its keys when it took its sequence number.
-            self.flight_begin(&key);
+            self.seqs.flight_begin(&key);
         }
         let write = self.new_write(
             loc,
@@ -94,14 +95,8 @@ impl NativeEngine {
                 _ => Effect::Tombstone { key: key.clone(), seq, origin },
             },
         );
-        let watermark = self.durable_watermark();
+        let watermark = self.seqs.durable_watermark();
         self.place(write, loc, kind, seq, watermark, &key, &value);
-    }
-
-    pub(super) fn take_seq(&mut self) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        seq
     }
 
     pub(super) fn new_write(
@@ -114,30 +109,6 @@ impl NativeEngine {
         self.next_write_id += 1;
         self.writes.insert(id, PendingWrite { reaped_through: None, loc, overwritten, effect });
         id
-    }
-
-    pub(super) fn flight_begin(&mut self, key: &[u8]) {
-        match self.flights.get_mut(key) {
-            Some(flight) => flight.in_flight += 1,
-            None => {
-                self.flights.insert(key.into(), Flight { in_flight: 1, applied_seq: 0 });
-            }
-        }
-    }
-
-    /// Ends one in-flight write of `key`; returns whether `seq` is the newest applied so far.
-    pub(super) fn flight_end(&mut self, key: &[u8], seq: u64, applied: bool) -> bool {
-        let flight = self.flights.get_mut(key).expect("a write of a key with no flight");
-        assert!(flight.in_flight > 0);
-        flight.in_flight -= 1;
-        let newest = applied && seq > flight.applied_seq;
-        if newest {
-            flight.applied_seq = seq;
-        }
-        if flight.in_flight == 0 {
-            self.flights.remove(key);
-        }
-        newest
     }
 
     /// Allocates the slot for a record of `key` with a value of `value_bytes`.
@@ -432,12 +403,12 @@ impl NativeEngine {
                 self.batch_member_durable(batch, key, seq, loc, RecordKind::Tombstone)
             }
             Effect::Put { key, seq, origin } => {
-                self.finish_seq(seq);
+                self.seqs.finish(seq);
                 self.apply_put(&key, seq, loc);
                 Self::answer(origin, Ok(()), false);
             }
             Effect::Tombstone { key, seq, origin } => {
-                self.finish_seq(seq);
+                self.seqs.finish(seq);
                 let existed = self.apply_tombstone(&key, seq, loc);
                 Self::answer(origin, Ok(()), existed);
             }
@@ -445,7 +416,7 @@ impl NativeEngine {
             Effect::Watermark => {}
             Effect::Erase { chain, retires } => {
                 if let Some(seq) = retires {
-                    self.finish_seq(seq);
+                    self.seqs.finish(seq);
                 }
                 self.erased(loc, chain)
             }
@@ -472,10 +443,10 @@ impl NativeEngine {
         let nothing_on_disk = !self.is_poisoned();
         match effect {
             Effect::Put { key, seq, origin } | Effect::Tombstone { key, seq, origin } => {
-                self.flight_end(&key, seq, false);
+                self.seqs.flight_end(&key, seq, false);
                 self.release_guards(key_hash(&key));
                 if nothing_on_disk && !matches!(origin, Origin::Batch(_)) {
-                    self.finish_seq(seq);
+                    self.seqs.finish(seq);
                 }
                 match origin {
                     Origin::Batch(batch) => self.batch_member_failed(batch, err),
@@ -505,7 +476,7 @@ impl NativeEngine {
             }
             Effect::PartPrepared { gsn, seq } => {
                 if nothing_on_disk {
-                    self.finish_seq(seq);
+                    self.seqs.finish(seq);
                 }
                 self.part_prepare_failed(gsn, err);
             }
@@ -528,7 +499,7 @@ impl NativeEngine {
     /// A put of `key` at `loc` is durable: it becomes live unless a newer write already is.
     pub(super) fn apply_put(&mut self, key: &[u8], seq: u64, loc: Loc) {
         let hash = key_hash(key);
-        if self.flight_end(key, seq, true) {
+        if self.seqs.flight_end(key, seq, true) {
             if let Some(old) = self.index.insert(key, loc, seq) {
                 // Invariant 5: only the newest completed write of a key is applied.
                 assert!(
@@ -542,7 +513,7 @@ impl NativeEngine {
             }
         } else {
             self.release_slot(loc.slot_only(), Some(hash), false);
-            if self.tombstone_guards.contains_key(&hash) {
+            if self.seqs.has_guards(hash) {
                 // Landed under a tombstone: erase it now, as the delete did the older copies.
                 self.erase_stale_copies(hash);
             }
@@ -552,7 +523,7 @@ impl NativeEngine {
 
     /// A tombstone of `key` at `loc` is durable. Returns whether a live item was deleted.
     pub(super) fn apply_tombstone(&mut self, key: &[u8], seq: u64, loc: Loc) -> bool {
-        if !self.flight_end(key, seq, true) {
+        if !self.seqs.flight_end(key, seq, true) {
             self.release_slot(loc.slot_only(), None, false);
             self.release_guards(key_hash(key));
             return false;
@@ -562,14 +533,14 @@ impl NativeEngine {
         if let Some(old) = old {
             self.release_slot(old.slot_only(), Some(hash), false);
         }
-        let stale_copies = self.stale_counts.get(&hash).copied().unwrap_or(0) > 0;
+        let stale_copies = self.seqs.has_stale(hash);
         // Older writes of the key still in flight will land as stale copies.
-        let older_in_flight = self.flights.contains_key(key);
+        let older_in_flight = self.seqs.in_flight(key);
         if stale_copies || older_in_flight {
             // The tombstone must outlive every older copy of the key on disk. Erase the copies
             // waiting in memory now rather than whenever their slots are reused: a deleted key
             // then leaves nothing behind that a damaged tombstone could let back.
-            self.tombstone_guards.entry(hash).or_default().push((loc.slot_only(), key.into()));
+            self.seqs.guard(hash, loc.slot_only(), key.into());
             self.erase_stale_copies(hash);
         } else {
             self.release_slot(loc.slot_only(), None, false);
@@ -581,7 +552,7 @@ impl NativeEngine {
     /// `erase` forces a free record over the slot before reuse (corrupt slots, batch records).
     pub(super) fn release_slot(&mut self, loc: Loc, tag: Option<u64>, erase: bool) {
         if let Some(hash) = tag {
-            *self.stale_counts.entry(hash).or_default() += 1;
+            self.seqs.count_stale(hash);
         }
         self.place_free(loc, tag, erase, None);
     }
@@ -599,7 +570,7 @@ impl NativeEngine {
     /// Erases a slot holding a torn record of sequence number `seq` (recovery): the watermark
     /// stays below `seq` until the erasure is durable.
     pub(super) fn erase_torn(&mut self, loc: Loc, seq: u64) {
-        self.hold_seq(seq);
+        self.seqs.hold(seq);
         self.write_free_record(loc, None, None, None, Some(seq));
     }
 
@@ -676,10 +647,7 @@ impl NativeEngine {
     /// A stale copy counted under `tag` is gone; tombstones waiting on it may go too.
     pub(super) fn release_tag(&mut self, tag: Option<u64>) {
         let Some(hash) = tag else { return };
-        let count = self.stale_counts.get_mut(&hash).expect("released a stale copy never counted");
-        *count -= 1;
-        if *count == 0 {
-            self.stale_counts.remove(&hash);
+        if self.seqs.release_stale(hash) {
             self.release_guards(hash);
         }
     }
@@ -688,16 +656,7 @@ impl NativeEngine {
     /// write of their key is still in flight (it would land as a stale copy with nothing above
     /// it). Called whenever either condition may have become true.
     pub(super) fn release_guards(&mut self, hash: u64) {
-        if self.stale_counts.contains_key(&hash) {
-            return;
-        }
-        let Some(tombstones) = self.tombstone_guards.remove(&hash) else { return };
-        let (waiting, free): (Vec<_>, Vec<_>) =
-            tombstones.into_iter().partition(|(_, key)| self.flights.contains_key(key));
-        if !waiting.is_empty() {
-            self.tombstone_guards.insert(hash, waiting);
-        }
-        for (tombstone, _) in free {
+        for tombstone in self.seqs.releasable_guards(hash) {
             self.release_slot(tombstone, None, false);
         }
     }
