@@ -134,7 +134,7 @@ impl NativeEngine {
                 continue;
             }
             self.gc_wanted = true;
-            let file = self.classes[class].as_ref().expect("an append class has a file");
+            let file = self.slabs.file(class as u8).expect("an append class has a file");
             let (fid, frontier_page) = (file.file, file.frontier_page);
             let mut reads = Vec::new();
             for &block in &blocks {
@@ -177,7 +177,7 @@ impl NativeEngine {
             }
             Ok(()) => {
                 let info = SizeClass::get(class);
-                let layout = self.layout_of(class);
+                let layout = self.slabs.layout_of(class);
                 let slot_bytes = info.slot_bytes as usize;
                 self.append[class as usize].as_mut().expect("append").figures.gc_bytes_read +=
                     completion.buf.len() as u64;

@@ -39,27 +39,27 @@ mod read;
 pub mod recovery;
 mod scrub;
 mod seqs;
+mod slabs;
 mod write;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use crate::hash::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::device::{BlockDevice, FaultPoint, FileId, IoCompletion, WriteDurability};
+use crate::device::{BlockDevice, FaultPoint, IoCompletion, WriteDurability};
 use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
 use crate::error::{OpenError, ReadError, WriteError};
-use crate::limits::PAGE_BYTES;
 
 use cache::PageKey;
-use format::{Loc, RecordLayout, SizeClass, CLASS_COUNT};
-use free_list::FreeList;
+use format::{Loc, SizeClass, CLASS_COUNT};
 use index::Index;
 use io::Io;
 use pages::Pages;
 use placement::{AppendClass, Placement};
 use seqs::Seqs;
+use slabs::Slabs;
 
 type WriteId = u64;
 type Key = Box<[u8]>;
@@ -82,22 +82,6 @@ pub struct EngineConfig {
     pub space_amplification_max: f64,
     /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     pub poisoned: Arc<AtomicBool>,
-}
-
-/// A slab file of one class.
-struct ClassFile {
-    file: FileId,
-    /// Slots at and past this index have never been handed out since the file was scanned.
-    next_append_slot: u64,
-    /// Pages at and past this one were never written (zero-filled): no read needed to fill them.
-    frontier_page: u64,
-    file_bytes: u64,
-    /// How its records are laid out (from its format version, which a file keeps for life).
-    layout: RecordLayout,
-    /// Append placement: pages [start, end) of the open block hold nothing live and were not
-    /// written since it was opened, so their image is zeros, no read needed. The start moves
-    /// past every page a record is placed in, whether its image was cached, read or zeroed.
-    fresh_pages: (u64, u64),
 }
 
 /// Who is waiting for a write, and what it does once durable.
@@ -197,13 +181,12 @@ enum IoPurpose {
 pub struct NativeEngine {
     shard_id: u32,
     io: Io,
-    slab_growth_bytes_min: u64,
     poisoned: Arc<AtomicBool>,
     placements: Vec<Placement>,
     append_block_pages: u32,
     space_amplification_max: f64,
 
-    classes: Vec<Option<ClassFile>>,
+    slabs: Slabs,
     /// Block accounting of each class in append placement (once its file is open).
     append: Vec<Option<AppendClass>>,
     /// The collection under way, if any, and the moves it has in flight.
@@ -216,11 +199,6 @@ pub struct NativeEngine {
     settle_waiters: Vec<Reply<(), WriteError>>,
     /// `close` was called: no new collection starts.
     closing: bool,
-    /// Per class: bytes the device was asked to write for it, and bytes of keys and values
-    /// users asked to write (write amplification is their ratio).
-    device_bytes_written: Vec<u64>,
-    user_bytes_written: Vec<u64>,
-    free: Vec<FreeList>,
     index: Index,
     pages: Pages,
     seqs: Seqs,
@@ -230,8 +208,6 @@ pub struct NativeEngine {
     awaiting_flush: Vec<WriteId>,
     flush_waiters: Vec<(WriteId, Reply<(), WriteError>)>,
 
-    /// Frees that found every chain of their class busy; retried each round (already counted).
-    deferred_frees: VecDeque<(Loc, Option<u64>, bool, Option<ErasedRecord>)>,
     batches: HashMap<u64, batch::BatchState>,
     next_batch_id: u64,
     /// Cross-shard parts from `PreparePart` (or recovery) until `ForgetPart`, by gsn.
@@ -257,7 +233,6 @@ impl NativeEngine {
         let mut engine = NativeEngine {
             shard_id: config.shard_id,
             io: Io::new(config.shard_id, device, config.io_depth_max),
-            slab_growth_bytes_min: config.slab_growth_bytes_min.max(PAGE_BYTES as u64),
             poisoned: config.poisoned,
             placements: {
                 assert_eq!(config.placements.len(), CLASS_COUNT);
@@ -265,7 +240,7 @@ impl NativeEngine {
             },
             append_block_pages: config.append_block_pages.max(1),
             space_amplification_max: config.space_amplification_max,
-            classes: (0..CLASS_COUNT).map(|_| None).collect(),
+            slabs: Slabs::new(config.slab_growth_bytes_min),
             append: (0..CLASS_COUNT).map(|_| None).collect(),
             gc: None,
             gc_moves_in_flight: 0,
@@ -273,9 +248,6 @@ impl NativeEngine {
             appended_this_round: 0,
             settle_waiters: Vec::new(),
             closing: false,
-            device_bytes_written: vec![0; CLASS_COUNT],
-            user_bytes_written: vec![0; CLASS_COUNT],
-            free: (0..CLASS_COUNT).map(|_| FreeList::default()).collect(),
             index: Index::default(),
             pages: Pages::new(config.shard_id, config.cache_pages),
             seqs: Seqs::new(),
@@ -283,7 +255,6 @@ impl NativeEngine {
             next_write_id: 1,
             awaiting_flush: Vec::new(),
             flush_waiters: Vec::new(),
-            deferred_frees: VecDeque::new(),
             batches: HashMap::default(),
             next_batch_id: 1,
             parts: HashMap::default(),
@@ -478,18 +449,6 @@ impl NativeEngine {
         }
     }
 
-    /// Where a slot starts: (file, byte offset of its first page).
-    fn slot_position(&self, loc: Loc) -> (FileId, u64) {
-        let class = SizeClass::get(loc.class());
-        let file = self.classes[loc.class() as usize].as_ref().expect("class file is open");
-        (file.file, class.page_of_slot(loc.slot()) * PAGE_BYTES as u64)
-    }
-
-    /// The record layout of a class's slab file (which must be open).
-    fn layout_of(&self, class: u8) -> RecordLayout {
-        self.classes[class as usize].as_ref().expect("class file is open").layout
-    }
-
     fn direct_read_done(&mut self, read: DirectRead, completion: IoCompletion) {
         if let Err(err) = completion.result {
             match read {
@@ -499,7 +458,9 @@ impl NativeEngine {
                 DirectRead::ScanItem { scan, .. } => {
                     self.scan_item_failed(scan, ReadError::Device(err))
                 }
-                DirectRead::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
+                DirectRead::ChainPop { class, chain, .. } => {
+                    self.slabs.free[class as usize].abort(chain)
+                }
             }
             return;
         }
@@ -531,12 +492,13 @@ impl NativeEngine {
     pub fn stats(&self) -> ShardStats {
         let mut classes = Vec::new();
         let mut file_bytes = 0;
-        for (id, file) in self.classes.iter().enumerate() {
-            let Some(file) = file else { continue };
-            let class = SizeClass::get(id as u8);
+        for (class_id, file) in self.slabs.files() {
+            let id = class_id as usize;
+            let class = SizeClass::get(class_id);
             file_bytes += file.file_bytes;
-            let free_in_memory = self.free[id].in_memory() as u64;
-            let free_on_disk = self.free[id].on_disk();
+            let free_in_memory = self.slabs.free[id].in_memory() as u64;
+            let free_on_disk = self.slabs.free[id].on_disk();
+            let (device_bytes_written, user_bytes_written) = self.slabs.written(class_id);
             let slot_bytes = class.slot_bytes as u64;
             let (live_slots, dead_slots, append) = match &self.append[id] {
                 Some(append) => {
@@ -559,8 +521,8 @@ impl NativeEngine {
                 live_bytes: live_slots * slot_bytes,
                 dead_bytes: dead_slots * slot_bytes,
                 append,
-                device_bytes_written: self.device_bytes_written[id],
-                user_bytes_written: self.user_bytes_written[id],
+                device_bytes_written,
+                user_bytes_written,
             });
         }
         ShardStats {
@@ -662,7 +624,7 @@ impl ShardEngine for NativeEngine {
             && self.pages.is_clean()
             && self.awaiting_flush.is_empty()
             && self.flush_waiters.is_empty()
-            && self.deferred_frees.is_empty()
+            && !self.slabs.has_deferred_frees()
             && !self.scrub_running()
             && self.gc.is_none()
             && self.settle_waiters.is_empty()

@@ -151,7 +151,7 @@ impl NativeEngine {
     /// Registers a waiter for a page image, reading the page if no read is under way.
     pub(super) fn wait_page(&mut self, page: PageKey, waiter: PageWaiter) {
         if self.pages.wait(page, waiter) {
-            let file = self.classes[page.0 as usize].as_ref().expect("class file is open").file;
+            let file = self.slabs.file_of(page.0);
             self.io.queue(
                 IoKind::Read,
                 file,
@@ -212,7 +212,9 @@ impl NativeEngine {
             PageWaiter::ScanItem { scan, .. } => {
                 self.scan_item_failed(scan, ReadError::Device(err.clone()))
             }
-            PageWaiter::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
+            PageWaiter::ChainPop { class, chain, .. } => {
+                self.slabs.free[class as usize].abort(chain)
+            }
         }
     }
 }

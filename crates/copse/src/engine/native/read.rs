@@ -46,7 +46,7 @@ impl NativeEngine {
         }
         let page = Pages::page_of(loc);
         let shard_id = self.shard_id;
-        let layout = self.layout_of(loc.class());
+        let layout = self.slabs.layout_of(loc.class());
         let Some(image) = self.pages.cache.lookup(page) else { return Resolved::NeedPage(page) };
         let offset = class.offset_in_page(loc.slot());
         let bytes = &image[offset..offset + class.slot_bytes as usize];
@@ -74,7 +74,7 @@ impl NativeEngine {
 
     /// Reads a multi-page record: exactly the pages it uses, in one I/O.
     fn read_record(&mut self, loc: Loc, read: DirectRead) {
-        let (file, offset) = self.slot_position(loc);
+        let (file, offset) = self.slabs.slot_position(loc);
         let pages = loc.pages_used().max(1) as usize;
         self.io.queue(
             IoKind::Read,
@@ -201,7 +201,15 @@ impl NativeEngine {
         seq: u64,
     ) -> Result<Vec<u8>, ReadError> {
         let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        verify_value(bytes, self.layout_of(loc.class()), self.shard_id, loc, slot_bytes, key, seq)
+        verify_value(
+            bytes,
+            self.slabs.layout_of(loc.class()),
+            self.shard_id,
+            loc,
+            slot_bytes,
+            key,
+            seq,
+        )
     }
 }
 

@@ -17,7 +17,8 @@ use super::format::{
     SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
 };
 use super::seqs::key_hash;
-use super::{ClassFile, NativeEngine};
+use super::slabs::ClassFile;
+use super::NativeEngine;
 use crate::device::{
     read_sync, AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest,
 };
@@ -599,19 +600,8 @@ impl NativeEngine {
         }
         for (class, file, file_bytes, layout) in scanned_classes {
             let next_append_slot = found.frontier[class.id as usize];
-            let frontier_page = if class.is_multi_page() {
-                class.page_of_slot(next_append_slot)
-            } else {
-                1 + next_append_slot.div_ceil(class.slots_per_page as u64)
-            };
-            self.classes[class.id as usize] = Some(ClassFile {
-                file,
-                next_append_slot,
-                frontier_page,
-                file_bytes,
-                layout,
-                fresh_pages: (0, 0),
-            });
+            let scanned = ClassFile::scanned(class, file, file_bytes, layout, next_append_slot);
+            self.slabs.add_file(class.id, scanned);
             self.open_placement(class, file_bytes, next_append_slot);
         }
         self.io.device.fault_point(FaultPoint::RecoveryScanned)?;

@@ -7,20 +7,16 @@
 //! the next) → durable → applied: the index points at the new slot and the old slot is freed,
 //! or, if a newer write of the key was applied first, the new slot itself is freed.
 
-use super::format::{
-    encode_record, encode_slab_header, pages_for, record_bytes, Loc, RecordKind, RecordLayout,
-    SizeClass, SlabHeader, SLAB_FORMAT_VERSION,
-};
+use super::format::{encode_record, record_bytes, Loc, RecordKind, SizeClass};
 use super::pages::{PageWaiter, Pages};
 use super::seqs::key_hash;
 use super::{
-    ClassFile, Effect, ErasedRecord, IoPurpose, NativeEngine, Origin, PageKey, PendingWrite,
-    WriteId,
+    Effect, ErasedRecord, IoPurpose, NativeEngine, Origin, PageKey, PendingWrite, WriteId,
 };
-use crate::device::{AlignedBuf, FaultPoint, IoKind, IoRequest};
+use crate::device::{AlignedBuf, IoKind};
 use crate::engine::Reply;
 use crate::error::WriteError;
-use crate::limits::{PAGE_BYTES, SLAB_GROWTH_DIVISOR};
+use crate::limits::PAGE_BYTES;
 
 impl NativeEngine {
     pub(super) fn put(&mut self, key: Vec<u8>, value: Vec<u8>, origin: Origin, seq: Option<u64>) {
@@ -81,7 +77,7 @@ impl NativeEngine {
             self.seqs.hold(seq);
             seq
         });
-        self.user_bytes_written[loc.class() as usize] += (key.len() + value.len()) as u64;
+        self.slabs.count_user_write(loc.class(), (key.len() + value.len()) as u64);
         let key: Box<[u8]> = key.into();
         if !matches!(origin, Origin::Batch(_)) {
             // A batch registered its keys when it took its sequence number.
@@ -111,153 +107,6 @@ impl NativeEngine {
         id
     }
 
-    /// Allocates the slot for a record of `key` with a value of `value_bytes`.
-    pub(super) fn allocate_for(
-        &mut self,
-        key: &[u8],
-        value_bytes: usize,
-    ) -> Result<(Loc, Option<u64>), WriteError> {
-        let bytes = record_bytes(key.len(), value_bytes);
-        let class = SizeClass::for_record(bytes);
-        let near = self.index.get(key);
-        let (slot, overwritten) = self.allocate(class, near)?;
-        let pages = if class.is_multi_page() { pages_for(bytes) } else { 0 };
-        Ok((Loc::new(class.id, slot, pages), overwritten))
-    }
-
-    /// Finds a slot for a record of `class`. In place: beside `near` if its cached page has a
-    /// free slot, else the most recently freed slot, else a new slot at the end of the file
-    /// (growing it). Appended: the next slot of the open block. Returns the slot and the stale
-    /// key hash of what it held.
-    pub(super) fn allocate(
-        &mut self,
-        class: SizeClass,
-        near: Option<Loc>,
-    ) -> Result<(u64, Option<u64>), WriteError> {
-        self.ensure_class_file(class)?;
-        if self.append[class.id as usize].is_some() {
-            return self.allocate_appended(class);
-        }
-        let free = &mut self.free[class.id as usize];
-        if let Some(near) = near.filter(|near| near.class() == class.id && !class.is_multi_page()) {
-            let page = class.page_of_slot(near.slot());
-            if self.pages.cache.contains((class.id, page)) {
-                let first = class.first_slot_of_page(page);
-                for slot in first..first + class.slots_per_page as u64 {
-                    if let Some(tag) = free.take(slot) {
-                        return Ok((slot, tag));
-                    }
-                }
-            }
-        }
-        if let Some(found) = free.pop() {
-            return Ok(found);
-        }
-        let file = self.classes[class.id as usize].as_ref().expect("ensured above");
-        let slot = file.next_append_slot;
-        self.grow_for_slot(class, slot, slot + 1)?;
-        let file = self.classes[class.id as usize].as_mut().expect("ensured above");
-        file.next_append_slot += 1;
-        Ok((slot, None))
-    }
-
-    /// The next slot of the open block of an append class, growing the file to hold its block.
-    fn allocate_appended(&mut self, class: SizeClass) -> Result<(u64, Option<u64>), WriteError> {
-        let append = self.append[class.id as usize].as_ref().expect("an append class");
-        let next = append.peek();
-        let block_end_slot = (next.slot / append.slots_per_block() + 1) * append.slots_per_block();
-        self.grow_for_slot(class, next.slot, block_end_slot)?;
-        let file = self.classes[class.id as usize].as_mut().expect("ensured by the caller");
-        let append = self.append[class.id as usize].as_mut().expect("an append class");
-        append.cover(class.slots_in_file(file.file_bytes));
-        let (slot, tag) = append.take();
-        assert_eq!(slot, next.slot);
-        if let Some(pages) = next.opens {
-            file.fresh_pages = pages;
-        }
-        file.next_append_slot = file.next_append_slot.max(slot + 1);
-        self.appended_this_round += 1;
-        Ok((slot, tag))
-    }
-
-    /// Grows the class's file, if `slot` lies past its end, by a growth step and to hold at
-    /// least `slots` slots.
-    fn grow_for_slot(&mut self, class: SizeClass, slot: u64, slots: u64) -> Result<(), WriteError> {
-        let file = self.classes[class.id as usize].as_mut().expect("class file is open");
-        if slot < class.slots_in_file(file.file_bytes) {
-            return Ok(());
-        }
-        let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(self.slab_growth_bytes_min);
-        let wanted = (file.file_bytes + growth)
-            .max(class.file_bytes_for_slots(slots))
-            .next_multiple_of(PAGE_BYTES as u64);
-        self.io
-            .device
-            .grow_file(file.file, wanted)
-            .and_then(|()| self.io.device.fault_point(FaultPoint::SlabFileGrown))
-            .map_err(WriteError::from_device)?;
-        file.file_bytes = wanted;
-        assert!(slot < class.slots_in_file(wanted));
-        Ok(())
-    }
-
-    /// Opens (creating, with its header page written durably) the slab file of a class.
-    pub(super) fn ensure_class_file(&mut self, class: SizeClass) -> Result<(), WriteError> {
-        if self.classes[class.id as usize].is_some() {
-            return Ok(());
-        }
-        let name = class.file_name(self.shard_id);
-        let file = self.io.device.open_file(&name, true).map_err(WriteError::from_device)?;
-        self.initialize_class_file(class, file).map_err(WriteError::from_device)?;
-        Ok(())
-    }
-
-    /// Writes the header page of a new (or never initialized) slab file and records the file.
-    pub(super) fn initialize_class_file(
-        &mut self,
-        class: SizeClass,
-        file: crate::device::FileId,
-    ) -> Result<(), crate::device::DeviceError> {
-        let file_bytes = class.file_bytes_for_slots(0).max(self.slab_growth_bytes_min);
-        self.io.device.grow_file(file, file_bytes)?;
-        self.io.device.fault_point(FaultPoint::SlabFileCreatedBeforeHeader)?;
-        self.write_slab_header(class, file)?;
-        self.classes[class.id as usize] = Some(ClassFile {
-            file,
-            next_append_slot: 0,
-            frontier_page: 1,
-            file_bytes,
-            layout: RecordLayout::current(),
-            fresh_pages: (0, 0),
-        });
-        self.open_placement(class, file_bytes, 0);
-        Ok(())
-    }
-
-    /// Writes a slab file's header page (this build's format) and makes it durable: before any
-    /// record of the file is written, and again by recovery when a device lost it.
-    pub(super) fn write_slab_header(
-        &mut self,
-        class: SizeClass,
-        file: crate::device::FileId,
-    ) -> Result<(), crate::device::DeviceError> {
-        let mut page = AlignedBuf::zeroed(PAGE_BYTES);
-        encode_slab_header(
-            &mut page,
-            &SlabHeader {
-                format_version: SLAB_FORMAT_VERSION,
-                class_id: class.id,
-                slot_bytes: class.slot_bytes,
-                slots_per_page: class.slots_per_page,
-                pages_per_slot: class.pages_per_slot,
-                shard_id: self.shard_id,
-            },
-        );
-        let token = self.io.take_token();
-        self.io.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
-        self.io.device.flush()
-    }
-
     /// Encodes a record into its slot: straight into an I/O buffer for multi-page classes,
     /// into the page image for in-page classes.
     #[allow(clippy::too_many_arguments)]
@@ -273,14 +122,14 @@ impl NativeEngine {
     ) {
         let class = SizeClass::get(loc.class());
         let bytes = record_bytes(key.len(), value.len());
-        let layout = self.layout_of(loc.class());
+        let layout = self.slabs.layout_of(loc.class());
         if class.is_multi_page() {
             let pages = loc.pages_used().max(1) as usize;
             assert!(bytes <= pages * PAGE_BYTES);
             let mut buf = AlignedBuf::zeroed(pages * PAGE_BYTES);
             encode_record(&mut buf, layout, self.shard_id, loc, kind, seq, aux, key, value);
-            self.device_bytes_written[loc.class() as usize] += buf.len() as u64;
-            let (file, offset) = self.slot_position(loc);
+            self.slabs.count_device_write(loc.class(), buf.len() as u64);
+            let (file, offset) = self.slabs.slot_position(loc);
             self.io.queue(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
         } else {
             let mut record = vec![0u8; bytes];
@@ -301,22 +150,15 @@ impl NativeEngine {
         // found (cached, being read, or zeros): once it may be written, a later miss must read
         // it back. (Moving the start only on a miss let a page imaged from the cache be zeroed
         // after its eviction, wiping a live record: simulator seed 9188.)
-        let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
-        let (fresh_start, fresh_end) = file.fresh_pages;
-        let fresh = (fresh_start..fresh_end).contains(&page.1);
-        if fresh {
-            file.fresh_pages.0 = page.1 + 1;
-        }
+        let fresh = self.slabs.open_file(page.0).take_fresh(page.1);
         if self.pages.is_loading(page) {
             self.pages.join_read(page, PageWaiter::Place { write, offset, record });
             return;
         }
         if !self.pages.cache.contains(page) {
-            let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
-            if page.1 >= file.frontier_page || fresh {
+            if self.slabs.open_file(page.0).image_is_zeros(page.1, fresh) {
                 // Never written, or in the part of an open block nothing was written to since
                 // it was opened: its image is zeros, no read needed.
-                file.frontier_page = file.frontier_page.max(page.1 + 1);
                 self.pages.cache.insert(page, &[0u8; PAGE_BYTES]);
             } else {
                 self.wait_page(page, PageWaiter::Place { write, offset, record });
@@ -369,8 +211,8 @@ impl NativeEngine {
             self.pages.begin_write(page);
             self.scrub_page_written(page);
         }
-        self.device_bytes_written[first.0 as usize] += buf.len() as u64;
-        let file = self.classes[first.0 as usize].as_ref().expect("class file is open").file;
+        self.slabs.count_device_write(first.0, buf.len() as u64);
+        let file = self.slabs.file_of(first.0);
         self.io.queue(
             IoKind::Write,
             file,
@@ -457,7 +299,7 @@ impl NativeEngine {
             Effect::Watermark => {}
             Effect::Erase { chain, .. } => {
                 if let Some(chain) = chain {
-                    self.free[loc.class() as usize].abort(chain);
+                    self.slabs.free[loc.class() as usize].abort(chain);
                 }
             }
             Effect::RecordErased { owner, chain } => {
@@ -471,7 +313,7 @@ impl NativeEngine {
                     ErasedRecord::Part(gsn) => self.part_erase_failed(gsn, err),
                 }
                 if let Some(chain) = chain {
-                    self.free[loc.class() as usize].abort(chain);
+                    self.slabs.free[loc.class() as usize].abort(chain);
                 }
             }
             Effect::PartPrepared { gsn, seq } => {
@@ -546,180 +388,5 @@ impl NativeEngine {
             self.release_slot(loc.slot_only(), None, false);
         }
         old.is_some()
-    }
-
-    /// Frees a slot. `tag` is the hash of the key whose stale copy the slot still holds.
-    /// `erase` forces a free record over the slot before reuse (corrupt slots, batch records).
-    pub(super) fn release_slot(&mut self, loc: Loc, tag: Option<u64>, erase: bool) {
-        if let Some(hash) = tag {
-            self.seqs.count_stale(hash);
-        }
-        self.place_free(loc, tag, erase, None);
-    }
-
-    /// Writes free records over the in-memory free slots that hold a stale copy under `hash`
-    /// (each stays counted until its erasure is durable).
-    fn erase_stale_copies(&mut self, hash: u64) {
-        for class in 0..self.free.len() {
-            for slot in self.free[class].take_tagged(hash) {
-                self.place_free(Loc::new(class as u8, slot, 0), Some(hash), true, None);
-            }
-        }
-    }
-
-    /// Erases a slot holding a torn record of sequence number `seq` (recovery): the watermark
-    /// stays below `seq` until the erasure is durable.
-    pub(super) fn erase_torn(&mut self, loc: Loc, seq: u64) {
-        self.seqs.hold(seq);
-        self.write_free_record(loc, None, None, None, Some(seq));
-    }
-
-    /// Puts an (already counted) free slot in memory, or writes its free record.
-    pub(super) fn place_free(
-        &mut self,
-        loc: Loc,
-        tag: Option<u64>,
-        erase: bool,
-        owner: Option<ErasedRecord>,
-    ) {
-        if let Some(append) = self.append[loc.class() as usize].as_mut() {
-            // Append placement: a freed slot is dead in its block until the block is reused;
-            // an erasure is written in place first (it changes no live record).
-            if !erase && owner.is_none() {
-                append.release(loc.slot(), tag);
-            } else {
-                self.write_free_record(loc, tag, None, owner, None);
-            }
-            return;
-        }
-        let free = &mut self.free[loc.class() as usize];
-        if !erase && owner.is_none() && free.has_room() {
-            free.push(loc.slot(), tag);
-            return;
-        }
-        let (chain, next) = if free.has_room() {
-            (None, None)
-        } else {
-            match free.begin_push() {
-                Some((chain, head)) => (Some(chain), head),
-                None => {
-                    self.deferred_frees.push_back((loc, tag, erase, owner));
-                    return;
-                }
-            }
-        };
-        self.write_free_record(loc, tag, chain.map(|chain| (chain, next)), owner, None);
-    }
-
-    /// Writes a free record over `loc` (pointing to `next` when pushed onto `chain`).
-    fn write_free_record(
-        &mut self,
-        loc: Loc,
-        tag: Option<u64>,
-        chain: Option<(usize, Option<u64>)>,
-        owner: Option<ErasedRecord>,
-        retires: Option<u64>,
-    ) {
-        let next = chain.and_then(|(_, next)| next);
-        let chain = chain.map(|(chain, _)| chain);
-        let effect = match owner {
-            Some(owner) => Effect::RecordErased { owner, chain },
-            None => Effect::Erase { chain, retires },
-        };
-        let write = self.new_write(loc.slot_only(), tag, effect);
-        let aux = next.map_or(0, |slot| slot + 1);
-        self.place(write, loc.slot_only(), RecordKind::Free, 0, aux, &[], &[]);
-    }
-
-    /// Erases a finished batch record; its keys are released when the erasure is durable.
-    pub(super) fn erase_batch_record(&mut self, loc: Loc, batch: u64) {
-        self.place_free(loc.slot_only(), None, true, Some(ErasedRecord::Batch(batch)));
-    }
-
-    /// A free record is durable: the slot is free.
-    fn erased(&mut self, loc: Loc, chain: Option<usize>) {
-        match chain {
-            Some(chain) => self.free[loc.class() as usize].end_push(chain, loc.slot()),
-            None => self.place_free(loc.slot_only(), None, false, None),
-        }
-    }
-
-    /// A stale copy counted under `tag` is gone; tombstones waiting on it may go too.
-    pub(super) fn release_tag(&mut self, tag: Option<u64>) {
-        let Some(hash) = tag else { return };
-        if self.seqs.release_stale(hash) {
-            self.release_guards(hash);
-        }
-    }
-
-    /// Frees the tombstones kept for `hash` once no stale copy under it remains and no older
-    /// write of their key is still in flight (it would land as a stale copy with nothing above
-    /// it). Called whenever either condition may have become true.
-    pub(super) fn release_guards(&mut self, hash: u64) {
-        for tombstone in self.seqs.releasable_guards(hash) {
-            self.release_slot(tombstone, None, false);
-        }
-    }
-
-    pub(super) fn retry_deferred_frees(&mut self) {
-        for _ in 0..self.deferred_frees.len() {
-            let Some((loc, tag, erase, owner)) = self.deferred_frees.pop_front() else { break };
-            self.place_free(loc, tag, erase, owner);
-        }
-    }
-
-    /// Starts reading chain heads of classes whose in-memory free set runs low.
-    pub(super) fn refill_free_lists(&mut self) {
-        for class_id in 0..self.free.len() {
-            let free = &mut self.free[class_id];
-            if free.in_memory() >= crate::limits::FREE_SLOTS_IN_MEMORY_MAX / 2 {
-                continue;
-            }
-            let Some((chain, slot)) = free.begin_pop() else { continue };
-            let class = SizeClass::get(class_id as u8);
-            let loc = Loc::new(class.id, slot, 0);
-            if class.is_multi_page() {
-                let (file, offset) = self.slot_position(loc);
-                self.io.queue(
-                    IoKind::Read,
-                    file,
-                    offset,
-                    AlignedBuf::zeroed(PAGE_BYTES),
-                    IoPurpose::DirectRead(super::DirectRead::ChainPop {
-                        class: class.id,
-                        chain,
-                        slot,
-                    }),
-                );
-            } else {
-                let page = Pages::page_of(loc);
-                if self.pages.cache.contains(page) {
-                    let offset = class.offset_in_page(slot);
-                    let bytes = self.pages.cache.image(page).unwrap()
-                        [offset..offset + class.slot_bytes as usize]
-                        .to_vec();
-                    self.chain_head_read(class.id, chain, slot, &bytes);
-                } else {
-                    self.wait_page(page, PageWaiter::ChainPop { class: class.id, chain, slot });
-                }
-            }
-        }
-    }
-
-    /// The free record at a chain's head was read: move the head to memory.
-    pub(super) fn chain_head_read(&mut self, class: u8, chain: usize, slot: u64, bytes: &[u8]) {
-        let slot_bytes = SizeClass::get(class).slot_bytes as usize;
-        let loc = Loc::new(class, slot, 0);
-        let layout = self.layout_of(class);
-        match super::format::decode_slot(bytes, layout, self.shard_id, loc, slot_bytes) {
-            Ok(super::format::Slot::Record { header, .. }) if header.kind == RecordKind::Free => {
-                let next = header.aux.checked_sub(1);
-                self.free[class as usize].end_pop(chain, next);
-            }
-            other => {
-                tracing::error!(shard = self.shard_id, ?loc, ?other, "free chain head is not a free record; dropping the chain until the next recovery");
-                self.free[class as usize].drop_chain(chain);
-            }
-        }
     }
 }
