@@ -14,7 +14,8 @@
 
 use super::format::{Loc, RecordKind};
 use super::seqs::key_hash;
-use super::{Effect, Key, NativeEngine, Origin};
+use super::write::{Effect, Origin};
+use super::{Key, NativeEngine};
 use crate::device::FaultPoint;
 use crate::engine::batch_codec::{dedupe_batch, encode_batch};
 use crate::engine::{BatchOp, Reply};
@@ -84,7 +85,7 @@ impl NativeEngine {
         let seq = self.seqs.take();
         let held = self.hold_batch_keys(&ops);
         let batch = self.start_batch(ops, slots, seq, held, None, Some(reply), part);
-        let write = self.new_write(loc, overwritten, Effect::BatchRecord { batch });
+        let write = self.writes.add(loc, overwritten, Effect::BatchRecord { batch });
         let watermark = self.seqs.durable_watermark();
         self.place(write, loc, kind, seq, watermark, &[], value);
     }

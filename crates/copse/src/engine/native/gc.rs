@@ -27,7 +27,8 @@
 
 use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot};
 use super::seqs::key_hash;
-use super::{Effect, IoPurpose, NativeEngine};
+use super::write::Effect;
+use super::{IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, IoCompletion, IoKind};
 use crate::engine::Reply;
 use crate::error::WriteError;
@@ -239,7 +240,7 @@ impl NativeEngine {
         let loc = Loc::new(class, new_slot, 0);
         let bytes = super::format::record_bytes(key.len(), value.len()) as u64;
         self.seqs.flight_begin(&key);
-        let write = self.new_write(
+        let write = self.writes.add(
             loc,
             overwritten,
             Effect::Moved { key: key.clone(), seq, from, tombstone, bytes },
@@ -331,17 +332,15 @@ impl NativeEngine {
         if self.is_poisoned() {
             let _ = reply.send(Err(WriteError::Poisoned));
         } else {
-            self.settle_waiters.push(reply);
+            self.writes.wait_to_settle(reply);
         }
     }
 
     /// Hands the settles to the flush waiters once the collector rests.
     pub(super) fn settle_step(&mut self) {
-        if self.settle_waiters.is_empty() || self.gc_busy() {
+        if !self.writes.has_settle_waiters() || self.gc_busy() {
             return;
         }
-        for reply in std::mem::take(&mut self.settle_waiters) {
-            self.flush_waiters.push((self.next_write_id, reply));
-        }
+        self.writes.settles_to_flush();
     }
 }

@@ -42,13 +42,11 @@ mod seqs;
 mod slabs;
 mod write;
 
-use std::collections::BTreeMap;
-
 use crate::hash::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::device::{BlockDevice, FaultPoint, IoCompletion, WriteDurability};
+use crate::device::{BlockDevice, FaultPoint, IoCompletion};
 use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
 use crate::error::{OpenError, ReadError, WriteError};
 
@@ -60,6 +58,7 @@ use pages::Pages;
 use placement::{AppendClass, Placement};
 use seqs::Seqs;
 use slabs::Slabs;
+use write::{Effect, Origin, Writes};
 
 type WriteId = u64;
 type Key = Box<[u8]>;
@@ -82,76 +81,6 @@ pub struct EngineConfig {
     pub space_amplification_max: f64,
     /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     pub poisoned: Arc<AtomicBool>,
-}
-
-/// Who is waiting for a write, and what it does once durable.
-enum Origin {
-    Put(Reply<(), WriteError>),
-    Delete(Reply<bool, WriteError>),
-    /// A member of a write batch (applied with the whole batch).
-    Batch(u64),
-}
-
-enum Effect {
-    Put {
-        key: Key,
-        seq: u64,
-        origin: Origin,
-    },
-    Tombstone {
-        key: Key,
-        seq: u64,
-        origin: Origin,
-    },
-    BatchRecord {
-        batch: u64,
-    },
-    /// A free record: the slot joins the in-memory free set, or chain `chain` once durable.
-    /// `retires`: the sequence number of a torn record this erases (see `unfinished_seqs`).
-    Erase {
-        chain: Option<usize>,
-        retires: Option<u64>,
-    },
-    /// The watermark record of a clean close: nothing to do once durable.
-    Watermark,
-    /// The free record over a finished batch record or a forgotten part's record.
-    RecordErased {
-        owner: ErasedRecord,
-        chain: Option<usize>,
-    },
-    /// A prepared Part record (`parts.rs`): the part is durable once this is.
-    PartPrepared {
-        gsn: u64,
-        seq: u64,
-    },
-    /// The collector's copy of a live record from `from` (`gc.rs`); `bytes`: the record's size.
-    Moved {
-        key: Key,
-        seq: u64,
-        from: Loc,
-        tombstone: bool,
-        bytes: u64,
-    },
-}
-
-/// Whose record a free record erases, to be told once the erasure is durable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ErasedRecord {
-    /// Releases the batch's keys.
-    Batch(u64),
-    /// Erases the part's next record, or finishes forgetting it.
-    Part(u64),
-}
-
-struct PendingWrite {
-    /// Once its I/O completed: the device's `write_completions_reaped` after the reap that
-    /// returned it (at or past the write's own number). It may be acknowledged only once the
-    /// device's `write_completions_durable` has reached this.
-    reaped_through: Option<u64>,
-    loc: Loc,
-    /// Stale key hash of what the slot held before; released once this write is durable.
-    overwritten: Option<u64>,
-    effect: Effect,
 }
 
 enum DirectRead {
@@ -196,17 +125,13 @@ pub struct NativeEngine {
     gc_wanted: bool,
     /// Slots appended this round (the collector's budget grows with them).
     appended_this_round: usize,
-    settle_waiters: Vec<Reply<(), WriteError>>,
     /// `close` was called: no new collection starts.
     closing: bool,
     index: Index,
     pages: Pages,
     seqs: Seqs,
 
-    writes: BTreeMap<WriteId, PendingWrite>,
-    next_write_id: WriteId,
-    awaiting_flush: Vec<WriteId>,
-    flush_waiters: Vec<(WriteId, Reply<(), WriteError>)>,
+    writes: Writes,
 
     batches: HashMap<u64, batch::BatchState>,
     next_batch_id: u64,
@@ -246,15 +171,11 @@ impl NativeEngine {
             gc_moves_in_flight: 0,
             gc_wanted: false,
             appended_this_round: 0,
-            settle_waiters: Vec::new(),
             closing: false,
             index: Index::default(),
             pages: Pages::new(config.shard_id, config.cache_pages),
             seqs: Seqs::new(),
-            writes: BTreeMap::new(),
-            next_write_id: 1,
-            awaiting_flush: Vec::new(),
-            flush_waiters: Vec::new(),
+            writes: Writes::new(),
             batches: HashMap::default(),
             next_batch_id: 1,
             parts: HashMap::default(),
@@ -294,7 +215,7 @@ impl NativeEngine {
         let (slot, overwritten) = self.allocate(class, None)?;
         let seq = self.seqs.take();
         let loc = Loc::new(class.id, slot, 0);
-        let write = self.new_write(loc, overwritten, Effect::Watermark);
+        let write = self.writes.add(loc, overwritten, Effect::Watermark);
         // Every write is durable and applied (the shard is idle): the index is what the disk
         // holds, and what recovery must find again.
         let digest = self.index.digest().encode();
@@ -357,95 +278,6 @@ impl NativeEngine {
             IoPurpose::Sync => unreachable!("sync completions are consumed by sync_io"),
             IoPurpose::ScrubRead(read) => self.scrub_read_done(read, completion),
             IoPurpose::GcRead(read) => self.gc_read_done(read, completion),
-        }
-    }
-
-    fn writes_completed(
-        &mut self,
-        writes: Vec<WriteId>,
-        result: Result<(), crate::device::DeviceError>,
-    ) {
-        let reaped_through = self.io.device.write_completions_reaped();
-        for write in &writes {
-            if let Some(pending) = self.writes.get_mut(write) {
-                pending.reaped_through = Some(reaped_through);
-            }
-        }
-        match result {
-            Ok(()) => match self.io.durability {
-                WriteDurability::Dsync => self.writes_durable(writes),
-                WriteDurability::FlushPerRound => self.awaiting_flush.extend(writes),
-            },
-            Err(err) => {
-                tracing::error!(shard = self.shard_id, %err, "write failed");
-                self.poison();
-                for write in writes {
-                    self.write_failed(write, WriteError::from_device(err.clone()));
-                }
-            }
-        }
-    }
-
-    /// FlushPerRound: one flush makes every write that completed this round durable.
-    fn flush_round(&mut self) {
-        if self.awaiting_flush.is_empty() {
-            return;
-        }
-        let writes = std::mem::take(&mut self.awaiting_flush);
-        match self.io.device.flush() {
-            Ok(()) => self.writes_durable(writes),
-            Err(err) => {
-                tracing::error!(shard = self.shard_id, %err, "flush failed");
-                self.poison();
-                for write in writes {
-                    self.write_failed(write, WriteError::from_device(err.clone()));
-                }
-            }
-        }
-    }
-
-    /// Writes are durable: apply and answer each. A failure at the fault point between the two
-    /// is handled like a failed flush, so the writes are answered with the error (recovery may
-    /// still find them, as it may find any write in flight at a failure).
-    fn writes_durable(&mut self, writes: Vec<WriteId>) {
-        if let Err(err) = self.io.device.fault_point(FaultPoint::SlabWrittenBeforeIndexUpdate) {
-            tracing::error!(shard = self.shard_id, %err, "failed after writes were durable");
-            self.poison();
-            for write in writes {
-                self.write_failed(write, WriteError::from_device(err.clone()));
-            }
-            return;
-        }
-        for write in writes {
-            self.write_durable(write);
-        }
-    }
-
-    fn answer_flush_waiters(&mut self) {
-        if self.flush_waiters.is_empty() {
-            return;
-        }
-        let oldest = self.writes.keys().next().copied().unwrap_or(WriteId::MAX);
-        let ready: Vec<_> = {
-            let (ready, waiting) = std::mem::take(&mut self.flush_waiters)
-                .into_iter()
-                .partition(|(watermark, _)| oldest >= *watermark);
-            self.flush_waiters = waiting;
-            ready
-        };
-        if ready.is_empty() {
-            return;
-        }
-        let result = if self.is_poisoned() {
-            Err(WriteError::Poisoned)
-        } else {
-            self.io.device.flush().map_err(|err| {
-                self.poison();
-                WriteError::from_device(err)
-            })
-        };
-        for (_, reply) in ready {
-            let _ = reply.send(result.clone());
         }
     }
 
@@ -574,7 +406,7 @@ impl ShardEngine for NativeEngine {
                 if self.is_poisoned() {
                     let _ = reply.send(Err(WriteError::Poisoned));
                 } else {
-                    self.flush_waiters.push((self.next_write_id, reply));
+                    self.writes.wait_for_flush(reply);
                 }
             }
             Request::Stats { reply } => {
@@ -622,12 +454,10 @@ impl ShardEngine for NativeEngine {
     fn is_idle(&self) -> bool {
         self.io.is_quiet()
             && self.pages.is_clean()
-            && self.awaiting_flush.is_empty()
-            && self.flush_waiters.is_empty()
+            && self.writes.is_quiet()
             && !self.slabs.has_deferred_frees()
             && !self.scrub_running()
             && self.gc.is_none()
-            && self.settle_waiters.is_empty()
     }
 
     /// Whether the index holds `key` (its newest durable version is live). No I/O.

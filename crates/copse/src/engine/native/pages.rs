@@ -185,7 +185,7 @@ impl NativeEngine {
     fn run_page_waiter(&mut self, waiter: PageWaiter) {
         match waiter {
             PageWaiter::Place { write, offset, record } => {
-                let loc = self.writes[&write].loc;
+                let loc = self.writes.loc_of(write);
                 self.place_in_page(Pages::page_of(loc), offset, record, write);
             }
             PageWaiter::Get { key, reply } => self.get(key, reply),

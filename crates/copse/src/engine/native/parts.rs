@@ -22,7 +22,8 @@
 //! (prepared first); `held` is non-empty only while the committed record exists.
 
 use super::format::{Loc, RecordKind};
-use super::{Effect, ErasedRecord, NativeEngine};
+use super::write::{Effect, ErasedRecord};
+use super::NativeEngine;
 use crate::engine::part::{self, PartRecord, PartState};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
@@ -114,7 +115,7 @@ impl NativeEngine {
                 reply: Some(reply),
             },
         );
-        let write = self.new_write(loc, overwritten, Effect::PartPrepared { gsn, seq });
+        let write = self.writes.add(loc, overwritten, Effect::PartPrepared { gsn, seq });
         let watermark = self.seqs.durable_watermark();
         self.place(write, loc, RecordKind::Part, seq, watermark, &[], &value);
     }

@@ -27,7 +27,8 @@ use super::format::{
 };
 use super::free_list::FreeList;
 use super::pages::{PageWaiter, Pages};
-use super::{DirectRead, Effect, ErasedRecord, IoPurpose, NativeEngine};
+use super::write::{Effect, ErasedRecord};
+use super::{DirectRead, IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest};
 use crate::error::WriteError;
 use crate::limits::{FREE_SLOTS_IN_MEMORY_MAX, PAGE_BYTES, SLAB_GROWTH_DIVISOR};
@@ -426,7 +427,7 @@ impl NativeEngine {
             Some(owner) => Effect::RecordErased { owner, chain },
             None => Effect::Erase { chain, retires },
         };
-        let write = self.new_write(loc.slot_only(), tag, effect);
+        let write = self.writes.add(loc.slot_only(), tag, effect);
         let aux = next.map_or(0, |slot| slot + 1);
         self.place(write, loc.slot_only(), RecordKind::Free, 0, aux, &[], &[]);
     }

@@ -1,22 +1,224 @@
-//! Writes: placing records out of place, page write coalescing, applying durable writes to the
-//! index, and freeing slots (in-memory set, on-disk chains, tombstone guards).
+//! Writes: what the engine tracks of each write until it is durable (`Writes`: the pending
+//! writes, the flushes they wait for, and who waits for a flush or a settle), and the engine's
+//! write operations: placing records out of place, page write coalescing, and applying durable
+//! writes to the index. Allocation and freeing of slots are in `slabs.rs`.
 //!
 //! A write's life: allocate a free slot (beside the key's old copy when that page has one) →
 //! encode the record into the page image (reading the page first if it is not cached) → the page
 //! joins the round's writes (at most one write per page in flight; later modifications wait for
 //! the next) → durable → applied: the index points at the new slot and the old slot is freed,
 //! or, if a newer write of the key was applied first, the new slot itself is freed.
+//!
+//! Invariants:
+//! - Write ids are handed out once, in increasing order; a write is pending from `Writes::add`
+//!   until it is durable or failed, and its completion is recorded once (asserted in
+//!   `Writes::completed`).
+//! - A write is applied and answered only once durable (invariant 2 of `mod.rs`): its
+//!   completion was reaped before a flush that has finished began (asserted in
+//!   `write_durable` against the device's own counts).
+//! - A flush waiter registered when the next write id was N is answered only once no write
+//!   below N is pending, and after one more flush; a settle waiter becomes a flush waiter once
+//!   the collector rests.
+
+use std::collections::BTreeMap;
 
 use super::format::{encode_record, record_bytes, Loc, RecordKind, SizeClass};
 use super::pages::{PageWaiter, Pages};
 use super::seqs::key_hash;
-use super::{
-    Effect, ErasedRecord, IoPurpose, NativeEngine, Origin, PageKey, PendingWrite, WriteId,
-};
-use crate::device::{AlignedBuf, IoKind};
+use super::{IoPurpose, Key, NativeEngine, PageKey, WriteId};
+use crate::device::{AlignedBuf, DeviceError, FaultPoint, IoKind, WriteDurability};
 use crate::engine::Reply;
 use crate::error::WriteError;
 use crate::limits::PAGE_BYTES;
+
+/// Who is waiting for a write, and what it does once durable.
+pub(super) enum Origin {
+    Put(Reply<(), WriteError>),
+    Delete(Reply<bool, WriteError>),
+    /// A member of a write batch (applied with the whole batch).
+    Batch(u64),
+}
+
+/// What a write does once durable.
+pub(super) enum Effect {
+    Put {
+        key: Key,
+        seq: u64,
+        origin: Origin,
+    },
+    Tombstone {
+        key: Key,
+        seq: u64,
+        origin: Origin,
+    },
+    BatchRecord {
+        batch: u64,
+    },
+    /// A free record: the slot joins the in-memory free set, or chain `chain` once durable.
+    /// `retires`: the sequence number of a torn record this erases (see `Seqs::unfinished_seqs`).
+    Erase {
+        chain: Option<usize>,
+        retires: Option<u64>,
+    },
+    /// The watermark record of a clean close: nothing to do once durable.
+    Watermark,
+    /// The free record over a finished batch record or a forgotten part's record.
+    RecordErased {
+        owner: ErasedRecord,
+        chain: Option<usize>,
+    },
+    /// A prepared Part record (`parts.rs`): the part is durable once this is.
+    PartPrepared {
+        gsn: u64,
+        seq: u64,
+    },
+    /// The collector's copy of a live record from `from` (`gc.rs`); `bytes`: the record's size.
+    Moved {
+        key: Key,
+        seq: u64,
+        from: Loc,
+        tombstone: bool,
+        bytes: u64,
+    },
+}
+
+/// Whose record a free record erases, to be told once the erasure is durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ErasedRecord {
+    /// Releases the batch's keys.
+    Batch(u64),
+    /// Erases the part's next record, or finishes forgetting it.
+    Part(u64),
+}
+
+/// A write from `Writes::add` until it is durable (or failed).
+pub(super) struct PendingWrite {
+    /// Once its I/O completed: the device's `write_completions_reaped` after the reap that
+    /// returned it (at or past the write's own number). It may be acknowledged only once the
+    /// device's `write_completions_durable` has reached this.
+    reaped_through: Option<u64>,
+    loc: Loc,
+    /// Stale key hash of what the slot held before; released once this write is durable.
+    overwritten: Option<u64>,
+    effect: Effect,
+}
+
+impl Origin {
+    /// Answers the writer of a put or a delete (`existed`: whether the delete removed an item).
+    pub(super) fn answer(self, result: Result<(), WriteError>, existed: bool) {
+        match self {
+            Origin::Put(reply) => {
+                let _ = reply.send(result);
+            }
+            Origin::Delete(reply) => {
+                let _ = reply.send(result.map(|()| existed));
+            }
+            Origin::Batch(_) => unreachable!("batch members are answered with their batch"),
+        }
+    }
+}
+
+/// The writes the engine tracks until durable, and who waits for flushes and settles.
+pub(super) struct Writes {
+    pending: BTreeMap<WriteId, PendingWrite>,
+    next_id: WriteId,
+    /// FlushPerRound: writes completed this round, durable after the round's flush.
+    awaiting_flush: Vec<WriteId>,
+    /// Flushes waiting for every write below their id to be durable (or failed).
+    flush_waiters: Vec<(WriteId, Reply<(), WriteError>)>,
+    /// Settles waiting for the collector to rest (then they wait like flushes).
+    settle_waiters: Vec<Reply<(), WriteError>>,
+}
+
+impl Writes {
+    pub(super) fn new() -> Writes {
+        Writes {
+            pending: BTreeMap::new(),
+            next_id: 1,
+            awaiting_flush: Vec::new(),
+            flush_waiters: Vec::new(),
+            settle_waiters: Vec::new(),
+        }
+    }
+
+    /// A new write of a record at `loc`; `overwritten`: the stale key hash of what the slot
+    /// held, released once this write is durable.
+    pub(super) fn add(&mut self, loc: Loc, overwritten: Option<u64>, effect: Effect) -> WriteId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.insert(id, PendingWrite { reaped_through: None, loc, overwritten, effect });
+        id
+    }
+
+    /// Where a pending write puts its record.
+    pub(super) fn loc_of(&self, write: WriteId) -> Loc {
+        self.pending[&write].loc
+    }
+
+    /// Takes a write that is durable or failed (`None` if it already failed).
+    pub(super) fn take(&mut self, write: WriteId) -> Option<PendingWrite> {
+        self.pending.remove(&write)
+    }
+
+    /// The I/O of `writes` completed, reaped with the device's `write_completions_reaped` at
+    /// `reaped_through`.
+    pub(super) fn completed(&mut self, writes: &[WriteId], reaped_through: u64) {
+        for write in writes {
+            if let Some(pending) = self.pending.get_mut(write) {
+                assert!(pending.reaped_through.is_none(), "write {write} completed twice");
+                pending.reaped_through = Some(reaped_through);
+            }
+        }
+    }
+
+    pub(super) fn await_flush(&mut self, writes: Vec<WriteId>) {
+        self.awaiting_flush.extend(writes);
+    }
+
+    pub(super) fn take_awaiting_flush(&mut self) -> Vec<WriteId> {
+        std::mem::take(&mut self.awaiting_flush)
+    }
+
+    /// A flush waits for every write handed out so far.
+    pub(super) fn wait_for_flush(&mut self, reply: Reply<(), WriteError>) {
+        self.flush_waiters.push((self.next_id, reply));
+    }
+
+    /// Takes the flush waiters no pending write is older than.
+    pub(super) fn take_ready_flush_waiters(&mut self) -> Vec<Reply<(), WriteError>> {
+        if self.flush_waiters.is_empty() {
+            return Vec::new();
+        }
+        let oldest = self.pending.keys().next().copied().unwrap_or(WriteId::MAX);
+        let (ready, waiting) = std::mem::take(&mut self.flush_waiters)
+            .into_iter()
+            .partition(|(watermark, _)| oldest >= *watermark);
+        self.flush_waiters = waiting;
+        ready.into_iter().map(|(_, reply)| reply).collect()
+    }
+
+    pub(super) fn wait_to_settle(&mut self, reply: Reply<(), WriteError>) {
+        self.settle_waiters.push(reply);
+    }
+
+    pub(super) fn has_settle_waiters(&self) -> bool {
+        !self.settle_waiters.is_empty()
+    }
+
+    /// The collector rests: the settles wait for a flush now.
+    pub(super) fn settles_to_flush(&mut self) {
+        for reply in std::mem::take(&mut self.settle_waiters) {
+            self.flush_waiters.push((self.next_id, reply));
+        }
+    }
+
+    /// Nothing waits for a flush or a settle.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.awaiting_flush.is_empty()
+            && self.flush_waiters.is_empty()
+            && self.settle_waiters.is_empty()
+    }
+}
 
 impl NativeEngine {
     pub(super) fn put(&mut self, key: Vec<u8>, value: Vec<u8>, origin: Origin, seq: Option<u64>) {
@@ -57,7 +259,7 @@ impl NativeEngine {
         if self.is_poisoned() {
             match origin {
                 Origin::Batch(batch) => self.batch_member_failed(batch, WriteError::Poisoned),
-                origin => Self::answer(origin, Err(WriteError::Poisoned), false),
+                origin => origin.answer(Err(WriteError::Poisoned), false),
             }
             return;
         }
@@ -66,7 +268,7 @@ impl NativeEngine {
             None => match self.allocate_for(&key, value.len()) {
                 Ok(allocation) => allocation,
                 Err(err) => {
-                    Self::answer(origin, Err(err), false);
+                    origin.answer(Err(err), false);
                     return;
                 }
             },
@@ -83,7 +285,7 @@ impl NativeEngine {
             // A batch registered its keys when it took its sequence number.
             self.seqs.flight_begin(&key);
         }
-        let write = self.new_write(
+        let write = self.writes.add(
             loc,
             overwritten,
             match kind {
@@ -93,18 +295,6 @@ impl NativeEngine {
         );
         let watermark = self.seqs.durable_watermark();
         self.place(write, loc, kind, seq, watermark, &key, &value);
-    }
-
-    pub(super) fn new_write(
-        &mut self,
-        loc: Loc,
-        overwritten: Option<u64>,
-        effect: Effect,
-    ) -> WriteId {
-        let id = self.next_write_id;
-        self.next_write_id += 1;
-        self.writes.insert(id, PendingWrite { reaped_through: None, loc, overwritten, effect });
-        id
     }
 
     /// Encodes a record into its slot: straight into an I/O buffer for multi-page classes,
@@ -225,7 +415,7 @@ impl NativeEngine {
     /// A write is durable: release what its slot held, then apply its effect.
     pub(super) fn write_durable(&mut self, write: WriteId) {
         let PendingWrite { reaped_through, loc, overwritten, effect } =
-            self.writes.remove(&write).expect("durable write is pending");
+            self.writes.take(write).expect("durable write is pending");
         // Invariant 2, checked at the moment everything below may acknowledge the write: a
         // flush that began after its completion was reaped has finished. (A violation is a bug
         // in the engine or the device; answering would break the durability promise.)
@@ -247,12 +437,12 @@ impl NativeEngine {
             Effect::Put { key, seq, origin } => {
                 self.seqs.finish(seq);
                 self.apply_put(&key, seq, loc);
-                Self::answer(origin, Ok(()), false);
+                origin.answer(Ok(()), false);
             }
             Effect::Tombstone { key, seq, origin } => {
                 self.seqs.finish(seq);
                 let existed = self.apply_tombstone(&key, seq, loc);
-                Self::answer(origin, Ok(()), existed);
+                origin.answer(Ok(()), existed);
             }
             Effect::BatchRecord { batch } => self.batch_record_durable(batch, loc),
             Effect::Watermark => {}
@@ -279,7 +469,7 @@ impl NativeEngine {
 
     /// A write failed (the store is poisoned by then): answer its origin, forget its flight.
     pub(super) fn write_failed(&mut self, write: WriteId, err: WriteError) {
-        let Some(PendingWrite { loc, effect, .. }) = self.writes.remove(&write) else { return };
+        let Some(PendingWrite { loc, effect, .. }) = self.writes.take(write) else { return };
         // Unless the store is poisoned (a device write failed: it may have reached the disk),
         // the failure happened before the write was issued, so nothing of it is on disk.
         let nothing_on_disk = !self.is_poisoned();
@@ -292,7 +482,7 @@ impl NativeEngine {
                 }
                 match origin {
                     Origin::Batch(batch) => self.batch_member_failed(batch, err),
-                    origin => Self::answer(origin, Err(err), false),
+                    origin => origin.answer(Err(err), false),
                 }
             }
             Effect::BatchRecord { batch } => self.batch_member_failed(batch, err),
@@ -323,18 +513,6 @@ impl NativeEngine {
                 self.part_prepare_failed(gsn, err);
             }
             Effect::Moved { key, seq, .. } => self.gc_move_failed(&key, seq),
-        }
-    }
-
-    pub(super) fn answer(origin: Origin, result: Result<(), WriteError>, existed: bool) {
-        match origin {
-            Origin::Put(reply) => {
-                let _ = reply.send(result);
-            }
-            Origin::Delete(reply) => {
-                let _ = reply.send(result.map(|()| existed));
-            }
-            Origin::Batch(_) => unreachable!("batch members are answered with their batch"),
         }
     }
 
@@ -388,5 +566,80 @@ impl NativeEngine {
             self.release_slot(loc.slot_only(), None, false);
         }
         old.is_some()
+    }
+
+    pub(super) fn writes_completed(
+        &mut self,
+        writes: Vec<WriteId>,
+        result: Result<(), DeviceError>,
+    ) {
+        let reaped_through = self.io.device.write_completions_reaped();
+        self.writes.completed(&writes, reaped_through);
+        match result {
+            Ok(()) => match self.io.durability {
+                WriteDurability::Dsync => self.writes_durable(writes),
+                WriteDurability::FlushPerRound => self.writes.await_flush(writes),
+            },
+            Err(err) => {
+                tracing::error!(shard = self.shard_id, %err, "write failed");
+                self.poison();
+                for write in writes {
+                    self.write_failed(write, WriteError::from_device(err.clone()));
+                }
+            }
+        }
+    }
+
+    /// FlushPerRound: one flush makes every write that completed this round durable.
+    pub(super) fn flush_round(&mut self) {
+        let writes = self.writes.take_awaiting_flush();
+        if writes.is_empty() {
+            return;
+        }
+        match self.io.device.flush() {
+            Ok(()) => self.writes_durable(writes),
+            Err(err) => {
+                tracing::error!(shard = self.shard_id, %err, "flush failed");
+                self.poison();
+                for write in writes {
+                    self.write_failed(write, WriteError::from_device(err.clone()));
+                }
+            }
+        }
+    }
+
+    /// Writes are durable: apply and answer each. A failure at the fault point between the two
+    /// is handled like a failed flush, so the writes are answered with the error (recovery may
+    /// still find them, as it may find any write in flight at a failure).
+    fn writes_durable(&mut self, writes: Vec<WriteId>) {
+        if let Err(err) = self.io.device.fault_point(FaultPoint::SlabWrittenBeforeIndexUpdate) {
+            tracing::error!(shard = self.shard_id, %err, "failed after writes were durable");
+            self.poison();
+            for write in writes {
+                self.write_failed(write, WriteError::from_device(err.clone()));
+            }
+            return;
+        }
+        for write in writes {
+            self.write_durable(write);
+        }
+    }
+
+    pub(super) fn answer_flush_waiters(&mut self) {
+        let ready = self.writes.take_ready_flush_waiters();
+        if ready.is_empty() {
+            return;
+        }
+        let result = if self.is_poisoned() {
+            Err(WriteError::Poisoned)
+        } else {
+            self.io.device.flush().map_err(|err| {
+                self.poison();
+                WriteError::from_device(err)
+            })
+        };
+        for reply in ready {
+            let _ = reply.send(result.clone());
+        }
     }
 }
