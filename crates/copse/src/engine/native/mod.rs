@@ -51,11 +51,12 @@ use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardEngine, Shar
 use crate::error::{OpenError, ReadError, WriteError};
 
 use cache::PageKey;
-use format::{Loc, SizeClass, CLASS_COUNT};
+use format::{Loc, SizeClass};
+use gc::Collector;
 use index::Index;
 use io::Io;
 use pages::Pages;
-use placement::{AppendClass, Placement};
+use placement::Placement;
 use seqs::Seqs;
 use slabs::Slabs;
 use write::{Effect, Origin, Writes};
@@ -111,20 +112,9 @@ pub struct NativeEngine {
     shard_id: u32,
     io: Io,
     poisoned: Arc<AtomicBool>,
-    placements: Vec<Placement>,
-    append_block_pages: u32,
-    space_amplification_max: f64,
 
     slabs: Slabs,
-    /// Block accounting of each class in append placement (once its file is open).
-    append: Vec<Option<AppendClass>>,
-    /// The collection under way, if any, and the moves it has in flight.
-    gc: Option<gc::GcRun>,
-    gc_moves_in_flight: usize,
-    /// A class wanted a collection when last asked (so the shard keeps turning rounds).
-    gc_wanted: bool,
-    /// Slots appended this round (the collector's budget grows with them).
-    appended_this_round: usize,
+    collector: Collector,
     /// `close` was called: no new collection starts.
     closing: bool,
     index: Index,
@@ -159,18 +149,12 @@ impl NativeEngine {
             shard_id: config.shard_id,
             io: Io::new(config.shard_id, device, config.io_depth_max),
             poisoned: config.poisoned,
-            placements: {
-                assert_eq!(config.placements.len(), CLASS_COUNT);
-                config.placements
-            },
-            append_block_pages: config.append_block_pages.max(1),
-            space_amplification_max: config.space_amplification_max,
             slabs: Slabs::new(config.slab_growth_bytes_min),
-            append: (0..CLASS_COUNT).map(|_| None).collect(),
-            gc: None,
-            gc_moves_in_flight: 0,
-            gc_wanted: false,
-            appended_this_round: 0,
+            collector: Collector::new(
+                config.placements,
+                config.append_block_pages,
+                config.space_amplification_max,
+            ),
             closing: false,
             index: Index::default(),
             pages: Pages::new(config.shard_id, config.cache_pages),
@@ -228,19 +212,6 @@ impl NativeEngine {
             }
         }
         Ok(())
-    }
-
-    /// Sets up the block accounting of a class in append placement whose file holds
-    /// `file_bytes`, of which the slots below `frontier` were handed out at some time.
-    fn open_placement(&mut self, class: SizeClass, file_bytes: u64, frontier: u64) {
-        if self.placements[class.id as usize] == Placement::Append && !class.is_multi_page() {
-            self.append[class.id as usize] = Some(AppendClass::new(
-                class,
-                self.append_block_pages,
-                class.slots_in_file(file_bytes),
-                frontier,
-            ));
-        }
     }
 
     fn is_poisoned(&self) -> bool {
@@ -318,7 +289,7 @@ impl NativeEngine {
 
     /// Whether the collector is emptying a block now (for tests that crash during collection).
     pub fn collecting(&self) -> bool {
-        self.gc.is_some()
+        self.collector.collecting()
     }
 
     pub fn stats(&self) -> ShardStats {
@@ -332,7 +303,7 @@ impl NativeEngine {
             let free_on_disk = self.slabs.free[id].on_disk();
             let (device_bytes_written, user_bytes_written) = self.slabs.written(class_id);
             let slot_bytes = class.slot_bytes as u64;
-            let (live_slots, dead_slots, append) = match &self.append[id] {
+            let (live_slots, dead_slots, append) = match self.collector.append(class_id) {
                 Some(append) => {
                     let figures = append.figures();
                     (figures.used_slots, figures.dead_slots, figures)
@@ -345,7 +316,7 @@ impl NativeEngine {
             classes.push(ClassStats {
                 class: id as u8,
                 slot_bytes: class.slot_bytes,
-                placement: self.placements[id],
+                placement: self.collector.placement(class_id),
                 file_bytes: file.file_bytes,
                 slots_used: file.next_append_slot,
                 free_in_memory,
@@ -457,7 +428,7 @@ impl ShardEngine for NativeEngine {
             && self.writes.is_quiet()
             && !self.slabs.has_deferred_frees()
             && !self.scrub_running()
-            && self.gc.is_none()
+            && !self.collector.collecting()
     }
 
     /// Whether the index holds `key` (its newest durable version is live). No I/O.

@@ -602,7 +602,7 @@ impl NativeEngine {
             let next_append_slot = found.frontier[class.id as usize];
             let scanned = ClassFile::scanned(class, file, file_bytes, layout, next_append_slot);
             self.slabs.add_file(class.id, scanned);
-            self.open_placement(class, file_bytes, next_append_slot);
+            self.collector.open_class(class, file_bytes, next_append_slot);
         }
         self.io.device.fault_point(FaultPoint::RecoveryScanned)?;
         self.rebuild(found)?;

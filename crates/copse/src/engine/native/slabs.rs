@@ -270,7 +270,7 @@ impl NativeEngine {
         near: Option<Loc>,
     ) -> Result<(u64, Option<u64>), WriteError> {
         self.ensure_class_file(class)?;
-        if self.append[class.id as usize].is_some() {
+        if self.collector.append(class.id).is_some() {
             return self.allocate_appended(class);
         }
         let near_page = near
@@ -282,12 +282,12 @@ impl NativeEngine {
 
     /// The next slot of the open block of an append class, growing the file to hold its block.
     fn allocate_appended(&mut self, class: SizeClass) -> Result<(u64, Option<u64>), WriteError> {
-        let append = self.append[class.id as usize].as_ref().expect("an append class");
+        let append = self.collector.append(class.id).expect("an append class");
         let next = append.peek();
         let block_end_slot = (next.slot / append.slots_per_block() + 1) * append.slots_per_block();
         self.slabs.grow_for_slot(self.io.device.as_mut(), class, next.slot, block_end_slot)?;
         let file = self.slabs.open_file(class.id);
-        let append = self.append[class.id as usize].as_mut().expect("an append class");
+        let append = self.collector.append_mut(class.id).expect("an append class");
         append.cover(class.slots_in_file(file.file_bytes));
         let (slot, tag) = append.take();
         assert_eq!(slot, next.slot);
@@ -295,7 +295,7 @@ impl NativeEngine {
             file.fresh_pages = pages;
         }
         file.next_append_slot = file.next_append_slot.max(slot + 1);
-        self.appended_this_round += 1;
+        self.collector.count_appended();
         Ok((slot, tag))
     }
 
@@ -321,7 +321,7 @@ impl NativeEngine {
         self.io.device.fault_point(FaultPoint::SlabFileCreatedBeforeHeader)?;
         self.write_slab_header(class, file)?;
         self.slabs.add_file(class.id, ClassFile::created(file, file_bytes));
-        self.open_placement(class, file_bytes, 0);
+        self.collector.open_class(class, file_bytes, 0);
         Ok(())
     }
 
@@ -383,7 +383,7 @@ impl NativeEngine {
         erase: bool,
         owner: Option<ErasedRecord>,
     ) {
-        if let Some(append) = self.append[loc.class() as usize].as_mut() {
+        if let Some(append) = self.collector.append_mut(loc.class()) {
             // Append placement: a freed slot is dead in its block until the block is reused;
             // an erasure is written in place first (it changes no live record).
             if !erase && owner.is_none() {
