@@ -11,6 +11,11 @@
 //! new as the batch is written again with the batch's sequence number (see `recovery.rs`).
 //!
 //! The batch record's value is the engine-neutral encoding of `engine/batch_codec.rs`.
+//!
+//! `Batches` holds the batches under way, by id: a batch is in it from `start_batch` until it
+//! fails or its record's erasure is durable (a committed part's batch until it is applied), and
+//! `members_waiting` counts its members not yet durable, so it is applied once, when that count
+//! reaches zero.
 
 use super::format::{Loc, RecordKind};
 use super::seqs::key_hash;
@@ -20,8 +25,9 @@ use crate::device::FaultPoint;
 use crate::engine::batch_codec::{dedupe_batch, encode_batch};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
+use crate::hash::HashMap;
 
-pub struct BatchState {
+pub(super) struct BatchState {
     ops: Vec<BatchOp>,
     /// The slot of each operation, allocated before anything is written so that a batch that
     /// cannot get its slots fails without leaving a record behind.
@@ -36,6 +42,38 @@ pub struct BatchState {
     /// The gsn when this is a cross-shard part being committed (`parts.rs`): its record is a
     /// committed Part record, kept (not erased) once the members are applied.
     part: Option<u64>,
+}
+
+/// The write batches under way (and the committed parts being applied as batches), by id.
+pub(super) struct Batches {
+    states: HashMap<u64, BatchState>,
+    next_id: u64,
+}
+
+impl Batches {
+    pub(super) fn new() -> Batches {
+        Batches { states: HashMap::default(), next_id: 1 }
+    }
+
+    fn insert(&mut self, state: BatchState) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.states.insert(id, state);
+        id
+    }
+
+    fn get_mut(&mut self, batch: u64) -> Option<&mut BatchState> {
+        self.states.get_mut(&batch)
+    }
+
+    /// Forgets a batch (`None` if it failed already).
+    pub(super) fn remove(&mut self, batch: u64) -> Option<BatchState> {
+        self.states.remove(&batch)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
 }
 
 impl NativeEngine {
@@ -156,8 +194,6 @@ impl NativeEngine {
         for op in &ops {
             self.seqs.flight_begin(op.key());
         }
-        let batch = self.next_batch_id;
-        self.next_batch_id += 1;
         let state = BatchState {
             ops,
             slots,
@@ -169,12 +205,11 @@ impl NativeEngine {
             held,
             part,
         };
-        self.batches.insert(batch, state);
-        batch
+        self.batches.insert(state)
     }
 
     pub(super) fn batch_record_durable(&mut self, batch: u64, loc: Loc) {
-        let Some(state) = self.batches.get_mut(&batch) else { return };
+        let Some(state) = self.batches.get_mut(batch) else { return };
         state.record = Some(loc);
         if let Err(err) = self.io.device.fault_point(FaultPoint::BatchRecordedBeforeMembers) {
             // The record is durable: batch_member_failed poisons the store, and recovery
@@ -186,7 +221,7 @@ impl NativeEngine {
     }
 
     fn write_batch_members(&mut self, batch: u64) {
-        let state = self.batches.get_mut(&batch).expect("unknown batch");
+        let state = self.batches.get_mut(batch).expect("unknown batch");
         let ops = std::mem::take(&mut state.ops);
         let slots = std::mem::take(&mut state.slots);
         let seq = state.seq;
@@ -221,7 +256,7 @@ impl NativeEngine {
         loc: Loc,
         kind: RecordKind,
     ) {
-        let Some(state) = self.batches.get_mut(&batch) else {
+        let Some(state) = self.batches.get_mut(batch) else {
             // The batch failed: this member is never applied.
             self.seqs.flight_end(&key, seq, false);
             self.release_guards(key_hash(&key));
@@ -237,7 +272,7 @@ impl NativeEngine {
     /// Every member is durable: apply them together, answer, and erase the batch record (or hand
     /// a committed part's record and held keys to its part).
     fn batch_applied(&mut self, batch: u64) {
-        let state = self.batches.get_mut(&batch).expect("unknown batch");
+        let state = self.batches.get_mut(batch).expect("unknown batch");
         let durable = std::mem::take(&mut state.durable);
         let reply = state.reply.take();
         let record = state.record.expect("members are written after the record");
@@ -257,7 +292,7 @@ impl NativeEngine {
         }
         match part {
             Some(gsn) => {
-                let state = self.batches.remove(&batch).expect("applied above");
+                let state = self.batches.remove(batch).expect("applied above");
                 self.part_committed(gsn, record, state.held);
             }
             None => self.erase_batch_record(record, batch),
@@ -266,7 +301,7 @@ impl NativeEngine {
 
     /// The batch record's erasure is durable: its keys no longer have a copy in it.
     pub(super) fn batch_erased(&mut self, batch: u64) {
-        let state = self.batches.remove(&batch).expect("erased an unknown batch");
+        let state = self.batches.remove(batch).expect("erased an unknown batch");
         for hash in state.held {
             self.release_tag(Some(hash));
         }
@@ -275,7 +310,7 @@ impl NativeEngine {
     /// A member or the record failed (the store is poisoned by then, or the batch never got a
     /// slot): answer the error and forget the batch; members that still complete are dropped.
     pub(super) fn batch_member_failed(&mut self, batch: u64, err: WriteError) {
-        let Some(mut state) = self.batches.remove(&batch) else { return };
+        let Some(mut state) = self.batches.remove(batch) else { return };
         if state.record.is_some() && !self.is_poisoned() {
             // The batch record is durable, so recovery will apply the batch: refuse further
             // writes rather than carry on as if it had not happened.

@@ -47,9 +47,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::device::{BlockDevice, FaultPoint, IoCompletion};
-use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
-use crate::error::{OpenError, ReadError, WriteError};
+use crate::engine::{ClassStats, RecoveryStats, Request, ShardEngine, ShardStats};
+use crate::error::{OpenError, WriteError};
 
+use batch::Batches;
 use cache::PageKey;
 use format::{Loc, SizeClass};
 use gc::Collector;
@@ -57,6 +58,7 @@ use index::Index;
 use io::Io;
 use pages::Pages;
 use placement::Placement;
+use read::Scans;
 use seqs::Seqs;
 use slabs::Slabs;
 use write::{Effect, Origin, Writes};
@@ -84,12 +86,6 @@ pub struct EngineConfig {
     pub poisoned: Arc<AtomicBool>,
 }
 
-enum DirectRead {
-    Get { key: Vec<u8>, loc: Loc, reply: Reply<Option<Vec<u8>>, ReadError> },
-    ScanItem { scan: u64, item: usize, loc: Loc },
-    ChainPop { class: u8, chain: usize, slot: u64 },
-}
-
 enum IoPurpose {
     PageLoad(PageKey),
     /// `pages` consecutive pages from `page`, written with one I/O.
@@ -99,7 +95,7 @@ enum IoPurpose {
         writes: Vec<WriteId>,
     },
     DirectWrite(WriteId),
-    DirectRead(DirectRead),
+    DirectRead(read::DirectRead),
     /// A synchronous request issued by `sync_io`.
     Sync,
     /// A read of the online scrub (`scrub.rs`).
@@ -123,14 +119,12 @@ pub struct NativeEngine {
 
     writes: Writes,
 
-    batches: HashMap<u64, batch::BatchState>,
-    next_batch_id: u64,
+    batches: Batches,
     /// Cross-shard parts from `PreparePart` (or recovery) until `ForgetPart`, by gsn.
     parts: HashMap<u64, parts::Part>,
     /// What recovery found, for `recovered_parts`.
     recovered_parts: Vec<crate::engine::part::PartRecord>,
-    scans: HashMap<u64, read::ScanState>,
-    next_scan_id: u64,
+    scans: Scans,
     /// The online scrub under way, if any.
     scrub: Option<scrub::Scrub>,
 
@@ -160,12 +154,10 @@ impl NativeEngine {
             pages: Pages::new(config.shard_id, config.cache_pages),
             seqs: Seqs::new(),
             writes: Writes::new(),
-            batches: HashMap::default(),
-            next_batch_id: 1,
+            batches: Batches::new(),
             parts: HashMap::default(),
             recovered_parts: Vec::new(),
-            scans: HashMap::default(),
-            next_scan_id: 1,
+            scans: Scans::new(),
             scrub: None,
             recovery: RecoveryStats::default(),
         };
@@ -249,34 +241,6 @@ impl NativeEngine {
             IoPurpose::Sync => unreachable!("sync completions are consumed by sync_io"),
             IoPurpose::ScrubRead(read) => self.scrub_read_done(read, completion),
             IoPurpose::GcRead(read) => self.gc_read_done(read, completion),
-        }
-    }
-
-    fn direct_read_done(&mut self, read: DirectRead, completion: IoCompletion) {
-        if let Err(err) = completion.result {
-            match read {
-                DirectRead::Get { reply, .. } => {
-                    let _ = reply.send(Err(ReadError::Device(err)));
-                }
-                DirectRead::ScanItem { scan, .. } => {
-                    self.scan_item_failed(scan, ReadError::Device(err))
-                }
-                DirectRead::ChainPop { class, chain, .. } => {
-                    self.slabs.free[class as usize].abort(chain)
-                }
-            }
-            return;
-        }
-        match read {
-            DirectRead::Get { key, loc, reply } => {
-                self.direct_get_done(key, loc, reply, &completion.buf)
-            }
-            DirectRead::ScanItem { scan, item, loc } => {
-                self.direct_scan_item_done(scan, item, loc, &completion.buf)
-            }
-            DirectRead::ChainPop { class, chain, slot } => {
-                self.chain_head_read(class, chain, slot, &completion.buf)
-            }
         }
     }
 

@@ -27,8 +27,9 @@ use super::format::{
 };
 use super::free_list::FreeList;
 use super::pages::{PageWaiter, Pages};
+use super::read::DirectRead;
 use super::write::{Effect, ErasedRecord};
-use super::{DirectRead, IoPurpose, NativeEngine};
+use super::{IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest};
 use crate::error::WriteError;
 use crate::limits::{FREE_SLOTS_IN_MEMORY_MAX, PAGE_BYTES, SLAB_GROWTH_DIVISOR};

@@ -498,7 +498,7 @@ impl NativeEngine {
                 // A part's record stays too, and the next open reports it again.
                 match owner {
                     ErasedRecord::Batch(batch) => {
-                        self.batches.remove(&batch);
+                        self.batches.remove(batch);
                     }
                     ErasedRecord::Part(gsn) => self.part_erase_failed(gsn, err),
                 }
