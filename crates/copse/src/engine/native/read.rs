@@ -7,6 +7,11 @@
 //! the key up again and starts over if its location moved, so a read returns the value that was
 //! live at some moment between its start and its answer.
 //!
+//! The checks of a decoded record (checksum, kind, key, seq) answer `Corrupt` rather than assert:
+//! the device can break them (rot, lost or misdirected writes). What only an engine bug can
+//! break is asserted: an indexed in-page record lies in a page below its file's frontier (the
+//! collector and the scrub read nothing past it), checked in `resolve`.
+//!
 //! `Scans` holds the scans under way: a scan is in it from its start until it is answered, once,
 //! when the last of its items is resolved (`waiting` counts those still out).
 
@@ -89,7 +94,15 @@ impl NativeEngine {
         }
         let page = Pages::page_of(loc);
         let shard_id = self.shard_id;
-        let layout = self.slabs.layout_of(loc.class());
+        let file = self.slabs.file(loc.class()).expect("an indexed class has a file");
+        assert!(
+            page.1 < file.frontier_page,
+            "shard {shard_id}: the index points at {loc:?}, in page {} past the frontier {} \
+             (never written, as far as the engine knows)",
+            page.1,
+            file.frontier_page
+        );
+        let layout = file.layout;
         let Some(image) = self.pages.cache.lookup(page) else { return Resolved::NeedPage(page) };
         let offset = class.offset_in_page(loc.slot());
         let bytes = &image[offset..offset + class.slot_bytes as usize];

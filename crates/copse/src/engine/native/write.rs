@@ -16,13 +16,23 @@
 //! - A write is applied and answered only once durable (invariant 2 of `mod.rs`): its
 //!   completion was reaped before a flush that has finished began (asserted in
 //!   `write_durable` against the device's own counts).
+//! - A record is never encoded over a live one (invariant 1): not into the slot the index
+//!   points to for its own key (asserted in `place`), and, in a page image, not over bytes that
+//!   name a key the index points to at that slot, or a tombstone kept there (asserted in
+//!   `place_in_page`, before the image changes; O(log n), no checksum computed).
+//! - A page write carries exactly the writes whose records lie in its pages (asserted in
+//!   `write_pages`, before the write is queued), so a write is acknowledged only when the pages
+//!   holding its record are durable.
 //! - A flush waiter registered when the next write id was N is answered only once no write
 //!   below N is pending, and after one more flush; a settle waiter becomes a flush waiter once
 //!   the collector rests.
 
 use std::collections::BTreeMap;
 
-use super::format::{encode_record, record_bytes, Loc, RecordKind, SizeClass};
+use super::format::{
+    encode_record, peek_header, record_bytes, Loc, RecordKind, RecordLayout, SizeClass,
+    RECORD_HEADER_BYTES,
+};
 use super::pages::{PageWaiter, Pages};
 use super::seqs::key_hash;
 use super::{IoPurpose, Key, NativeEngine, PageKey, WriteId};
@@ -313,6 +323,13 @@ impl NativeEngine {
         let class = SizeClass::get(loc.class());
         let bytes = record_bytes(key.len(), value.len());
         let layout = self.slabs.layout_of(loc.class());
+        // Invariant 1: a new version never goes into the slot of its key's live record.
+        assert!(
+            key.is_empty()
+                || self.index.get(key).is_none_or(|live| live.slot_only() != loc.slot_only()),
+            "shard {}: a {kind:?} record of a key was placed over the key's live record at {loc:?}",
+            self.shard_id
+        );
         if class.is_multi_page() {
             let pages = loc.pages_used().max(1) as usize;
             assert!(bytes <= pages * PAGE_BYTES);
@@ -355,14 +372,38 @@ impl NativeEngine {
                 return;
             }
         }
-        let slot_bytes = SizeClass::get(page.0).slot_bytes as usize;
+        let class = SizeClass::get(page.0);
+        let slot_bytes = class.slot_bytes as usize;
         assert!(offset + record.len() <= PAGE_BYTES && record.len() <= slot_bytes);
+        let loc = self.writes.loc_of(write);
+        assert!(
+            Pages::page_of(loc) == page && class.offset_in_page(loc.slot()) == offset,
+            "shard {}: write {write} of the record at {loc:?} placed in page {page:?} at {offset}",
+            self.shard_id
+        );
+        let image = self.pages.cache.image(page).expect("checked above");
+        self.assert_not_live(loc, &image[offset..offset + slot_bytes]);
         let image = self.pages.cache.image_mut(page).expect("checked above");
         let slot_bytes_in_page = &mut image[offset..offset + slot_bytes];
         slot_bytes_in_page[..record.len()].copy_from_slice(&record);
         // Clear the rest of the slot so a shorter record leaves no stale tail behind it.
         slot_bytes_in_page[record.len()..].fill(0);
         self.pages.mark_dirty(page, write);
+    }
+
+    /// Invariant 1, checked where a record is about to be encoded over the bytes `old` of the
+    /// in-page slot `loc`: they are not the live record of the key they name (the index points
+    /// there), nor a tombstone kept there. A violation is a bug that would lose an item.
+    fn assert_not_live(&self, loc: Loc, old: &[u8]) {
+        let Some((kind, key)) = named_key(old, self.slabs.layout_of(loc.class())) else { return };
+        let indexed = self.index.get(key).is_some_and(|live| live.slot_only() == loc.slot_only());
+        let kept = kind == RecordKind::Tombstone && self.seqs.guards_at(loc.slot_only(), key);
+        assert!(
+            !indexed && !kept,
+            "shard {}: a record was placed over the live {kind:?} record of a key at {loc:?} \
+             (indexed: {indexed}, a kept tombstone: {kept})",
+            self.shard_id
+        );
     }
 
     /// Hands every dirty page without a write in flight to the device (invariant 3), each run
@@ -393,6 +434,17 @@ impl NativeEngine {
             return;
         }
         let first = run[0];
+        let pages = first.1..first.1 + run.len() as u64;
+        for &write in &writes {
+            let page = Pages::page_of(self.writes.loc_of(write));
+            assert!(
+                page.0 == first.0 && pages.contains(&page.1),
+                "shard {}: write {write} in page {page:?} rides the write of pages {pages:?} of \
+                 class {}",
+                self.shard_id,
+                first.0
+            );
+        }
         let mut buf = AlignedBuf::zeroed(run.len() * PAGE_BYTES);
         for (index, &page) in run.iter().enumerate() {
             buf[index * PAGE_BYTES..(index + 1) * PAGE_BYTES]
@@ -642,4 +694,12 @@ impl NativeEngine {
             let _ = reply.send(result.clone());
         }
     }
+}
+
+/// The kind and key that a slot's bytes name, unverified (no checksum): what the slot held
+/// before a record is encoded over it. `None` for an empty slot or bytes no header parses from.
+fn named_key(slot: &[u8], layout: RecordLayout) -> Option<(RecordKind, &[u8])> {
+    let header = peek_header(slot, layout)?;
+    let key_end = RECORD_HEADER_BYTES + header.key_bytes as usize;
+    Some((header.kind, slot.get(RECORD_HEADER_BYTES..key_end)?))
 }
