@@ -1,22 +1,36 @@
 //! The native engine (KVell): one shard's unsorted size-class slabs, its index, page cache and
 //! free lists, driven by the shard thread as a state machine over batched asynchronous I/O.
 //!
-//! Reading order: `format.rs` (what is on disk), this file (state and the I/O plumbing),
-//! `write.rs` (puts, deletes, freeing slots), `batch.rs`, `parts.rs`, `read.rs` (gets, scans),
-//! `recovery.rs` (rebuilding state from the slabs).
+//! `NativeEngine` is a set of parts, each in its own file with the methods that change it:
+//! `Io` (`io.rs`: device, queued requests, what each is for), `Pages` (`pages.rs`: page cache,
+//! page reads and their waiters, dirty pages, pages with a write in flight), `Slabs`
+//! (`slabs.rs`: slab files, free lists, growth), `Seqs` (`seqs.rs`: sequence numbers, flights,
+//! stale copies, tombstone guards), `Writes` (`write.rs`: writes until durable, flush and
+//! settle waiters), `Collector` (`gc.rs`: placement and the collector), `Index` (`index.rs`),
+//! `Batches` (`batch.rs`), `Scans` (`read.rs`), cross-shard parts (`parts.rs`) and the scrub
+//! (`scrub.rs`). The engine keeps what coordinates several parts: opening, the dispatch of
+//! requests and completions (`IoPurpose`), the stats, and `ShardEngine`; the operations that
+//! span parts live with the part they mostly serve, as further `impl NativeEngine` blocks.
+//!
+//! Reading order: `format.rs` (what is on disk), this file (the parts, open, dispatch), `io.rs`,
+//! `pages.rs`, `slabs.rs` (allocating and freeing slots), `seqs.rs`, `write.rs` (puts, deletes,
+//! placing records, durability), `batch.rs`, `parts.rs`, `read.rs` (gets, scans), `recovery.rs`
+//! (rebuilding state from the slabs), then `placement.rs` + `gc.rs`, `scrub.rs`, `check.rs`.
 //!
 //! Invariants (the reasons are in docs/durability.md):
 //! 1. The bytes of a live record (the one the index points to) are never overwritten. A new
 //!    version goes to a free slot; the old slot is freed only after the new one is durable, and
 //!    the index is updated at that moment, so a torn write can only damage a slot nobody needs.
+//!    Asserted where a record is encoded (`place`, `place_in_page` in `write.rs`).
 //! 2. A write is answered only when durable (`WriteDurability`): its completion was reaped
 //!    before a flush began, and that flush finished (or, under `Dsync`, it completed). Checked,
 //!    in release builds too, against the device's own count of what its flushes covered
 //!    (`PendingWrite::reaped_through`, asserted in `write_durable`).
 //! 3. A page has at most one write in flight; modifications made meanwhile ride the next write
-//!    (asserted where a page write is queued and where it completes).
+//!    (asserted where a page write is queued and where it completes: `Pages::begin_write`,
+//!    `Pages::end_write`).
 //! 4. For every key, the disk holds at most: its newest record (live item or tombstone) and
-//!    older copies that are stale. Every stale copy is counted in `stale_counts` under the key's
+//!    older copies that are stale. Every stale copy is counted (`Seqs`) under the key's
 //!    hash until it is overwritten or erased; a tombstone is kept while its key's count is
 //!    non-zero, so no stale copy can come back at recovery.
 //! 5. Writes of one key may be in flight together; each carries a sequence number and only the
@@ -86,6 +100,8 @@ pub struct EngineConfig {
     pub poisoned: Arc<AtomicBool>,
 }
 
+/// What a request queued or in flight is for (by its token, in `Io`): `complete` dispatches
+/// each completion to the part that asked.
 enum IoPurpose {
     PageLoad(PageKey),
     /// `pages` consecutive pages from `page`, written with one I/O.
@@ -106,18 +122,18 @@ enum IoPurpose {
 
 pub struct NativeEngine {
     shard_id: u32,
-    io: Io,
+    /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     poisoned: Arc<AtomicBool>,
-
-    slabs: Slabs,
-    collector: Collector,
     /// `close` was called: no new collection starts.
     closing: bool,
-    index: Index,
-    pages: Pages,
-    seqs: Seqs,
 
+    io: Io,
+    pages: Pages,
+    slabs: Slabs,
+    seqs: Seqs,
     writes: Writes,
+    collector: Collector,
+    index: Index,
 
     batches: Batches,
     /// Cross-shard parts from `PreparePart` (or recovery) until `ForgetPart`, by gsn.
@@ -141,19 +157,19 @@ impl NativeEngine {
     ) -> Result<NativeEngine, OpenError> {
         let mut engine = NativeEngine {
             shard_id: config.shard_id,
-            io: Io::new(config.shard_id, device, config.io_depth_max),
             poisoned: config.poisoned,
+            closing: false,
+            io: Io::new(config.shard_id, device, config.io_depth_max),
+            pages: Pages::new(config.shard_id, config.cache_pages),
             slabs: Slabs::new(config.slab_growth_bytes_min),
+            seqs: Seqs::new(),
+            writes: Writes::new(),
             collector: Collector::new(
                 config.placements,
                 config.append_block_pages,
                 config.space_amplification_max,
             ),
-            closing: false,
             index: Index::default(),
-            pages: Pages::new(config.shard_id, config.cache_pages),
-            seqs: Seqs::new(),
-            writes: Writes::new(),
             batches: Batches::new(),
             parts: HashMap::default(),
             recovered_parts: Vec::new(),
