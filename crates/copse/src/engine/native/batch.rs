@@ -11,15 +11,23 @@
 //! new as the batch is written again with the batch's sequence number (see `recovery.rs`).
 //!
 //! The batch record's value is the engine-neutral encoding of `engine/batch_codec.rs`.
+//!
+//! `Batches` holds the batches under way, by id: a batch is in it from `start_batch` until it
+//! fails or its record's erasure is durable (a committed part's batch until it is applied), and
+//! `members_waiting` counts its members not yet durable, so it is applied once, when that count
+//! reaches zero.
 
 use super::format::{Loc, RecordKind};
-use super::{key_hash, Effect, Key, NativeEngine, Origin};
+use super::seqs::key_hash;
+use super::write::{Effect, Origin};
+use super::{Key, NativeEngine};
 use crate::device::FaultPoint;
 use crate::engine::batch_codec::{dedupe_batch, encode_batch};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
+use crate::hash::HashMap;
 
-pub struct BatchState {
+pub(super) struct BatchState {
     ops: Vec<BatchOp>,
     /// The slot of each operation, allocated before anything is written so that a batch that
     /// cannot get its slots fails without leaving a record behind.
@@ -34,6 +42,38 @@ pub struct BatchState {
     /// The gsn when this is a cross-shard part being committed (`parts.rs`): its record is a
     /// committed Part record, kept (not erased) once the members are applied.
     part: Option<u64>,
+}
+
+/// The write batches under way (and the committed parts being applied as batches), by id.
+pub(super) struct Batches {
+    states: HashMap<u64, BatchState>,
+    next_id: u64,
+}
+
+impl Batches {
+    pub(super) fn new() -> Batches {
+        Batches { states: HashMap::default(), next_id: 1 }
+    }
+
+    fn insert(&mut self, state: BatchState) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.states.insert(id, state);
+        id
+    }
+
+    fn get_mut(&mut self, batch: u64) -> Option<&mut BatchState> {
+        self.states.get_mut(&batch)
+    }
+
+    /// Forgets a batch (`None` if it failed already).
+    pub(super) fn remove(&mut self, batch: u64) -> Option<BatchState> {
+        self.states.remove(&batch)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
 }
 
 impl NativeEngine {
@@ -80,11 +120,11 @@ impl NativeEngine {
                 return;
             }
         };
-        let seq = self.take_seq();
+        let seq = self.seqs.take();
         let held = self.hold_batch_keys(&ops);
         let batch = self.start_batch(ops, slots, seq, held, None, Some(reply), part);
-        let write = self.new_write(loc, overwritten, Effect::BatchRecord { batch });
-        let watermark = self.durable_watermark();
+        let write = self.writes.add(loc, overwritten, Effect::BatchRecord { batch });
+        let watermark = self.seqs.durable_watermark();
         self.place(write, loc, kind, seq, watermark, &[], value);
     }
 
@@ -112,7 +152,7 @@ impl NativeEngine {
     fn hold_batch_keys(&mut self, ops: &[BatchOp]) -> Vec<u64> {
         let held: Vec<u64> = ops.iter().map(|op| key_hash(op.key())).collect();
         for &hash in &held {
-            *self.stale_counts.entry(hash).or_default() += 1;
+            self.seqs.count_stale(hash);
         }
         held
     }
@@ -150,12 +190,10 @@ impl NativeEngine {
         reply: Option<Reply<(), WriteError>>,
         part: Option<u64>,
     ) -> u64 {
-        self.hold_seq(seq);
+        self.seqs.hold(seq);
         for op in &ops {
-            self.flight_begin(op.key());
+            self.seqs.flight_begin(op.key());
         }
-        let batch = self.next_batch_id;
-        self.next_batch_id += 1;
         let state = BatchState {
             ops,
             slots,
@@ -167,14 +205,13 @@ impl NativeEngine {
             held,
             part,
         };
-        self.batches.insert(batch, state);
-        batch
+        self.batches.insert(state)
     }
 
     pub(super) fn batch_record_durable(&mut self, batch: u64, loc: Loc) {
-        let Some(state) = self.batches.get_mut(&batch) else { return };
+        let Some(state) = self.batches.get_mut(batch) else { return };
         state.record = Some(loc);
-        if let Err(err) = self.device.fault_point(FaultPoint::BatchRecordedBeforeMembers) {
+        if let Err(err) = self.io.device.fault_point(FaultPoint::BatchRecordedBeforeMembers) {
             // The record is durable: batch_member_failed poisons the store, and recovery
             // replays the batch.
             self.batch_member_failed(batch, WriteError::from_device(err));
@@ -184,7 +221,7 @@ impl NativeEngine {
     }
 
     fn write_batch_members(&mut self, batch: u64) {
-        let state = self.batches.get_mut(&batch).expect("unknown batch");
+        let state = self.batches.get_mut(batch).expect("unknown batch");
         let ops = std::mem::take(&mut state.ops);
         let slots = std::mem::take(&mut state.slots);
         let seq = state.seq;
@@ -219,10 +256,10 @@ impl NativeEngine {
         loc: Loc,
         kind: RecordKind,
     ) {
-        let Some(state) = self.batches.get_mut(&batch) else {
+        let Some(state) = self.batches.get_mut(batch) else {
             // The batch failed: this member is never applied.
-            self.flight_end(&key, seq, false);
-            self.release_guards(super::key_hash(&key));
+            self.seqs.flight_end(&key, seq, false);
+            self.release_guards(key_hash(&key));
             return;
         };
         state.durable.push((key, seq, loc, kind));
@@ -235,13 +272,13 @@ impl NativeEngine {
     /// Every member is durable: apply them together, answer, and erase the batch record (or hand
     /// a committed part's record and held keys to its part).
     fn batch_applied(&mut self, batch: u64) {
-        let state = self.batches.get_mut(&batch).expect("unknown batch");
+        let state = self.batches.get_mut(batch).expect("unknown batch");
         let durable = std::mem::take(&mut state.durable);
         let reply = state.reply.take();
         let record = state.record.expect("members are written after the record");
         let batch_seq = state.seq;
         let part = state.part;
-        self.finish_seq(batch_seq);
+        self.seqs.finish(batch_seq);
         for (key, seq, loc, kind) in durable {
             match kind {
                 RecordKind::Put => self.apply_put(&key, seq, loc),
@@ -255,7 +292,7 @@ impl NativeEngine {
         }
         match part {
             Some(gsn) => {
-                let state = self.batches.remove(&batch).expect("applied above");
+                let state = self.batches.remove(batch).expect("applied above");
                 self.part_committed(gsn, record, state.held);
             }
             None => self.erase_batch_record(record, batch),
@@ -264,7 +301,7 @@ impl NativeEngine {
 
     /// The batch record's erasure is durable: its keys no longer have a copy in it.
     pub(super) fn batch_erased(&mut self, batch: u64) {
-        let state = self.batches.remove(&batch).expect("erased an unknown batch");
+        let state = self.batches.remove(batch).expect("erased an unknown batch");
         for hash in state.held {
             self.release_tag(Some(hash));
         }
@@ -273,7 +310,7 @@ impl NativeEngine {
     /// A member or the record failed (the store is poisoned by then, or the batch never got a
     /// slot): answer the error and forget the batch; members that still complete are dropped.
     pub(super) fn batch_member_failed(&mut self, batch: u64, err: WriteError) {
-        let Some(mut state) = self.batches.remove(&batch) else { return };
+        let Some(mut state) = self.batches.remove(batch) else { return };
         if state.record.is_some() && !self.is_poisoned() {
             // The batch record is durable, so recovery will apply the batch: refuse further
             // writes rather than carry on as if it had not happened.
@@ -284,14 +321,14 @@ impl NativeEngine {
             // Nothing of the batch is durable: undo what it registered when it started. (Its
             // member slots stay allocated until the next recovery.)
             for op in std::mem::take(&mut state.ops) {
-                self.flight_end(op.key(), state.seq, false);
-                self.release_guards(super::key_hash(op.key()));
+                self.seqs.flight_end(op.key(), state.seq, false);
+                self.release_guards(key_hash(op.key()));
             }
             for hash in std::mem::take(&mut state.held) {
                 self.release_tag(Some(hash));
             }
             if !self.is_poisoned() {
-                self.finish_seq(state.seq);
+                self.seqs.finish(state.seq);
             }
         }
         if let (Some(gsn), None) = (state.part, state.record) {

@@ -6,7 +6,7 @@
 //!   (its newer version is durable) and enters a chain only once its free record, which points
 //!   to the chain's previous head, is durable.
 //! - Each in-memory slot remembers the hash of the key whose stale copy it still holds ("tag"),
-//!   so tombstones of that key are kept until the stale copy is overwritten (see `engine.rs`).
+//!   so tombstones of that key are kept until the stale copy is overwritten (see `seqs.rs`).
 //! - Each chain has at most one push or pop in flight ("busy"), so its head is always the
 //!   durable top of the chain.
 

@@ -1,6 +1,8 @@
 //! The garbage collector of append placement (RStore §3.3): empties the block with the most dead
-//! slots by rewriting its live records through the normal append path. Block accounting and the
-//! victim heap are in `placement.rs`; the guide is docs/placement.md.
+//! slots by rewriting its live records through the normal append path. `Collector` holds the
+//! placement of each class, the block accounting of each append class (`AppendClass`, whose
+//! block accounting and victim heap are in `placement.rs`) and the collection under way; the
+//! engine's collection steps follow (`impl NativeEngine`). The guide is docs/placement.md.
 //!
 //! A collection: pick a victim (when the class wants one, `AppendClass::wants_collection`) →
 //! read the block's written pages with one I/O → list its live records: puts the index points at
@@ -22,11 +24,16 @@
 //!   overwritten while the copy was still landing, and the copy would bring the deleted key
 //!   back at the next open (issue 20, finding 2). Checked when a move ends.
 //! - One collection at a time per shard; at most `GC_MOVES_PER_ROUND_MAX` moves issued per round,
-//!   so foreground requests of the round are never queued behind a whole block.
+//!   so foreground requests of the round are never queued behind a whole block. A collection
+//!   ends only once none of its moves is in flight (`moves_in_flight` never goes below zero:
+//!   asserted in `Collector::move_ended`).
 //! - Nothing runs while the store is poisoned.
 
-use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot};
-use super::{key_hash, Effect, IoPurpose, NativeEngine};
+use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot, CLASS_COUNT};
+use super::placement::{AppendClass, Placement};
+use super::seqs::key_hash;
+use super::write::Effect;
+use super::{IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, IoCompletion, IoKind};
 use crate::engine::Reply;
 use crate::error::WriteError;
@@ -63,57 +70,97 @@ pub(super) struct GcRead {
     first_page: u64,
 }
 
-impl NativeEngine {
-    /// One round's share of collection: start a collection if a class wants one, or issue the
-    /// next moves of the one under way. Called at the end of every round.
-    pub(super) fn gc_step(&mut self) {
-        let appended = std::mem::take(&mut self.appended_this_round);
-        if self.is_poisoned() {
-            self.gc = None;
-            self.gc_wanted = false;
-            return;
-        }
-        if self.gc.is_none() && !self.closing {
-            self.gc_start(appended);
-        }
-        let Some(run) = self.gc.as_ref() else { return };
-        let class = run.class;
-        if run.candidates.is_none() {
-            return; // still reading the victims
-        }
-        let budget = (GC_MOVES_PER_ROUND_MIN + GC_MOVES_PER_APPENDED_SLOT * appended)
-            .min(GC_MOVES_PER_ROUND_MAX);
-        let candidates = self.gc.as_mut().and_then(|run| run.candidates.as_mut()).expect("listed");
-        let issued: Vec<Candidate> = candidates.by_ref().take(budget).collect();
-        let finished = candidates.len() == 0;
-        let append = self.append[class as usize].as_ref().expect("append");
-        // A victim may have been freed under the collection (every slot released): then it may
-        // be open again, and nothing of it is to move.
-        let issued: Vec<Candidate> = issued
-            .into_iter()
-            .filter(|candidate| append.is_collecting(append.block_of(candidate.slot)))
-            .collect();
-        for candidate in issued {
-            if self.gc_move(class, candidate).is_err() {
-                // No slot to move to (the file could not grow): stop this collection.
-                self.gc.as_mut().expect("running").candidates = Some(Vec::new().into_iter());
-                break;
-            }
-        }
-        if finished && self.gc_moves_in_flight == 0 {
-            self.gc_finish();
+/// Where each class puts new records, and the collector of the append classes.
+pub(super) struct Collector {
+    /// The placement of each class (fixed at the store's creation).
+    placements: Vec<Placement>,
+    /// Pages per block of an append class.
+    block_pages: u32,
+    /// The collector keeps an append class's file under this many times its live slots.
+    space_amplification_max: f64,
+    /// Block accounting of each class in append placement (once its file is open).
+    append: Vec<Option<AppendClass>>,
+    /// The collection under way, if any.
+    run: Option<GcRun>,
+    /// Moves of the collection written and not yet durable (or failed).
+    moves_in_flight: usize,
+    /// A class wanted a collection when last asked (so the shard keeps turning rounds).
+    wanted: bool,
+    /// Slots appended this round (the collector's budget grows with them).
+    appended_this_round: usize,
+}
+
+impl Collector {
+    pub(super) fn new(
+        placements: Vec<Placement>,
+        block_pages: u32,
+        space_amplification_max: f64,
+    ) -> Collector {
+        assert_eq!(placements.len(), CLASS_COUNT);
+        Collector {
+            placements,
+            block_pages: block_pages.max(1),
+            space_amplification_max,
+            append: (0..CLASS_COUNT).map(|_| None).collect(),
+            run: None,
+            moves_in_flight: 0,
+            wanted: false,
+            appended_this_round: 0,
         }
     }
 
+    pub(super) fn placement(&self, class: u8) -> Placement {
+        self.placements[class as usize]
+    }
+
+    /// Sets up the block accounting of a class in append placement whose file holds
+    /// `file_bytes`, of which the slots below `frontier` were handed out at some time.
+    pub(super) fn open_class(&mut self, class: SizeClass, file_bytes: u64, frontier: u64) {
+        if self.placements[class.id as usize] == Placement::Append && !class.is_multi_page() {
+            self.append[class.id as usize] = Some(AppendClass::new(
+                class,
+                self.block_pages,
+                class.slots_in_file(file_bytes),
+                frontier,
+            ));
+        }
+    }
+
+    /// The block accounting of a class, if it is appended (and its file is open).
+    pub(super) fn append(&self, class: u8) -> Option<&AppendClass> {
+        self.append[class as usize].as_ref()
+    }
+
+    pub(super) fn append_mut(&mut self, class: u8) -> Option<&mut AppendClass> {
+        self.append[class as usize].as_mut()
+    }
+
+    /// A slot was appended this round.
+    pub(super) fn count_appended(&mut self) {
+        self.appended_this_round += 1;
+    }
+
+    /// Whether a collection is under way.
+    pub(super) fn collecting(&self) -> bool {
+        self.run.is_some()
+    }
+
+    /// Whether collection has work now (a collection under way, or a class over its ceiling with
+    /// a victim to offer when last asked). Only a collection under way keeps an idle shard
+    /// turning rounds: more start with the rounds that write (which are what use space), or
+    /// when a settle waits for the collector to rest.
+    pub(super) fn busy(&self) -> bool {
+        self.run.is_some() || self.wanted
+    }
+
     /// Picks victims in a class that wants a collection, enough to free `GC_FREE_PER_APPENDED`
-    /// times what this round appended, and at least what the class stands past the start of
-    /// collection (and one block): a collection takes a few rounds (read, move, durable), so it
-    /// must free more than a round uses. Then starts reading them.
-    fn gc_start(&mut self, appended: usize) {
-        self.gc_wanted = false;
-        for class in 0..self.append.len() {
-            let ratio = self.space_amplification_max;
-            let Some(append) = self.append[class].as_mut() else { continue };
+    /// times what this round appended (`appended`), and at least what the class stands past
+    /// the start of collection (and one block). Returns the class and its victims.
+    fn pick_victims(&mut self, appended: usize) -> Option<(u8, Vec<u32>)> {
+        self.wanted = false;
+        let ratio = self.space_amplification_max;
+        for (class, append) in self.append.iter_mut().enumerate() {
+            let Some(append) = append.as_mut() else { continue };
             if !append.wants_collection(ratio) {
                 continue;
             }
@@ -132,42 +179,123 @@ impl NativeEngine {
             if blocks.is_empty() {
                 continue;
             }
-            self.gc_wanted = true;
-            let file = self.classes[class].as_ref().expect("an append class has a file");
-            let (fid, frontier_page) = (file.file, file.frontier_page);
-            let mut reads = Vec::new();
-            for &block in &blocks {
-                let (first_page, end_page) = append.pages_of(block);
-                // Pages past the frontier were never written: nothing in them lives.
-                let pages = end_page.min(frontier_page).saturating_sub(first_page);
-                if pages > 0 {
-                    reads.push((block, first_page, pages));
-                }
+            self.wanted = true;
+            return Some((class as u8, blocks));
+        }
+        None
+    }
+
+    /// The next moves of the collection under way, at most `budget`, with the class and whether
+    /// none is left after them; `None` while no collection is listing its moves.
+    fn next_moves(&mut self, budget: usize) -> Option<(u8, Vec<Candidate>, bool)> {
+        let run = self.run.as_mut()?;
+        let class = run.class;
+        let candidates = run.candidates.as_mut()?;
+        let issued: Vec<Candidate> = candidates.by_ref().take(budget).collect();
+        let finished = candidates.len() == 0;
+        let append = self.append[class as usize].as_ref().expect("append");
+        // A victim may have been freed under the collection (every slot released): then it may
+        // be open again, and nothing of it is to move.
+        let issued = issued
+            .into_iter()
+            .filter(|candidate| append.is_collecting(append.block_of(candidate.slot)))
+            .collect();
+        Some((class, issued, finished))
+    }
+
+    /// No slot to move to (the file could not grow): the collection under way moves no more.
+    fn stop_moves(&mut self) {
+        self.run.as_mut().expect("running").candidates = Some(Vec::new().into_iter());
+    }
+
+    fn move_started(&mut self) {
+        self.moves_in_flight += 1;
+    }
+
+    fn move_ended(&mut self) {
+        assert!(self.moves_in_flight > 0, "a collector move ended that was not in flight");
+        self.moves_in_flight -= 1;
+    }
+
+    /// Ends the collection under way: a victim it could not empty waits until one of its slots
+    /// is freed.
+    fn finish(&mut self) {
+        let Some(run) = self.run.take() else { return };
+        if let Some(append) = self.append[run.class as usize].as_mut() {
+            for block in run.blocks {
+                append.collection_ended(block);
             }
-            self.gc = Some(GcRun {
-                class: class as u8,
-                blocks,
-                reads_in_flight: reads.len(),
-                found: Vec::new(),
-                candidates: reads.is_empty().then(|| Vec::new().into_iter()),
-            });
-            for (block, first_page, pages) in reads {
-                self.queue_io(
-                    IoKind::Read,
-                    fid,
-                    first_page * PAGE_BYTES as u64,
-                    AlignedBuf::zeroed(pages as usize * PAGE_BYTES),
-                    IoPurpose::GcRead(GcRead { class: class as u8, block, first_page }),
-                );
-            }
+        }
+    }
+}
+
+impl NativeEngine {
+    /// One round's share of collection: start a collection if a class wants one, or issue the
+    /// next moves of the one under way. Called at the end of every round.
+    pub(super) fn gc_step(&mut self) {
+        let appended = std::mem::take(&mut self.collector.appended_this_round);
+        if self.is_poisoned() {
+            self.collector.run = None;
+            self.collector.wanted = false;
             return;
+        }
+        if self.collector.run.is_none() && !self.closing {
+            self.gc_start(appended);
+        }
+        let budget = (GC_MOVES_PER_ROUND_MIN + GC_MOVES_PER_APPENDED_SLOT * appended)
+            .min(GC_MOVES_PER_ROUND_MAX);
+        // None: no collection, or still reading the victims.
+        let Some((class, issued, finished)) = self.collector.next_moves(budget) else { return };
+        for candidate in issued {
+            if self.gc_move(class, candidate).is_err() {
+                // No slot to move to (the file could not grow): stop this collection.
+                self.collector.stop_moves();
+                break;
+            }
+        }
+        if finished && self.collector.moves_in_flight == 0 {
+            self.collector.finish();
+        }
+    }
+
+    /// Picks victims (`Collector::pick_victims`): a collection takes a few rounds (read, move,
+    /// durable), so it must free more than a round uses. Then starts reading them.
+    fn gc_start(&mut self, appended: usize) {
+        let Some((class, blocks)) = self.collector.pick_victims(appended) else { return };
+        let file = self.slabs.file(class).expect("an append class has a file");
+        let (fid, frontier_page) = (file.file, file.frontier_page);
+        let append = self.collector.append(class).expect("an append class");
+        let mut reads = Vec::new();
+        for &block in &blocks {
+            let (first_page, end_page) = append.pages_of(block);
+            // Pages past the frontier were never written: nothing in them lives.
+            let pages = end_page.min(frontier_page).saturating_sub(first_page);
+            if pages > 0 {
+                reads.push((block, first_page, pages));
+            }
+        }
+        self.collector.run = Some(GcRun {
+            class,
+            blocks,
+            reads_in_flight: reads.len(),
+            found: Vec::new(),
+            candidates: reads.is_empty().then(|| Vec::new().into_iter()),
+        });
+        for (block, first_page, pages) in reads {
+            self.io.queue(
+                IoKind::Read,
+                fid,
+                first_page * PAGE_BYTES as u64,
+                AlignedBuf::zeroed(pages as usize * PAGE_BYTES),
+                IoPurpose::GcRead(GcRead { class, block, first_page }),
+            );
         }
     }
 
     /// A victim was read: list what lives in it.
     pub(super) fn gc_read_done(&mut self, read: GcRead, completion: IoCompletion) {
         let GcRead { class, block, first_page } = read;
-        let Some(run) = self.gc.as_mut() else { return };
+        let Some(run) = self.collector.run.as_ref() else { return };
         assert!(run.class == class && run.blocks.contains(&block));
         let mut candidates = Vec::new();
         match completion.result {
@@ -176,10 +304,10 @@ impl NativeEngine {
             }
             Ok(()) => {
                 let info = SizeClass::get(class);
-                let layout = self.layout_of(class);
+                let layout = self.slabs.layout_of(class);
                 let slot_bytes = info.slot_bytes as usize;
-                self.append[class as usize].as_mut().expect("append").figures.gc_bytes_read +=
-                    completion.buf.len() as u64;
+                let append = self.collector.append_mut(class).expect("append");
+                append.figures.gc_bytes_read += completion.buf.len() as u64;
                 for (index, page) in completion.buf.chunks_exact(PAGE_BYTES).enumerate() {
                     let first_slot = info.first_slot_of_page(first_page + index as u64);
                     for in_page in 0..info.slots_per_page as usize {
@@ -209,7 +337,7 @@ impl NativeEngine {
                 }
             }
         }
-        let run = self.gc.as_mut().expect("running");
+        let run = self.collector.run.as_mut().expect("running");
         run.found.extend(candidates);
         run.reads_in_flight -= 1;
         if run.reads_in_flight == 0 {
@@ -221,9 +349,7 @@ impl NativeEngine {
     /// guard of its key) holds.
     fn gc_still_live(&self, loc: Loc, key: &[u8], seq: u64, tombstone: bool) -> bool {
         if tombstone {
-            self.tombstone_guards
-                .get(&key_hash(key))
-                .is_some_and(|guards| guards.iter().any(|(at, k)| *at == loc && **k == *key))
+            self.seqs.guards_at(loc, key)
         } else {
             self.index.entry(key).is_some_and(|entry| entry.loc == loc && entry.seq == seq)
         }
@@ -239,16 +365,16 @@ impl NativeEngine {
         let (new_slot, overwritten) = self.allocate(SizeClass::get(class), None)?;
         let loc = Loc::new(class, new_slot, 0);
         let bytes = super::format::record_bytes(key.len(), value.len()) as u64;
-        self.flight_begin(&key);
-        let write = self.new_write(
+        self.seqs.flight_begin(&key);
+        let write = self.writes.add(
             loc,
             overwritten,
             Effect::Moved { key: key.clone(), seq, from, tombstone, bytes },
         );
-        let watermark = self.durable_watermark();
+        let watermark = self.seqs.durable_watermark();
         let kind = if tombstone { RecordKind::Tombstone } else { RecordKind::Put };
         self.place(write, loc, kind, seq, watermark, &key, &value);
-        self.gc_moves_in_flight += 1;
+        self.collector.move_started();
         Ok(())
     }
 
@@ -262,9 +388,9 @@ impl NativeEngine {
         tombstone: bool,
         bytes: u64,
     ) {
-        self.gc_moves_in_flight -= 1;
+        self.collector.move_ended();
         // Not `applied`: whether the copy is live is the index's word (below), not the flight's.
-        self.flight_end(key, seq, false);
+        self.seqs.flight_end(key, seq, false);
         let hash = key_hash(key);
         // A put left behind is a stale copy of its key until its slot is written again.
         let tag = (!tombstone).then_some(hash);
@@ -274,11 +400,8 @@ impl NativeEngine {
             let covered = tombstone
                 || self.is_poisoned()
                 || self.index.contains(key)
-                || self.flights.contains_key(key)
-                || self
-                    .tombstone_guards
-                    .get(&hash)
-                    .is_some_and(|guards| guards.iter().any(|(_, k)| **k == *key));
+                || self.seqs.in_flight(key)
+                || self.seqs.guards_key(key);
             assert!(
                 covered,
                 "shard {}: the collector's copy of a deleted key at {to:?} outlived the key's \
@@ -287,9 +410,7 @@ impl NativeEngine {
             );
             self.release_slot(to, tag, false);
         } else if tombstone {
-            let guards = self.tombstone_guards.get_mut(&hash).expect("checked live above");
-            let guard = guards.iter_mut().find(|(at, k)| *at == from && **k == *key);
-            guard.expect("checked live above").0 = to;
+            self.seqs.move_guard(key, from, to);
             self.release_slot(from, tag, false);
         } else {
             let old = self.index.insert(key, to, seq);
@@ -301,7 +422,7 @@ impl NativeEngine {
             );
             self.release_slot(from, tag, false);
         }
-        let figures = &mut self.append[to.class() as usize].as_mut().expect("append").figures;
+        let figures = &mut self.collector.append_mut(to.class()).expect("append").figures;
         figures.gc_slots_moved += 1;
         figures.gc_bytes_moved += bytes;
         // The move's flight has ended: tombstones kept for it may go now.
@@ -310,26 +431,9 @@ impl NativeEngine {
 
     /// A move's write failed (the store is poisoned): nothing moved.
     pub(super) fn gc_move_failed(&mut self, key: &[u8], seq: u64) {
-        self.gc_moves_in_flight -= 1;
-        self.flight_end(key, seq, false);
+        self.collector.move_ended();
+        self.seqs.flight_end(key, seq, false);
         self.release_guards(key_hash(key));
-    }
-
-    fn gc_finish(&mut self) {
-        let Some(run) = self.gc.take() else { return };
-        if let Some(append) = self.append[run.class as usize].as_mut() {
-            for block in run.blocks {
-                append.collection_ended(block);
-            }
-        }
-    }
-
-    /// Whether collection has work now (a collection under way, or a class over its ceiling with
-    /// a victim to offer when last asked). Only a collection under way keeps an idle shard
-    /// turning rounds: more start with the rounds that write (which are what use space), or
-    /// when a settle waits for the collector to rest.
-    pub(super) fn gc_busy(&self) -> bool {
-        self.gc.is_some() || self.gc_wanted
     }
 
     /// A settle waits for the collector to rest, then for a flush.
@@ -337,17 +441,15 @@ impl NativeEngine {
         if self.is_poisoned() {
             let _ = reply.send(Err(WriteError::Poisoned));
         } else {
-            self.settle_waiters.push(reply);
+            self.writes.wait_to_settle(reply);
         }
     }
 
     /// Hands the settles to the flush waiters once the collector rests.
     pub(super) fn settle_step(&mut self) {
-        if self.settle_waiters.is_empty() || self.gc_busy() {
+        if !self.writes.has_settle_waiters() || self.collector.busy() {
             return;
         }
-        for reply in std::mem::take(&mut self.settle_waiters) {
-            self.flush_waiters.push((self.next_write_id, reply));
-        }
+        self.writes.settles_to_flush();
     }
 }

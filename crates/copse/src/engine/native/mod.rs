@@ -1,22 +1,36 @@
 //! The native engine (KVell): one shard's unsorted size-class slabs, its index, page cache and
 //! free lists, driven by the shard thread as a state machine over batched asynchronous I/O.
 //!
-//! Reading order: `format.rs` (what is on disk), this file (state and the I/O plumbing),
-//! `write.rs` (puts, deletes, freeing slots), `batch.rs`, `parts.rs`, `read.rs` (gets, scans),
-//! `recovery.rs` (rebuilding state from the slabs).
+//! `NativeEngine` is a set of parts, each in its own file with the methods that change it:
+//! `Io` (`io.rs`: device, queued requests, what each is for), `Pages` (`pages.rs`: page cache,
+//! page reads and their waiters, dirty pages, pages with a write in flight), `Slabs`
+//! (`slabs.rs`: slab files, free lists, growth), `Seqs` (`seqs.rs`: sequence numbers, flights,
+//! stale copies, tombstone guards), `Writes` (`write.rs`: writes until durable, flush and
+//! settle waiters), `Collector` (`gc.rs`: placement and the collector), `Index` (`index.rs`),
+//! `Batches` (`batch.rs`), `Scans` (`read.rs`), cross-shard parts (`parts.rs`) and the scrub
+//! (`scrub.rs`). The engine keeps what coordinates several parts: opening, the dispatch of
+//! requests and completions (`IoPurpose`), the stats, and `ShardEngine`; the operations that
+//! span parts live with the part they mostly serve, as further `impl NativeEngine` blocks.
+//!
+//! Reading order: `format.rs` (what is on disk), this file (the parts, open, dispatch), `io.rs`,
+//! `pages.rs`, `slabs.rs` (allocating and freeing slots), `seqs.rs`, `write.rs` (puts, deletes,
+//! placing records, durability), `batch.rs`, `parts.rs`, `read.rs` (gets, scans), `recovery.rs`
+//! (rebuilding state from the slabs), then `placement.rs` + `gc.rs`, `scrub.rs`, `check.rs`.
 //!
 //! Invariants (the reasons are in docs/durability.md):
 //! 1. The bytes of a live record (the one the index points to) are never overwritten. A new
 //!    version goes to a free slot; the old slot is freed only after the new one is durable, and
 //!    the index is updated at that moment, so a torn write can only damage a slot nobody needs.
+//!    Asserted where a record is encoded (`place`, `place_in_page` in `write.rs`).
 //! 2. A write is answered only when durable (`WriteDurability`): its completion was reaped
 //!    before a flush began, and that flush finished (or, under `Dsync`, it completed). Checked,
 //!    in release builds too, against the device's own count of what its flushes covered
 //!    (`PendingWrite::reaped_through`, asserted in `write_durable`).
 //! 3. A page has at most one write in flight; modifications made meanwhile ride the next write
-//!    (asserted where a page write is queued and where it completes).
+//!    (asserted where a page write is queued and where it completes: `Pages::begin_write`,
+//!    `Pages::end_write`).
 //! 4. For every key, the disk holds at most: its newest record (live item or tombstone) and
-//!    older copies that are stale. Every stale copy is counted in `stale_counts` under the key's
+//!    older copies that are stale. Every stale copy is counted (`Seqs`) under the key's
 //!    hash until it is overwritten or erased; a tombstone is kept while its key's count is
 //!    non-zero, so no stale copy can come back at recovery.
 //! 5. Writes of one key may be in flight together; each carries a sequence number and only the
@@ -31,31 +45,37 @@ pub mod format;
 pub mod free_list;
 mod gc;
 pub mod index;
+mod io;
+mod pages;
 mod parts;
 pub mod placement;
 mod read;
 pub mod recovery;
 mod scrub;
+mod seqs;
+mod slabs;
 mod write;
 
-use std::collections::{BTreeMap, VecDeque};
-
-use crate::hash::{HashMap, HashSet};
+use crate::hash::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::device::{
-    AlignedBuf, BlockDevice, FaultPoint, FileId, IoCompletion, IoKind, IoRequest, WriteDurability,
-};
-use crate::engine::{ClassStats, RecoveryStats, Reply, Request, ShardEngine, ShardStats};
-use crate::error::{OpenError, ReadError, WriteError};
-use crate::limits::PAGE_BYTES;
+use crate::device::{BlockDevice, FaultPoint, IoCompletion};
+use crate::engine::{ClassStats, RecoveryStats, Request, ShardEngine, ShardStats};
+use crate::error::{OpenError, WriteError};
 
-use cache::{PageCache, PageKey};
-use format::{Loc, RecordLayout, SizeClass, CLASS_COUNT};
-use free_list::FreeList;
+use batch::Batches;
+use cache::PageKey;
+use format::{Loc, SizeClass};
+use gc::Collector;
 use index::Index;
-use placement::{AppendClass, Placement};
+use io::Io;
+use pages::Pages;
+use placement::Placement;
+use read::Scans;
+use seqs::Seqs;
+use slabs::Slabs;
+use write::{Effect, Origin, Writes};
 
 type WriteId = u64;
 type Key = Box<[u8]>;
@@ -80,112 +100,8 @@ pub struct EngineConfig {
     pub poisoned: Arc<AtomicBool>,
 }
 
-/// A slab file of one class.
-struct ClassFile {
-    file: FileId,
-    /// Slots at and past this index have never been handed out since the file was scanned.
-    next_append_slot: u64,
-    /// Pages at and past this one were never written (zero-filled): no read needed to fill them.
-    frontier_page: u64,
-    file_bytes: u64,
-    /// How its records are laid out (from its format version, which a file keeps for life).
-    layout: RecordLayout,
-    /// Append placement: pages [start, end) of the open block hold nothing live and were not
-    /// written since it was opened, so their image is zeros, no read needed. The start moves
-    /// past every page a record is placed in, whether its image was cached, read or zeroed.
-    fresh_pages: (u64, u64),
-}
-
-/// Who is waiting for a write, and what it does once durable.
-enum Origin {
-    Put(Reply<(), WriteError>),
-    Delete(Reply<bool, WriteError>),
-    /// A member of a write batch (applied with the whole batch).
-    Batch(u64),
-}
-
-enum Effect {
-    Put {
-        key: Key,
-        seq: u64,
-        origin: Origin,
-    },
-    Tombstone {
-        key: Key,
-        seq: u64,
-        origin: Origin,
-    },
-    BatchRecord {
-        batch: u64,
-    },
-    /// A free record: the slot joins the in-memory free set, or chain `chain` once durable.
-    /// `retires`: the sequence number of a torn record this erases (see `unfinished_seqs`).
-    Erase {
-        chain: Option<usize>,
-        retires: Option<u64>,
-    },
-    /// The watermark record of a clean close: nothing to do once durable.
-    Watermark,
-    /// The free record over a finished batch record or a forgotten part's record.
-    RecordErased {
-        owner: ErasedRecord,
-        chain: Option<usize>,
-    },
-    /// A prepared Part record (`parts.rs`): the part is durable once this is.
-    PartPrepared {
-        gsn: u64,
-        seq: u64,
-    },
-    /// The collector's copy of a live record from `from` (`gc.rs`); `bytes`: the record's size.
-    Moved {
-        key: Key,
-        seq: u64,
-        from: Loc,
-        tombstone: bool,
-        bytes: u64,
-    },
-}
-
-/// Whose record a free record erases, to be told once the erasure is durable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ErasedRecord {
-    /// Releases the batch's keys.
-    Batch(u64),
-    /// Erases the part's next record, or finishes forgetting it.
-    Part(u64),
-}
-
-struct PendingWrite {
-    /// Once its I/O completed: the device's `write_completions_reaped` after the reap that
-    /// returned it (at or past the write's own number). It may be acknowledged only once the
-    /// device's `write_completions_durable` has reached this.
-    reaped_through: Option<u64>,
-    loc: Loc,
-    /// Stale key hash of what the slot held before; released once this write is durable.
-    overwritten: Option<u64>,
-    effect: Effect,
-}
-
-/// Writes of one key that are in flight (invariant 5).
-#[derive(Default)]
-struct Flight {
-    in_flight: u32,
-    applied_seq: u64,
-}
-
-enum PageWaiter {
-    Place { write: WriteId, offset: usize, record: Vec<u8> },
-    Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError> },
-    ScanItem { scan: u64, item: usize },
-    ChainPop { class: u8, chain: usize, slot: u64 },
-}
-
-enum DirectRead {
-    Get { key: Vec<u8>, loc: Loc, reply: Reply<Option<Vec<u8>>, ReadError> },
-    ScanItem { scan: u64, item: usize, loc: Loc },
-    ChainPop { class: u8, chain: usize, slot: u64 },
-}
-
+/// What a request queued or in flight is for (by its token, in `Io`): `complete` dispatches
+/// each completion to the part that asked.
 enum IoPurpose {
     PageLoad(PageKey),
     /// `pages` consecutive pages from `page`, written with one I/O.
@@ -195,7 +111,7 @@ enum IoPurpose {
         writes: Vec<WriteId>,
     },
     DirectWrite(WriteId),
-    DirectRead(DirectRead),
+    DirectRead(read::DirectRead),
     /// A synchronous request issued by `sync_io`.
     Sync,
     /// A read of the online scrub (`scrub.rs`).
@@ -206,71 +122,25 @@ enum IoPurpose {
 
 pub struct NativeEngine {
     shard_id: u32,
-    device: Box<dyn BlockDevice>,
-    durability: WriteDurability,
-    io_depth_max: usize,
-    slab_growth_bytes_min: u64,
+    /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     poisoned: Arc<AtomicBool>,
-    placements: Vec<Placement>,
-    append_block_pages: u32,
-    space_amplification_max: f64,
-
-    classes: Vec<Option<ClassFile>>,
-    /// Block accounting of each class in append placement (once its file is open).
-    append: Vec<Option<AppendClass>>,
-    /// The collection under way, if any, and the moves it has in flight.
-    gc: Option<gc::GcRun>,
-    gc_moves_in_flight: usize,
-    /// A class wanted a collection when last asked (so the shard keeps turning rounds).
-    gc_wanted: bool,
-    /// Slots appended this round (the collector's budget grows with them).
-    appended_this_round: usize,
-    settle_waiters: Vec<Reply<(), WriteError>>,
     /// `close` was called: no new collection starts.
     closing: bool,
-    /// Per class: bytes the device was asked to write for it, and bytes of keys and values
-    /// users asked to write (write amplification is their ratio).
-    device_bytes_written: Vec<u64>,
-    user_bytes_written: Vec<u64>,
-    free: Vec<FreeList>,
+
+    io: Io,
+    pages: Pages,
+    slabs: Slabs,
+    seqs: Seqs,
+    writes: Writes,
+    collector: Collector,
     index: Index,
-    cache: PageCache,
-    next_seq: u64,
 
-    io_ready: VecDeque<IoRequest>,
-    io_purpose: HashMap<u64, IoPurpose>,
-    next_token: u64,
-    /// Completions reaped by `sync_io` that belong to the asynchronous machinery.
-    stashed: Vec<IoCompletion>,
-
-    loading: HashMap<PageKey, Vec<PageWaiter>>,
-    /// Pages with modifications not yet submitted, and the writes those modifications carry.
-    dirty: HashMap<PageKey, Vec<WriteId>>,
-    pages_in_flight: HashSet<PageKey>,
-    writes: BTreeMap<WriteId, PendingWrite>,
-    next_write_id: WriteId,
-    awaiting_flush: Vec<WriteId>,
-    flush_waiters: Vec<(WriteId, Reply<(), WriteError>)>,
-
-    flights: HashMap<Key, Flight>,
-    /// Sequence numbers handed out whose records are not yet durable (count of holders). Every
-    /// record carries the durable watermark (below the smallest of these) so that recovery can
-    /// tell a damaged record that was once durable (bit rot) from a torn in-flight write.
-    unfinished_seqs: BTreeMap<u64, u32>,
-    next_seq_at_open: u64,
-    stale_counts: HashMap<u64, u32>,
-    /// Tombstones kept (with their keys) until no older copy of the key can remain on disk.
-    tombstone_guards: HashMap<u64, Vec<(Loc, Key)>>,
-    /// Frees that found every chain of their class busy; retried each round (already counted).
-    deferred_frees: VecDeque<(Loc, Option<u64>, bool, Option<ErasedRecord>)>,
-    batches: HashMap<u64, batch::BatchState>,
-    next_batch_id: u64,
+    batches: Batches,
     /// Cross-shard parts from `PreparePart` (or recovery) until `ForgetPart`, by gsn.
     parts: HashMap<u64, parts::Part>,
     /// What recovery found, for `recovered_parts`.
     recovered_parts: Vec<crate::engine::part::PartRecord>,
-    scans: HashMap<u64, read::ScanState>,
-    next_scan_id: u64,
+    scans: Scans,
     /// The online scrub under way, if any.
     scrub: Option<scrub::Scrub>,
 
@@ -285,68 +155,36 @@ impl NativeEngine {
         config: EngineConfig,
         progress: Option<&indicatif::ProgressBar>,
     ) -> Result<NativeEngine, OpenError> {
-        let durability = device.durability();
         let mut engine = NativeEngine {
             shard_id: config.shard_id,
-            device,
-            durability,
-            io_depth_max: config.io_depth_max.max(1),
-            slab_growth_bytes_min: config.slab_growth_bytes_min.max(PAGE_BYTES as u64),
             poisoned: config.poisoned,
-            placements: {
-                assert_eq!(config.placements.len(), CLASS_COUNT);
-                config.placements
-            },
-            append_block_pages: config.append_block_pages.max(1),
-            space_amplification_max: config.space_amplification_max,
-            classes: (0..CLASS_COUNT).map(|_| None).collect(),
-            append: (0..CLASS_COUNT).map(|_| None).collect(),
-            gc: None,
-            gc_moves_in_flight: 0,
-            gc_wanted: false,
-            appended_this_round: 0,
-            settle_waiters: Vec::new(),
             closing: false,
-            device_bytes_written: vec![0; CLASS_COUNT],
-            user_bytes_written: vec![0; CLASS_COUNT],
-            free: (0..CLASS_COUNT).map(|_| FreeList::default()).collect(),
+            io: Io::new(config.shard_id, device, config.io_depth_max),
+            pages: Pages::new(config.shard_id, config.cache_pages),
+            slabs: Slabs::new(config.slab_growth_bytes_min),
+            seqs: Seqs::new(),
+            writes: Writes::new(),
+            collector: Collector::new(
+                config.placements,
+                config.append_block_pages,
+                config.space_amplification_max,
+            ),
             index: Index::default(),
-            cache: PageCache::new(config.cache_pages),
-            next_seq: 1,
-            io_ready: VecDeque::new(),
-            io_purpose: HashMap::default(),
-            next_token: 1,
-            stashed: Vec::new(),
-            loading: HashMap::default(),
-            dirty: HashMap::default(),
-            pages_in_flight: HashSet::default(),
-            writes: BTreeMap::new(),
-            next_write_id: 1,
-            awaiting_flush: Vec::new(),
-            flush_waiters: Vec::new(),
-            flights: HashMap::default(),
-            unfinished_seqs: BTreeMap::new(),
-            next_seq_at_open: 0,
-            stale_counts: HashMap::default(),
-            tombstone_guards: HashMap::default(),
-            deferred_frees: VecDeque::new(),
-            batches: HashMap::default(),
-            next_batch_id: 1,
+            batches: Batches::new(),
             parts: HashMap::default(),
             recovered_parts: Vec::new(),
-            scans: HashMap::default(),
-            next_scan_id: 1,
+            scans: Scans::new(),
             scrub: None,
             recovery: RecoveryStats::default(),
         };
         engine.recover(progress)?;
-        engine.next_seq_at_open = engine.next_seq;
+        engine.seqs.mark_open();
         // Replayed batches must be applied before the shard answers anyone. A replay that failed
         // forgets its batch (even the last one), so the poison is what says the open failed:
         // the batch's keys are not applied, and a poisoned store refuses every write.
         while !engine.batches.is_empty() && !engine.is_poisoned() {
             engine.end_round();
-            engine.device.fault_point(FaultPoint::RecoveryReplayingBatch)?;
+            engine.io.device.fault_point(FaultPoint::RecoveryReplayingBatch)?;
             engine.reap(true);
         }
         if engine.is_poisoned() {
@@ -360,16 +198,16 @@ impl NativeEngine {
     /// Records, durably, that every write so far is durable: recovery then treats any damaged
     /// record up to here as rot rather than as a torn write.
     fn write_watermark_record(&mut self) -> Result<(), WriteError> {
-        if self.next_seq == self.next_seq_at_open {
+        if !self.seqs.written_since_open() {
             // Nothing written since open: the records on disk are what recovery saw.
             return Ok(());
         }
         let class = format::SizeClass::get(0);
-        let watermark = self.durable_watermark();
+        let watermark = self.seqs.durable_watermark();
         let (slot, overwritten) = self.allocate(class, None)?;
-        let seq = self.take_seq();
+        let seq = self.seqs.take();
         let loc = Loc::new(class.id, slot, 0);
-        let write = self.new_write(loc, overwritten, Effect::Watermark);
+        let write = self.writes.add(loc, overwritten, Effect::Watermark);
         // Every write is durable and applied (the shard is idle): the index is what the disk
         // holds, and what recovery must find again.
         let digest = self.index.digest().encode();
@@ -382,19 +220,6 @@ impl NativeEngine {
             }
         }
         Ok(())
-    }
-
-    /// Sets up the block accounting of a class in append placement whose file holds
-    /// `file_bytes`, of which the slots below `frontier` were handed out at some time.
-    fn open_placement(&mut self, class: SizeClass, file_bytes: u64, frontier: u64) {
-        if self.placements[class.id as usize] == Placement::Append && !class.is_multi_page() {
-            self.append[class.id as usize] = Some(AppendClass::new(
-                class,
-                self.append_block_pages,
-                class.slots_in_file(file_bytes),
-                frontier,
-            ));
-        }
     }
 
     fn is_poisoned(&self) -> bool {
@@ -410,80 +235,8 @@ impl NativeEngine {
         }
     }
 
-    fn take_token(&mut self) -> u64 {
-        let token = self.next_token;
-        self.next_token += 1;
-        token
-    }
-
-    fn queue_io(
-        &mut self,
-        kind: IoKind,
-        file: FileId,
-        offset: u64,
-        buf: AlignedBuf,
-        purpose: IoPurpose,
-    ) {
-        let token = self.take_token();
-        self.io_purpose.insert(token, purpose);
-        self.io_ready.push_back(IoRequest { token, file, offset, kind, buf });
-    }
-
-    /// Submits queued I/O up to the queue-depth bound, with one system call.
-    fn submit_ready(&mut self) {
-        let room = self.io_depth_max.saturating_sub(self.device.in_flight());
-        let count = room.min(self.io_ready.len());
-        if count == 0 {
-            return;
-        }
-        let requests: Vec<IoRequest> = self.io_ready.drain(..count).collect();
-        let tokens: Vec<(u64, FileId, u64, IoKind)> =
-            requests.iter().map(|r| (r.token, r.file, r.offset, r.kind)).collect();
-        if let Err(err) = self.device.submit(requests) {
-            // The device took none of them: complete each with the error.
-            tracing::error!(shard = self.shard_id, %err, "submitting I/O failed");
-            for (token, file, offset, kind) in tokens {
-                self.stashed.push(IoCompletion {
-                    token,
-                    file,
-                    offset,
-                    kind,
-                    buf: AlignedBuf::zeroed(PAGE_BYTES),
-                    result: Err(err.clone()),
-                });
-            }
-        }
-    }
-
-    /// Performs one request synchronously (slab creation), stashing unrelated completions.
-    fn sync_io(&mut self, request: IoRequest) -> Result<AlignedBuf, crate::device::DeviceError> {
-        let token = request.token;
-        self.io_purpose.insert(token, IoPurpose::Sync);
-        self.device.submit(vec![request]).inspect_err(|_| {
-            self.io_purpose.remove(&token);
-        })?;
-        loop {
-            let mut completions = Vec::new();
-            self.device.reap(1, &mut completions)?;
-            let mut mine = None;
-            // Everything else reaped here belongs to the asynchronous machinery: keep it all.
-            for completion in completions {
-                if completion.token == token {
-                    mine = Some(completion);
-                } else {
-                    self.stashed.push(completion);
-                }
-            }
-            if let Some(completion) = mine {
-                self.io_purpose.remove(&token);
-                completion.result?;
-                return Ok(completion.buf);
-            }
-        }
-    }
-
     fn complete(&mut self, completion: IoCompletion) {
-        let Some(purpose) = self.io_purpose.remove(&completion.token) else {
+        let Some(purpose) = self.io.take_purpose(completion.token) else {
             tracing::error!(
                 shard = self.shard_id,
                 token = completion.token,
@@ -495,9 +248,7 @@ impl NativeEngine {
             IoPurpose::PageLoad(page) => self.page_loaded(page, completion),
             IoPurpose::PageWrite { page, pages, writes } => {
                 for number in page.1..page.1 + pages {
-                    let was_in_flight = self.pages_in_flight.remove(&(page.0, number));
-                    assert!(was_in_flight, "a page write completed that was not in flight");
-                    self.cache.unpin((page.0, number));
+                    self.pages.end_write((page.0, number));
                 }
                 self.writes_completed(writes, completion.result);
             }
@@ -509,230 +260,30 @@ impl NativeEngine {
         }
     }
 
-    fn writes_completed(
-        &mut self,
-        writes: Vec<WriteId>,
-        result: Result<(), crate::device::DeviceError>,
-    ) {
-        let reaped_through = self.device.write_completions_reaped();
-        for write in &writes {
-            if let Some(pending) = self.writes.get_mut(write) {
-                pending.reaped_through = Some(reaped_through);
-            }
-        }
-        match result {
-            Ok(()) => match self.durability {
-                WriteDurability::Dsync => self.writes_durable(writes),
-                WriteDurability::FlushPerRound => self.awaiting_flush.extend(writes),
-            },
-            Err(err) => {
-                tracing::error!(shard = self.shard_id, %err, "write failed");
-                self.poison();
-                for write in writes {
-                    self.write_failed(write, WriteError::from_device(err.clone()));
-                }
-            }
-        }
-    }
-
-    /// FlushPerRound: one flush makes every write that completed this round durable.
-    fn flush_round(&mut self) {
-        if self.awaiting_flush.is_empty() {
-            return;
-        }
-        let writes = std::mem::take(&mut self.awaiting_flush);
-        match self.device.flush() {
-            Ok(()) => self.writes_durable(writes),
-            Err(err) => {
-                tracing::error!(shard = self.shard_id, %err, "flush failed");
-                self.poison();
-                for write in writes {
-                    self.write_failed(write, WriteError::from_device(err.clone()));
-                }
-            }
-        }
-    }
-
-    /// Writes are durable: apply and answer each. A failure at the fault point between the two
-    /// is handled like a failed flush, so the writes are answered with the error (recovery may
-    /// still find them, as it may find any write in flight at a failure).
-    fn writes_durable(&mut self, writes: Vec<WriteId>) {
-        if let Err(err) = self.device.fault_point(FaultPoint::SlabWrittenBeforeIndexUpdate) {
-            tracing::error!(shard = self.shard_id, %err, "failed after writes were durable");
-            self.poison();
-            for write in writes {
-                self.write_failed(write, WriteError::from_device(err.clone()));
-            }
-            return;
-        }
-        for write in writes {
-            self.write_durable(write);
-        }
-    }
-
-    fn answer_flush_waiters(&mut self) {
-        if self.flush_waiters.is_empty() {
-            return;
-        }
-        let oldest = self.writes.keys().next().copied().unwrap_or(WriteId::MAX);
-        let ready: Vec<_> = {
-            let (ready, waiting) = std::mem::take(&mut self.flush_waiters)
-                .into_iter()
-                .partition(|(watermark, _)| oldest >= *watermark);
-            self.flush_waiters = waiting;
-            ready
-        };
-        if ready.is_empty() {
-            return;
-        }
-        let result = if self.is_poisoned() {
-            Err(WriteError::Poisoned)
-        } else {
-            self.device.flush().map_err(|err| {
-                self.poison();
-                WriteError::from_device(err)
-            })
-        };
-        for (_, reply) in ready {
-            let _ = reply.send(result.clone());
-        }
-    }
-
-    /// Where a slot starts: (file, byte offset of its first page).
-    fn slot_position(&self, loc: Loc) -> (FileId, u64) {
-        let class = SizeClass::get(loc.class());
-        let file = self.classes[loc.class() as usize].as_ref().expect("class file is open");
-        (file.file, class.page_of_slot(loc.slot()) * PAGE_BYTES as u64)
-    }
-
-    /// The record layout of a class's slab file (which must be open).
-    fn layout_of(&self, class: u8) -> RecordLayout {
-        self.classes[class as usize].as_ref().expect("class file is open").layout
-    }
-
-    fn page_of(loc: Loc) -> PageKey {
-        let class = SizeClass::get(loc.class());
-        (loc.class(), class.page_of_slot(loc.slot()))
-    }
-
-    /// Registers a waiter for a page image, reading the page if no read is under way.
-    fn wait_page(&mut self, page: PageKey, waiter: PageWaiter) {
-        let first = !self.loading.contains_key(&page);
-        self.loading.entry(page).or_default().push(waiter);
-        if first {
-            let file = self.classes[page.0 as usize].as_ref().expect("class file is open").file;
-            self.queue_io(
-                IoKind::Read,
-                file,
-                page.1 * PAGE_BYTES as u64,
-                AlignedBuf::zeroed(PAGE_BYTES),
-                IoPurpose::PageLoad(page),
-            );
-        }
-    }
-
-    fn page_loaded(&mut self, page: PageKey, completion: IoCompletion) {
-        let waiters = self.loading.remove(&page).unwrap_or_default();
-        if let Err(err) = completion.result {
-            tracing::error!(shard = self.shard_id, ?page, %err, "page read failed");
-            for waiter in waiters {
-                self.page_waiter_failed(waiter, &err);
-            }
-            return;
-        }
-        assert!(!self.cache.contains(page), "a page was read while a newer image was cached");
-        self.cache.insert(page, &completion.buf[..PAGE_BYTES]);
-        // Pin while the waiters run so that a waiter's own page reads cannot evict it.
-        self.cache.pin(page);
-        for waiter in waiters {
-            self.run_page_waiter(waiter);
-        }
-        self.cache.unpin(page);
-    }
-
-    fn run_page_waiter(&mut self, waiter: PageWaiter) {
-        match waiter {
-            PageWaiter::Place { write, offset, record } => {
-                let loc = self.writes[&write].loc;
-                self.place_in_page(Self::page_of(loc), offset, record, write);
-            }
-            PageWaiter::Get { key, reply } => self.get(key, reply),
-            PageWaiter::ScanItem { scan, item } => self.scan_item(scan, item),
-            PageWaiter::ChainPop { class, chain, slot } => {
-                let class_info = SizeClass::get(class);
-                let page = (class, class_info.page_of_slot(slot));
-                let offset = class_info.offset_in_page(slot);
-                let image = self.cache.image(page).expect("page was just loaded");
-                let bytes = image[offset..offset + class_info.slot_bytes as usize].to_vec();
-                self.chain_head_read(class, chain, slot, &bytes);
-            }
-        }
-    }
-
-    fn page_waiter_failed(&mut self, waiter: PageWaiter, err: &crate::device::DeviceError) {
-        match waiter {
-            PageWaiter::Place { write, .. } => {
-                self.write_failed(write, WriteError::from_device(err.clone()))
-            }
-            PageWaiter::Get { reply, .. } => {
-                let _ = reply.send(Err(ReadError::Device(err.clone())));
-            }
-            PageWaiter::ScanItem { scan, .. } => {
-                self.scan_item_failed(scan, ReadError::Device(err.clone()))
-            }
-            PageWaiter::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
-        }
-    }
-
-    fn direct_read_done(&mut self, read: DirectRead, completion: IoCompletion) {
-        if let Err(err) = completion.result {
-            match read {
-                DirectRead::Get { reply, .. } => {
-                    let _ = reply.send(Err(ReadError::Device(err)));
-                }
-                DirectRead::ScanItem { scan, .. } => {
-                    self.scan_item_failed(scan, ReadError::Device(err))
-                }
-                DirectRead::ChainPop { class, chain, .. } => self.free[class as usize].abort(chain),
-            }
-            return;
-        }
-        match read {
-            DirectRead::Get { key, loc, reply } => {
-                self.direct_get_done(key, loc, reply, &completion.buf)
-            }
-            DirectRead::ScanItem { scan, item, loc } => {
-                self.direct_scan_item_done(scan, item, loc, &completion.buf)
-            }
-            DirectRead::ChainPop { class, chain, slot } => {
-                self.chain_head_read(class, chain, slot, &completion.buf)
-            }
-        }
-    }
-
     /// Forgets every cached page that matches the disk, so that the next reads go to the device
     /// (a cold-cache benchmark, or a simulator checking what the device really holds). Pages
     /// with modifications not yet durable stay.
     pub fn drop_clean_pages(&mut self) {
-        self.cache.drop_unpinned();
+        self.pages.cache.drop_unpinned();
     }
 
     /// Whether the collector is emptying a block now (for tests that crash during collection).
     pub fn collecting(&self) -> bool {
-        self.gc.is_some()
+        self.collector.collecting()
     }
 
     pub fn stats(&self) -> ShardStats {
         let mut classes = Vec::new();
         let mut file_bytes = 0;
-        for (id, file) in self.classes.iter().enumerate() {
-            let Some(file) = file else { continue };
-            let class = SizeClass::get(id as u8);
+        for (class_id, file) in self.slabs.files() {
+            let id = class_id as usize;
+            let class = SizeClass::get(class_id);
             file_bytes += file.file_bytes;
-            let free_in_memory = self.free[id].in_memory() as u64;
-            let free_on_disk = self.free[id].on_disk();
+            let free_in_memory = self.slabs.free[id].in_memory() as u64;
+            let free_on_disk = self.slabs.free[id].on_disk();
+            let (device_bytes_written, user_bytes_written) = self.slabs.written(class_id);
             let slot_bytes = class.slot_bytes as u64;
-            let (live_slots, dead_slots, append) = match &self.append[id] {
+            let (live_slots, dead_slots, append) = match self.collector.append(class_id) {
                 Some(append) => {
                     let figures = append.figures();
                     (figures.used_slots, figures.dead_slots, figures)
@@ -745,7 +296,7 @@ impl NativeEngine {
             classes.push(ClassStats {
                 class: id as u8,
                 slot_bytes: class.slot_bytes,
-                placement: self.placements[id],
+                placement: self.collector.placement(class_id),
                 file_bytes: file.file_bytes,
                 slots_used: file.next_append_slot,
                 free_in_memory,
@@ -753,8 +304,8 @@ impl NativeEngine {
                 live_bytes: live_slots * slot_bytes,
                 dead_bytes: dead_slots * slot_bytes,
                 append,
-                device_bytes_written: self.device_bytes_written[id],
-                user_bytes_written: self.user_bytes_written[id],
+                device_bytes_written,
+                user_bytes_written,
             });
         }
         ShardStats {
@@ -762,46 +313,17 @@ impl NativeEngine {
             items: self.index.len() as u64,
             file_bytes,
             index_bytes: self.index.memory_bytes(),
-            cache_pages: self.cache.len_pages() as u64,
-            cache_capacity_pages: self.cache.capacity_frames() as u64,
-            cache_hits: self.cache.hits,
-            cache_misses: self.cache.misses,
-            device: self.device.stats(),
+            cache_pages: self.pages.cache.len_pages() as u64,
+            cache_capacity_pages: self.pages.cache.capacity_frames() as u64,
+            cache_hits: self.pages.cache.hits,
+            cache_misses: self.pages.cache.misses,
+            device: self.io.device.stats(),
             recovery: self.recovery.clone(),
             classes,
-            tombstones_held: self.tombstone_guards.values().map(|locs| locs.len() as u64).sum(),
+            tombstones_held: self.seqs.tombstones_held(),
             parts_held: self.parts.len() as u64,
         }
     }
-}
-
-impl NativeEngine {
-    /// Every sequence number up to this one belongs to a record that is durable (or to nothing
-    /// on disk). Written into each record's `aux`.
-    fn durable_watermark(&self) -> u64 {
-        match self.unfinished_seqs.keys().next() {
-            Some(&oldest) => oldest - 1,
-            None => self.next_seq - 1,
-        }
-    }
-
-    fn hold_seq(&mut self, seq: u64) {
-        *self.unfinished_seqs.entry(seq).or_default() += 1;
-    }
-
-    fn finish_seq(&mut self, seq: u64) {
-        let holders =
-            self.unfinished_seqs.get_mut(&seq).expect("finishing a sequence number never held");
-        *holders -= 1;
-        if *holders == 0 {
-            self.unfinished_seqs.remove(&seq);
-        }
-    }
-}
-
-/// The hash under which stale copies of a key are counted (invariant 4).
-fn key_hash(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(key, 0x5741_4c45)
 }
 
 /// The native engine is a shard engine (the contract: `engine::ShardEngine`).
@@ -835,7 +357,7 @@ impl ShardEngine for NativeEngine {
                 if self.is_poisoned() {
                     let _ = reply.send(Err(WriteError::Poisoned));
                 } else {
-                    self.flush_waiters.push((self.next_write_id, reply));
+                    self.writes.wait_for_flush(reply);
                 }
             }
             Request::Stats { reply } => {
@@ -860,16 +382,15 @@ impl ShardEngine for NativeEngine {
         self.schedule_page_writes();
         self.settle_step();
         self.scrub_step();
-        self.submit_ready();
+        self.io.submit_ready();
         self.answer_flush_waiters();
     }
 
     /// Reaps completions (waiting for at least one if `wait` and I/O is in flight) and
     /// completes the requests they finish.
     fn reap(&mut self, wait: bool) {
-        let mut completions = std::mem::take(&mut self.stashed);
-        let min = usize::from(wait && completions.is_empty() && self.device.in_flight() > 0);
-        if let Err(err) = self.device.reap(min, &mut completions) {
+        let mut completions = Vec::new();
+        if let Err(err) = self.io.reap(wait, &mut completions) {
             tracing::error!(shard = self.shard_id, %err, "reaping I/O failed");
             self.poison();
         }
@@ -882,16 +403,12 @@ impl ShardEngine for NativeEngine {
 
     /// True when nothing is queued, in flight, or waiting for a later round.
     fn is_idle(&self) -> bool {
-        self.io_ready.is_empty()
-            && self.device.in_flight() == 0
-            && self.dirty.is_empty()
-            && self.awaiting_flush.is_empty()
-            && self.stashed.is_empty()
-            && self.flush_waiters.is_empty()
-            && self.deferred_frees.is_empty()
+        self.io.is_quiet()
+            && self.pages.is_clean()
+            && self.writes.is_quiet()
+            && !self.slabs.has_deferred_frees()
             && !self.scrub_running()
-            && self.gc.is_none()
-            && self.settle_waiters.is_empty()
+            && !self.collector.collecting()
     }
 
     /// Whether the index holds `key` (its newest durable version is live). No I/O.
@@ -920,7 +437,7 @@ impl ShardEngine for NativeEngine {
     }
 
     fn has_io_in_flight(&self) -> bool {
-        self.device.in_flight() > 0
+        self.io.in_flight() > 0
     }
 
     fn recovered_parts(&self) -> Vec<crate::engine::part::PartRecord> {
@@ -933,7 +450,7 @@ impl ShardEngine for NativeEngine {
         while !self.is_idle() {
             self.end_round();
             self.reap(true);
-            if self.is_poisoned() && self.device.in_flight() == 0 {
+            if self.is_poisoned() && self.io.in_flight() == 0 {
                 break;
             }
         }
@@ -941,6 +458,6 @@ impl ShardEngine for NativeEngine {
             return Err(WriteError::Poisoned);
         }
         self.write_watermark_record()?;
-        self.device.flush().map_err(WriteError::from_device)
+        self.io.device.flush().map_err(WriteError::from_device)
     }
 }

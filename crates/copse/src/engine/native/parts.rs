@@ -22,7 +22,8 @@
 //! (prepared first); `held` is non-empty only while the committed record exists.
 
 use super::format::{Loc, RecordKind};
-use super::{Effect, ErasedRecord, NativeEngine};
+use super::write::{Effect, ErasedRecord};
+use super::NativeEngine;
 use crate::engine::part::{self, PartRecord, PartState};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
@@ -101,8 +102,8 @@ impl NativeEngine {
                 return;
             }
         };
-        let seq = self.take_seq();
-        self.hold_seq(seq);
+        let seq = self.seqs.take();
+        self.seqs.hold(seq);
         self.parts.insert(
             gsn,
             Part {
@@ -114,14 +115,14 @@ impl NativeEngine {
                 reply: Some(reply),
             },
         );
-        let write = self.new_write(loc, overwritten, Effect::PartPrepared { gsn, seq });
-        let watermark = self.durable_watermark();
+        let write = self.writes.add(loc, overwritten, Effect::PartPrepared { gsn, seq });
+        let watermark = self.seqs.durable_watermark();
         self.place(write, loc, RecordKind::Part, seq, watermark, &[], &value);
     }
 
     /// The prepared record is durable: so is the part.
     pub(super) fn part_prepared(&mut self, gsn: u64, seq: u64, loc: Loc) {
-        self.finish_seq(seq);
+        self.seqs.finish(seq);
         let part = self.parts.get_mut(&gsn).expect("a prepared record of an unknown part");
         assert_eq!(part.stage, Stage::Preparing);
         part.stage = Stage::Prepared;

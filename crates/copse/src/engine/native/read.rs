@@ -6,25 +6,42 @@
 //! Between the lookup and the read's completion the key may be rewritten; the completion looks
 //! the key up again and starts over if its location moved, so a read returns the value that was
 //! live at some moment between its start and its answer.
+//!
+//! The checks of a decoded record (checksum, kind, key, seq) answer `Corrupt` rather than assert:
+//! the device can break them (rot, lost or misdirected writes). What only an engine bug can
+//! break is asserted: an indexed in-page record lies in a page below its file's frontier (the
+//! collector and the scrub read nothing past it), checked in `resolve`.
+//!
+//! `Scans` holds the scans under way: a scan is in it from its start until it is answered, once,
+//! when the last of its items is resolved (`waiting` counts those still out).
 
 use std::ops::Bound;
 
 use super::format::{decode_slot, Loc, RecordKind, RecordLayout, SizeClass, Slot};
 use super::index::Entry;
-use super::{DirectRead, IoPurpose, NativeEngine, PageWaiter};
-use crate::device::{AlignedBuf, IoKind};
+use super::pages::{PageWaiter, Pages};
+use super::{IoPurpose, NativeEngine};
+use crate::device::{AlignedBuf, IoCompletion, IoKind};
 use crate::engine::{KeyValue, Reply};
 use crate::error::ReadError;
+use crate::hash::HashMap;
 use crate::limits::PAGE_BYTES;
 
 /// A scanned key and, once read, its value (`None` if it was deleted meanwhile).
 type ScanItem = (Box<[u8]>, Option<Vec<u8>>);
 
-pub(super) struct ScanState {
+struct ScanState {
     items: Vec<ScanItem>,
     waiting: usize,
     error: Option<ReadError>,
     reply: Option<Reply<Vec<KeyValue>, ReadError>>,
+}
+
+/// A read of exactly a record's pages (multi-page classes), or of a free chain's head.
+pub(super) enum DirectRead {
+    Get { key: Vec<u8>, loc: Loc, reply: Reply<Option<Vec<u8>>, ReadError> },
+    ScanItem { scan: u64, item: usize, loc: Loc },
+    ChainPop { class: u8, chain: usize, slot: u64 },
 }
 
 /// Where a key's value is.
@@ -36,6 +53,38 @@ enum Resolved {
     NeedRead(Loc),
 }
 
+/// The scans under way, by id.
+pub(super) struct Scans {
+    states: HashMap<u64, ScanState>,
+    next_id: u64,
+}
+
+impl Scans {
+    pub(super) fn new() -> Scans {
+        Scans { states: HashMap::default(), next_id: 1 }
+    }
+
+    fn insert(&mut self, state: ScanState) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.states.insert(id, state);
+        id
+    }
+
+    /// The key of a scan's item.
+    fn key(&self, scan: u64, item: usize) -> Box<[u8]> {
+        self.states[&scan].items[item].0.clone()
+    }
+
+    fn get_mut(&mut self, scan: u64) -> &mut ScanState {
+        self.states.get_mut(&scan).expect("item of an unknown scan")
+    }
+
+    fn remove(&mut self, scan: u64) -> ScanState {
+        self.states.remove(&scan).expect("unknown scan")
+    }
+}
+
 impl NativeEngine {
     fn resolve(&mut self, key: &[u8]) -> Resolved {
         let Some(Entry { loc, seq }) = self.index.entry(key) else { return Resolved::Missing };
@@ -43,10 +92,18 @@ impl NativeEngine {
         if class.is_multi_page() {
             return Resolved::NeedRead(loc);
         }
-        let page = Self::page_of(loc);
+        let page = Pages::page_of(loc);
         let shard_id = self.shard_id;
-        let layout = self.layout_of(loc.class());
-        let Some(image) = self.cache.lookup(page) else { return Resolved::NeedPage(page) };
+        let file = self.slabs.file(loc.class()).expect("an indexed class has a file");
+        assert!(
+            page.1 < file.frontier_page,
+            "shard {shard_id}: the index points at {loc:?}, in page {} past the frontier {} \
+             (never written, as far as the engine knows)",
+            page.1,
+            file.frontier_page
+        );
+        let layout = file.layout;
+        let Some(image) = self.pages.cache.lookup(page) else { return Resolved::NeedPage(page) };
         let offset = class.offset_in_page(loc.slot());
         let bytes = &image[offset..offset + class.slot_bytes as usize];
         match verify_value(bytes, layout, shard_id, loc, class.slot_bytes as usize, key, seq) {
@@ -73,9 +130,9 @@ impl NativeEngine {
 
     /// Reads a multi-page record: exactly the pages it uses, in one I/O.
     fn read_record(&mut self, loc: Loc, read: DirectRead) {
-        let (file, offset) = self.slot_position(loc);
+        let (file, offset) = self.slabs.slot_position(loc);
         let pages = loc.pages_used().max(1) as usize;
-        self.queue_io(
+        self.io.queue(
             IoKind::Read,
             file,
             offset,
@@ -110,18 +167,13 @@ impl NativeEngine {
             end.as_ref().map(|key| &key[..]),
             limit,
         );
-        let id = self.next_scan_id;
-        self.next_scan_id += 1;
         let count = keys.len();
-        self.scans.insert(
-            id,
-            ScanState {
-                items: keys.into_iter().map(|(key, _)| (key, None)).collect(),
-                waiting: count,
-                error: None,
-                reply: Some(reply),
-            },
-        );
+        let id = self.scans.insert(ScanState {
+            items: keys.into_iter().map(|(key, _)| (key, None)).collect(),
+            waiting: count,
+            error: None,
+            reply: Some(reply),
+        });
         if count == 0 {
             self.scan_finished(id);
             return;
@@ -132,7 +184,7 @@ impl NativeEngine {
     }
 
     pub(super) fn scan_item(&mut self, scan: u64, item: usize) {
-        let key = self.scans[&scan].items[item].0.clone();
+        let key = self.scans.key(scan, item);
         match self.resolve(&key) {
             Resolved::Missing => self.scan_item_done(scan, item, None),
             Resolved::Value(value) => self.scan_item_done(scan, item, Some(value)),
@@ -145,7 +197,7 @@ impl NativeEngine {
     }
 
     pub(super) fn direct_scan_item_done(&mut self, scan: u64, item: usize, loc: Loc, bytes: &[u8]) {
-        let key = self.scans[&scan].items[item].0.clone();
+        let key = self.scans.key(scan, item);
         let Some(entry) = self.index.entry(&key).filter(|entry| entry.loc == loc) else {
             return self.scan_item(scan, item);
         };
@@ -156,7 +208,7 @@ impl NativeEngine {
     }
 
     fn scan_item_done(&mut self, scan: u64, item: usize, value: Option<Vec<u8>>) {
-        let state = self.scans.get_mut(&scan).expect("item of an unknown scan");
+        let state = self.scans.get_mut(scan);
         state.items[item].1 = value;
         state.waiting -= 1;
         if state.waiting == 0 {
@@ -165,7 +217,7 @@ impl NativeEngine {
     }
 
     pub(super) fn scan_item_failed(&mut self, scan: u64, err: ReadError) {
-        let state = self.scans.get_mut(&scan).expect("item of an unknown scan");
+        let state = self.scans.get_mut(scan);
         state.error.get_or_insert(err);
         state.waiting -= 1;
         if state.waiting == 0 {
@@ -174,7 +226,7 @@ impl NativeEngine {
     }
 
     fn scan_finished(&mut self, scan: u64) {
-        let mut state = self.scans.remove(&scan).expect("unknown scan");
+        let mut state = self.scans.remove(scan);
         let reply = state.reply.take().expect("a scan is answered once");
         let result = match state.error {
             Some(err) => Err(err),
@@ -186,6 +238,34 @@ impl NativeEngine {
                 .collect()),
         };
         let _ = reply.send(result);
+    }
+
+    pub(super) fn direct_read_done(&mut self, read: DirectRead, completion: IoCompletion) {
+        if let Err(err) = completion.result {
+            match read {
+                DirectRead::Get { reply, .. } => {
+                    let _ = reply.send(Err(ReadError::Device(err)));
+                }
+                DirectRead::ScanItem { scan, .. } => {
+                    self.scan_item_failed(scan, ReadError::Device(err))
+                }
+                DirectRead::ChainPop { class, chain, .. } => {
+                    self.slabs.free[class as usize].abort(chain)
+                }
+            }
+            return;
+        }
+        match read {
+            DirectRead::Get { key, loc, reply } => {
+                self.direct_get_done(key, loc, reply, &completion.buf)
+            }
+            DirectRead::ScanItem { scan, item, loc } => {
+                self.direct_scan_item_done(scan, item, loc, &completion.buf)
+            }
+            DirectRead::ChainPop { class, chain, slot } => {
+                self.chain_head_read(class, chain, slot, &completion.buf)
+            }
+        }
     }
 }
 
@@ -200,7 +280,15 @@ impl NativeEngine {
         seq: u64,
     ) -> Result<Vec<u8>, ReadError> {
         let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        verify_value(bytes, self.layout_of(loc.class()), self.shard_id, loc, slot_bytes, key, seq)
+        verify_value(
+            bytes,
+            self.slabs.layout_of(loc.class()),
+            self.shard_id,
+            loc,
+            slot_bytes,
+            key,
+            seq,
+        )
     }
 }
 

@@ -16,7 +16,9 @@ use super::format::{
     peek_damaged_unkeyed, shard_dir, DamagedRecord, LiveDigest, Loc, RecordKind, RecordLayout,
     SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
 };
-use super::{key_hash, ClassFile, NativeEngine};
+use super::seqs::key_hash;
+use super::slabs::ClassFile;
+use super::NativeEngine;
 use crate::device::{
     read_sync, AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest,
 };
@@ -534,7 +536,7 @@ impl NativeEngine {
         let dir = shard_dir(self.shard_id);
         let mut found = Found { frontier: vec![0; CLASS_COUNT], ..Found::default() };
         let mut scanned_classes = Vec::new();
-        for name in self.device.list_files(&dir)? {
+        for name in self.io.device.list_files(&dir)? {
             let path = format!("{dir}/{name}");
             let Some(class_id) = class_of_file_name(&name) else {
                 tracing::warn!(file = %path, "ignoring a file that is not a slab");
@@ -547,13 +549,13 @@ impl NativeEngine {
                 });
             }
             let class = SizeClass::get(class_id);
-            let file = self.device.open_file(&path, false)?;
-            let file_bytes = self.device.file_len_bytes(file)?;
+            let file = self.io.device.open_file(&path, false)?;
+            let file_bytes = self.io.device.file_len_bytes(file)?;
             if let Some(progress) = progress {
                 progress.inc_length(file_bytes);
             }
             let (layout, blank_header) = match read_slab_header(
-                self.device.as_mut(),
+                self.io.device.as_mut(),
                 file,
                 file_bytes,
                 class,
@@ -568,7 +570,7 @@ impl NativeEngine {
             let shard_id = self.shard_id;
             let mut slots_used = 0u64;
             self.recovery.bytes_scanned += scan_slab(
-                self.device.as_mut(),
+                self.io.device.as_mut(),
                 shard_id,
                 SlabFile { file, file_bytes, class, layout },
                 progress,
@@ -598,22 +600,11 @@ impl NativeEngine {
         }
         for (class, file, file_bytes, layout) in scanned_classes {
             let next_append_slot = found.frontier[class.id as usize];
-            let frontier_page = if class.is_multi_page() {
-                class.page_of_slot(next_append_slot)
-            } else {
-                1 + next_append_slot.div_ceil(class.slots_per_page as u64)
-            };
-            self.classes[class.id as usize] = Some(ClassFile {
-                file,
-                next_append_slot,
-                frontier_page,
-                file_bytes,
-                layout,
-                fresh_pages: (0, 0),
-            });
-            self.open_placement(class, file_bytes, next_append_slot);
+            let scanned = ClassFile::scanned(class, file, file_bytes, layout, next_append_slot);
+            self.slabs.add_file(class.id, scanned);
+            self.collector.open_class(class, file_bytes, next_append_slot);
         }
-        self.device.fault_point(FaultPoint::RecoveryScanned)?;
+        self.io.device.fault_point(FaultPoint::RecoveryScanned)?;
         self.rebuild(found)?;
         self.recovery.seconds = started.elapsed().as_secs_f64();
         if self.recovery.bytes_scanned > 0 {
@@ -628,14 +619,14 @@ impl NativeEngine {
             .chain(found.damaged_unkeyed.values().copied())
             .max()
             .unwrap_or(0);
-        self.next_seq = found.max_seq.max(damaged_seq_max) + 1;
+        self.seqs.restart_above(found.max_seq.max(damaged_seq_max));
         let judged = found.judge_damaged();
         let replays = found.batch_replays();
         let parts = found.part_replays();
         let watermark_max = found.watermark_max;
         // A clean close's digest speaks for the disk only if nothing was written after it.
         let closed_cleanly_with = match found.last_watermark {
-            Some((seq, digest)) if seq + 1 == self.next_seq => digest,
+            Some((seq, digest)) if seq + 1 == self.seqs.next() => digest,
             _ => None,
         };
         let Found {
@@ -734,8 +725,8 @@ impl NativeEngine {
             }
         }
         for (hash, loc, key) in tombstones {
-            if self.stale_counts.contains_key(&hash) || self.flights.contains_key(&key) {
-                self.tombstone_guards.entry(hash).or_default().push((loc.slot_only(), key));
+            if self.seqs.has_stale(hash) || self.seqs.in_flight(&key) {
+                self.seqs.guard(hash, loc.slot_only(), key);
             } else {
                 self.release_slot(loc.slot_only(), None, false);
             }

@@ -98,16 +98,16 @@ impl NativeEngine {
             let (file, offset, bytes) = match &read {
                 ScrubRead::Page(page) => {
                     scrub.reading.insert(*page, false);
-                    let file = self.classes[page.0 as usize].as_ref().expect("listed file").file;
+                    let file = self.slabs.file(page.0).expect("listed file").file;
                     (file, page.1 * PAGE_BYTES as u64, PAGE_BYTES)
                 }
                 ScrubRead::Item { loc, .. } => {
-                    let (file, offset) = self.slot_position(*loc);
+                    let (file, offset) = self.slabs.slot_position(*loc);
                     (file, offset, loc.pages_used().max(1) as usize * PAGE_BYTES)
                 }
             };
             scrub.reads_in_flight += 1;
-            self.queue_io(
+            self.io.queue(
                 IoKind::Read,
                 file,
                 offset,
@@ -132,18 +132,18 @@ impl NativeEngine {
     fn next_scrub_read(&mut self, scrub: &mut Scrub) -> Option<ScrubRead> {
         while let Some(page) = scrub.next_page {
             scrub.next_page = self.page_after(page);
-            let Some(file) = &self.classes[page.0 as usize] else { continue };
+            let Some(file) = self.slabs.file(page.0) else { continue };
             if page.1 >= file.frontier_page.max(1) {
                 continue;
             }
-            if self.page_busy(page) {
+            if self.pages.busy(page) {
                 scrub.retry.push(page);
                 continue;
             }
             return Some(ScrubRead::Page(page));
         }
         // Busy pages, once their writes are done (and a rewrite of a quiet page counts once).
-        if let Some(at) = scrub.retry.iter().position(|page| !self.page_busy(*page)) {
+        if let Some(at) = scrub.retry.iter().position(|page| !self.pages.busy(*page)) {
             let page = scrub.retry.swap_remove(at);
             return Some(ScrubRead::Page(page));
         }
@@ -176,7 +176,7 @@ impl NativeEngine {
         let mut class = class as usize;
         let mut next = page + 1;
         loop {
-            if let Some(file) = &self.classes[class] {
+            if let Some(file) = self.slabs.file(class as u8) {
                 let in_page = !SizeClass::get(class as u8).is_multi_page();
                 if next < file.frontier_page.max(1) && (in_page || next == 0) {
                     return Some((class as u8, next));
@@ -188,10 +188,6 @@ impl NativeEngine {
                 return None;
             }
         }
-    }
-
-    fn page_busy(&self, page: PageKey) -> bool {
-        self.dirty.contains_key(&page) || self.pages_in_flight.contains(&page)
     }
 
     pub(super) fn scrub_read_done(&mut self, read: ScrubRead, completion: IoCompletion) {
@@ -207,7 +203,7 @@ impl NativeEngine {
                         "shard {} class {} page {}: read failed: {err}",
                         self.shard_id, page.0, page.1
                     )),
-                    Ok(()) if disturbed || self.page_busy(page) => {
+                    Ok(()) if disturbed || self.pages.busy(page) => {
                         scrub.report.pages_reread += 1;
                         scrub.retry.push(page);
                     }
@@ -251,7 +247,7 @@ impl NativeEngine {
             return;
         }
         let first = info.first_slot_of_page(page);
-        let layout = self.layout_of(class);
+        let layout = self.slabs.layout_of(class);
         for index in 0..info.slots_per_page as u64 {
             let slot = first + index;
             let offset = info.offset_in_page(slot);

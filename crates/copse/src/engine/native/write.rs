@@ -1,24 +1,234 @@
-//! Writes: placing records out of place, page write coalescing, applying durable writes to the
-//! index, and freeing slots (in-memory set, on-disk chains, tombstone guards).
+//! Writes: what the engine tracks of each write until it is durable (`Writes`: the pending
+//! writes, the flushes they wait for, and who waits for a flush or a settle), and the engine's
+//! write operations: placing records out of place, page write coalescing, and applying durable
+//! writes to the index. Allocation and freeing of slots are in `slabs.rs`.
 //!
 //! A write's life: allocate a free slot (beside the key's old copy when that page has one) →
 //! encode the record into the page image (reading the page first if it is not cached) → the page
 //! joins the round's writes (at most one write per page in flight; later modifications wait for
 //! the next) → durable → applied: the index points at the new slot and the old slot is freed,
 //! or, if a newer write of the key was applied first, the new slot itself is freed.
+//!
+//! Invariants:
+//! - Write ids are handed out once, in increasing order; a write is pending from `Writes::add`
+//!   until it is durable or failed, and its completion is recorded once (asserted in
+//!   `Writes::completed`).
+//! - A write is applied and answered only once durable (invariant 2 of `mod.rs`): its
+//!   completion was reaped before a flush that has finished began (asserted in
+//!   `write_durable` against the device's own counts).
+//! - A record is never encoded over a live one (invariant 1): not into the slot the index
+//!   points to for its own key (asserted in `place`), and, in a page image, not over bytes that
+//!   name a key the index points to at that slot, or a tombstone kept there (asserted in
+//!   `place_in_page`, before the image changes; O(log n), no checksum computed).
+//! - A page write carries exactly the writes whose records lie in its pages (asserted in
+//!   `write_pages`, before the write is queued), so a write is acknowledged only when the pages
+//!   holding its record are durable.
+//! - A flush waiter registered when the next write id was N is answered only once no write
+//!   below N is pending, and after one more flush; a settle waiter becomes a flush waiter once
+//!   the collector rests.
+
+use std::collections::BTreeMap;
 
 use super::format::{
-    encode_record, encode_slab_header, pages_for, record_bytes, Loc, RecordKind, RecordLayout,
-    SizeClass, SlabHeader, SLAB_FORMAT_VERSION,
+    encode_record, peek_header, record_bytes, Loc, RecordKind, RecordLayout, SizeClass,
+    RECORD_HEADER_BYTES,
 };
-use super::{
-    key_hash, ClassFile, Effect, ErasedRecord, Flight, IoPurpose, NativeEngine, Origin, PageKey,
-    PageWaiter, PendingWrite, WriteId,
-};
-use crate::device::{AlignedBuf, FaultPoint, IoKind, IoRequest};
+use super::pages::{PageWaiter, Pages};
+use super::seqs::key_hash;
+use super::{IoPurpose, Key, NativeEngine, PageKey, WriteId};
+use crate::device::{AlignedBuf, DeviceError, FaultPoint, IoKind, WriteDurability};
 use crate::engine::Reply;
 use crate::error::WriteError;
-use crate::limits::{PAGE_BYTES, SLAB_GROWTH_DIVISOR, WRITE_PAGES_PER_IO_MAX};
+use crate::limits::PAGE_BYTES;
+
+/// Who is waiting for a write, and what it does once durable.
+pub(super) enum Origin {
+    Put(Reply<(), WriteError>),
+    Delete(Reply<bool, WriteError>),
+    /// A member of a write batch (applied with the whole batch).
+    Batch(u64),
+}
+
+/// What a write does once durable.
+pub(super) enum Effect {
+    Put {
+        key: Key,
+        seq: u64,
+        origin: Origin,
+    },
+    Tombstone {
+        key: Key,
+        seq: u64,
+        origin: Origin,
+    },
+    BatchRecord {
+        batch: u64,
+    },
+    /// A free record: the slot joins the in-memory free set, or chain `chain` once durable.
+    /// `retires`: the sequence number of a torn record this erases (see `Seqs::unfinished_seqs`).
+    Erase {
+        chain: Option<usize>,
+        retires: Option<u64>,
+    },
+    /// The watermark record of a clean close: nothing to do once durable.
+    Watermark,
+    /// The free record over a finished batch record or a forgotten part's record.
+    RecordErased {
+        owner: ErasedRecord,
+        chain: Option<usize>,
+    },
+    /// A prepared Part record (`parts.rs`): the part is durable once this is.
+    PartPrepared {
+        gsn: u64,
+        seq: u64,
+    },
+    /// The collector's copy of a live record from `from` (`gc.rs`); `bytes`: the record's size.
+    Moved {
+        key: Key,
+        seq: u64,
+        from: Loc,
+        tombstone: bool,
+        bytes: u64,
+    },
+}
+
+/// Whose record a free record erases, to be told once the erasure is durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ErasedRecord {
+    /// Releases the batch's keys.
+    Batch(u64),
+    /// Erases the part's next record, or finishes forgetting it.
+    Part(u64),
+}
+
+/// A write from `Writes::add` until it is durable (or failed).
+pub(super) struct PendingWrite {
+    /// Once its I/O completed: the device's `write_completions_reaped` after the reap that
+    /// returned it (at or past the write's own number). It may be acknowledged only once the
+    /// device's `write_completions_durable` has reached this.
+    reaped_through: Option<u64>,
+    loc: Loc,
+    /// Stale key hash of what the slot held before; released once this write is durable.
+    overwritten: Option<u64>,
+    effect: Effect,
+}
+
+impl Origin {
+    /// Answers the writer of a put or a delete (`existed`: whether the delete removed an item).
+    pub(super) fn answer(self, result: Result<(), WriteError>, existed: bool) {
+        match self {
+            Origin::Put(reply) => {
+                let _ = reply.send(result);
+            }
+            Origin::Delete(reply) => {
+                let _ = reply.send(result.map(|()| existed));
+            }
+            Origin::Batch(_) => unreachable!("batch members are answered with their batch"),
+        }
+    }
+}
+
+/// The writes the engine tracks until durable, and who waits for flushes and settles.
+pub(super) struct Writes {
+    pending: BTreeMap<WriteId, PendingWrite>,
+    next_id: WriteId,
+    /// FlushPerRound: writes completed this round, durable after the round's flush.
+    awaiting_flush: Vec<WriteId>,
+    /// Flushes waiting for every write below their id to be durable (or failed).
+    flush_waiters: Vec<(WriteId, Reply<(), WriteError>)>,
+    /// Settles waiting for the collector to rest (then they wait like flushes).
+    settle_waiters: Vec<Reply<(), WriteError>>,
+}
+
+impl Writes {
+    pub(super) fn new() -> Writes {
+        Writes {
+            pending: BTreeMap::new(),
+            next_id: 1,
+            awaiting_flush: Vec::new(),
+            flush_waiters: Vec::new(),
+            settle_waiters: Vec::new(),
+        }
+    }
+
+    /// A new write of a record at `loc`; `overwritten`: the stale key hash of what the slot
+    /// held, released once this write is durable.
+    pub(super) fn add(&mut self, loc: Loc, overwritten: Option<u64>, effect: Effect) -> WriteId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.insert(id, PendingWrite { reaped_through: None, loc, overwritten, effect });
+        id
+    }
+
+    /// Where a pending write puts its record.
+    pub(super) fn loc_of(&self, write: WriteId) -> Loc {
+        self.pending[&write].loc
+    }
+
+    /// Takes a write that is durable or failed (`None` if it already failed).
+    pub(super) fn take(&mut self, write: WriteId) -> Option<PendingWrite> {
+        self.pending.remove(&write)
+    }
+
+    /// The I/O of `writes` completed, reaped with the device's `write_completions_reaped` at
+    /// `reaped_through`.
+    pub(super) fn completed(&mut self, writes: &[WriteId], reaped_through: u64) {
+        for write in writes {
+            if let Some(pending) = self.pending.get_mut(write) {
+                assert!(pending.reaped_through.is_none(), "write {write} completed twice");
+                pending.reaped_through = Some(reaped_through);
+            }
+        }
+    }
+
+    pub(super) fn await_flush(&mut self, writes: Vec<WriteId>) {
+        self.awaiting_flush.extend(writes);
+    }
+
+    pub(super) fn take_awaiting_flush(&mut self) -> Vec<WriteId> {
+        std::mem::take(&mut self.awaiting_flush)
+    }
+
+    /// A flush waits for every write handed out so far.
+    pub(super) fn wait_for_flush(&mut self, reply: Reply<(), WriteError>) {
+        self.flush_waiters.push((self.next_id, reply));
+    }
+
+    /// Takes the flush waiters no pending write is older than.
+    pub(super) fn take_ready_flush_waiters(&mut self) -> Vec<Reply<(), WriteError>> {
+        if self.flush_waiters.is_empty() {
+            return Vec::new();
+        }
+        let oldest = self.pending.keys().next().copied().unwrap_or(WriteId::MAX);
+        let (ready, waiting) = std::mem::take(&mut self.flush_waiters)
+            .into_iter()
+            .partition(|(watermark, _)| oldest >= *watermark);
+        self.flush_waiters = waiting;
+        ready.into_iter().map(|(_, reply)| reply).collect()
+    }
+
+    pub(super) fn wait_to_settle(&mut self, reply: Reply<(), WriteError>) {
+        self.settle_waiters.push(reply);
+    }
+
+    pub(super) fn has_settle_waiters(&self) -> bool {
+        !self.settle_waiters.is_empty()
+    }
+
+    /// The collector rests: the settles wait for a flush now.
+    pub(super) fn settles_to_flush(&mut self) {
+        for reply in std::mem::take(&mut self.settle_waiters) {
+            self.flush_waiters.push((self.next_id, reply));
+        }
+    }
+
+    /// Nothing waits for a flush or a settle.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.awaiting_flush.is_empty()
+            && self.flush_waiters.is_empty()
+            && self.settle_waiters.is_empty()
+    }
+}
 
 impl NativeEngine {
     pub(super) fn put(&mut self, key: Vec<u8>, value: Vec<u8>, origin: Origin, seq: Option<u64>) {
@@ -31,7 +241,7 @@ impl NativeEngine {
             return;
         }
         // Nothing durable and nothing in flight: there is nothing a tombstone could hide.
-        if !self.index.contains(&key) && !self.flights.contains_key(&key[..]) {
+        if !self.index.contains(&key) && !self.seqs.in_flight(&key) {
             let _ = reply.send(Ok(false));
             return;
         }
@@ -59,7 +269,7 @@ impl NativeEngine {
         if self.is_poisoned() {
             match origin {
                 Origin::Batch(batch) => self.batch_member_failed(batch, WriteError::Poisoned),
-                origin => Self::answer(origin, Err(WriteError::Poisoned), false),
+                origin => origin.answer(Err(WriteError::Poisoned), false),
             }
             return;
         }
@@ -68,24 +278,24 @@ impl NativeEngine {
             None => match self.allocate_for(&key, value.len()) {
                 Ok(allocation) => allocation,
                 Err(err) => {
-                    Self::answer(origin, Err(err), false);
+                    origin.answer(Err(err), false);
                     return;
                 }
             },
         };
         // A batch member shares (and is held by) its batch's sequence number.
         let seq = seq.unwrap_or_else(|| {
-            let seq = self.take_seq();
-            self.hold_seq(seq);
+            let seq = self.seqs.take();
+            self.seqs.hold(seq);
             seq
         });
-        self.user_bytes_written[loc.class() as usize] += (key.len() + value.len()) as u64;
+        self.slabs.count_user_write(loc.class(), (key.len() + value.len()) as u64);
         let key: Box<[u8]> = key.into();
         if !matches!(origin, Origin::Batch(_)) {
             // A batch registered its keys when it took its sequence number.
-            self.flight_begin(&key);
+            self.seqs.flight_begin(&key);
         }
-        let write = self.new_write(
+        let write = self.writes.add(
             loc,
             overwritten,
             match kind {
@@ -93,196 +303,8 @@ impl NativeEngine {
                 _ => Effect::Tombstone { key: key.clone(), seq, origin },
             },
         );
-        let watermark = self.durable_watermark();
+        let watermark = self.seqs.durable_watermark();
         self.place(write, loc, kind, seq, watermark, &key, &value);
-    }
-
-    pub(super) fn take_seq(&mut self) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        seq
-    }
-
-    pub(super) fn new_write(
-        &mut self,
-        loc: Loc,
-        overwritten: Option<u64>,
-        effect: Effect,
-    ) -> WriteId {
-        let id = self.next_write_id;
-        self.next_write_id += 1;
-        self.writes.insert(id, PendingWrite { reaped_through: None, loc, overwritten, effect });
-        id
-    }
-
-    pub(super) fn flight_begin(&mut self, key: &[u8]) {
-        match self.flights.get_mut(key) {
-            Some(flight) => flight.in_flight += 1,
-            None => {
-                self.flights.insert(key.into(), Flight { in_flight: 1, applied_seq: 0 });
-            }
-        }
-    }
-
-    /// Ends one in-flight write of `key`; returns whether `seq` is the newest applied so far.
-    pub(super) fn flight_end(&mut self, key: &[u8], seq: u64, applied: bool) -> bool {
-        let flight = self.flights.get_mut(key).expect("a write of a key with no flight");
-        assert!(flight.in_flight > 0);
-        flight.in_flight -= 1;
-        let newest = applied && seq > flight.applied_seq;
-        if newest {
-            flight.applied_seq = seq;
-        }
-        if flight.in_flight == 0 {
-            self.flights.remove(key);
-        }
-        newest
-    }
-
-    /// Allocates the slot for a record of `key` with a value of `value_bytes`.
-    pub(super) fn allocate_for(
-        &mut self,
-        key: &[u8],
-        value_bytes: usize,
-    ) -> Result<(Loc, Option<u64>), WriteError> {
-        let bytes = record_bytes(key.len(), value_bytes);
-        let class = SizeClass::for_record(bytes);
-        let near = self.index.get(key);
-        let (slot, overwritten) = self.allocate(class, near)?;
-        let pages = if class.is_multi_page() { pages_for(bytes) } else { 0 };
-        Ok((Loc::new(class.id, slot, pages), overwritten))
-    }
-
-    /// Finds a slot for a record of `class`. In place: beside `near` if its cached page has a
-    /// free slot, else the most recently freed slot, else a new slot at the end of the file
-    /// (growing it). Appended: the next slot of the open block. Returns the slot and the stale
-    /// key hash of what it held.
-    pub(super) fn allocate(
-        &mut self,
-        class: SizeClass,
-        near: Option<Loc>,
-    ) -> Result<(u64, Option<u64>), WriteError> {
-        self.ensure_class_file(class)?;
-        if self.append[class.id as usize].is_some() {
-            return self.allocate_appended(class);
-        }
-        let free = &mut self.free[class.id as usize];
-        if let Some(near) = near.filter(|near| near.class() == class.id && !class.is_multi_page()) {
-            let page = class.page_of_slot(near.slot());
-            if self.cache.contains((class.id, page)) {
-                let first = class.first_slot_of_page(page);
-                for slot in first..first + class.slots_per_page as u64 {
-                    if let Some(tag) = free.take(slot) {
-                        return Ok((slot, tag));
-                    }
-                }
-            }
-        }
-        if let Some(found) = free.pop() {
-            return Ok(found);
-        }
-        let file = self.classes[class.id as usize].as_ref().expect("ensured above");
-        let slot = file.next_append_slot;
-        self.grow_for_slot(class, slot, slot + 1)?;
-        let file = self.classes[class.id as usize].as_mut().expect("ensured above");
-        file.next_append_slot += 1;
-        Ok((slot, None))
-    }
-
-    /// The next slot of the open block of an append class, growing the file to hold its block.
-    fn allocate_appended(&mut self, class: SizeClass) -> Result<(u64, Option<u64>), WriteError> {
-        let append = self.append[class.id as usize].as_ref().expect("an append class");
-        let next = append.peek();
-        let block_end_slot = (next.slot / append.slots_per_block() + 1) * append.slots_per_block();
-        self.grow_for_slot(class, next.slot, block_end_slot)?;
-        let file = self.classes[class.id as usize].as_mut().expect("ensured by the caller");
-        let append = self.append[class.id as usize].as_mut().expect("an append class");
-        append.cover(class.slots_in_file(file.file_bytes));
-        let (slot, tag) = append.take();
-        assert_eq!(slot, next.slot);
-        if let Some(pages) = next.opens {
-            file.fresh_pages = pages;
-        }
-        file.next_append_slot = file.next_append_slot.max(slot + 1);
-        self.appended_this_round += 1;
-        Ok((slot, tag))
-    }
-
-    /// Grows the class's file, if `slot` lies past its end, by a growth step and to hold at
-    /// least `slots` slots.
-    fn grow_for_slot(&mut self, class: SizeClass, slot: u64, slots: u64) -> Result<(), WriteError> {
-        let file = self.classes[class.id as usize].as_mut().expect("class file is open");
-        if slot < class.slots_in_file(file.file_bytes) {
-            return Ok(());
-        }
-        let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(self.slab_growth_bytes_min);
-        let wanted = (file.file_bytes + growth)
-            .max(class.file_bytes_for_slots(slots))
-            .next_multiple_of(PAGE_BYTES as u64);
-        self.device
-            .grow_file(file.file, wanted)
-            .and_then(|()| self.device.fault_point(FaultPoint::SlabFileGrown))
-            .map_err(WriteError::from_device)?;
-        file.file_bytes = wanted;
-        assert!(slot < class.slots_in_file(wanted));
-        Ok(())
-    }
-
-    /// Opens (creating, with its header page written durably) the slab file of a class.
-    pub(super) fn ensure_class_file(&mut self, class: SizeClass) -> Result<(), WriteError> {
-        if self.classes[class.id as usize].is_some() {
-            return Ok(());
-        }
-        let name = class.file_name(self.shard_id);
-        let file = self.device.open_file(&name, true).map_err(WriteError::from_device)?;
-        self.initialize_class_file(class, file).map_err(WriteError::from_device)?;
-        Ok(())
-    }
-
-    /// Writes the header page of a new (or never initialized) slab file and records the file.
-    pub(super) fn initialize_class_file(
-        &mut self,
-        class: SizeClass,
-        file: crate::device::FileId,
-    ) -> Result<(), crate::device::DeviceError> {
-        let file_bytes = class.file_bytes_for_slots(0).max(self.slab_growth_bytes_min);
-        self.device.grow_file(file, file_bytes)?;
-        self.device.fault_point(FaultPoint::SlabFileCreatedBeforeHeader)?;
-        self.write_slab_header(class, file)?;
-        self.classes[class.id as usize] = Some(ClassFile {
-            file,
-            next_append_slot: 0,
-            frontier_page: 1,
-            file_bytes,
-            layout: RecordLayout::current(),
-            fresh_pages: (0, 0),
-        });
-        self.open_placement(class, file_bytes, 0);
-        Ok(())
-    }
-
-    /// Writes a slab file's header page (this build's format) and makes it durable: before any
-    /// record of the file is written, and again by recovery when a device lost it.
-    pub(super) fn write_slab_header(
-        &mut self,
-        class: SizeClass,
-        file: crate::device::FileId,
-    ) -> Result<(), crate::device::DeviceError> {
-        let mut page = AlignedBuf::zeroed(PAGE_BYTES);
-        encode_slab_header(
-            &mut page,
-            &SlabHeader {
-                format_version: SLAB_FORMAT_VERSION,
-                class_id: class.id,
-                slot_bytes: class.slot_bytes,
-                slots_per_page: class.slots_per_page,
-                pages_per_slot: class.pages_per_slot,
-                shard_id: self.shard_id,
-            },
-        );
-        let token = self.take_token();
-        self.sync_io(IoRequest { token, file, offset: 0, kind: IoKind::Write, buf: page })?;
-        self.device.flush()
     }
 
     /// Encodes a record into its slot: straight into an I/O buffer for multi-page classes,
@@ -300,19 +322,26 @@ impl NativeEngine {
     ) {
         let class = SizeClass::get(loc.class());
         let bytes = record_bytes(key.len(), value.len());
-        let layout = self.layout_of(loc.class());
+        let layout = self.slabs.layout_of(loc.class());
+        // Invariant 1: a new version never goes into the slot of its key's live record.
+        assert!(
+            key.is_empty()
+                || self.index.get(key).is_none_or(|live| live.slot_only() != loc.slot_only()),
+            "shard {}: a {kind:?} record of a key was placed over the key's live record at {loc:?}",
+            self.shard_id
+        );
         if class.is_multi_page() {
             let pages = loc.pages_used().max(1) as usize;
             assert!(bytes <= pages * PAGE_BYTES);
             let mut buf = AlignedBuf::zeroed(pages * PAGE_BYTES);
             encode_record(&mut buf, layout, self.shard_id, loc, kind, seq, aux, key, value);
-            self.device_bytes_written[loc.class() as usize] += buf.len() as u64;
-            let (file, offset) = self.slot_position(loc);
-            self.queue_io(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
+            self.slabs.count_device_write(loc.class(), buf.len() as u64);
+            let (file, offset) = self.slabs.slot_position(loc);
+            self.io.queue(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
         } else {
             let mut record = vec![0u8; bytes];
             encode_record(&mut record, layout, self.shard_id, loc, kind, seq, aux, key, value);
-            let page = Self::page_of(loc);
+            let page = Pages::page_of(loc);
             self.place_in_page(page, class.offset_in_page(loc.slot()), record, write);
         }
     }
@@ -328,69 +357,64 @@ impl NativeEngine {
         // found (cached, being read, or zeros): once it may be written, a later miss must read
         // it back. (Moving the start only on a miss let a page imaged from the cache be zeroed
         // after its eviction, wiping a live record: simulator seed 9188.)
-        let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
-        let (fresh_start, fresh_end) = file.fresh_pages;
-        let fresh = (fresh_start..fresh_end).contains(&page.1);
-        if fresh {
-            file.fresh_pages.0 = page.1 + 1;
-        }
-        if self.loading.contains_key(&page) {
-            self.loading.get_mut(&page).unwrap().push(PageWaiter::Place { write, offset, record });
+        let fresh = self.slabs.open_file(page.0).take_fresh(page.1);
+        if self.pages.is_loading(page) {
+            self.pages.join_read(page, PageWaiter::Place { write, offset, record });
             return;
         }
-        if !self.cache.contains(page) {
-            let file = self.classes[page.0 as usize].as_mut().expect("class file is open");
-            if page.1 >= file.frontier_page || fresh {
+        if !self.pages.cache.contains(page) {
+            if self.slabs.open_file(page.0).image_is_zeros(page.1, fresh) {
                 // Never written, or in the part of an open block nothing was written to since
                 // it was opened: its image is zeros, no read needed.
-                file.frontier_page = file.frontier_page.max(page.1 + 1);
-                self.cache.insert(page, &[0u8; PAGE_BYTES]);
+                self.pages.cache.insert(page, &[0u8; PAGE_BYTES]);
             } else {
                 self.wait_page(page, PageWaiter::Place { write, offset, record });
                 return;
             }
         }
-        let slot_bytes = SizeClass::get(page.0).slot_bytes as usize;
+        let class = SizeClass::get(page.0);
+        let slot_bytes = class.slot_bytes as usize;
         assert!(offset + record.len() <= PAGE_BYTES && record.len() <= slot_bytes);
-        let image = self.cache.image_mut(page).expect("checked above");
+        let loc = self.writes.loc_of(write);
+        assert!(
+            Pages::page_of(loc) == page && class.offset_in_page(loc.slot()) == offset,
+            "shard {}: write {write} of the record at {loc:?} placed in page {page:?} at {offset}",
+            self.shard_id
+        );
+        let image = self.pages.cache.image(page).expect("checked above");
+        self.assert_not_live(loc, &image[offset..offset + slot_bytes]);
+        let image = self.pages.cache.image_mut(page).expect("checked above");
         let slot_bytes_in_page = &mut image[offset..offset + slot_bytes];
         slot_bytes_in_page[..record.len()].copy_from_slice(&record);
         // Clear the rest of the slot so a shorter record leaves no stale tail behind it.
         slot_bytes_in_page[record.len()..].fill(0);
-        match self.dirty.get_mut(&page) {
-            Some(writes) => writes.push(write),
-            None => {
-                self.cache.pin(page);
-                self.dirty.insert(page, vec![write]);
-            }
-        }
+        self.pages.mark_dirty(page, write);
+    }
+
+    /// Invariant 1, checked where a record is about to be encoded over the bytes `old` of the
+    /// in-page slot `loc`: they are not the live record of the key they name (the index points
+    /// there), nor a tombstone kept there. A violation is a bug that would lose an item.
+    fn assert_not_live(&self, loc: Loc, old: &[u8]) {
+        let Some((kind, key)) = named_key(old, self.slabs.layout_of(loc.class())) else { return };
+        let indexed = self.index.get(key).is_some_and(|live| live.slot_only() == loc.slot_only());
+        let kept = kind == RecordKind::Tombstone && self.seqs.guards_at(loc.slot_only(), key);
+        assert!(
+            !indexed && !kept,
+            "shard {}: a record was placed over the live {kind:?} record of a key at {loc:?} \
+             (indexed: {indexed}, a kept tombstone: {kept})",
+            self.shard_id
+        );
     }
 
     /// Hands every dirty page without a write in flight to the device (invariant 3), each run
     /// of consecutive pages of a file as one write of up to `WRITE_PAGES_PER_IO_MAX` pages (the
     /// pages an append class fills in a round go out as one sequential I/O).
     pub(super) fn schedule_page_writes(&mut self) {
-        if self.dirty.is_empty() {
+        if self.pages.is_clean() {
             return;
         }
-        let mut ready: Vec<PageKey> = self
-            .dirty
-            .keys()
-            .filter(|page| !self.pages_in_flight.contains(*page))
-            .copied()
-            .collect();
-        ready.sort_unstable();
-        let mut start = 0;
-        while start < ready.len() {
-            let mut end = start + 1;
-            while end < ready.len()
-                && end - start < WRITE_PAGES_PER_IO_MAX
-                && ready[end] == (ready[start].0, ready[start].1 + (end - start) as u64)
-            {
-                end += 1;
-            }
-            self.write_pages(&ready[start..end]);
-            start = end;
+        for run in self.pages.writable_runs() {
+            self.write_pages(&run);
         }
     }
 
@@ -398,11 +422,11 @@ impl NativeEngine {
     fn write_pages(&mut self, run: &[PageKey]) {
         let mut writes = Vec::new();
         for page in run {
-            writes.extend(self.dirty.remove(page).expect("listed as dirty"));
+            writes.extend(self.pages.take_dirty(*page));
         }
         if self.is_poisoned() {
             for &page in run {
-                self.cache.unpin(page);
+                self.pages.cache.unpin(page);
             }
             for write in writes {
                 self.write_failed(write, WriteError::Poisoned);
@@ -410,18 +434,28 @@ impl NativeEngine {
             return;
         }
         let first = run[0];
+        let pages = first.1..first.1 + run.len() as u64;
+        for &write in &writes {
+            let page = Pages::page_of(self.writes.loc_of(write));
+            assert!(
+                page.0 == first.0 && pages.contains(&page.1),
+                "shard {}: write {write} in page {page:?} rides the write of pages {pages:?} of \
+                 class {}",
+                self.shard_id,
+                first.0
+            );
+        }
         let mut buf = AlignedBuf::zeroed(run.len() * PAGE_BYTES);
         for (index, &page) in run.iter().enumerate() {
             buf[index * PAGE_BYTES..(index + 1) * PAGE_BYTES]
-                .copy_from_slice(self.cache.image(page).expect("dirty pages are pinned"));
+                .copy_from_slice(self.pages.cache.image(page).expect("dirty pages are pinned"));
             // Invariant 3: at most one write of a page in flight.
-            let first_write = self.pages_in_flight.insert(page);
-            assert!(first_write, "shard {}: page {page:?} written twice at once", self.shard_id);
+            self.pages.begin_write(page);
             self.scrub_page_written(page);
         }
-        self.device_bytes_written[first.0 as usize] += buf.len() as u64;
-        let file = self.classes[first.0 as usize].as_ref().expect("class file is open").file;
-        self.queue_io(
+        self.slabs.count_device_write(first.0, buf.len() as u64);
+        let file = self.slabs.file_of(first.0);
+        self.io.queue(
             IoKind::Write,
             file,
             first.1 * PAGE_BYTES as u64,
@@ -433,11 +467,11 @@ impl NativeEngine {
     /// A write is durable: release what its slot held, then apply its effect.
     pub(super) fn write_durable(&mut self, write: WriteId) {
         let PendingWrite { reaped_through, loc, overwritten, effect } =
-            self.writes.remove(&write).expect("durable write is pending");
+            self.writes.take(write).expect("durable write is pending");
         // Invariant 2, checked at the moment everything below may acknowledge the write: a
         // flush that began after its completion was reaped has finished. (A violation is a bug
         // in the engine or the device; answering would break the durability promise.)
-        let covered = self.device.write_completions_durable();
+        let covered = self.io.device.write_completions_durable();
         assert!(
             reaped_through.is_some_and(|reaped| reaped <= covered),
             "shard {}: write {write} at {loc:?} would be acknowledged before a flush covered it \
@@ -453,20 +487,20 @@ impl NativeEngine {
                 self.batch_member_durable(batch, key, seq, loc, RecordKind::Tombstone)
             }
             Effect::Put { key, seq, origin } => {
-                self.finish_seq(seq);
+                self.seqs.finish(seq);
                 self.apply_put(&key, seq, loc);
-                Self::answer(origin, Ok(()), false);
+                origin.answer(Ok(()), false);
             }
             Effect::Tombstone { key, seq, origin } => {
-                self.finish_seq(seq);
+                self.seqs.finish(seq);
                 let existed = self.apply_tombstone(&key, seq, loc);
-                Self::answer(origin, Ok(()), existed);
+                origin.answer(Ok(()), existed);
             }
             Effect::BatchRecord { batch } => self.batch_record_durable(batch, loc),
             Effect::Watermark => {}
             Effect::Erase { chain, retires } => {
                 if let Some(seq) = retires {
-                    self.finish_seq(seq);
+                    self.seqs.finish(seq);
                 }
                 self.erased(loc, chain)
             }
@@ -487,27 +521,27 @@ impl NativeEngine {
 
     /// A write failed (the store is poisoned by then): answer its origin, forget its flight.
     pub(super) fn write_failed(&mut self, write: WriteId, err: WriteError) {
-        let Some(PendingWrite { loc, effect, .. }) = self.writes.remove(&write) else { return };
+        let Some(PendingWrite { loc, effect, .. }) = self.writes.take(write) else { return };
         // Unless the store is poisoned (a device write failed: it may have reached the disk),
         // the failure happened before the write was issued, so nothing of it is on disk.
         let nothing_on_disk = !self.is_poisoned();
         match effect {
             Effect::Put { key, seq, origin } | Effect::Tombstone { key, seq, origin } => {
-                self.flight_end(&key, seq, false);
+                self.seqs.flight_end(&key, seq, false);
                 self.release_guards(key_hash(&key));
                 if nothing_on_disk && !matches!(origin, Origin::Batch(_)) {
-                    self.finish_seq(seq);
+                    self.seqs.finish(seq);
                 }
                 match origin {
                     Origin::Batch(batch) => self.batch_member_failed(batch, err),
-                    origin => Self::answer(origin, Err(err), false),
+                    origin => origin.answer(Err(err), false),
                 }
             }
             Effect::BatchRecord { batch } => self.batch_member_failed(batch, err),
             Effect::Watermark => {}
             Effect::Erase { chain, .. } => {
                 if let Some(chain) = chain {
-                    self.free[loc.class() as usize].abort(chain);
+                    self.slabs.free[loc.class() as usize].abort(chain);
                 }
             }
             Effect::RecordErased { owner, chain } => {
@@ -516,17 +550,17 @@ impl NativeEngine {
                 // A part's record stays too, and the next open reports it again.
                 match owner {
                     ErasedRecord::Batch(batch) => {
-                        self.batches.remove(&batch);
+                        self.batches.remove(batch);
                     }
                     ErasedRecord::Part(gsn) => self.part_erase_failed(gsn, err),
                 }
                 if let Some(chain) = chain {
-                    self.free[loc.class() as usize].abort(chain);
+                    self.slabs.free[loc.class() as usize].abort(chain);
                 }
             }
             Effect::PartPrepared { gsn, seq } => {
                 if nothing_on_disk {
-                    self.finish_seq(seq);
+                    self.seqs.finish(seq);
                 }
                 self.part_prepare_failed(gsn, err);
             }
@@ -534,22 +568,10 @@ impl NativeEngine {
         }
     }
 
-    pub(super) fn answer(origin: Origin, result: Result<(), WriteError>, existed: bool) {
-        match origin {
-            Origin::Put(reply) => {
-                let _ = reply.send(result);
-            }
-            Origin::Delete(reply) => {
-                let _ = reply.send(result.map(|()| existed));
-            }
-            Origin::Batch(_) => unreachable!("batch members are answered with their batch"),
-        }
-    }
-
     /// A put of `key` at `loc` is durable: it becomes live unless a newer write already is.
     pub(super) fn apply_put(&mut self, key: &[u8], seq: u64, loc: Loc) {
         let hash = key_hash(key);
-        if self.flight_end(key, seq, true) {
+        if self.seqs.flight_end(key, seq, true) {
             if let Some(old) = self.index.insert(key, loc, seq) {
                 // Invariant 5: only the newest completed write of a key is applied.
                 assert!(
@@ -563,7 +585,7 @@ impl NativeEngine {
             }
         } else {
             self.release_slot(loc.slot_only(), Some(hash), false);
-            if self.tombstone_guards.contains_key(&hash) {
+            if self.seqs.has_guards(hash) {
                 // Landed under a tombstone: erase it now, as the delete did the older copies.
                 self.erase_stale_copies(hash);
             }
@@ -573,7 +595,7 @@ impl NativeEngine {
 
     /// A tombstone of `key` at `loc` is durable. Returns whether a live item was deleted.
     pub(super) fn apply_tombstone(&mut self, key: &[u8], seq: u64, loc: Loc) -> bool {
-        if !self.flight_end(key, seq, true) {
+        if !self.seqs.flight_end(key, seq, true) {
             self.release_slot(loc.slot_only(), None, false);
             self.release_guards(key_hash(key));
             return false;
@@ -583,14 +605,14 @@ impl NativeEngine {
         if let Some(old) = old {
             self.release_slot(old.slot_only(), Some(hash), false);
         }
-        let stale_copies = self.stale_counts.get(&hash).copied().unwrap_or(0) > 0;
+        let stale_copies = self.seqs.has_stale(hash);
         // Older writes of the key still in flight will land as stale copies.
-        let older_in_flight = self.flights.contains_key(key);
+        let older_in_flight = self.seqs.in_flight(key);
         if stale_copies || older_in_flight {
             // The tombstone must outlive every older copy of the key on disk. Erase the copies
             // waiting in memory now rather than whenever their slots are reused: a deleted key
             // then leaves nothing behind that a damaged tombstone could let back.
-            self.tombstone_guards.entry(hash).or_default().push((loc.slot_only(), key.into()));
+            self.seqs.guard(hash, loc.slot_only(), key.into());
             self.erase_stale_copies(hash);
         } else {
             self.release_slot(loc.slot_only(), None, false);
@@ -598,190 +620,86 @@ impl NativeEngine {
         old.is_some()
     }
 
-    /// Frees a slot. `tag` is the hash of the key whose stale copy the slot still holds.
-    /// `erase` forces a free record over the slot before reuse (corrupt slots, batch records).
-    pub(super) fn release_slot(&mut self, loc: Loc, tag: Option<u64>, erase: bool) {
-        if let Some(hash) = tag {
-            *self.stale_counts.entry(hash).or_default() += 1;
-        }
-        self.place_free(loc, tag, erase, None);
-    }
-
-    /// Writes free records over the in-memory free slots that hold a stale copy under `hash`
-    /// (each stays counted until its erasure is durable).
-    fn erase_stale_copies(&mut self, hash: u64) {
-        for class in 0..self.free.len() {
-            for slot in self.free[class].take_tagged(hash) {
-                self.place_free(Loc::new(class as u8, slot, 0), Some(hash), true, None);
-            }
-        }
-    }
-
-    /// Erases a slot holding a torn record of sequence number `seq` (recovery): the watermark
-    /// stays below `seq` until the erasure is durable.
-    pub(super) fn erase_torn(&mut self, loc: Loc, seq: u64) {
-        self.hold_seq(seq);
-        self.write_free_record(loc, None, None, None, Some(seq));
-    }
-
-    /// Puts an (already counted) free slot in memory, or writes its free record.
-    pub(super) fn place_free(
+    pub(super) fn writes_completed(
         &mut self,
-        loc: Loc,
-        tag: Option<u64>,
-        erase: bool,
-        owner: Option<ErasedRecord>,
+        writes: Vec<WriteId>,
+        result: Result<(), DeviceError>,
     ) {
-        if let Some(append) = self.append[loc.class() as usize].as_mut() {
-            // Append placement: a freed slot is dead in its block until the block is reused;
-            // an erasure is written in place first (it changes no live record).
-            if !erase && owner.is_none() {
-                append.release(loc.slot(), tag);
-            } else {
-                self.write_free_record(loc, tag, None, owner, None);
+        let reaped_through = self.io.device.write_completions_reaped();
+        self.writes.completed(&writes, reaped_through);
+        match result {
+            Ok(()) => match self.io.durability {
+                WriteDurability::Dsync => self.writes_durable(writes),
+                WriteDurability::FlushPerRound => self.writes.await_flush(writes),
+            },
+            Err(err) => {
+                tracing::error!(shard = self.shard_id, %err, "write failed");
+                self.poison();
+                for write in writes {
+                    self.write_failed(write, WriteError::from_device(err.clone()));
+                }
+            }
+        }
+    }
+
+    /// FlushPerRound: one flush makes every write that completed this round durable.
+    pub(super) fn flush_round(&mut self) {
+        let writes = self.writes.take_awaiting_flush();
+        if writes.is_empty() {
+            return;
+        }
+        match self.io.device.flush() {
+            Ok(()) => self.writes_durable(writes),
+            Err(err) => {
+                tracing::error!(shard = self.shard_id, %err, "flush failed");
+                self.poison();
+                for write in writes {
+                    self.write_failed(write, WriteError::from_device(err.clone()));
+                }
+            }
+        }
+    }
+
+    /// Writes are durable: apply and answer each. A failure at the fault point between the two
+    /// is handled like a failed flush, so the writes are answered with the error (recovery may
+    /// still find them, as it may find any write in flight at a failure).
+    fn writes_durable(&mut self, writes: Vec<WriteId>) {
+        if let Err(err) = self.io.device.fault_point(FaultPoint::SlabWrittenBeforeIndexUpdate) {
+            tracing::error!(shard = self.shard_id, %err, "failed after writes were durable");
+            self.poison();
+            for write in writes {
+                self.write_failed(write, WriteError::from_device(err.clone()));
             }
             return;
         }
-        let free = &mut self.free[loc.class() as usize];
-        if !erase && owner.is_none() && free.has_room() {
-            free.push(loc.slot(), tag);
+        for write in writes {
+            self.write_durable(write);
+        }
+    }
+
+    pub(super) fn answer_flush_waiters(&mut self) {
+        let ready = self.writes.take_ready_flush_waiters();
+        if ready.is_empty() {
             return;
         }
-        let (chain, next) = if free.has_room() {
-            (None, None)
+        let result = if self.is_poisoned() {
+            Err(WriteError::Poisoned)
         } else {
-            match free.begin_push() {
-                Some((chain, head)) => (Some(chain), head),
-                None => {
-                    self.deferred_frees.push_back((loc, tag, erase, owner));
-                    return;
-                }
-            }
+            self.io.device.flush().map_err(|err| {
+                self.poison();
+                WriteError::from_device(err)
+            })
         };
-        self.write_free_record(loc, tag, chain.map(|chain| (chain, next)), owner, None);
-    }
-
-    /// Writes a free record over `loc` (pointing to `next` when pushed onto `chain`).
-    fn write_free_record(
-        &mut self,
-        loc: Loc,
-        tag: Option<u64>,
-        chain: Option<(usize, Option<u64>)>,
-        owner: Option<ErasedRecord>,
-        retires: Option<u64>,
-    ) {
-        let next = chain.and_then(|(_, next)| next);
-        let chain = chain.map(|(chain, _)| chain);
-        let effect = match owner {
-            Some(owner) => Effect::RecordErased { owner, chain },
-            None => Effect::Erase { chain, retires },
-        };
-        let write = self.new_write(loc.slot_only(), tag, effect);
-        let aux = next.map_or(0, |slot| slot + 1);
-        self.place(write, loc.slot_only(), RecordKind::Free, 0, aux, &[], &[]);
-    }
-
-    /// Erases a finished batch record; its keys are released when the erasure is durable.
-    pub(super) fn erase_batch_record(&mut self, loc: Loc, batch: u64) {
-        self.place_free(loc.slot_only(), None, true, Some(ErasedRecord::Batch(batch)));
-    }
-
-    /// A free record is durable: the slot is free.
-    fn erased(&mut self, loc: Loc, chain: Option<usize>) {
-        match chain {
-            Some(chain) => self.free[loc.class() as usize].end_push(chain, loc.slot()),
-            None => self.place_free(loc.slot_only(), None, false, None),
+        for reply in ready {
+            let _ = reply.send(result.clone());
         }
     }
+}
 
-    /// A stale copy counted under `tag` is gone; tombstones waiting on it may go too.
-    pub(super) fn release_tag(&mut self, tag: Option<u64>) {
-        let Some(hash) = tag else { return };
-        let count = self.stale_counts.get_mut(&hash).expect("released a stale copy never counted");
-        *count -= 1;
-        if *count == 0 {
-            self.stale_counts.remove(&hash);
-            self.release_guards(hash);
-        }
-    }
-
-    /// Frees the tombstones kept for `hash` once no stale copy under it remains and no older
-    /// write of their key is still in flight (it would land as a stale copy with nothing above
-    /// it). Called whenever either condition may have become true.
-    pub(super) fn release_guards(&mut self, hash: u64) {
-        if self.stale_counts.contains_key(&hash) {
-            return;
-        }
-        let Some(tombstones) = self.tombstone_guards.remove(&hash) else { return };
-        let (waiting, free): (Vec<_>, Vec<_>) =
-            tombstones.into_iter().partition(|(_, key)| self.flights.contains_key(key));
-        if !waiting.is_empty() {
-            self.tombstone_guards.insert(hash, waiting);
-        }
-        for (tombstone, _) in free {
-            self.release_slot(tombstone, None, false);
-        }
-    }
-
-    pub(super) fn retry_deferred_frees(&mut self) {
-        for _ in 0..self.deferred_frees.len() {
-            let Some((loc, tag, erase, owner)) = self.deferred_frees.pop_front() else { break };
-            self.place_free(loc, tag, erase, owner);
-        }
-    }
-
-    /// Starts reading chain heads of classes whose in-memory free set runs low.
-    pub(super) fn refill_free_lists(&mut self) {
-        for class_id in 0..self.free.len() {
-            let free = &mut self.free[class_id];
-            if free.in_memory() >= crate::limits::FREE_SLOTS_IN_MEMORY_MAX / 2 {
-                continue;
-            }
-            let Some((chain, slot)) = free.begin_pop() else { continue };
-            let class = SizeClass::get(class_id as u8);
-            let loc = Loc::new(class.id, slot, 0);
-            if class.is_multi_page() {
-                let (file, offset) = self.slot_position(loc);
-                self.queue_io(
-                    IoKind::Read,
-                    file,
-                    offset,
-                    AlignedBuf::zeroed(PAGE_BYTES),
-                    IoPurpose::DirectRead(super::DirectRead::ChainPop {
-                        class: class.id,
-                        chain,
-                        slot,
-                    }),
-                );
-            } else {
-                let page = Self::page_of(loc);
-                if self.cache.contains(page) {
-                    let offset = class.offset_in_page(slot);
-                    let bytes = self.cache.image(page).unwrap()
-                        [offset..offset + class.slot_bytes as usize]
-                        .to_vec();
-                    self.chain_head_read(class.id, chain, slot, &bytes);
-                } else {
-                    self.wait_page(page, PageWaiter::ChainPop { class: class.id, chain, slot });
-                }
-            }
-        }
-    }
-
-    /// The free record at a chain's head was read: move the head to memory.
-    pub(super) fn chain_head_read(&mut self, class: u8, chain: usize, slot: u64, bytes: &[u8]) {
-        let slot_bytes = SizeClass::get(class).slot_bytes as usize;
-        let loc = Loc::new(class, slot, 0);
-        let layout = self.layout_of(class);
-        match super::format::decode_slot(bytes, layout, self.shard_id, loc, slot_bytes) {
-            Ok(super::format::Slot::Record { header, .. }) if header.kind == RecordKind::Free => {
-                let next = header.aux.checked_sub(1);
-                self.free[class as usize].end_pop(chain, next);
-            }
-            other => {
-                tracing::error!(shard = self.shard_id, ?loc, ?other, "free chain head is not a free record; dropping the chain until the next recovery");
-                self.free[class as usize].drop_chain(chain);
-            }
-        }
-    }
+/// The kind and key that a slot's bytes name, unverified (no checksum): what the slot held
+/// before a record is encoded over it. `None` for an empty slot or bytes no header parses from.
+fn named_key(slot: &[u8], layout: RecordLayout) -> Option<(RecordKind, &[u8])> {
+    let header = peek_header(slot, layout)?;
+    let key_end = RECORD_HEADER_BYTES + header.key_bytes as usize;
+    Some((header.kind, slot.get(RECORD_HEADER_BYTES..key_end)?))
 }

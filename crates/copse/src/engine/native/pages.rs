@@ -1,0 +1,220 @@
+//! The pages of in-page classes as the engine holds them (`Pages`): their images in the page
+//! cache, the reads of pages under way with who waits for each, the pages modified since their
+//! last write, and the pages with a write in flight. Then what the engine does when a page it
+//! waited for arrives (`impl NativeEngine`: `wait_page`, `page_loaded`).
+//!
+//! Invariants:
+//! - At most one write per page is in flight (invariant 3 of `mod.rs`): a page joins
+//!   `in_flight` when its write is queued and leaves it when that write completes, both
+//!   asserted (`begin_write`, `end_write`). Modifications made meanwhile wait in `dirty` for the
+//!   next write (`writable_runs` leaves pages in flight out).
+//! - A page in `dirty` or `in_flight` is pinned in the cache (pinned by `mark_dirty`, unpinned
+//!   by `end_write` or when a poisoned store drops the write), so its newest image, which only
+//!   memory holds, is never evicted and never replaced by an older one read from the device
+//!   (`page_loaded` asserts that a page read finds no image cached).
+//! - A page has at most one read under way: the first waiter of a page starts it, later ones
+//!   join `loading` (`wait`).
+
+use super::cache::{PageCache, PageKey};
+use super::format::{Loc, SizeClass};
+use super::{IoPurpose, NativeEngine, WriteId};
+use crate::device::{AlignedBuf, DeviceError, IoCompletion, IoKind};
+use crate::engine::Reply;
+use crate::error::{ReadError, WriteError};
+use crate::hash::{HashMap, HashSet};
+use crate::limits::{PAGE_BYTES, WRITE_PAGES_PER_IO_MAX};
+
+/// Who waits for a page image being read.
+pub(super) enum PageWaiter {
+    Place { write: WriteId, offset: usize, record: Vec<u8> },
+    Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError> },
+    ScanItem { scan: u64, item: usize },
+    ChainPop { class: u8, chain: usize, slot: u64 },
+}
+
+pub(super) struct Pages {
+    /// For messages.
+    shard_id: u32,
+    pub(super) cache: PageCache,
+    /// Pages being read, and who waits for each.
+    loading: HashMap<PageKey, Vec<PageWaiter>>,
+    /// Pages with modifications not yet submitted, and the writes those modifications carry.
+    dirty: HashMap<PageKey, Vec<WriteId>>,
+    /// Pages with a write in flight (invariant 3).
+    in_flight: HashSet<PageKey>,
+}
+
+impl Pages {
+    pub(super) fn new(shard_id: u32, cache_pages: usize) -> Pages {
+        Pages {
+            shard_id,
+            cache: PageCache::new(cache_pages),
+            loading: HashMap::default(),
+            dirty: HashMap::default(),
+            in_flight: HashSet::default(),
+        }
+    }
+
+    /// The page an in-page slot lies in.
+    pub(super) fn page_of(loc: Loc) -> PageKey {
+        let class = SizeClass::get(loc.class());
+        (loc.class(), class.page_of_slot(loc.slot()))
+    }
+
+    /// Whether the page has a write queued or in flight (its device bytes may be mid-change).
+    pub(super) fn busy(&self, page: PageKey) -> bool {
+        self.dirty.contains_key(&page) || self.in_flight.contains(&page)
+    }
+
+    /// No page has modifications waiting for a write.
+    pub(super) fn is_clean(&self) -> bool {
+        self.dirty.is_empty()
+    }
+
+    pub(super) fn is_loading(&self, page: PageKey) -> bool {
+        self.loading.contains_key(&page)
+    }
+
+    /// Registers a waiter for a page being read, or to be read; returns whether it is the
+    /// first (then the caller starts the read).
+    fn wait(&mut self, page: PageKey, waiter: PageWaiter) -> bool {
+        let first = !self.loading.contains_key(&page);
+        self.loading.entry(page).or_default().push(waiter);
+        first
+    }
+
+    /// Joins a read under way (`is_loading`).
+    pub(super) fn join_read(&mut self, page: PageKey, waiter: PageWaiter) {
+        let first = self.wait(page, waiter);
+        assert!(!first, "joined a page read that is not under way");
+    }
+
+    /// A modification of `page` carried by `write` was made in its cached image: the page
+    /// joins the next round's writes (pinned until written).
+    pub(super) fn mark_dirty(&mut self, page: PageKey, write: WriteId) {
+        match self.dirty.get_mut(&page) {
+            Some(writes) => writes.push(write),
+            None => {
+                self.cache.pin(page);
+                self.dirty.insert(page, vec![write]);
+            }
+        }
+    }
+
+    /// The dirty pages without a write in flight (invariant 3), in runs of consecutive pages of
+    /// a file, each of up to `WRITE_PAGES_PER_IO_MAX` pages, to be written with one I/O each.
+    pub(super) fn writable_runs(&self) -> Vec<Vec<PageKey>> {
+        let mut ready: Vec<PageKey> =
+            self.dirty.keys().filter(|page| !self.in_flight.contains(*page)).copied().collect();
+        ready.sort_unstable();
+        let mut runs = Vec::new();
+        let mut start = 0;
+        while start < ready.len() {
+            let mut end = start + 1;
+            while end < ready.len()
+                && end - start < WRITE_PAGES_PER_IO_MAX
+                && ready[end] == (ready[start].0, ready[start].1 + (end - start) as u64)
+            {
+                end += 1;
+            }
+            runs.push(ready[start..end].to_vec());
+            start = end;
+        }
+        runs
+    }
+
+    /// Takes the writes a dirty page's modifications carry (the page stays pinned).
+    pub(super) fn take_dirty(&mut self, page: PageKey) -> Vec<WriteId> {
+        self.dirty.remove(&page).expect("listed as dirty")
+    }
+
+    /// A write of `page` is being queued. Invariant 3: it has no other write in flight.
+    pub(super) fn begin_write(&mut self, page: PageKey) {
+        assert!(
+            !self.dirty.contains_key(&page),
+            "shard {}: page {page:?} written with modifications left behind",
+            self.shard_id
+        );
+        let first_write = self.in_flight.insert(page);
+        assert!(first_write, "shard {}: page {page:?} written twice at once", self.shard_id);
+    }
+
+    /// The write of `page` completed (or failed): the page may be written again, and evicted.
+    pub(super) fn end_write(&mut self, page: PageKey) {
+        let was_in_flight = self.in_flight.remove(&page);
+        assert!(was_in_flight, "a page write completed that was not in flight");
+        self.cache.unpin(page);
+    }
+}
+
+impl NativeEngine {
+    /// Registers a waiter for a page image, reading the page if no read is under way.
+    pub(super) fn wait_page(&mut self, page: PageKey, waiter: PageWaiter) {
+        if self.pages.wait(page, waiter) {
+            let file = self.slabs.file_of(page.0);
+            self.io.queue(
+                IoKind::Read,
+                file,
+                page.1 * PAGE_BYTES as u64,
+                AlignedBuf::zeroed(PAGE_BYTES),
+                IoPurpose::PageLoad(page),
+            );
+        }
+    }
+
+    pub(super) fn page_loaded(&mut self, page: PageKey, completion: IoCompletion) {
+        let waiters = self.pages.loading.remove(&page).unwrap_or_default();
+        if let Err(err) = completion.result {
+            tracing::error!(shard = self.shard_id, ?page, %err, "page read failed");
+            for waiter in waiters {
+                self.page_waiter_failed(waiter, &err);
+            }
+            return;
+        }
+        let cache = &mut self.pages.cache;
+        assert!(!cache.contains(page), "a page was read while a newer image was cached");
+        cache.insert(page, &completion.buf[..PAGE_BYTES]);
+        // Pin while the waiters run so that a waiter's own page reads cannot evict it.
+        cache.pin(page);
+        for waiter in waiters {
+            self.run_page_waiter(waiter);
+        }
+        self.pages.cache.unpin(page);
+    }
+
+    fn run_page_waiter(&mut self, waiter: PageWaiter) {
+        match waiter {
+            PageWaiter::Place { write, offset, record } => {
+                let loc = self.writes.loc_of(write);
+                self.place_in_page(Pages::page_of(loc), offset, record, write);
+            }
+            PageWaiter::Get { key, reply } => self.get(key, reply),
+            PageWaiter::ScanItem { scan, item } => self.scan_item(scan, item),
+            PageWaiter::ChainPop { class, chain, slot } => {
+                let class_info = SizeClass::get(class);
+                let page = (class, class_info.page_of_slot(slot));
+                let offset = class_info.offset_in_page(slot);
+                let image = self.pages.cache.image(page).expect("page was just loaded");
+                let bytes = image[offset..offset + class_info.slot_bytes as usize].to_vec();
+                self.chain_head_read(class, chain, slot, &bytes);
+            }
+        }
+    }
+
+    fn page_waiter_failed(&mut self, waiter: PageWaiter, err: &DeviceError) {
+        match waiter {
+            PageWaiter::Place { write, .. } => {
+                self.write_failed(write, WriteError::from_device(err.clone()))
+            }
+            PageWaiter::Get { reply, .. } => {
+                let _ = reply.send(Err(ReadError::Device(err.clone())));
+            }
+            PageWaiter::ScanItem { scan, .. } => {
+                self.scan_item_failed(scan, ReadError::Device(err.clone()))
+            }
+            PageWaiter::ChainPop { class, chain, .. } => {
+                self.slabs.free[class as usize].abort(chain)
+            }
+        }
+    }
+}
