@@ -114,7 +114,8 @@ impl PageCache {
         }
     }
 
-    /// Drops a page (after a failed write its image no longer matches the disk).
+    /// Drops a page from the cache.
+    #[cfg(any(test, feature = "testing"))]
     pub fn remove(&mut self, page: PageKey) {
         if let Some(index) = self.map.remove(&page) {
             let frame = &mut self.frames[index as usize];
@@ -126,6 +127,7 @@ impl PageCache {
 
     /// Drops every page that is not pinned (whose image is what the disk holds), so that the
     /// next reads of them go to the device.
+    #[cfg(any(test, feature = "testing"))]
     pub fn drop_unpinned(&mut self) {
         let pages: Vec<PageKey> = self
             .map

@@ -609,6 +609,7 @@ pub fn decode_slot<'a>(
 /// zero, so any change there is a defect), and a record's key and value. Unchecked: the header
 /// page past its fields, a slot's bytes past its record (or past an empty slot's header), and a
 /// page's tail past its last slot.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ByteRole {
     Unchecked,
@@ -623,6 +624,7 @@ pub enum ByteRole {
 
 /// The role of byte `at` of the slab file `file_name` (`shard-NNN/class-NN.slab`) whose image
 /// is `image`.
+#[cfg(any(test, feature = "testing"))]
 pub fn byte_role(image: &[u8], file_name: &str, at: u64) -> ByteRole {
     use ByteRole::{Checked, KeyOf, Unchecked, ValueOf};
     let base = file_name.rsplit('/').next().unwrap_or(file_name);

@@ -104,6 +104,7 @@ impl FreeList {
         slots
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn contains(&self, slot: u64) -> bool {
         self.tags.contains_key(&slot)
     }

@@ -76,6 +76,7 @@ impl Index {
         self.map.len()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

@@ -263,11 +263,13 @@ impl NativeEngine {
     /// Forgets every cached page that matches the disk, so that the next reads go to the device
     /// (a cold-cache benchmark, or a simulator checking what the device really holds). Pages
     /// with modifications not yet durable stay.
+    #[cfg(any(test, feature = "testing"))]
     pub fn drop_clean_pages(&mut self) {
         self.pages.cache.drop_unpinned();
     }
 
     /// Whether the collector is emptying a block now (for tests that crash during collection).
+    #[cfg(any(test, feature = "testing"))]
     pub fn collecting(&self) -> bool {
         self.collector.collecting()
     }

@@ -26,7 +26,7 @@
 use std::collections::{BTreeSet, BinaryHeap};
 
 use super::format::SizeClass;
-pub use crate::engine::placement::{AppendFigures, Placement, PlacementSetting};
+pub use crate::engine::placement::{AppendFigures, Placement};
 use crate::hash::HashMap;
 
 /// The cost model behind `auto` (docs/placement.md): an in-place write of an item costs one
