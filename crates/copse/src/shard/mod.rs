@@ -16,6 +16,7 @@
 pub mod coordinator;
 pub mod exec;
 pub mod gate;
+pub mod wake;
 
 use std::thread::JoinHandle;
 use std::time::Duration;
