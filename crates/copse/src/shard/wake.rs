@@ -1,6 +1,7 @@
 //! How a shard thread sleeps: until a message reaches its queue, a completion of its engine's
-//! I/O is ready, or the engine's next deadline passes, whichever comes first, in one `ppoll(2)`;
-//! never a fixed sleep, never a spin.
+//! I/O is ready, or the engine's next deadline passes, whichever comes first, in one system call
+//! (a `ppoll(2)`, or a read of its eventfd when only a message can end the sleep); never a fixed
+//! sleep, never a spin.
 //!
 //! The shard thread owns a [`Parker`]; everyone who sends it messages holds its [`Waker`] and
 //! calls [`Waker::wake`] after each send (`ShardSender` in `mod.rs` does both). The waker's
@@ -23,8 +24,9 @@
 //! 4. A deadline never wakes the poll early (ppoll takes nanoseconds, and its timer only runs
 //!    late), so a shard waiting for a deadline makes one poll, not a run of short ones; a deadline
 //!    already past returns without a system call.
-//! 5. Any other return of the poll (EINTR, a spurious readiness) is reported as such; the shard
-//!    loop then runs a round and parks again, which is always safe.
+//! 5. A park may return with nothing ready (`Interrupted` on EINTR; `Woken` by a wake whose
+//!    message was already taken, or by a sender's handle dropped); the caller parks again then
+//!    (the shard loop does), which is always safe.
 //!
 //! Cost: a sleep that only a sender can end (no completion fd, no deadline: an idle shard) is
 //! one blocking read of the eventfd, which waits and resets it in one call, so sleeping and

@@ -29,9 +29,10 @@
 //! background threads (flushes, compactions) do the rest. The one thing the engine waits for
 //! across rounds is a settle (RocksDB's background work to finish): it looks each
 //! `ROCKSDB_SETTLE_POLL_MS` through `next_deadline`, so the shard sleeps in between and keeps
-//! serving requests; a scrub moves a step each round (`has_work_ready`). The RocksDB crate's API used here is
-//! the part common to rocksdb 0.20 (which links Debian's librocksdb 7.8, for the tests in CI)
-//! and 0.25 (bundled RocksDB 11, for every published benchmark); see docs/engines.md.
+//! serving requests; a scrub moves a step each round (`has_work_ready`). The RocksDB crate's
+//! API used here is the part common to rocksdb 0.20 (which links Debian's librocksdb 7.8, for
+//! the tests in CI) and 0.25 (bundled RocksDB 11, for every published benchmark); see
+//! docs/engines.md.
 
 use std::collections::HashMap;
 use std::ops::Bound;
