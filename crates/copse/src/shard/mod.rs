@@ -177,7 +177,7 @@ fn run(mut engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) {
         if closing.is_none() && connected && engine.is_idle() {
             // Every exec that is not blocked waits on the engine, so an idle engine with nothing
             // queued means there is nothing to do but wait for a message (or a deadline).
-            sleep(&parker, &engine, &receiver, connected, false);
+            wait_for_work(&parker, &engine, &receiver, connected, false);
         }
         // Take what is queued, never waiting to fill a batch. Once closing, what arrives is
         // turned away as `finish` would at the end, so that a wake still moves the execs left.
@@ -214,7 +214,7 @@ fn run(mut engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) {
             // or the engine's deadline, whichever comes first. A device without a completion
             // fd completes on demand, so reaping is the wait.
             if engine.completion_fd().is_some() {
-                sleep(&parker, &engine, &receiver, connected, true);
+                wait_for_work(&parker, &engine, &receiver, connected, true);
                 engine.reap(false);
             } else {
                 engine.reap(true);
@@ -233,7 +233,7 @@ fn run(mut engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) {
                 "shard {}: the engine is neither idle, ready, in I/O nor waiting for a deadline",
                 engine.shard_id()
             );
-            sleep(&parker, &engine, &receiver, connected, false);
+            wait_for_work(&parker, &engine, &receiver, connected, false);
         }
         if let Some(reply) = closing.take() {
             if engine.is_idle() && execs.is_empty() {
@@ -244,7 +244,7 @@ fn run(mut engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) {
             if took == 0 && !execs_moved && engine.is_idle() {
                 // The execs left wait for other shards (a cross-shard batch's decision), which
                 // send a wake when they move.
-                sleep(&parker, &engine, &receiver, connected, false);
+                wait_for_work(&parker, &engine, &receiver, connected, false);
             }
             closing = Some(reply);
         }
@@ -258,7 +258,7 @@ fn run(mut engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) {
 /// Sleeps until a message arrives (while `connected`), a completion of the engine's I/O is
 /// ready (if `completions`), or the engine's next deadline passes. A wake that brought nothing
 /// (a sender's handle dropped, an interrupted poll) sleeps again.
-fn sleep(
+fn wait_for_work(
     parker: &Parker,
     engine: &Gate,
     receiver: &flume::Receiver<Message>,
