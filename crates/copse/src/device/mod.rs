@@ -40,6 +40,7 @@ pub use aligned::AlignedBuf;
 pub use fault_point::FaultPoint;
 pub use observer::IoObserver;
 
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 
 /// A file opened on a device, valid for that device instance only.
@@ -179,6 +180,14 @@ pub trait BlockDevice: Send {
         -> Result<(), DeviceError>;
     /// Requests submitted and not yet reaped.
     fn in_flight(&self) -> usize;
+    /// A file descriptor that polls readable (POLLIN) while a completion waits in the kernel,
+    /// so that the owner can wait for completions together with other events and then `reap`
+    /// without waiting. `None` (the default) when `reap(1, ..)` returns at once: the device
+    /// completes requests at submit or at reap (sync, simulated), or it already holds a
+    /// completion it has not handed out.
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
     /// Makes durable every write whose completion `reap` has handed out (no-op cost under
     /// `Dsync` beyond the call). On success `write_completions_durable` rises to the value
     /// `write_completions_reaped` had when the flush began.

@@ -9,6 +9,9 @@
 //!   Both count their enters in `DeviceStats::submit_calls`.
 //! - A completion is `Ok` only if the whole buffer was transferred; anything else is an error
 //!   (negative result → errno, short transfer → `DeviceError::Short`).
+//! - The ring's own fd is the completion fd (`BlockDevice::completion_fd`): the kernel reports it
+//!   readable while the CQ holds an entry. It is offered only while `ready` is empty, so a poll
+//!   on it never sleeps past a completion the device already holds.
 //!
 //! Durability: with `Dsync` each write carries RWF_DSYNC, which the block layer turns into a FUA
 //! write (or a write plus cache flush on devices without FUA), and the filesystem commits any
@@ -23,6 +26,7 @@
 //! open flag) keeps reads and the choice per write free of the open mode.
 
 use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -96,6 +100,9 @@ pub struct UringDevice {
     observer: Option<Arc<dyn IoObserver>>,
     /// Per slot: the observer's tag of the write in it.
     observed_tags: Vec<u64>,
+    /// The kernel said, at the last drain, that completions overflowed the CQ into its own
+    /// list, which only an enter moves back into the CQ.
+    cq_overflowed: bool,
 }
 
 impl UringDevice {
@@ -123,6 +130,7 @@ impl UringDevice {
             ledger: files::FlushLedger::default(),
             observer: None,
             observed_tags: Vec::new(),
+            cq_overflowed: false,
         })
     }
 
@@ -199,6 +207,7 @@ impl UringDevice {
         // Collect first: the CQ borrows the ring, and completing a request touches other fields.
         let finished: Vec<(u64, i32)> =
             self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result())).collect();
+        self.cq_overflowed = self.ring.submission().cq_overflow();
         for (user_data, result) in finished {
             let Some(request) = usize::try_from(user_data).ok().and_then(|s| self.remove_slot(s))
             else {
@@ -346,6 +355,16 @@ impl BlockDevice for UringDevice {
 
     fn in_flight(&self) -> usize {
         self.slots_in_use + self.ready.len()
+    }
+
+    /// The ring's own fd: the kernel reports it readable while the completion queue holds an
+    /// entry (level-triggered, so one posted before the poll began ends it at once). Completions
+    /// already drained into `ready` (by a submit that found the SQ full, or rejected requests)
+    /// are not in the queue, so then there is no fd: the next reap hands them out at once. Nor
+    /// after the CQ overflowed: the fd would stay readable while a drain finds nothing, and the
+    /// enter of `reap(1)` is what brings those completions back.
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        (self.ready.is_empty() && !self.cq_overflowed).then(|| self.ring.as_fd())
     }
 
     fn flush(&mut self) -> Result<(), DeviceError> {
@@ -540,6 +559,41 @@ mod tests {
             "no fdatasync of the file began after the write completed: {:?}",
             log.events()
         );
+    }
+
+    /// The shard sleeps in poll(2) on this fd while I/O is in flight (shard/wake.rs): it must
+    /// turn readable once a completion waits, and quiet again once it is reaped.
+    #[test]
+    fn the_completion_fd_is_readable_exactly_while_a_completion_waits() {
+        let Some((_dir, mut device)) = device(WriteDurability::FlushPerRound) else {
+            return;
+        };
+        let file = device.open_file("fd.slab", true).unwrap();
+        device.grow_file(file, 4 * PAGE_BYTES as u64).unwrap();
+        let readable = |device: &UringDevice, timeout_ms: i32| {
+            let fd = device.completion_fd().expect("nothing held: the ring's fd");
+            let mut entry = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one initialized pollfd that outlives the call; the kernel writes only its
+            // `revents`.
+            let ready = unsafe { libc::poll(&mut entry, 1, timeout_ms) };
+            ready == 1 && entry.revents & libc::POLLIN != 0
+        };
+        assert!(!readable(&device, 0), "readable with nothing submitted");
+        let read = request(1, file, 0, IoKind::Read, AlignedBuf::zeroed(PAGE_BYTES));
+        device.submit(vec![read]).unwrap();
+        assert!(readable(&device, 10_000), "no completion within 10 s");
+        let mut out = Vec::new();
+        device.reap(0, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(out[0].result.is_ok());
+        assert!(!readable(&device, 0), "still readable after the completion was reaped");
+        // A completion the device holds (a rejected request) is no CQE: no fd, so the owner
+        // reaps instead of polling.
+        let bad = request(2, 99, 0, IoKind::Read, AlignedBuf::zeroed(PAGE_BYTES));
+        device.submit(vec![bad]).unwrap();
+        assert!(device.completion_fd().is_none());
+        device.reap(1, &mut out).unwrap();
+        assert!(device.completion_fd().is_some());
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub mod placement;
 pub mod rocks;
 
 use std::ops::Bound;
+use std::os::fd::BorrowedFd;
+use std::time::Instant;
 
 use futures::channel::oneshot;
 use serde::Serialize;
@@ -353,11 +355,25 @@ pub struct ShardStats {
 /// 4. reaps completions ([`reap`], blocking for one only when told to) and answers what they
 ///    finish.
 ///
+/// Between rounds that bring nothing new the loop sleeps, never for a fixed time: until a
+/// message, a completion ([`completion_fd`]) or the engine's [`next_deadline`]. Which of those it
+/// waits for, the engine says:
+/// - [`is_idle`]: nothing is queued, in flight or deferred; the loop waits for a message (or the
+///   deadline).
+/// - [`has_io_in_flight`]: the loop waits for a completion: it polls [`completion_fd`] with its
+///   queue and the deadline, then reaps; with no fd it calls `reap(true)`, which must then return
+///   without a long wait (the device completes on demand).
+/// - otherwise, [`has_work_ready`]: the next round moves without anything arriving, so the loop
+///   runs it at once; or not, and then the engine must give a [`next_deadline`], which the loop
+///   sleeps until (a message may come first).
+///
 /// Obligations: answer every request exactly once (also on failure, also at [`close`]); answer a
 /// write only once it is durable; never panic on a request (limits were checked by the caller,
 /// but I/O errors and corrupt data are answered as errors); after a failed flush refuse writes
 /// (poisoned). [`is_idle`] must be true only when nothing is queued, in flight or deferred, so the
-/// loop may block on its queue.
+/// loop may block on its queue. An engine that is not idle and has no I/O in flight is either
+/// ready ([`has_work_ready`], and then the next round makes progress, so the loop never spins
+/// while waiting) or has a deadline; it never waits on something that can wake neither.
 ///
 /// [`handle_run`]: ShardEngine::handle_run
 /// [`handle`]: ShardEngine::handle
@@ -368,6 +384,10 @@ pub struct ShardStats {
 /// [`reap`]: ShardEngine::reap
 /// [`close`]: ShardEngine::close
 /// [`is_idle`]: ShardEngine::is_idle
+/// [`has_io_in_flight`]: ShardEngine::has_io_in_flight
+/// [`has_work_ready`]: ShardEngine::has_work_ready
+/// [`completion_fd`]: ShardEngine::completion_fd
+/// [`next_deadline`]: ShardEngine::next_deadline
 pub trait ShardEngine: Send {
     fn shard_id(&self) -> u32;
     /// A run of requests of one kind, in arrival order.
@@ -381,6 +401,22 @@ pub trait ShardEngine: Send {
     fn reap(&mut self, wait: bool);
     fn is_idle(&self) -> bool;
     fn has_io_in_flight(&self) -> bool;
+    /// Asked after a round's reap when the engine is neither idle nor has I/O in flight: whether
+    /// the next round makes progress with nothing new arriving (work deferred to it, such as I/O
+    /// queued by the last completions). False means the engine waits for its `next_deadline`.
+    fn has_work_ready(&self) -> bool;
+    /// With I/O in flight: a file descriptor that polls readable once a completion can be
+    /// reaped, so the loop can wait for one together with its queue. `None` when `reap(true)`
+    /// returns at once (completions are already held, or the device makes them on demand).
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// The earliest time at which the engine has work that nothing else will bring (a timer, a
+    /// poll of background work); the loop runs a round by then at the latest. `None`: no such
+    /// time. Asked each time the loop is about to sleep.
+    fn next_deadline(&self) -> Option<Instant> {
+        None
+    }
     /// Whether `key` holds a live value. No I/O.
     fn contains_key(&self, key: &[u8]) -> bool;
     /// Up to `limit` live keys of the range, in order. No I/O.

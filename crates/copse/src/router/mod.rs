@@ -13,7 +13,7 @@ use futures::channel::oneshot;
 use crate::engine::Request;
 use crate::error::WriteError;
 use crate::shard::exec::ExecRequest;
-use crate::shard::{Message, ShardHandle};
+use crate::shard::{Message, ShardHandle, ShardSender};
 
 /// The shard that owns `key` in a store of `shards` shards.
 pub fn shard_of(key: &[u8], shards: u32) -> u32 {
@@ -24,7 +24,7 @@ pub fn shard_of(key: &[u8], shards: u32) -> u32 {
 /// Routes requests to shard queues. Cheap to clone; holds no lock.
 #[derive(Clone)]
 pub struct Router {
-    shards: Vec<flume::Sender<Message>>,
+    shards: Vec<ShardSender>,
 }
 
 /// A reply on its way back from a shard.
@@ -62,7 +62,7 @@ impl Router {
         request: Request,
         receiver: oneshot::Receiver<Result<T, E>>,
     ) -> Pending<T, E> {
-        let delivered = self.shards[shard].send(Message::Request(request)).is_ok();
+        let delivered = self.shards[shard].send(Message::Request(request));
         Pending { receiver: delivered.then_some(receiver), closed }
     }
 
@@ -80,7 +80,7 @@ impl Router {
     /// Tells shard `shard` to look at its cross-shard parts again; never blocks (see
     /// `Message::Wake`).
     pub fn wake(&self, shard: u32) {
-        let _ = self.shards[shard as usize].try_send(Message::Wake);
+        self.shards[shard as usize].try_send(Message::Wake);
     }
 
     /// Sends a request for `key` to its shard; blocks while that shard's queue is full.
@@ -105,24 +105,24 @@ impl Router {
         let shard = shard_of(key, self.shard_count()) as usize;
         let (sender, receiver) = oneshot::channel();
         let request = Message::Request(build(key.to_vec(), sender));
-        let delivered = self.shards[shard].send_async(request).await.is_ok();
+        let delivered = self.shards[shard].send_async(request).await;
         Pending { receiver: delivered.then_some(receiver), closed }
     }
 
     /// Queues an exec program on `shard`; blocks while the queue is full. False if the shard is
     /// closed (the program is dropped, which its waiter sees).
     pub fn send_exec(&self, shard: u32, exec: ExecRequest) -> bool {
-        self.shards[shard as usize].send(Message::Exec(exec)).is_ok()
+        self.shards[shard as usize].send(Message::Exec(exec))
     }
 
     /// As `send_exec`, awaiting room in the queue instead of blocking the thread.
     pub async fn send_exec_async(&self, shard: u32, exec: ExecRequest) -> bool {
-        self.shards[shard as usize].send_async(Message::Exec(exec)).await.is_ok()
+        self.shards[shard as usize].send_async(Message::Exec(exec)).await
     }
 
     /// Messages waiting in each shard's queue.
     pub fn queue_depths(&self) -> Vec<usize> {
-        self.shards.iter().map(|shard| shard.len()).collect()
+        self.shards.iter().map(ShardSender::queue_depth).collect()
     }
 
     /// Sends one request to every shard.
@@ -150,7 +150,7 @@ pub fn close_shards(shards: &mut Vec<ShardHandle>) -> Result<(), WriteError> {
         .iter()
         .map(|shard| {
             let (sender, receiver) = oneshot::channel();
-            shard.sender.send(Message::Close(sender)).is_ok().then_some(receiver)
+            shard.sender.send(Message::Close(sender)).then_some(receiver)
         })
         .collect();
     for shard in shards.iter_mut() {

@@ -26,7 +26,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::hash::HashMap;
 use std::ops::Bound;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::channel::oneshot;
 
@@ -437,6 +439,20 @@ impl ShardEngine for Gate {
 
     fn has_io_in_flight(&self) -> bool {
         self.engine.has_io_in_flight()
+    }
+
+    /// Parked requests wait for a part's unlock, which a message brings (a decision's wake),
+    /// and intercepted reads for the engine's answer: neither makes the gate ready by itself.
+    fn has_work_ready(&self) -> bool {
+        self.engine.has_work_ready()
+    }
+
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.engine.completion_fd()
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.engine.next_deadline()
     }
 
     fn contains_key(&self, key: &[u8]) -> bool {

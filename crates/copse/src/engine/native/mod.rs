@@ -442,6 +442,28 @@ impl ShardEngine for NativeEngine {
         self.io.in_flight() > 0
     }
 
+    /// With no I/O in flight, every state that keeps the engine from idling moves at the next
+    /// round by itself: I/O queued by the last completions is submitted (`io_ready`, and the
+    /// pages in `dirty`, none of which can have a write in flight), stashed completions are
+    /// reaped, deferred frees find their chains free (a chain is busy only while its push or
+    /// pop has I/O queued or in flight), a scrub or a collection issues its next reads or moves
+    /// (at least `GC_MOVES_PER_ROUND_MIN` a round), settles pass to the flush waiters once the
+    /// collector rests, and flush waiters wait only for writes in one of those states. So the
+    /// engine never waits on a timer: it is ready exactly when it is neither idle nor in I/O.
+    fn has_work_ready(&self) -> bool {
+        !self.is_idle() && !self.has_io_in_flight()
+    }
+
+    /// The device's fd, unless completions reaped by `sync_io` wait in `stashed`: then the
+    /// next reap has work at once.
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        if self.stashed.is_empty() {
+            self.device.completion_fd()
+        } else {
+            None
+        }
+    }
+
     fn recovered_parts(&self) -> Vec<crate::engine::part::PartRecord> {
         self.recovered_parts.clone()
     }

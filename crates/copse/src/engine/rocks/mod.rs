@@ -26,9 +26,13 @@
 //!    and durable when answered.
 //!
 //! Every engine call here is synchronous: the shard thread waits for RocksDB, and RocksDB's own
-//! background threads (flushes, compactions) do the rest. The RocksDB crate's API used here is
-//! the part common to rocksdb 0.20 (which links Debian's librocksdb 7.8, for the tests in CI)
-//! and 0.25 (bundled RocksDB 11, for every published benchmark); see docs/engines.md.
+//! background threads (flushes, compactions) do the rest. The one thing the engine waits for
+//! across rounds is a settle (RocksDB's background work to finish): it looks each
+//! `ROCKSDB_SETTLE_POLL_MS` through `next_deadline`, so the shard sleeps in between and keeps
+//! serving requests; a scrub moves a step each round (`has_work_ready`). The RocksDB crate's
+//! API used here is the part common to rocksdb 0.20 (which links Debian's librocksdb 7.8, for
+//! the tests in CI) and 0.25 (bundled RocksDB 11, for every published benchmark); see
+//! docs/engines.md.
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -186,6 +190,16 @@ pub struct RocksEngine {
     /// The online scrub under way: the key to resume after (`None`: from the first), what it
     /// found so far, and who waits for it.
     scrub: Option<RocksScrub>,
+    /// Settles waiting for the instance's background work to finish.
+    settle: Option<RocksSettle>,
+}
+
+struct RocksSettle {
+    replies: Vec<Reply<(), WriteError>>,
+    /// When the instance is looked at next.
+    next_look: Instant,
+    /// Past this the settles are answered even if work still runs (`ROCKSDB_SETTLE_SECONDS_MAX`).
+    give_up: Instant,
 }
 
 struct RocksScrub {
@@ -226,6 +240,7 @@ impl RocksEngine {
             batch: WriteBatch::default(),
             waiters: Vec::new(),
             scrub: None,
+            settle: None,
             round_state: HashMap::new(),
             open_seconds: started.elapsed().as_secs_f64(),
             writes_applied: 0,
@@ -475,20 +490,33 @@ impl RocksEngine {
         }
     }
 
-    /// Waits until the instance has no flush or compaction running or pending, so a benchmark
-    /// phase does not pay for the previous one's background work; bounded by
-    /// `ROCKSDB_SETTLE_SECONDS_MAX`.
-    fn settle(&self) -> Result<(), WriteError> {
-        let deadline = Instant::now() + Duration::from_secs(ROCKSDB_SETTLE_SECONDS_MAX);
-        loop {
-            let busy = self.property("rocksdb.num-running-compactions")
-                + self.property("rocksdb.num-running-flushes")
-                + self.property("rocksdb.compaction-pending")
-                + self.property("rocksdb.mem-table-flush-pending");
-            if busy == 0 || Instant::now() >= deadline {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(ROCKSDB_SETTLE_POLL_MS));
+    /// Whether the instance has a flush or compaction running or pending.
+    fn background_busy(&self) -> bool {
+        let busy = self.property("rocksdb.num-running-compactions")
+            + self.property("rocksdb.num-running-flushes")
+            + self.property("rocksdb.compaction-pending")
+            + self.property("rocksdb.mem-table-flush-pending");
+        busy > 0
+    }
+
+    /// Answers the settles once the instance has no background work running or pending, so a
+    /// benchmark phase does not pay for the previous one's; bounded by
+    /// `ROCKSDB_SETTLE_SECONDS_MAX`. Looks at most once per `ROCKSDB_SETTLE_POLL_MS`: the
+    /// shard sleeps until `next_deadline` in between.
+    fn settle_step(&mut self) {
+        let Some(settle) = &mut self.settle else { return };
+        let now = Instant::now();
+        if now < settle.next_look {
+            return;
+        }
+        if now < settle.give_up && self.background_busy() {
+            let settle = self.settle.as_mut().expect("checked above");
+            settle.next_look = now + Duration::from_millis(ROCKSDB_SETTLE_POLL_MS);
+            return;
+        }
+        let result = if self.is_poisoned() { Err(WriteError::Poisoned) } else { Ok(()) };
+        for reply in self.settle.take().expect("checked above").replies {
+            let _ = reply.send(result.clone());
         }
     }
 }
@@ -649,12 +677,19 @@ impl ShardEngine for RocksEngine {
                     reply.send(if self.is_poisoned() { Err(WriteError::Poisoned) } else { Ok(()) });
             }
             Request::Settle { reply } => {
-                self.commit_round();
-                let _ = reply.send(if self.is_poisoned() {
-                    Err(WriteError::Poisoned)
-                } else {
-                    self.settle()
+                // The round's writes are accepted before the settle: their batch is written
+                // when the round ends, before the settle first looks (`settle_step`).
+                if self.is_poisoned() {
+                    let _ = reply.send(Err(WriteError::Poisoned));
+                    return;
+                }
+                let now = Instant::now();
+                let settle = self.settle.get_or_insert_with(|| RocksSettle {
+                    replies: Vec::new(),
+                    next_look: now,
+                    give_up: now + Duration::from_secs(ROCKSDB_SETTLE_SECONDS_MAX),
                 });
+                settle.replies.push(reply);
             }
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.stats()));
@@ -672,16 +707,27 @@ impl ShardEngine for RocksEngine {
     fn end_round(&mut self) {
         self.commit_round();
         self.scrub_step();
+        self.settle_step();
     }
 
     fn reap(&mut self, _wait: bool) {}
 
     fn is_idle(&self) -> bool {
-        self.waiters.is_empty() && self.scrub.is_none()
+        self.waiters.is_empty() && self.scrub.is_none() && self.settle.is_none()
     }
 
     fn has_io_in_flight(&self) -> bool {
         false
+    }
+
+    /// Writes of a round are written when it ends, and a scrub reads a step a round; a settle
+    /// alone waits for its next look (`next_deadline`).
+    fn has_work_ready(&self) -> bool {
+        !self.waiters.is_empty() || self.scrub.is_some()
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.settle.as_ref().map(|settle| settle.next_look)
     }
 
     fn recovered_parts(&self) -> Vec<PartRecord> {
@@ -732,6 +778,14 @@ impl ShardEngine for RocksEngine {
 
     fn close(&mut self) -> Result<(), WriteError> {
         self.commit_round();
+        // The shard closes an idle engine, so no settle waits here; if one did, closing is as
+        // settled as the instance will get.
+        if let Some(settle) = self.settle.take() {
+            let result = if self.is_poisoned() { Err(WriteError::Poisoned) } else { Ok(()) };
+            for reply in settle.replies {
+                let _ = reply.send(result.clone());
+            }
+        }
         if self.is_poisoned() {
             return Err(WriteError::Poisoned);
         }
