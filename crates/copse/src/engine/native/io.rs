@@ -151,6 +151,17 @@ impl Io {
         self.device.in_flight()
     }
 
+    /// The device's fd that polls readable while a completion waits (the shard loop sleeps on
+    /// it), unless completions reaped by `sync_io` wait in `stashed`: then the next reap has
+    /// work at once, and there is nothing to sleep on.
+    pub(super) fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        if self.stashed.is_empty() {
+            self.device.completion_fd()
+        } else {
+            None
+        }
+    }
+
     /// Nothing queued, in flight or stashed.
     pub(super) fn is_quiet(&self) -> bool {
         self.ready.is_empty() && self.device.in_flight() == 0 && self.stashed.is_empty()

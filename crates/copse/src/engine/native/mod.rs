@@ -454,14 +454,9 @@ impl ShardEngine for NativeEngine {
         !self.is_idle() && !self.has_io_in_flight()
     }
 
-    /// The device's fd, unless completions reaped by `sync_io` wait in `stashed`: then the
-    /// next reap has work at once.
+    /// The device's fd, unless stashed completions wait (`Io::completion_fd`).
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        if self.stashed.is_empty() {
-            self.device.completion_fd()
-        } else {
-            None
-        }
+        self.io.completion_fd()
     }
 
     fn recovered_parts(&self) -> Vec<crate::engine::part::PartRecord> {
