@@ -17,6 +17,7 @@
 //! `members_waiting` counts its members not yet durable, so it is applied once, when that count
 //! reaches zero.
 
+use super::numbered::Numbered;
 use super::format::{Loc, RecordKind};
 use super::seqs::key_hash;
 use super::write::{Effect, Origin};
@@ -25,7 +26,6 @@ use crate::device::FaultPoint;
 use crate::engine::batch_codec::{dedupe_batch, encode_batch};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
-use crate::hash::HashMap;
 
 pub(super) struct BatchState {
     ops: Vec<BatchOp>,
@@ -45,36 +45,7 @@ pub(super) struct BatchState {
 }
 
 /// The write batches under way (and the committed parts being applied as batches), by id.
-pub(super) struct Batches {
-    states: HashMap<u64, BatchState>,
-    next_id: u64,
-}
-
-impl Batches {
-    pub(super) fn new() -> Batches {
-        Batches { states: HashMap::default(), next_id: 1 }
-    }
-
-    fn insert(&mut self, state: BatchState) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.states.insert(id, state);
-        id
-    }
-
-    fn get_mut(&mut self, batch: u64) -> Option<&mut BatchState> {
-        self.states.get_mut(&batch)
-    }
-
-    /// Forgets a batch (`None` if it failed already).
-    pub(super) fn remove(&mut self, batch: u64) -> Option<BatchState> {
-        self.states.remove(&batch)
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.states.is_empty()
-    }
-}
+pub(super) type Batches = Numbered<BatchState>;
 
 impl NativeEngine {
     pub(super) fn batch(&mut self, ops: Vec<BatchOp>, reply: Reply<(), WriteError>) {

@@ -46,6 +46,7 @@ pub mod free_list;
 mod gc;
 pub mod index;
 mod io;
+mod numbered;
 mod pages;
 mod parts;
 pub mod placement;

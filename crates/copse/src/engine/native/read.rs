@@ -15,6 +15,7 @@
 //! `Scans` holds the scans under way: a scan is in it from its start until it is answered, once,
 //! when the last of its items is resolved (`waiting` counts those still out).
 
+use super::numbered::Numbered;
 use std::ops::Bound;
 
 use super::format::{decode_slot, Loc, RecordKind, RecordLayout, SizeClass, Slot};
@@ -24,13 +25,12 @@ use super::{IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, IoCompletion, IoKind};
 use crate::engine::{KeyValue, Reply};
 use crate::error::ReadError;
-use crate::hash::HashMap;
 use crate::limits::PAGE_BYTES;
 
 /// A scanned key and, once read, its value (`None` if it was deleted meanwhile).
 type ScanItem = (Box<[u8]>, Option<Vec<u8>>);
 
-struct ScanState {
+pub(super) struct ScanState {
     items: Vec<ScanItem>,
     waiting: usize,
     error: Option<ReadError>,
@@ -54,36 +54,7 @@ enum Resolved {
 }
 
 /// The scans under way, by id.
-pub(super) struct Scans {
-    states: HashMap<u64, ScanState>,
-    next_id: u64,
-}
-
-impl Scans {
-    pub(super) fn new() -> Scans {
-        Scans { states: HashMap::default(), next_id: 1 }
-    }
-
-    fn insert(&mut self, state: ScanState) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.states.insert(id, state);
-        id
-    }
-
-    /// The key of a scan's item.
-    fn key(&self, scan: u64, item: usize) -> Box<[u8]> {
-        self.states[&scan].items[item].0.clone()
-    }
-
-    fn get_mut(&mut self, scan: u64) -> &mut ScanState {
-        self.states.get_mut(&scan).expect("item of an unknown scan")
-    }
-
-    fn remove(&mut self, scan: u64) -> ScanState {
-        self.states.remove(&scan).expect("unknown scan")
-    }
-}
+pub(super) type Scans = Numbered<ScanState>;
 
 impl NativeEngine {
     fn resolve(&mut self, key: &[u8]) -> Resolved {
@@ -184,7 +155,7 @@ impl NativeEngine {
     }
 
     pub(super) fn scan_item(&mut self, scan: u64, item: usize) {
-        let key = self.scans.key(scan, item);
+        let key = self.scans.get(scan).expect("item of an unknown scan").items[item].0.clone();
         match self.resolve(&key) {
             Resolved::Missing => self.scan_item_done(scan, item, None),
             Resolved::Value(value) => self.scan_item_done(scan, item, Some(value)),
@@ -197,7 +168,7 @@ impl NativeEngine {
     }
 
     pub(super) fn direct_scan_item_done(&mut self, scan: u64, item: usize, loc: Loc, bytes: &[u8]) {
-        let key = self.scans.key(scan, item);
+        let key = self.scans.get(scan).expect("item of an unknown scan").items[item].0.clone();
         let Some(entry) = self.index.entry(&key).filter(|entry| entry.loc == loc) else {
             return self.scan_item(scan, item);
         };
@@ -208,7 +179,7 @@ impl NativeEngine {
     }
 
     fn scan_item_done(&mut self, scan: u64, item: usize, value: Option<Vec<u8>>) {
-        let state = self.scans.get_mut(scan);
+        let state = self.scans.get_mut(scan).expect("item of an unknown scan");
         state.items[item].1 = value;
         state.waiting -= 1;
         if state.waiting == 0 {
@@ -217,7 +188,7 @@ impl NativeEngine {
     }
 
     pub(super) fn scan_item_failed(&mut self, scan: u64, err: ReadError) {
-        let state = self.scans.get_mut(scan);
+        let state = self.scans.get_mut(scan).expect("item of an unknown scan");
         state.error.get_or_insert(err);
         state.waiting -= 1;
         if state.waiting == 0 {
@@ -226,7 +197,7 @@ impl NativeEngine {
     }
 
     fn scan_finished(&mut self, scan: u64) {
-        let mut state = self.scans.remove(scan);
+        let mut state = self.scans.remove(scan).expect("unknown scan");
         let reply = state.reply.take().expect("a scan is answered once");
         let result = match state.error {
             Some(err) => Err(err),
