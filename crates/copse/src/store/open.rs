@@ -9,7 +9,8 @@
 //!    touched (nothing is left behind).
 //! 2. No part of a cross-shard batch from an earlier session survives the open (asserted: the
 //!    gsn counter restarts above what recovery saw, which is safe only then).
-//! 3. A `Store` that was opened is closed exactly once: by `close`, or on drop.
+//! 3. The shards of an opened `Store` are stopped by `close` or, failing that, on drop; they
+//!    stop once (`close_shards` empties the list, so a second close finds nothing to stop).
 
 use std::io::IsTerminal;
 use std::path::Path;
