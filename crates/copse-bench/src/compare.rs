@@ -168,7 +168,7 @@ fn context(config: &CompareConfig, runs: &[RunReport]) -> String {
     );
     let _ = writeln!(
         text,
-        "- After each phase the engine finishes the background work it caused (RocksDB: memtable flushes and compactions), outside the phase's window; `CPU s` and `write amp` include that settle, so each phase is charged for its own work."
+        "- After each phase the engine finishes the background work it caused (RocksDB: memtable flushes and compactions), outside the phase's window; `CPU s`, `CPU µs/op` (process CPU time, user + system, over the phase's operations) and `write amp` include that settle, so each phase is charged for its own work."
     );
     if let (Some(read), Some(write)) = (c.device_read_iops, c.device_write_iops) {
         let _ = writeln!(
@@ -295,7 +295,7 @@ impl<'a> Table<'a> {
 
     fn markdown(&self) -> String {
         let mut text = String::from(
-            "| phase | engine | ops/s (min–max) | ratio | p99 µs | p99.9 µs | max µs | I/Os per op (r+w) | device util | CPU s | write amp | RSS MiB | disk MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| phase | engine | ops/s (min–max) | ratio | p99 µs | p99.9 µs | max µs | I/Os per op (r+w) | device util | CPU s | CPU µs/op | write amp | RSS MiB | disk MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for phase in &self.phases {
             let baseline = self.median(self.engines[0], phase, |p| p.ops_per_second);
@@ -319,7 +319,7 @@ impl<'a> Table<'a> {
                     .map_or("–".to_string(), |a| format!("{a:.1}"));
                 let _ = writeln!(
                     text,
-                    "| {phase} | {} | {ops:.0} ({low:.0}–{high:.0}) | {ratio} | {:.0} | {:.0} | {:.0} | {:.2}+{:.2} | {utilisation} | {:.1} | {amplification} | {:.0} | {:.0} |",
+                    "| {phase} | {} | {ops:.0} ({low:.0}–{high:.0}) | {ratio} | {:.0} | {:.0} | {:.0} | {:.2}+{:.2} | {utilisation} | {:.1} | {:.1} | {amplification} | {:.0} | {:.0} |",
                     engine.name(),
                     figure(&|p| p.latency.p99_us),
                     figure(&|p| p.latency.p999_us),
@@ -327,6 +327,7 @@ impl<'a> Table<'a> {
                     figure(&|p| p.read_ios_per_op),
                     figure(&|p| p.write_ios_per_op),
                     figure(&|p| p.cpu_user_seconds + p.cpu_system_seconds + p.settle_cpu_seconds),
+                    figure(&PhaseReport::cpu_us_per_op),
                     figure(&|p| p.rss_bytes_end as f64) / MIB,
                     figure(&|p| p.disk_bytes_end as f64) / MIB,
                 );
@@ -474,7 +475,7 @@ pub fn update_doc(doc: &Path, section: &str, body: &str) -> Result<(), String> {
 /// A short human summary of one run (what `copse bench ycsb` prints).
 pub fn run_summary(report: &RunReport) -> String {
     let mut text = format!(
-        "{} · {} records of {} B · cache {} MiB · {} threads · {}\n| phase | ops | ops/s | p50 µs | p99 µs | p99.9 µs | max µs | I/Os/op | util | errors |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "{} · {} records of {} B · cache {} MiB · {} threads · {}\n| phase | ops | ops/s | p50 µs | p99 µs | p99.9 µs | max µs | I/Os/op | util | CPU µs/op | errors |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         report.config.engine,
         report.config.record_count,
         report.config.record_bytes,
@@ -485,7 +486,7 @@ pub fn run_summary(report: &RunReport) -> String {
     for phase in &report.phases {
         let _ = writeln!(
             text,
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {:.1} | {} |",
             phase.phase,
             phase.ops,
             phase.ops_per_second,
@@ -495,6 +496,7 @@ pub fn run_summary(report: &RunReport) -> String {
             phase.latency.max_us,
             phase.read_ios_per_op + phase.write_ios_per_op,
             phase.device_utilisation.map_or("–".to_string(), |u| format!("{:.0}%", u * 100.0)),
+            phase.cpu_us_per_op(),
             phase.errors,
         );
     }

@@ -50,6 +50,11 @@ fn ycsb_writes_a_report() {
     all.push(format!("--json={}", report.display()));
     let stdout = ok(copse(&all.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(stdout.contains("| a@zipfian |") && stdout.contains("| e@zipfian |"), "{stdout}");
+    // The CPU cost of a request is printed beside its throughput (the column before `errors`).
+    assert!(stdout.contains("| CPU µs/op | errors |"), "{stdout}");
+    let row = stdout.lines().find(|line| line.starts_with("| a@zipfian |")).unwrap();
+    let cpu = row.split('|').nth(10).and_then(|cell| cell.trim().parse::<f64>().ok());
+    assert!(cpu.is_some_and(|us| us > 0.0), "CPU µs/op in {row}");
     let run = json(&report);
     assert_eq!(run["config"]["cache_bytes"], 1 << 20, "the global --cache-mb reaches the run");
     assert_eq!(run["config"]["shards"], 2);
@@ -159,6 +164,8 @@ fn compare_alternates_runs_and_refreshes_a_document() {
     assert!(utilisation.is_some_and(|u| u > 0.0), "utilisation from the probe: {utilisation:?}");
     let row = text.lines().find(|line| line.starts_with("| a@uniform | copse |")).unwrap();
     assert!(row.split('|').nth(9).is_some_and(|cell| cell.trim().ends_with('%')), "{row}");
+    let cpu = row.split('|').nth(11).and_then(|cell| cell.trim().parse::<f64>().ok());
+    assert!(cpu.is_some_and(|us| us > 0.0), "CPU µs/op in {row}");
     let open = json(&out.join("open-copse-a@uniform-0.json"));
     assert_eq!(open["config"]["mode"], "open");
     assert!(open["config"]["target_ops_per_second"].as_f64().unwrap() > 0.0);
