@@ -8,7 +8,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 PYTHON_TEST_PACKAGES ?= redis pytest
 
-.PHONY: build run test lint-default-build test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded bench-placement torture fuzz fuzz-deps
+.PHONY: build run test lint-default-build profile profile-deps test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded bench-placement torture fuzz fuzz-deps
 
 build:
 	$(CARGO) build --release -p copse-cli
@@ -106,6 +106,25 @@ BENCH_ENGINES ?= rocksdb,copse
 # invalidating the `make test` build.
 BENCH_TARGET_DIR ?= target/bench
 COPSE_BENCH = $(BENCH_TARGET_DIR)/release/copse
+
+# Flame graphs of the server under redis-benchmark (1 KiB values, 50 clients, pipeline 16),
+# GET and SET, sampled with `perf record -g` for 10 s each, into docs/bench/profile/ (SVG; the
+# perf data stays in target/perf). Needs perf and redis-benchmark (installed by profile-deps).
+PROFILE_PORT ?= 6391
+profile-deps:
+	@command -v perf >/dev/null || (command -v apt-get >/dev/null && $(APT_UPDATE_ONCE) && apt-get install -y -qq linux-perf >/dev/null) || echo "make: perf not installed"
+	@command -v redis-benchmark >/dev/null || (command -v apt-get >/dev/null && $(APT_UPDATE_ONCE) && apt-get install -y -qq redis-tools >/dev/null) || echo "make: redis-benchmark not installed"
+
+profile: profile-deps build
+	@mkdir -p docs/bench/profile
+	for op in get set; do \
+		scripts/profile_server.sh server-$$op target/release/copse $(PROFILE_PORT) $$op && \
+		./target/release/copse bench flamegraph --perf-data target/perf/server-$$op.data \
+			--svg docs/bench/profile/server-$$op.svg \
+			--title "copse serve under redis-benchmark -t $$op -d 1024 -c 50 -P 16 ($$(date -u +%F), $$(git rev-parse --short HEAD))" \
+			|| exit 1; \
+		tr "\r" "\n" < target/perf/server-$$op.bench.txt | grep . | tail -n 1; \
+	done
 
 bench-deps:
 	@ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || (command -v apt-get >/dev/null && $(APT_UPDATE_ONCE) && apt-get install -y -qq libclang-dev >/dev/null) || echo "make: libclang not found; the rocksdb crate's bindgen needs it"

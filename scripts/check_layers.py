@@ -77,7 +77,7 @@ CRATES = {
     ),
     "crates/copse-bench": (
         [
-            ["generator", "device", "plot"],
+            ["generator", "device", "plot", "flamegraph"],
             ["workload", "engine"],
             ["report", "runner"],
             ["run_args"],

@@ -24,6 +24,22 @@ pub enum BenchCommand {
     /// Runs the same workloads for several engines, alternating engines run by run; prints and
     /// writes a table of medians and ratios against the first engine, with SVG plots.
     Compare(CompareArgs),
+    /// Draws the flame graph (SVG) of a `perf record -g` profile, through `perf script` and
+    /// inferno (`make profile` profiles the server with it).
+    Flamegraph(FlamegraphArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FlamegraphArgs {
+    /// The profile `perf record -g` wrote.
+    #[arg(long)]
+    pub perf_data: PathBuf,
+    /// Where to write the SVG.
+    #[arg(long)]
+    pub svg: PathBuf,
+    /// The graph's title.
+    #[arg(long, default_value = "copse profile")]
+    pub title: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -127,7 +143,7 @@ impl BenchCommand {
         let workload = match self {
             BenchCommand::Ycsb(args) => &mut args.workload,
             BenchCommand::Compare(args) => &mut args.workload,
-            BenchCommand::Device(_) => return,
+            BenchCommand::Device(_) | BenchCommand::Flamegraph(_) => return,
         };
         workload.cache_mib = cache_mib.unwrap_or(CACHE_MIB_DEFAULT);
         workload.shards = shards;
@@ -141,6 +157,9 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Ycsb(args) => ycsb(args),
         BenchCommand::Device(args) => device_probe(args),
         BenchCommand::Compare(args) => compare(args),
+        BenchCommand::Flamegraph(args) => {
+            crate::flamegraph::flamegraph_of_perf_data(&args.perf_data, &args.svg, &args.title)
+        }
     }
 }
 

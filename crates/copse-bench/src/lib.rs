@@ -6,7 +6,8 @@
 //! Layout: `generator` (YCSB's key choosers, bit for bit), `workload` (operation mixes and key
 //! names), `engine` (the engines under test), `runner` (drives one phase and measures it),
 //! `report` (the JSON schema of a run, process figures), `device` (the device probe), `compare`
-//! (engine-alternating runs, medians, the markdown table), `plot` (SVGs), `run_args` (one run's settings, as flags and as a
+//! (engine-alternating runs, medians, the markdown table), `plot` (SVGs), `flamegraph` (flame
+//! graphs of a perf profile), `run_args` (one run's settings, as flags and as a
 //! configuration), `cli` (the commands).
 //!
 //! Invariants: every figure in a report is measured in the run it describes (nothing is carried
@@ -17,6 +18,7 @@ pub mod cli;
 pub mod compare;
 pub mod device;
 pub mod engine;
+pub mod flamegraph;
 pub mod generator;
 pub mod plot;
 pub mod report;
