@@ -34,7 +34,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use copse::interfaces::check::{check_store, CheckOptions};
+use copse::{check_store, CheckOptions};
 use copse_server::keyspace::KEYSPACE_FORMAT_VERSION;
 use copse_server::ServerConfig;
 use xxhash_rust::xxh3::xxh3_64;
