@@ -122,7 +122,7 @@ impl Index {
 }
 
 /// BTreeMap::range panics on an inverted range; to callers an inverted range is simply empty.
-fn is_empty_range(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
+pub(super) fn is_empty_range(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
     if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
         (start, end)
     {
