@@ -1,23 +1,31 @@
 //! The per-shard index: an ordered map from the full key to the item's location and the
-//! sequence number of the record there.
+//! sequence number of the record there. `Index` is the `CompactIndex` (compact_index.rs: keys
+//! front-coded in sorted blocks with a hash directory for point lookups, ~29 B per item for
+//! YCSB keys); `BTreeIndex`, the std B-tree of boxed keys it replaced (73-82 B per item), stays
+//! here as the reference that `examples/index_bench.rs` measures against
+//! (docs/index-design.md).
 //!
 //! The sequence number lets every read (and the scrub) tell the record the index expects from an
 //! older record of the same key still in that slot: a write the device acknowledged but never
 //! stored (a lost or misdirected write) is then reported as corrupt, never returned as the
-//! item's value. It costs 8 bytes per item.
+//! item's value.
 //!
 //! Full keys, not prefixes: KVell's 8-byte prefixes made two keys with a common prefix collide
-//! (and the process exit). The map is ordered so scans walk it directly.
+//! (and the process exit). Both indexes answer from full key bytes held in memory, with no I/O.
+//! The map is ordered so scans walk it directly.
 //!
-//! Memory per item is reported as an estimate: the B-tree's entry (boxed key pointer and length,
+//! `BTreeIndex` reports memory as an estimate: the B-tree's entry (boxed key pointer and length,
 //! 8-byte location) with the tree's node overhead at its typical fill, plus the key's heap
 //! allocation rounded up to the allocator's 16-byte granularity. `tests/index_memory.rs` checks
-//! the estimate against a counting allocator.
+//! the estimates of both against a counting allocator.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use super::format::Loc;
+
+/// The index the native engine uses.
+pub type Index = super::compact_index::CompactIndex;
 
 /// Bytes a B-tree entry costs inside its node, with node headers and ~70% fill spread over
 /// entries (std's B-tree: 11 entries per node, 32-byte entries here: key pointer and length,
@@ -35,13 +43,14 @@ pub struct Entry {
     pub seq: u64,
 }
 
+/// The B-tree index of boxed full keys (the engine's index until issue 22).
 #[derive(Default)]
-pub struct Index {
+pub struct BTreeIndex {
     map: BTreeMap<Box<[u8]>, Entry>,
     key_heap_bytes: u64,
 }
 
-impl Index {
+impl BTreeIndex {
     pub fn get(&self, key: &[u8]) -> Option<Loc> {
         self.map.get(key).map(|entry| entry.loc)
     }
@@ -139,7 +148,7 @@ mod tests {
 
     #[test]
     fn keys_sharing_a_long_prefix_stay_distinct() {
-        let mut index = Index::default();
+        let mut index = BTreeIndex::default();
         index.insert(b"user000000001", Loc::new(1, 1, 0), 7);
         index.insert(b"user000000002", Loc::new(1, 2, 0), 8);
         assert_eq!(index.get(b"user000000001"), Some(Loc::new(1, 1, 0)));
@@ -150,7 +159,7 @@ mod tests {
 
     #[test]
     fn range_is_ordered_limited_and_tolerates_inverted_bounds() {
-        let mut index = Index::default();
+        let mut index = BTreeIndex::default();
         for i in 0..10u8 {
             index.insert(&[b'k', i], Loc::new(0, i as u64, 0), i as u64);
         }
@@ -166,7 +175,7 @@ mod tests {
 
     #[test]
     fn memory_estimate_follows_inserts_and_removes() {
-        let mut index = Index::default();
+        let mut index = BTreeIndex::default();
         index.insert(b"abc", Loc::new(0, 0, 0), 1);
         let one = index.memory_bytes();
         assert!(one >= 16 + ENTRY_BYTES_ESTIMATE);
