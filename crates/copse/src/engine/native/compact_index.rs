@@ -141,7 +141,7 @@ impl CompactIndex {
     }
 
     pub fn entry(&self, key: &[u8]) -> Option<Entry> {
-        self.find(key, hash_key(key)).map(|(_, entry)| entry)
+        self.find(key, hash_key(key)).map(|(_, entry, _)| entry)
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {
@@ -152,11 +152,15 @@ impl CompactIndex {
     pub fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Entry> {
         let entry = Entry { loc, seq };
         let hash = hash_key(key);
-        if let Some((block, _)) = self.find(key, hash) {
-            let old = self.rewrite(block, key, Some(entry));
-            assert!(old.is_some(), "the directory found the key in block {block}");
+        if let Some((block, old, value)) = self.find(key, hash) {
+            // An update: only the value's bytes change, where the lookup found them.
+            let bytes = &self.blocks[block as usize];
+            let base = get_varint(bytes, &mut 0);
+            let mut replacement = Vec::with_capacity(24);
+            put_value(&mut replacement, entry, base);
+            self.splice(block, value, &replacement);
             self.split_if_full(block);
-            return old;
+            return Some(old);
         }
         self.reserve_slot();
         let block = self.block_for(key);
@@ -170,7 +174,7 @@ impl CompactIndex {
 
     pub fn remove(&mut self, key: &[u8]) -> Option<Loc> {
         let hash = hash_key(key);
-        let (block, entry) = self.find(key, hash)?;
+        let (block, entry, _) = self.find(key, hash)?;
         let old = self.rewrite(block, key, None);
         assert_eq!(old, Some(entry));
         self.slot_move(hash, block, None);
@@ -229,7 +233,7 @@ impl CompactIndex {
 
     /// The block holding `key` and its entry: one hash, probes from the home slot, and a search
     /// of each block whose hash bits match.
-    fn find(&self, key: &[u8], hash: u64) -> Option<(u32, Entry)> {
+    fn find(&self, key: &[u8], hash: u64) -> Option<(u32, Entry, std::ops::Range<usize>)> {
         let bits = hash as u8;
         let mut at = self.home(hash);
         loop {
@@ -239,8 +243,8 @@ impl CompactIndex {
             }
             if slot != SLOT_TOMBSTONE && slot as u8 == bits {
                 let block = (slot >> 8) - 1;
-                if let Some(entry) = block_find(&self.blocks[block as usize], key) {
-                    return Some((block, entry));
+                if let Some((entry, value)) = block_find(&self.blocks[block as usize], key) {
+                    return Some((block, entry, value));
                 }
             }
             at += 1;
@@ -326,16 +330,22 @@ impl CompactIndex {
                 }
             }
         };
-        if replacement.len() == end - start {
-            self.blocks[block as usize][start..end].copy_from_slice(&replacement);
-        } else {
-            let mut spliced = Vec::with_capacity(bytes.len() - (end - start) + replacement.len());
-            spliced.extend_from_slice(&bytes[..start]);
-            spliced.extend_from_slice(&replacement);
-            spliced.extend_from_slice(&bytes[end..]);
-            self.set_block(block, spliced.into_boxed_slice());
-        }
+        self.splice(block, start..end, &replacement);
         old
+    }
+
+    /// Replaces `range` of `block`'s bytes with `replacement`: in place when the lengths agree.
+    fn splice(&mut self, block: u32, range: std::ops::Range<usize>, replacement: &[u8]) {
+        let bytes = &self.blocks[block as usize];
+        if replacement.len() == range.len() {
+            self.blocks[block as usize][range].copy_from_slice(replacement);
+            return;
+        }
+        let mut spliced = Vec::with_capacity(bytes.len() - range.len() + replacement.len());
+        spliced.extend_from_slice(&bytes[..range.start]);
+        spliced.extend_from_slice(replacement);
+        spliced.extend_from_slice(&bytes[range.end..]);
+        self.set_block(block, spliced.into_boxed_slice());
     }
 
     fn set_block(&mut self, block: u32, bytes: Box<[u8]>) {

@@ -114,8 +114,9 @@ pub(super) fn skip_value(bytes: &[u8], pos: &mut usize) {
 }
 
 /// Searches one block for `key` without rebuilding keys: tracks how much of `key` the previous
-/// entry matched and compares only suffixes that start exactly there.
-pub(super) fn block_find(bytes: &[u8], key: &[u8]) -> Option<Entry> {
+/// entry matched and compares only suffixes that start exactly there. Returns the entry and
+/// where its value's bytes are (`start..end`), so an update can rewrite just those.
+pub(super) fn block_find(bytes: &[u8], key: &[u8]) -> Option<(Entry, std::ops::Range<usize>)> {
     let mut pos = 0;
     let base = get_varint(bytes, &mut pos);
     // The length `key` shares with the previous entry's key, which is below `key`.
@@ -137,7 +138,9 @@ pub(super) fn block_find(bytes: &[u8], key: &[u8]) -> Option<Entry> {
         let rest = &key[matched..];
         let same = common_prefix(rest, suffix);
         if same == suffix.len() && same == rest.len() {
-            return Some(get_value(bytes, &mut pos, base));
+            let start = pos;
+            let entry = get_value(bytes, &mut pos, base);
+            return Some((entry, start..pos));
         }
         let below = same == suffix.len() || (same < rest.len() && suffix[same] < rest[same]);
         if !below {
