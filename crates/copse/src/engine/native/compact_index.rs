@@ -72,6 +72,8 @@ pub struct CompactIndex {
     block_bytes_total: u64,
     fence_key_bytes: u64,
     block_bytes_max: usize,
+    /// The slot-table hash's seed (`new_seed`).
+    seed: u64,
 }
 
 impl Default for CompactIndex {
@@ -98,6 +100,7 @@ impl CompactIndex {
             items: 0,
             fence_key_bytes: 0,
             block_bytes_max,
+            seed: new_seed(),
         }
     }
 
@@ -141,7 +144,7 @@ impl CompactIndex {
     }
 
     pub fn entry(&self, key: &[u8]) -> Option<Entry> {
-        self.find(key, hash_key(key)).map(|(_, entry, _)| entry)
+        self.find(key, hash_key(self.seed, key)).map(|(_, entry, _)| entry)
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {
@@ -151,7 +154,7 @@ impl CompactIndex {
     /// Points `key` at the record `seq` at `loc`; returns the previous entry.
     pub fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Entry> {
         let entry = Entry { loc, seq };
-        let hash = hash_key(key);
+        let hash = hash_key(self.seed, key);
         if let Some((block, old, value)) = self.find(key, hash) {
             // An update: only the value's bytes change, where the lookup found them.
             let bytes = &self.blocks[block as usize];
@@ -173,7 +176,7 @@ impl CompactIndex {
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<Loc> {
-        let hash = hash_key(key);
+        let hash = hash_key(self.seed, key);
         let (block, entry, _) = self.find(key, hash)?;
         let old = self.rewrite(block, key, None);
         assert_eq!(old, Some(entry));
@@ -410,7 +413,7 @@ impl CompactIndex {
                     fence = Some(reader.key[..length].into());
                 }
                 second.push(&reader.key, entry);
-                moved.push(hash_key(&reader.key));
+                moved.push(hash_key(self.seed, &reader.key));
             }
         }
         let Some(fence) = fence else {
@@ -454,7 +457,7 @@ impl CompactIndex {
             let mut reader = Reader::new(&self.blocks[next as usize]);
             while let Some(entry) = reader.next() {
                 writer.push(&reader.key, entry);
-                moved.push(hash_key(&reader.key));
+                moved.push(hash_key(self.seed, &reader.key));
             }
             let merged = writer.finish();
             self.set_block(block, merged);
@@ -496,7 +499,7 @@ impl CompactIndex {
         for &block in self.fences.values() {
             let mut reader = Reader::new(&self.blocks[block as usize]);
             while reader.next().is_some() {
-                placed.push((hash_key(&reader.key), block));
+                placed.push((hash_key(self.seed, &reader.key), block));
             }
         }
         for (hash, block) in placed {
@@ -596,8 +599,18 @@ impl CompactIndex {
     }
 }
 
-fn hash_key(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key)
+/// The slot-table hash of `key` under the index's `seed`.
+fn hash_key(seed: u64, key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, seed)
+}
+
+/// A seed for the slot table's hash: random per index, so that keys a client chooses cannot be
+/// aimed at one probe run (hash flooding makes lookups slow, never wrong); fixed under
+/// `hash::make_deterministic`, so the simulator replays a seed exactly. The table is rebuilt at
+/// every open and never persisted, so the seed need not survive a restart.
+fn new_seed() -> u64 {
+    use std::hash::BuildHasher;
+    crate::hash::State::default().hash_one(0x636f_7073_655f_6978_u64)
 }
 
 fn slot_for(hash: u64, block: u32) -> u32 {
