@@ -44,6 +44,7 @@ pub mod check;
 pub mod format;
 pub mod free_list;
 mod gc;
+
 pub mod index;
 mod io;
 mod numbered;

@@ -16,6 +16,7 @@ use super::format::{
     peek_damaged_unkeyed, shard_dir, DamagedRecord, LiveDigest, Loc, RecordKind, RecordLayout,
     SizeClass, SlabHeader, Slot, SlotDefect, CLASS_COUNT,
 };
+use super::index::Entry;
 use super::seqs::key_hash;
 use super::slabs::ClassFile;
 use super::NativeEngine;
@@ -700,13 +701,23 @@ impl NativeEngine {
             self.recovered_parts.push(record);
         }
         let mut tombstones = Vec::new();
+        let mut live = Vec::with_capacity(newest.len());
         for (key, newest) in newest {
             if newest.tombstone {
                 tombstones.push((key_hash(&key), newest.loc, key));
             } else {
-                let old = self.index.insert(&key, newest.loc, newest.seq);
-                assert!(old.is_none(), "recovery indexed a key twice");
+                live.push((key, Entry { loc: newest.loc, seq: newest.seq }));
             }
+        }
+        // One sort and an index built in order cost less than an insert per key; the keys the
+        // batch replays above indexed go back in after.
+        live.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let replayed = std::mem::take(&mut self.index);
+        self.index.load_sorted(live.iter().map(|(key, entry)| (&key[..], *entry)));
+        drop(live);
+        for (key, entry) in replayed.range(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, usize::MAX) {
+            let old = self.index.insert(&key, entry.loc, entry.seq);
+            assert!(old.is_none(), "recovery indexed a key twice");
         }
         self.recovery.items = self.index.len() as u64;
         self.recovery.tombstones = tombstones.len() as u64;

@@ -1,23 +1,12 @@
-//! The per-shard index: an ordered map from the full key to the item's location and the
-//! sequence number of the record there.
-//!
-//! The sequence number lets every read (and the scrub) tell the record the index expects from an
-//! older record of the same key still in that slot: a write the device acknowledged but never
-//! stored (a lost or misdirected write) is then reported as corrupt, never returned as the
-//! item's value. It costs 8 bytes per item.
-//!
-//! Full keys, not prefixes: KVell's 8-byte prefixes made two keys with a common prefix collide
-//! (and the process exit). The map is ordered so scans walk it directly.
-//!
-//! Memory per item is reported as an estimate: the B-tree's entry (boxed key pointer and length,
-//! 8-byte location) with the tree's node overhead at its typical fill, plus the key's heap
-//! allocation rounded up to the allocator's 16-byte granularity. `tests/index_memory.rs` checks
-//! the estimate against a counting allocator.
+//! `BTreeIndex`: the std B-tree of boxed full keys, the engine's index until issue 22, kept as
+//! the reference `examples/index_bench.rs` measures the compact index against. Memory is an
+//! estimate (see the header of `mod.rs`), checked by `tests/index_memory.rs`.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use super::format::Loc;
+use super::{is_empty_range, Entry};
+use crate::engine::native::format::Loc;
 
 /// Bytes a B-tree entry costs inside its node, with node headers and ~70% fill spread over
 /// entries (std's B-tree: 11 entries per node, 32-byte entries here: key pointer and length,
@@ -28,20 +17,14 @@ fn key_allocation_bytes(len: usize) -> u64 {
     (len as u64).div_ceil(16) * 16
 }
 
-/// Where a key's live record is, and the seq that record carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub loc: Loc,
-    pub seq: u64,
-}
-
+/// The B-tree index of boxed full keys (the engine's index until issue 22).
 #[derive(Default)]
-pub struct Index {
+pub struct BTreeIndex {
     map: BTreeMap<Box<[u8]>, Entry>,
     key_heap_bytes: u64,
 }
 
-impl Index {
+impl BTreeIndex {
     pub fn get(&self, key: &[u8]) -> Option<Loc> {
         self.map.get(key).map(|entry| entry.loc)
     }
@@ -107,8 +90,8 @@ impl Index {
     }
 
     /// The digest of every live item (key and seq) that a clean close records.
-    pub fn digest(&self) -> super::format::LiveDigest {
-        let mut digest = super::format::LiveDigest::default();
+    pub fn digest(&self) -> crate::engine::native::format::LiveDigest {
+        let mut digest = crate::engine::native::format::LiveDigest::default();
         for (key, entry) in &self.map {
             digest.add(key, entry.seq);
         }
@@ -121,25 +104,13 @@ impl Index {
     }
 }
 
-/// BTreeMap::range panics on an inverted range; to callers an inverted range is simply empty.
-fn is_empty_range(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
-    if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
-        (start, end)
-    {
-        return s > e
-            || (s == e
-                && !(matches!(start, Bound::Included(_)) && matches!(end, Bound::Included(_))));
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn keys_sharing_a_long_prefix_stay_distinct() {
-        let mut index = Index::default();
+        let mut index = BTreeIndex::default();
         index.insert(b"user000000001", Loc::new(1, 1, 0), 7);
         index.insert(b"user000000002", Loc::new(1, 2, 0), 8);
         assert_eq!(index.get(b"user000000001"), Some(Loc::new(1, 1, 0)));
@@ -150,7 +121,7 @@ mod tests {
 
     #[test]
     fn range_is_ordered_limited_and_tolerates_inverted_bounds() {
-        let mut index = Index::default();
+        let mut index = BTreeIndex::default();
         for i in 0..10u8 {
             index.insert(&[b'k', i], Loc::new(0, i as u64, 0), i as u64);
         }
@@ -166,7 +137,7 @@ mod tests {
 
     #[test]
     fn memory_estimate_follows_inserts_and_removes() {
-        let mut index = Index::default();
+        let mut index = BTreeIndex::default();
         index.insert(b"abc", Loc::new(0, 0, 0), 1);
         let one = index.memory_bytes();
         assert!(one >= 16 + ENTRY_BYTES_ESTIMATE);
