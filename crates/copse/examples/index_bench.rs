@@ -52,25 +52,32 @@ trait Bench: Sized {
 
 struct BTree(BTreeIndex);
 
+/// The index operations the benchmark times, forwarded to the index in field 0.
+macro_rules! forward_bench_ops {
+    () => {
+        fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Entry> {
+            self.0.insert(key, loc, seq)
+        }
+        fn entry(&self, key: &[u8]) -> Option<Entry> {
+            self.0.entry(key)
+        }
+        fn remove(&mut self, key: &[u8]) -> Option<Loc> {
+            self.0.remove(key)
+        }
+        fn range(&self, start: &[u8], limit: usize) -> usize {
+            self.0.range(Bound::Included(start), Bound::Unbounded, limit).len()
+        }
+        fn memory_bytes(&self) -> u64 {
+            self.0.memory_bytes()
+        }
+    };
+}
+
 impl Bench for BTree {
     fn name(&self) -> String {
         "btree".into()
     }
-    fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Entry> {
-        self.0.insert(key, loc, seq)
-    }
-    fn entry(&self, key: &[u8]) -> Option<Entry> {
-        self.0.entry(key)
-    }
-    fn remove(&mut self, key: &[u8]) -> Option<Loc> {
-        self.0.remove(key)
-    }
-    fn range(&self, start: &[u8], limit: usize) -> usize {
-        self.0.range(Bound::Included(start), Bound::Unbounded, limit).len()
-    }
-    fn memory_bytes(&self) -> u64 {
-        self.0.memory_bytes()
-    }
+    forward_bench_ops!();
 }
 
 struct Compact(CompactIndex, usize);
@@ -79,21 +86,7 @@ impl Bench for Compact {
     fn name(&self) -> String {
         format!("compact/{}", self.1)
     }
-    fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Entry> {
-        self.0.insert(key, loc, seq)
-    }
-    fn entry(&self, key: &[u8]) -> Option<Entry> {
-        self.0.entry(key)
-    }
-    fn remove(&mut self, key: &[u8]) -> Option<Loc> {
-        self.0.remove(key)
-    }
-    fn range(&self, start: &[u8], limit: usize) -> usize {
-        self.0.range(Bound::Included(start), Bound::Unbounded, limit).len()
-    }
-    fn memory_bytes(&self) -> u64 {
-        self.0.memory_bytes()
-    }
+    forward_bench_ops!();
 }
 
 /// Keys in one flat buffer, so the bench's own key storage is one allocation.

@@ -34,14 +34,19 @@ static GLOBAL: Counting = Counting;
 /// The count is process-wide: tests that measure it take turns.
 static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn measure(key_bytes: usize, items: u64) -> (f64, f64) {
-    let keys: Vec<Vec<u8>> = (0..items)
+/// `items` distinct keys of `key_bytes` bytes, in hashed order, shaped like YCSB's.
+fn ycsb_like_keys(key_bytes: usize, items: u64) -> Vec<Vec<u8>> {
+    (0..items)
         .map(|i| {
             let mut key = format!("user{:020}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).into_bytes();
             key.resize(key_bytes, b'x');
             key
         })
-        .collect();
+        .collect()
+}
+
+fn measure(key_bytes: usize, items: u64) -> (f64, f64) {
+    let keys = ycsb_like_keys(key_bytes, items);
     let before = ALLOCATED_BYTES.load(Ordering::Relaxed);
     let mut index = BTreeIndex::default();
     for (i, key) in keys.iter().enumerate() {
@@ -56,13 +61,7 @@ fn measure(key_bytes: usize, items: u64) -> (f64, f64) {
 /// The same for the compact index, also after removing half the keys (blocks merge, the slot
 /// table shrinks or keeps tombstones).
 fn measure_compact(key_bytes: usize, items: u64) -> [(f64, f64); 2] {
-    let keys: Vec<Vec<u8>> = (0..items)
-        .map(|i| {
-            let mut key = format!("user{:020}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).into_bytes();
-            key.resize(key_bytes, b'x');
-            key
-        })
-        .collect();
+    let keys = ycsb_like_keys(key_bytes, items);
     let before = ALLOCATED_BYTES.load(Ordering::Relaxed);
     let mut index = CompactIndex::default();
     for (i, key) in keys.iter().enumerate() {
