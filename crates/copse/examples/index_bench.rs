@@ -212,13 +212,26 @@ fn main() {
     let mut block_sizes = vec![1024usize];
     let mut sets = vec!["ycsb".to_string(), "redis".to_string()];
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: index_bench [--items N,N..] [--blocks BYTES,..] [--sets ycsb,redis]";
+    let fail = |message: String| -> ! {
+        eprintln!("index_bench: {message}\n{usage}");
+        std::process::exit(2)
+    };
+    fn numbers<T: std::str::FromStr>(value: &str) -> Option<Vec<T>> {
+        value.split(',').map(|v| v.parse().ok()).collect()
+    }
     for pair in args.chunks(2) {
-        let value = pair.get(1).expect("every option takes a value");
+        let Some(value) = pair.get(1) else { fail(format!("{} takes a value", pair[0])) };
         match pair[0].as_str() {
-            "--items" => items_list = value.split(',').map(|v| v.parse().unwrap()).collect(),
-            "--blocks" => block_sizes = value.split(',').map(|v| v.parse().unwrap()).collect(),
+            "--items" => {
+                items_list = numbers(value).unwrap_or_else(|| fail(format!("bad --items {value}")))
+            }
+            "--blocks" => {
+                block_sizes =
+                    numbers(value).unwrap_or_else(|| fail(format!("bad --blocks {value}")))
+            }
             "--sets" => sets = value.split(',').map(String::from).collect(),
-            other => panic!("unknown option {other} (--items, --blocks, --sets)"),
+            other => fail(format!("unknown option {other}")),
         }
     }
     println!(
