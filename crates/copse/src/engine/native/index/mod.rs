@@ -23,9 +23,13 @@ use std::ops::Bound;
 
 use super::format::Loc;
 
+// The B-tree the compact index replaced: a reference for the benchmark and the memory test,
+// not part of the store.
+#[cfg(any(test, feature = "testing"))]
 mod btree;
 pub mod compact;
 
+#[cfg(any(test, feature = "testing"))]
 pub use btree::BTreeIndex;
 pub use compact::CompactIndex;
 
