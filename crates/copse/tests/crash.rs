@@ -1321,10 +1321,12 @@ fn finishes_within<T: Send + 'static>(
     receiver.recv_timeout(Duration::from_secs(seconds)).ok()
 }
 
-/// `NativeEngine::sync_io` (the synchronous header write of a new slab file) reaps with
-/// `reap(1)` and returns as soon as it meets its own completion: completions reaped in the same
-/// call after it are neither stashed nor completed. Their `io_purpose` stays, a page write's page
-/// stays in `pages_in_flight` forever, so the writes it carried are never answered and the shard
+/// The bug (names as they were then; today `Io::sync_io`, `Io::purposes`, `Pages`' pages with a
+/// write in flight): `NativeEngine::sync_io` (the synchronous header write of a new slab file)
+/// reaps with `reap(1)` and returns as soon as it meets its own completion: completions reaped in
+/// the same call after it are neither stashed nor completed. Their `io_purpose` stays, a page
+/// write's page stays in `pages_in_flight` forever, so the writes it carried are never answered
+/// and the shard
 /// never becomes idle (`close` spins). Trigger: the first item of a size class arrives in a shard
 /// while other I/O of that shard is in flight; the simulated device completes a random subset in
 /// random order, so some seeds hang (about 4 in 100 here; seed 0 of the crash test above).
