@@ -86,6 +86,21 @@ pub struct IoCompletion {
     pub result: Result<(), DeviceError>,
 }
 
+impl IoCompletion {
+    /// The completion of `request` with `result`: the request's buffer comes back with it (read
+    /// into, for a read). Every device completes through this.
+    pub fn of(request: IoRequest, result: Result<(), DeviceError>) -> IoCompletion {
+        IoCompletion {
+            token: request.token,
+            file: request.file,
+            offset: request.offset,
+            kind: request.kind,
+            buf: request.buf,
+            result,
+        }
+    }
+}
+
 /// Device failures. Each errno is named with its meaning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

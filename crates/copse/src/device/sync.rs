@@ -139,14 +139,7 @@ impl BlockDevice for SyncDevice {
             {
                 self.dirty[request.file as usize] = true;
             }
-            self.ready.push_back(IoCompletion {
-                token: request.token,
-                file: request.file,
-                offset: request.offset,
-                kind: request.kind,
-                buf: request.buf,
-                result,
-            });
+            self.ready.push_back(IoCompletion::of(request, result));
         }
         Ok(())
     }

@@ -242,23 +242,12 @@ impl UringDevice {
                     }
                 }
             }
-            self.ready.push_back(completion(request, outcome));
+            self.ready.push_back(IoCompletion::of(request, outcome));
         }
     }
 
     fn sq_len(&mut self) -> usize {
         self.ring.submission().len()
-    }
-}
-
-fn completion(request: IoRequest, result: Result<(), DeviceError>) -> IoCompletion {
-    IoCompletion {
-        token: request.token,
-        file: request.file,
-        offset: request.offset,
-        kind: request.kind,
-        buf: request.buf,
-        result,
     }
 }
 
@@ -289,7 +278,7 @@ impl BlockDevice for UringDevice {
     fn submit(&mut self, requests: Vec<IoRequest>) -> Result<(), DeviceError> {
         for request in requests {
             if let Err(err) = files::check_request(&request, self.files.len()) {
-                self.ready.push_back(completion(request, Err(err)));
+                self.ready.push_back(IoCompletion::of(request, Err(err)));
                 continue;
             }
             let tag = match (&self.observer, request.kind) {

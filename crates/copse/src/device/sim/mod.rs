@@ -345,14 +345,7 @@ impl State {
                 }),
             }
         }
-        IoCompletion {
-            token: request.token,
-            file: request.file,
-            offset: request.offset,
-            kind: request.kind,
-            buf: request.buf,
-            result,
-        }
+        IoCompletion::of(request, result)
     }
 
     fn perform(
