@@ -9,36 +9,17 @@
 //! hashed order) and `redis` (copse-server's meta items: `m`, the 8-byte scan hash, the Redis key
 //! `key:NNNNNNNNNNNN`, the type byte: 26 B). Single-threaded; lookups in a shuffled order.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Instant;
 
+use copse::alloc_count::{allocated_bytes, CountingAllocator};
 use copse::engine::native::format::Loc;
 use copse::engine::native::index::CompactIndex;
 use copse::engine::native::index::{BTreeIndex, Entry};
 
-struct Counting;
-
-static ALLOCATED_BYTES: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATED_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same layout as the caller's request.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        ALLOCATED_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: `ptr` came from `alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 /// The operations both indexes offer, so one driver measures either.
 trait Bench: Sized {
@@ -155,14 +136,14 @@ fn ns_per(start: Instant, ops: usize) -> f64 {
 
 fn run<B: Bench>(mut index: B, set: &str, keys: &Keys, misses: &Keys) {
     let items = keys.len();
-    let before = ALLOCATED_BYTES.load(Ordering::Relaxed);
+    let before = allocated_bytes();
     let start = Instant::now();
     for i in 0..items {
         let loc = Loc::new((i % 8) as u8 + 4, (i / 8) as u64, 0);
         black_box(index.insert(keys.get(i), loc, i as u64 + 1));
     }
     let insert_ns = ns_per(start, items);
-    let heap = (ALLOCATED_BYTES.load(Ordering::Relaxed) - before) as f64 / items as f64;
+    let heap = (allocated_bytes() - before) as f64 / items as f64;
     let reported = index.memory_bytes() as f64 / items as f64;
 
     let lookups = items.min(1_000_000);

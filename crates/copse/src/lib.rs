@@ -22,6 +22,8 @@ macro_rules! layer {
     };
 }
 
+#[cfg(any(test, feature = "testing"))]
+pub mod alloc_count;
 pub mod device;
 layer!(engine);
 layer!(error);

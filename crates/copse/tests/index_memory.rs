@@ -3,33 +3,13 @@
 //! The engine's `Index` is the `CompactIndex`; the `BTreeIndex` it replaced is checked too, as
 //! `examples/index_bench.rs` reports its figure beside the compact one.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
-
+use copse::alloc_count::{allocated_bytes, CountingAllocator};
 use copse::engine::native::format::Loc;
 use copse::engine::native::index::BTreeIndex;
 use copse::engine::native::index::CompactIndex;
 
-struct Counting;
-
-static ALLOCATED_BYTES: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATED_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same layout as the caller's request.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        ALLOCATED_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: `ptr` came from `alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 /// The count is process-wide: tests that measure it take turns.
 static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -47,12 +27,12 @@ fn ycsb_like_keys(key_bytes: usize, items: u64) -> Vec<Vec<u8>> {
 
 fn measure(key_bytes: usize, items: u64) -> (f64, f64) {
     let keys = ycsb_like_keys(key_bytes, items);
-    let before = ALLOCATED_BYTES.load(Ordering::Relaxed);
+    let before = allocated_bytes();
     let mut index = BTreeIndex::default();
     for (i, key) in keys.iter().enumerate() {
         index.insert(key, Loc::new(10, i as u64, 0), i as u64);
     }
-    let measured = (ALLOCATED_BYTES.load(Ordering::Relaxed) - before) as f64 / items as f64;
+    let measured = (allocated_bytes() - before) as f64 / items as f64;
     let estimated = index.memory_bytes() as f64 / items as f64;
     assert_eq!(index.len() as u64, items);
     (measured, estimated)
@@ -62,13 +42,13 @@ fn measure(key_bytes: usize, items: u64) -> (f64, f64) {
 /// table shrinks or keeps tombstones).
 fn measure_compact(key_bytes: usize, items: u64) -> [(f64, f64); 2] {
     let keys = ycsb_like_keys(key_bytes, items);
-    let before = ALLOCATED_BYTES.load(Ordering::Relaxed);
+    let before = allocated_bytes();
     let mut index = CompactIndex::default();
     for (i, key) in keys.iter().enumerate() {
         index.insert(key, Loc::new(10, i as u64, 0), i as u64);
     }
     let per_item = |index: &CompactIndex| {
-        let measured = (ALLOCATED_BYTES.load(Ordering::Relaxed) - before) as f64;
+        let measured = (allocated_bytes() - before) as f64;
         (measured / index.len() as f64, index.memory_bytes() as f64 / index.len() as f64)
     };
     let full = per_item(&index);
