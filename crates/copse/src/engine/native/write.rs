@@ -16,10 +16,11 @@
 //! - A write is applied and answered only once durable (invariant 2 of `mod.rs`): its
 //!   completion was reaped before a flush that has finished began (asserted in
 //!   `write_durable` against the device's own counts).
-//! - A record is never encoded over a live one (invariant 1): not into the slot the index
-//!   points to for its own key (asserted in `place`), and, in a page image, not over bytes that
-//!   name a key the index points to at that slot, or a tombstone kept there (asserted in
-//!   `place_in_page`, before the image changes; O(log n), no checksum computed).
+//! - A record is never encoded over a live one (invariant 1): in a page image, not over bytes
+//!   that name a key the index points to at that slot, or a tombstone kept there (asserted in
+//!   `place_in_page`, before the image changes; one index lookup, no checksum computed), which
+//!   covers its own key's live slot too; a multi-page record, whose slot's old bytes are not in
+//!   memory, not into the slot the index points to for its own key (asserted in `place`).
 //! - A page write carries exactly the writes whose records lie in its pages (asserted in
 //!   `write_pages`, before the write is queued), so a write is acknowledged only when the pages
 //!   holding its record are durable.
@@ -323,14 +324,17 @@ impl NativeEngine {
         let class = SizeClass::get(loc.class());
         let bytes = record_bytes(key.len(), value.len());
         let layout = self.slabs.layout_of(loc.class());
-        // Invariant 1: a new version never goes into the slot of its key's live record.
-        assert!(
-            key.is_empty()
-                || self.index.get(key).is_none_or(|live| live.slot_only() != loc.slot_only()),
-            "shard {}: a {kind:?} record of a key was placed over the key's live record at {loc:?}",
-            self.shard_id
-        );
         if class.is_multi_page() {
+            // Invariant 1: a new version never goes into the slot of its key's live record. (An
+            // in-page record is checked in `place_in_page`, against the slot's old bytes, which
+            // covers this case too: one index lookup per record, not two.)
+            assert!(
+                key.is_empty()
+                    || self.index.get(key).is_none_or(|live| live.slot_only() != loc.slot_only()),
+                "shard {}: a {kind:?} record of a key was placed over the key's live record at \
+                 {loc:?}",
+                self.shard_id
+            );
             let pages = loc.pages_used().max(1) as usize;
             assert!(bytes <= pages * PAGE_BYTES);
             let mut buf = AlignedBuf::zeroed(pages * PAGE_BYTES);
