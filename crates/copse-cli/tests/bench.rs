@@ -54,7 +54,8 @@ fn ycsb_writes_a_report() {
     assert!(stdout.contains("| CPU µs/op | errors |"), "{stdout}");
     let row = stdout.lines().find(|line| line.starts_with("| a@zipfian |")).unwrap();
     let cpu = row.split('|').nth(10).and_then(|cell| cell.trim().parse::<f64>().ok());
-    assert!(cpu.is_some_and(|us| us > 0.0), "CPU µs/op in {row}");
+    // A number (a run this short may use less CPU than /proc's 10 ms tick shows: 0.0).
+    assert!(cpu.is_some_and(|us| us >= 0.0), "CPU µs/op in {row}");
     let run = json(&report);
     assert_eq!(run["config"]["cache_bytes"], 1 << 20, "the global --cache-mb reaches the run");
     assert_eq!(run["config"]["shards"], 2);
@@ -165,7 +166,8 @@ fn compare_alternates_runs_and_refreshes_a_document() {
     let row = text.lines().find(|line| line.starts_with("| a@uniform | copse |")).unwrap();
     assert!(row.split('|').nth(9).is_some_and(|cell| cell.trim().ends_with('%')), "{row}");
     let cpu = row.split('|').nth(11).and_then(|cell| cell.trim().parse::<f64>().ok());
-    assert!(cpu.is_some_and(|us| us > 0.0), "CPU µs/op in {row}");
+    // A number (a run this short may use less CPU than /proc's 10 ms tick shows: 0.0).
+    assert!(cpu.is_some_and(|us| us >= 0.0), "CPU µs/op in {row}");
     let open = json(&out.join("open-copse-a@uniform-0.json"));
     assert_eq!(open["config"]["mode"], "open");
     assert!(open["config"]["target_ops_per_second"].as_f64().unwrap() > 0.0);
