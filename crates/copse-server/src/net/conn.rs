@@ -1,8 +1,9 @@
 //! One client connection: read requests, hand them to the shards, write replies in order.
 //!
 //! The connection works in waves. It parses every complete request it has read (up to
-//! `PIPELINE_COMMANDS_MAX`), queues each command's execs on their shards in request order (so a
-//! pipeline reaches the shards together and they batch it), then awaits the answers in request
+//! `PIPELINE_COMMANDS_MAX`), gathers each command's execs per shard in request order and sends
+//! each shard its share as one message (so a pipeline reaches the shards together, crossing to
+//! each once, and they batch it), then awaits the answers in request
 //! order and writes them. Commands over the whole key space (SCAN, KEYS, FLUSHALL, ...) first
 //! wait for the answers of every earlier command, so they see its effects.
 //!
@@ -32,7 +33,9 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::access;
-use crate::cmd::{collect, dispatch, Combine, Dispatched, Outcome};
+use copse::exec::Exec;
+
+use crate::cmd::{collect, dispatch, Combine, Dispatched, Outcome, Queued};
 use crate::config::{
     CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
     UNAUTHENTICATED_ARGS_MAX, UNAUTHENTICATED_BULK_BYTES_MAX,
@@ -230,6 +233,7 @@ async fn connection_loop(
         let budget = server.config.client_pending_reply_bytes_max;
         let mut pending = Pending { slots: VecDeque::with_capacity(wave.len()), reserved_bytes: 0 };
         let mut close = false;
+        let mut outbox = Outbox::new(server.db.shard_count());
         for args in wave {
             let Dispatched { outcome, reply_size } = dispatch(server, conn, args);
             match outcome {
@@ -250,6 +254,7 @@ async fn connection_loop(
                             break reserved;
                         }
                         server.stats.reply_backpressure_waits.fetch_add(1, Ordering::Relaxed);
+                        outbox.send(server).await;
                         let until = Drain::UntilReserved(keep);
                         if let Some(end) =
                             drain(server, writer, &mut pending, &mut out, shutdown, until).await?
@@ -258,13 +263,14 @@ async fn connection_loop(
                         }
                     };
                     for queued in queued {
-                        server.db.exec_async(queued.shard, queued.locks, queued.exec).await;
+                        outbox.push(queued);
                     }
                     let slot = Slot::Waiting(answers, combine);
                     pending.push(slot, conn.protocol, reply_bytes_reserved);
                 }
                 Outcome::AfterPending(future) => {
                     // Everything before it is answered first, so it sees those effects.
+                    outbox.send(server).await;
                     if let Some(end) =
                         drain(server, writer, &mut pending, &mut out, shutdown, Drain::All).await?
                     {
@@ -280,6 +286,7 @@ async fn connection_loop(
                 }
             }
         }
+        outbox.send(server).await;
         if let Some(end) =
             drain(server, writer, &mut pending, &mut out, shutdown, Drain::All).await?
         {
@@ -296,6 +303,32 @@ async fn connection_loop(
             // A request still arriving was parsed so far under the other state's limits (RESET
             // then a large request): parse it again from its start under the new ones.
             parse_state = ParseState::default();
+        }
+    }
+}
+
+/// The execs of a wave not yet sent, per shard, in the order their commands were dispatched.
+/// They go out together, one message per shard (`Db::exec_many_async`), before the connection
+/// waits for any answer: a wave of pipelined commands crosses to each shard once, not once per
+/// command, and each shard still sees the connection's execs in request order.
+struct Outbox {
+    by_shard: Vec<Vec<(Vec<Vec<u8>>, Box<dyn Exec>)>>,
+}
+
+impl Outbox {
+    fn new(shards: u32) -> Outbox {
+        Outbox { by_shard: (0..shards).map(|_| Vec::new()).collect() }
+    }
+
+    fn push(&mut self, queued: Queued) {
+        self.by_shard[queued.shard as usize].push((queued.locks, queued.exec));
+    }
+
+    async fn send(&mut self, server: &Server) {
+        for (shard, execs) in self.by_shard.iter_mut().enumerate() {
+            if !execs.is_empty() {
+                server.db.exec_many_async(shard as u32, std::mem::take(execs)).await;
+            }
         }
     }
 }

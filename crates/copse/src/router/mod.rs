@@ -120,6 +120,12 @@ impl Router {
         self.shards[shard as usize].send_async(Message::Exec(exec)).await
     }
 
+    /// Queues several exec programs on `shard` as one message, in order (one wake at most).
+    /// False if the shard is closed (the programs are dropped, which their waiters see).
+    pub async fn send_execs_async(&self, shard: u32, execs: Vec<ExecRequest>) -> bool {
+        self.shards[shard as usize].send_async(Message::Execs(execs)).await
+    }
+
     /// Messages waiting in each shard's queue.
     pub fn queue_depths(&self) -> Vec<usize> {
         self.shards.iter().map(ShardSender::queue_depth).collect()

@@ -41,11 +41,24 @@ use wake::{Parker, Waker, Wakeup};
 pub enum Message {
     Request(Request),
     Exec(ExecRequest),
+    /// Execs queued together, in order (a network thread's wave of pipelined commands for this
+    /// shard: one message and at most one wake for all of them).
+    Execs(Vec<ExecRequest>),
     Close(futures::channel::oneshot::Sender<Result<(), WriteError>>),
     /// Look again at the parts of cross-shard batches (a decision was made elsewhere). Sent
     /// with `try_send`: when the queue is full the shard is busy and looks anyway (and the wake
     /// that comes with every send reaches it even then).
     Wake,
+}
+
+impl Message {
+    /// How many requests or execs the message carries (at least 1).
+    fn work_items(&self) -> usize {
+        match self {
+            Message::Execs(list) => list.len().max(1),
+            _ => 1,
+        }
+    }
 }
 
 pub use crate::engine::factory::EngineOpener;
@@ -184,12 +197,21 @@ fn run(mut engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) {
         let mut messages = 0;
         while messages < ROUND_REQUESTS_MAX && connected {
             match receiver.try_recv() {
-                Ok(message) if closing.is_some() => turn_away(message, &mut late_closes),
-                Ok(message) => take(message, &mut requests, &mut execs, &mut closing),
+                Ok(message) => {
+                    // A message of several execs counts as that many toward the round's bound.
+                    messages += message.work_items();
+                    if closing.is_some() {
+                        turn_away(message, &mut late_closes);
+                    } else {
+                        take(message, &mut requests, &mut execs, &mut closing);
+                    }
+                }
                 Err(flume::TryRecvError::Empty) => break,
-                Err(flume::TryRecvError::Disconnected) => connected = false,
+                Err(flume::TryRecvError::Disconnected) => {
+                    connected = false;
+                    messages += 1;
+                }
             }
-            messages += 1;
         }
         if !connected && closing.is_none() && engine.is_idle() {
             // Every handle is gone without a close: finish and stop.
@@ -286,6 +308,7 @@ fn take(
     match message {
         Message::Request(request) => requests.push(request),
         Message::Exec(exec) => execs.arrive(exec),
+        Message::Execs(list) => list.into_iter().for_each(|exec| execs.arrive(exec)),
         Message::Close(reply) => *closing = Some(reply),
         Message::Wake => {}
     }
@@ -300,6 +323,7 @@ fn turn_away(
         Message::Request(request) => reject(request),
         // Dropping the program drops its answer channel: its waiter sees the store closed.
         Message::Exec(exec) => drop(exec),
+        Message::Execs(list) => drop(list),
         Message::Close(reply) => late_closes.push(reply),
         Message::Wake => {}
     }
