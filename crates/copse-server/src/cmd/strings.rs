@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use copse::exec::{ExecView, ReadOp};
+use copse::exec::{ExecView, ReadOp, ReadResult};
 use copse::BatchOp;
 
 use super::{
@@ -43,12 +43,24 @@ pub fn specs() -> Vec<Spec> {
     ]
 }
 
-/// The first step of a command that reads string `key`: its read, WRONGTYPE for a key of
-/// another type, or None when the key does not exist.
-fn read_string(view: &ExecView<'_>, key: &[u8]) -> Option<Next> {
-    match key_type(view, key)? {
-        KeyType::String => Some(Next::Read(vec![ReadOp::Get(meta_key(key, KeyType::String))])),
-        _ => Some(Next::Reply(Reply::error(WRONGTYPE))),
+/// The first step of a command that reads string `key`: the read of its value item, asked
+/// before the key's type. A string's read is then the key's one index lookup; the other types
+/// are looked up (no I/O) only when it finds nothing (`string_or_wrongtype`).
+fn read_string(key: &[u8]) -> Next {
+    Next::Read(vec![ReadOp::Get(meta_key(key, KeyType::String))])
+}
+
+/// What `read_string` found: the string's value, None for a missing key, or WRONGTYPE for a key
+/// of another type (the exec holds the key's lock, so its type did not change between steps).
+fn string_or_wrongtype(
+    view: &ExecView<'_>,
+    key: &[u8],
+    results: &mut Vec<ReadResult>,
+) -> Result<Option<Vec<u8>>, Next> {
+    match value_of(results.pop()) {
+        Some(value) => Ok(Some(value)),
+        None if key_type(view, key).is_some() => Err(Next::Reply(Reply::error(WRONGTYPE))),
+        None => Ok(None),
     }
 }
 
@@ -60,16 +72,25 @@ where
 {
     let key = call.args[1].clone();
     on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => read_string(view, &key).unwrap_or_else(|| done(view, None)),
-        Input::Read(mut results) => done(view, value_of(results.pop())),
+        Input::Start => read_string(&key),
+        Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
+            Ok(value) => done(view, value),
+            Err(wrongtype) => wrongtype,
+        },
         Input::Written => unexpected(),
     })
 }
 
 /// Writes `value` as string `key`, replacing whatever type the key held, then answers `reply`.
-fn put_string(view: &ExecView<'_>, key: &[u8], value: Vec<u8>) -> Vec<BatchOp> {
+/// `existing` is the key's type as the exec found it (`key_type`).
+fn put_string(
+    view: &ExecView<'_>,
+    key: &[u8],
+    existing: Option<KeyType>,
+    value: Vec<u8>,
+) -> Vec<BatchOp> {
     let mut ops = Vec::new();
-    if let Some(ty) = key_type(view, key) {
+    if let Some(ty) = existing {
         if ty != KeyType::String {
             ops = delete_ops(view, key, ty);
         }
@@ -132,10 +153,12 @@ fn set_with(call: &Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcome {
     let key = call.args[1].clone();
     let mut value = Some(value);
     let mut pending = None;
+    // The key's type, looked up once at the start (the exec holds the key's lock after).
+    let mut existing = None;
     on_key(call.db(), &key.clone(), move |view, input| {
-        let existing = key_type(view, &key);
         match input {
             Input::Start => {
+                existing = key_type(view, &key);
                 if options.get && existing.is_some_and(|ty| ty != KeyType::String) {
                     return Next::Reply(Reply::error(WRONGTYPE));
                 }
@@ -177,7 +200,7 @@ fn decide(
         return Next::Reply(skipped);
     }
     let Some(value) = value.take() else { return unexpected() };
-    let ops = put_string(view, key, value);
+    let ops = put_string(view, key, existing, value);
     // Replacing a hash or sorted set deletes its items in the same atomic batch as the new
     // value; a value too large to share that batch is refused, changing nothing.
     if let Err(reply) = super::check_batch(&ops) {
@@ -200,14 +223,15 @@ fn getdel(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
     let mut pending = None;
     on_key(call.db(), &key.clone(), move |view, input| match input {
-        Input::Start => read_string(view, &key).unwrap_or(Next::Reply(Reply::Null)),
-        Input::Read(mut results) => match value_of(results.pop()) {
-            Some(value) => write_then(
+        Input::Start => read_string(&key),
+        Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
+            Ok(Some(value)) => write_then(
                 vec![BatchOp::Delete { key: meta_key(&key, KeyType::String) }],
                 Reply::Bulk(value),
                 &mut pending,
             ),
-            None => Next::Reply(Reply::Null),
+            Ok(None) => Next::Reply(Reply::Null),
+            Err(wrongtype) => wrongtype,
         },
         Input::Written => answer(&mut pending),
     })
@@ -476,7 +500,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
                         }
                         let ops: Vec<BatchOp> = group
                             .into_iter()
-                            .flat_map(|(key, value)| put_string(view, &key, value))
+                            .flat_map(|(key, value)| put_string(view, &key, key_type(view, &key), value))
                             .collect();
                         Next::Prepare(vote, ops)
                     }
@@ -500,7 +524,10 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
                     return Next::Reply(Reply::Integer(0));
                 }
                 let per_key: Vec<_> =
-                    group.into_iter().map(|(key, value)| put_string(view, &key, value)).collect();
+                    group
+                        .into_iter()
+                        .map(|(key, value)| put_string(view, &key, key_type(view, &key), value))
+                        .collect();
                 if let Some(reply) = per_key.iter().find_map(|ops| super::check_batch(ops).err()) {
                     return Next::Reply(reply);
                 }
@@ -534,11 +561,11 @@ where
     let mut pending = None;
     on_key(call.db(), &key.clone(), move |view, input| {
         let old = match input {
-            Input::Start => match read_string(view, &key) {
-                Some(next) => return next,
-                None => None,
+            Input::Start => return read_string(&key),
+            Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
+                Ok(old) => old,
+                Err(wrongtype) => return wrongtype,
             },
-            Input::Read(mut results) => value_of(results.pop()),
             Input::Written => return answer(&mut pending),
         };
         match change(old) {
