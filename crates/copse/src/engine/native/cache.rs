@@ -4,14 +4,18 @@
 //! - A frame holds the newest image of its page: the bytes on disk plus the modifications that
 //!   are queued or in flight. Pages with queued or in-flight writes are pinned and never evicted,
 //!   so the engine never reads a page from disk while a newer image exists only in memory.
-//! - The page map is a B-tree, not a hash table: it never rehashes, so a lookup never stalls
-//!   behind a resize (KVell §5.3 saw 100 ms spikes from a growing hash table).
+//! - The page map is a hash table sized for the pool's capacity when the cache is made, so it
+//!   does not rehash as the cache fills (KVell §5.3 saw 100 ms spikes from a growing hash
+//!   table); it can grow only while every frame is pinned and the pool grows past capacity.
+//!   It was a B-tree, whose lookup under a GET load cost several cache misses per level
+//!   (docs/benchmarks.md, "The server's hot path").
 //! - The pool holds `capacity_frames` frames; it grows past that only when every frame is pinned,
 //!   and gives the extra frames back as soon as they are unpinned.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use crate::device::AlignedBuf;
+use crate::hash::State;
 use crate::limits::PAGE_BYTES;
 
 /// (class id, page number in the class's slab file).
@@ -25,7 +29,7 @@ struct Frame {
 }
 
 pub struct PageCache {
-    map: BTreeMap<PageKey, u32>,
+    map: HashMap<PageKey, u32, State>,
     frames: Vec<Frame>,
     unused: Vec<u32>,
     capacity_frames: usize,
@@ -38,7 +42,7 @@ impl PageCache {
     pub fn new(capacity_frames: usize) -> PageCache {
         assert!(capacity_frames > 0);
         PageCache {
-            map: BTreeMap::new(),
+            map: HashMap::with_capacity_and_hasher(capacity_frames, State::default()),
             frames: Vec::new(),
             unused: Vec::new(),
             capacity_frames,
