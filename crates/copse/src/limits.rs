@@ -48,6 +48,10 @@ pub const WRITE_BATCH_BYTES_MAX: usize = VALUE_BYTES_MAX;
 /// Items one `scan` call returns at most.
 pub const SCAN_ITEMS_MAX: usize = 100_000;
 
+/// Execs one write group takes at most (`shard::exec`: consecutive last writes on one lock key
+/// made durable by one write). Bounds the work and the memory a hot key's group holds.
+pub const EXEC_WRITE_GROUP_MEMBERS_MAX: usize = 4_096;
+
 /// Reads one step of an exec program may ask for (MGET's keys of one shard, say).
 pub const EXEC_READS_MAX: usize = 10_000;
 

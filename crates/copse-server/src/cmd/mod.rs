@@ -45,6 +45,9 @@ pub enum Input {
 pub enum Next {
     Read(Vec<ReadOp>),
     Write(Vec<BatchOp>),
+    /// The program's last write: once durable it answers (`Input::Written`) and is done. Its
+    /// write may share a flush with the same key's next commands (`on_key_grouped`).
+    WriteLast(Vec<BatchOp>),
     /// This shard's part of a cross-shard batch (MSET over several shards): resumes with
     /// `Written` once the batch committed and the part is applied here.
     Prepare(Vote, Vec<BatchOp>),
@@ -56,6 +59,8 @@ pub enum Next {
 struct CommandExec<F> {
     step: F,
     answer: Option<oneshot::Sender<Reply>>,
+    /// `Exec::joins_write_groups`: set only by `on_key_grouped`, whose callers keep its promise.
+    joins_write_groups: bool,
 }
 
 impl<F> Exec for CommandExec<F>
@@ -73,9 +78,14 @@ where
         match (self.step)(view, input) {
             Next::Read(reads) => ExecStep::Read(reads),
             Next::Write(ops) => ExecStep::Write(ops),
+            Next::WriteLast(ops) => ExecStep::WriteLast(ops),
             Next::Prepare(vote, ops) => ExecStep::Prepare { vote, ops },
             Next::Reply(reply) => self.finish(reply),
         }
+    }
+
+    fn joins_write_groups(&self) -> bool {
+        self.joins_write_groups
     }
 }
 
@@ -147,8 +157,15 @@ impl Plan {
     where
         F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
     {
+        self.add_exec(shard, keys, step, false);
+    }
+
+    fn add_exec<F>(&mut self, shard: u32, keys: Vec<Vec<u8>>, step: F, joins_write_groups: bool)
+    where
+        F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+    {
         let (answer, receiver) = oneshot::channel();
-        let exec = Box::new(CommandExec { step, answer: Some(answer) });
+        let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups });
         self.queued.push(Queued { shard, locks: keys, exec });
         self.answers.push(receiver);
     }
@@ -182,7 +199,9 @@ impl AtomicPlan {
             shard,
             locks: keys,
             build: Box::new(move |vote| {
-                Box::new(CommandExec { step: make(vote), answer: Some(answer) }) as Box<dyn Exec>
+                let exec =
+                    CommandExec { step: make(vote), answer: Some(answer), joins_write_groups: false };
+                Box::new(exec) as Box<dyn Exec>
             }),
         });
         self.answers.push(receiver);
@@ -218,6 +237,21 @@ where
 {
     let mut plan = Plan::new();
     plan.add(db.shard_of(key), vec![key.to_vec()], step);
+    plan.finish(Box::new(|mut replies| replies.pop().expect("one exec, one answer")))
+}
+
+/// As `on_key`, for a program that may start behind the key's write group before it is
+/// durable (`copse::exec::Exec::joins_write_groups`), and so shares a flush with the commands
+/// on the key before it. The program must keep that promise: its first step asks the view only
+/// and then answers `Next::WriteLast`, or answers an error that holds whatever the key holds
+/// (never one that tells what the key holds: NX, XX, GET and reads do not qualify).
+/// `grouped` false is `on_key`.
+pub fn on_key_grouped<F>(db: &Db, key: &[u8], grouped: bool, step: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+{
+    let mut plan = Plan::new();
+    plan.add_exec(db.shard_of(key), vec![key.to_vec()], step, grouped);
     plan.finish(Box::new(|mut replies| replies.pop().expect("one exec, one answer")))
 }
 

@@ -9,7 +9,8 @@ use copse::exec::{ExecView, ReadOp, ReadResult};
 use copse::BatchOp;
 
 use super::{
-    answer, by_shard, check_value, delete_ops, key_type, on_key, pack_batches, parse_f64,
+    answer, by_shard, check_value, delete_ops, key_type, on_key, on_key_grouped, pack_batches,
+    parse_f64,
     parse_i64, unexpected, value_of, Call, Input, Next, Outcome, Plan, Spec, NOT_FLOAT,
     NOT_INTEGER, SYNTAX, WRONGTYPE,
 };
@@ -99,10 +100,10 @@ fn put_string(
     ops
 }
 
-/// A write step whose answer is fixed in advance.
+/// The last write step, whose answer is fixed in advance (given once the write is durable).
 fn write_then(ops: Vec<BatchOp>, reply: Reply, pending: &mut Option<Reply>) -> Next {
     *pending = Some(reply);
-    Next::Write(ops)
+    Next::WriteLast(ops)
 }
 
 fn get(call: &mut Call<'_>) -> Outcome {
@@ -153,9 +154,12 @@ fn set_with(call: &Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcome {
     let key = call.args[1].clone();
     let mut value = Some(value);
     let mut pending = None;
+    // A plain SET reads nothing and answers OK once its write is durable: it may share a flush
+    // with the SETs of the same key before it (a hot key). NX, XX and GET answer from the key.
+    let grouped = !options.nx && !options.xx && !options.get;
     // The key's type, looked up once at the start (the exec holds the key's lock after).
     let mut existing = None;
-    on_key(call.db(), &key.clone(), move |view, input| {
+    on_key_grouped(call.db(), &key.clone(), grouped, move |view, input| {
         match input {
             Input::Start => {
                 existing = key_type(view, &key);

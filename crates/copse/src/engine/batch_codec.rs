@@ -29,16 +29,24 @@ pub fn encode_batch(ops: &[BatchOp]) -> Vec<u8> {
 
 /// Bytes `encode_batch` produces, without producing them (for the limit check).
 pub fn encoded_batch_bytes(ops: &[BatchOp]) -> usize {
-    4 + ops
-        .iter()
-        .map(|op| {
-            7 + op.key().len()
-                + match op {
-                    BatchOp::Put { value, .. } => value.len(),
-                    BatchOp::Delete { .. } => 0,
-                }
-        })
-        .sum::<usize>()
+    BATCH_HEADER_BYTES
+        + ops
+            .iter()
+            .map(|op| {
+                encoded_op_bytes(op.key(), match op {
+                    BatchOp::Put { value, .. } => Some(value),
+                    BatchOp::Delete { .. } => None,
+                })
+            })
+            .sum::<usize>()
+}
+
+/// Bytes of a batch's encoding before its operations (the count).
+pub const BATCH_HEADER_BYTES: usize = 4;
+
+/// Bytes one operation adds to a batch's encoding: a put of `value`, or a delete (None).
+pub fn encoded_op_bytes(key: &[u8], value: Option<&[u8]>) -> usize {
+    7 + key.len() + value.map_or(0, <[u8]>::len)
 }
 
 /// The operations of an encoded batch, or why the bytes are not one.

@@ -24,10 +24,21 @@
 //!    participant), then the part is applied or erased and the exec resumes with the outcome.
 //!    It keeps its exec locks throughout.
 //!
+//! 5. Group commit (a hot key): an exec whose last step is its one write says so
+//!    (`ExecStep::WriteLast`). If the exec behind it in its lock key's queue joins write groups
+//!    (`Exec::joins_write_groups`: it asks only index questions, then writes last), that exec
+//!    starts at once, before the write is durable, seeing the group's writes through its view,
+//!    and its write joins the group's. The group's writes go to the engine as one all-or-nothing
+//!    write at the end of the pump, and every member is answered, in queue order, once it is
+//!    durable: one flush for a run of SETs of one key. Members keep their locks until then, so
+//!    nothing outside the group sees its writes before they are durable (invariant 2 holds);
+//!    a crash leaves all of the group's writes or none. Only single-key execs group; a member
+//!    whose write does not fit the group's batch limits is written alone after it.
+//!
 //! Plain requests (`Db::put`, `Db::get`, ...) take no locks: they are ordered with execs only by
 //! arrival at the engine. A key space is used either through execs or through plain requests.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::hash::HashMap;
 use std::ops::Bound;
@@ -38,15 +49,27 @@ use futures::channel::oneshot;
 use super::coordinator::{Coordinator, Decision};
 use super::gate::Gate;
 use crate::engine::input::{check_key, check_part, check_write};
+use crate::engine::batch_codec::{encoded_op_bytes, BATCH_HEADER_BYTES};
 use crate::engine::{BatchOp, KeyValue, Request, ShardEngine};
 use crate::error::{InputError, ReadError, WriteError};
-use crate::limits::{EXEC_READS_MAX, SCAN_ITEMS_MAX};
+use crate::limits::{
+    EXEC_READS_MAX, EXEC_WRITE_GROUP_MEMBERS_MAX, SCAN_ITEMS_MAX, WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_OPS_MAX,
+};
 
 /// A command that runs atomically in one shard.
 pub trait Exec: Send + 'static {
     /// Advances the program: first with `StepInput::Start`, then with the results of the step it
     /// asked for last. `view` answers index questions with no I/O.
     fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep;
+
+    /// Whether the program may start behind a write group (invariant 5) before the group is
+    /// durable. A program that says yes promises that its `Start` step asks the view only, then
+    /// returns `WriteLast`, or `Done` having answered something that holds whatever its keys
+    /// hold (an input error); anything else is a bug the shard stops on.
+    fn joins_write_groups(&self) -> bool {
+        false
+    }
 }
 
 /// What an exec asks for next.
@@ -55,6 +78,9 @@ pub enum ExecStep {
     Read(Vec<ReadOp>),
     /// One write: a single put or delete, or an all-or-nothing batch. Resumes once durable.
     Write(Vec<BatchOp>),
+    /// As `Write`, and the exec's last: once resumed with `Written` it answers and returns
+    /// `Done`. The write may share a flush with the execs behind it (invariant 5).
+    WriteLast(Vec<BatchOp>),
     /// This shard's part of a cross-shard batch (invariant 4). Resumes with `Written`: Ok once
     /// the batch committed and the part is applied here (durable and visible), or the error
     /// that called the batch off.
@@ -129,23 +155,71 @@ impl Drop for Vote {
 
 /// Questions an exec may ask the shard's index without I/O. The answers are current for the
 /// keys the exec holds locks over, provided all writes of those keys go through locking execs.
+/// For an exec started behind a write group, the group's writes not yet durable (invariant 5)
+/// are part of what the view answers.
 pub struct ExecView<'a> {
     engine: &'a dyn ShardEngine,
+    overlay: Option<&'a Overlay>,
 }
+
+/// A write group's writes: each key's last value, None for a delete.
+type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 impl ExecView<'_> {
     pub fn contains(&self, key: &[u8]) -> bool {
-        self.engine.contains_key(key)
+        match self.overlay.and_then(|overlay| overlay.get(key)) {
+            Some(value) => value.is_some(),
+            None => self.engine.contains_key(key),
+        }
     }
 
     /// Up to `limit` keys of the range, in order (keys only: no I/O).
     pub fn keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>> {
-        self.engine.index_keys(start, end, limit)
+        let Some(overlay) = self.overlay else { return self.engine.index_keys(start, end, limit) };
+        let changed: Vec<(&Vec<u8>, bool)> =
+            overlay.range::<[u8], _>((start, end)).map(|(key, value)| (key, value.is_some())).collect();
+        // Asking for as many more as the group changed in the range leaves at least `limit`
+        // after its deletes whenever the index had that many.
+        let indexed = self.engine.index_keys(start, end, limit.saturating_add(changed.len()));
+        let mut merged = Vec::with_capacity(limit.min(indexed.len() + changed.len()));
+        let mut indexed = indexed.into_iter().peekable();
+        let mut changed = changed.into_iter().peekable();
+        while merged.len() < limit {
+            let take_changed = match (indexed.peek(), changed.peek()) {
+                (None, None) => break,
+                (Some(key), Some((next, _))) => next.as_slice() <= key.as_slice(),
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+            };
+            if !take_changed {
+                merged.push(indexed.next().expect("peeked"));
+                continue;
+            }
+            let (key, present) = changed.next().expect("peeked");
+            // The group's write replaces (or deletes) the indexed key of the same name.
+            indexed.next_if(|indexed_key| indexed_key == key);
+            if present {
+                merged.push(key.clone());
+            }
+        }
+        merged
     }
 
     /// Keys in the range, counting no further than `limit` (no I/O).
     pub fn count(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize {
-        self.engine.count_keys(start, end, limit)
+        let Some(overlay) = self.overlay else { return self.engine.count_keys(start, end, limit) };
+        let changed: Vec<(&Vec<u8>, bool)> =
+            overlay.range::<[u8], _>((start, end)).map(|(key, value)| (key, value.is_some())).collect();
+        let indexed = self.engine.count_keys(start, end, limit.saturating_add(changed.len()));
+        let mut count = indexed as isize;
+        for (key, present) in changed {
+            match (self.engine.contains_key(key), present) {
+                (false, true) => count += 1,
+                (true, false) => count -= 1,
+                _ => {}
+            }
+        }
+        (count.max(0) as usize).min(limit)
     }
 }
 
@@ -174,6 +248,11 @@ enum State {
         results: Vec<Option<ReadResult>>,
     },
     Writing(PendingWrite),
+    /// A member of its lock key's write group, waiting for the group's write (invariant 5).
+    Grouped,
+    /// Started behind a write group, with a write that did not fit the group: written alone
+    /// once the group is done and the exec holds the lock.
+    Deferred(Vec<BatchOp>),
     /// Its part is being made durable.
     Preparing {
         part: Part,
@@ -206,15 +285,39 @@ struct Running {
     exec: Box<dyn Exec>,
     locks: Vec<Vec<u8>>,
     blocked_by: usize,
+    /// Stepped at least once (an exec started behind a write group starts while still blocked).
+    started: bool,
     state: State,
+}
+
+/// Consecutive last writes on one lock key, made durable by one write (invariant 5).
+struct WriteGroup {
+    overlay: Overlay,
+    /// `overlay`'s encoded bytes as one batch (`batch_codec::encoded_batch_bytes`).
+    batch_bytes: usize,
+    /// In queue order: the first holds the lock, the others are the execs right behind it.
+    members: Vec<u64>,
+    /// No exec joins any more: the group is written, or a member's write did not fit.
+    closed: bool,
+    /// The group's one write, once handed to the engine; then its outcome.
+    write: Option<GroupWrite>,
+}
+
+enum GroupWrite {
+    Pending(PendingWrite),
+    Done(Result<(), WriteError>),
 }
 
 /// The shard's execs and their lock queues.
 #[derive(Default)]
 pub struct ExecTable {
     running: HashMap<u64, Running>,
-    /// Per lock key, the execs holding or waiting for it, in arrival order (the first holds it).
+    /// Per lock key, the execs holding or waiting for it, in arrival order (the first holds it;
+    /// with a write group, its members are the first ones).
     queues: HashMap<Vec<u8>, VecDeque<u64>>,
+    /// Per lock key, its write group, from its first member's `WriteLast` until every member
+    /// is answered.
+    groups: HashMap<Vec<u8>, WriteGroup>,
     /// Execs that are not blocked; checked by `pump`.
     active: Vec<u64>,
     next_id: u64,
@@ -252,7 +355,8 @@ impl ExecTable {
         if blocked_by == 0 {
             self.active.push(id);
         }
-        self.running.insert(id, Running { exec: request.exec, locks, blocked_by, state });
+        let started = false;
+        self.running.insert(id, Running { exec: request.exec, locks, blocked_by, started, state });
     }
 
     /// Runs every exec that can make progress until none can: collects answers the engine has
@@ -262,6 +366,7 @@ impl ExecTable {
         // Reads the gate answers itself go first: before this pump unlocks any key.
         let mut moved_any = engine.poll();
         self.forget_applied(engine);
+        moved_any |= self.answer_groups(engine);
         loop {
             let mut moved = false;
             let active = std::mem::take(&mut self.active);
@@ -277,16 +382,165 @@ impl ExecTable {
                         moved = true;
                         self.release(id);
                     }
+                    Advance::Grouped => {
+                        moved = true;
+                        // A group member waits with its group, not among the active; any
+                        // other outcome of `write_last` is an ordinary state.
+                        if !matches!(self.running[&id].state, State::Grouped) {
+                            still_active.push(id);
+                        }
+                    }
                 }
             }
             // `release` may have activated blocked execs meanwhile.
             still_active.append(&mut self.active);
             self.active = still_active;
             if !moved {
+                self.write_groups(engine);
                 return moved_any;
             }
             moved_any = true;
         }
+    }
+
+    /// Hands every open write group's writes to the engine as one write (the pump has stepped
+    /// every exec that could join).
+    fn write_groups(&mut self, engine: &mut Gate) {
+        for group in self.groups.values_mut().filter(|group| group.write.is_none()) {
+            group.closed = true;
+            let ops = std::mem::take(&mut group.overlay)
+                .into_iter()
+                .map(|(key, value)| match value {
+                    Some(value) => BatchOp::Put { key, value },
+                    None => BatchOp::Delete { key },
+                })
+                .collect();
+            group.write = Some(match issue_write(ops, engine) {
+                State::Writing(pending) => GroupWrite::Pending(pending),
+                State::Ready(StepInput::Written(result)) => GroupWrite::Done(result),
+                _ => unreachable!("issue_write writes or answers"),
+            });
+        }
+    }
+
+    /// Answers the members of every write group whose write is durable (or failed), in queue
+    /// order, and releases them. Returns whether any group was answered.
+    fn answer_groups(&mut self, engine: &mut Gate) -> bool {
+        let mut finished = Vec::new();
+        for (lock, group) in self.groups.iter_mut() {
+            let result = match &mut group.write {
+                Some(GroupWrite::Pending(PendingWrite::Put(receiver))) => poll_write(receiver),
+                Some(GroupWrite::Pending(PendingWrite::Delete(receiver))) => {
+                    match receiver.try_recv() {
+                        Ok(None) => None,
+                        Ok(Some(result)) => Some(result.map(|_existed| ())),
+                        Err(oneshot::Canceled) => Some(Err(WriteError::Closed)),
+                    }
+                }
+                Some(GroupWrite::Done(result)) => Some(result.clone()),
+                None => None,
+            };
+            if let Some(result) = result {
+                finished.push((lock.clone(), result));
+            }
+        }
+        let answered = !finished.is_empty();
+        for (lock, result) in finished {
+            let group = self.groups.remove(&lock).expect("a finished group");
+            for id in group.members {
+                let running = self.running.get_mut(&id).expect("a group member is running");
+                let view = ExecView { engine, overlay: None };
+                let step = running.exec.step(&view, StepInput::Written(result.clone()));
+                assert!(
+                    matches!(step, ExecStep::Done),
+                    "shard {}: an exec asked for more after its WriteLast",
+                    engine.shard_id()
+                );
+                self.release(id);
+            }
+        }
+        answered
+    }
+
+    /// Starts the exec right behind the write group of `lock`, if the group is open and that
+    /// exec joins write groups and waits for `lock` alone (invariant 5).
+    fn start_behind_group(&mut self, lock: &[u8]) {
+        let Some(group) = self.groups.get(lock) else { return };
+        if group.closed || group.members.len() >= EXEC_WRITE_GROUP_MEMBERS_MAX {
+            return;
+        }
+        let queue = self.queues.get(lock).expect("a group's lock has a queue");
+        let Some(&next) = queue.get(group.members.len()) else { return };
+        let running = self.running.get_mut(&next).expect("a queued exec is running");
+        if running.started || running.locks.len() != 1 || !running.exec.joins_write_groups() {
+            return;
+        }
+        running.started = true;
+        running.state = State::Ready(StepInput::Start);
+        self.active.push(next);
+    }
+
+    /// An exec's `WriteLast`: starts or joins its lock key's write group, or, for an exec of
+    /// several locks, writes as `Write` does.
+    fn write_last(&mut self, id: u64, ops: Vec<BatchOp>, engine: &mut Gate) {
+        let running = self.running.get_mut(&id).expect("a stepping exec is running");
+        if running.locks.len() != 1 {
+            running.state = issue_write(ops, engine);
+            return;
+        }
+        if let Err(err) = check_write(&ops) {
+            running.state = State::Ready(StepInput::Written(Err(err.into())));
+            return;
+        }
+        let lock = running.locks[0].clone();
+        let Some(group) = self.groups.get_mut(&lock) else {
+            // The lock's holder: a group of one, which the execs behind it may join.
+            assert_eq!(running.blocked_by, 0, "an exec outside a group wrote before its turn");
+            let mut overlay = Overlay::new();
+            apply(&mut overlay, ops);
+            let batch_bytes = BATCH_HEADER_BYTES
+                + overlay
+                    .iter()
+                    .map(|(key, value)| encoded_op_bytes(key, value.as_deref()))
+                    .sum::<usize>();
+            running.state = State::Grouped;
+            let group =
+                WriteGroup { overlay, batch_bytes, members: vec![id], closed: false, write: None };
+            self.groups.insert(lock.clone(), group);
+            self.start_behind_group(&lock);
+            return;
+        };
+        assert!(
+            !group.closed && running.blocked_by > 0,
+            "shard {}: a write group was joined by an exec it did not start",
+            engine.shard_id()
+        );
+        // The group's batch with this write in it, measured without building it.
+        let mut mine = Overlay::new();
+        apply(&mut mine, ops.iter().cloned());
+        let mut ops_after = group.overlay.len();
+        let mut bytes_after = group.batch_bytes;
+        for (key, value) in &mine {
+            match group.overlay.get(key) {
+                Some(old) => bytes_after -= encoded_op_bytes(key, old.as_deref()),
+                None => ops_after += 1,
+            }
+            bytes_after += encoded_op_bytes(key, value.as_deref());
+        }
+        // One operation is written without a batch record (its own checks passed above).
+        let fits = ops_after <= 1
+            || (ops_after <= WRITE_BATCH_OPS_MAX && bytes_after <= WRITE_BATCH_BYTES_MAX);
+        if !fits {
+            // Too much for one batch: this exec writes alone once the group is done.
+            group.closed = true;
+            running.state = State::Deferred(ops);
+            return;
+        }
+        group.overlay.append(&mut mine);
+        group.batch_bytes = bytes_after;
+        group.members.push(id);
+        running.state = State::Grouped;
+        self.start_behind_group(&lock);
     }
 
     /// Erases parts whose batch every participant applied (the last step of the protocol).
@@ -311,6 +565,14 @@ impl ExecTable {
         let running = self.running.get_mut(&id).expect("an active exec is running");
         let input = match &mut running.state {
             State::Blocked => unreachable!("a blocked exec is never active"),
+            State::Grouped => unreachable!("a group member is answered with its group"),
+            State::Deferred(_) if running.blocked_by > 0 => return Advance::Waiting,
+            State::Deferred(ops) => {
+                // The group before it is done and it holds the lock: its own write now.
+                let ops = std::mem::take(ops);
+                running.state = issue_write(ops, engine);
+                return Advance::Moved;
+            }
             State::Ready(_) => {
                 let State::Ready(input) = std::mem::replace(&mut running.state, State::Blocked)
                 else {
@@ -386,11 +648,32 @@ impl ExecTable {
                 }
             }
         };
-        let step = running.exec.step(&ExecView { engine }, input);
+        // Started behind a write group: the group's writes are part of what it sees, and it
+        // may only write last or finish (`Exec::joins_write_groups`).
+        let behind_group = running.blocked_by > 0;
+        let overlay = if behind_group {
+            let group = self.groups.get(&running.locks[0]).expect("started behind a group");
+            Some(&group.overlay)
+        } else {
+            None
+        };
+        let step = running.exec.step(&ExecView { engine, overlay }, input);
+        running.started = true;
+        if behind_group {
+            assert!(
+                matches!(step, ExecStep::WriteLast(_) | ExecStep::Done),
+                "shard {}: an exec started behind a write group asked for more than a last write",
+                engine.shard_id()
+            );
+        }
         running.state = match step {
             ExecStep::Done => return Advance::Finished,
             ExecStep::Read(reads) => issue_reads(reads, engine),
             ExecStep::Write(ops) => issue_write(ops, engine),
+            ExecStep::WriteLast(ops) => {
+                self.write_last(id, ops, engine);
+                return Advance::Grouped;
+            }
             ExecStep::Prepare { vote, ops } => issue_prepare(vote, ops, engine),
         };
         Advance::Moved
@@ -401,8 +684,19 @@ impl ExecTable {
         let running = self.running.remove(&id).expect("a finished exec is running");
         for lock in running.locks {
             let queue = self.queues.get_mut(&lock).expect("a held lock has a queue");
-            let head = queue.pop_front();
-            assert_eq!(head, Some(id), "an exec finished without holding its lock");
+            let position = queue.iter().position(|&queued| queued == id);
+            if position != Some(0) {
+                // Started behind a write group, it finished without writing (invariant 5):
+                // the lock stays with the group; the exec behind it may join in its place.
+                assert!(
+                    position.is_some() && running.blocked_by > 0,
+                    "an exec finished without holding its lock"
+                );
+                queue.retain(|&queued| queued != id);
+                self.start_behind_group(&lock);
+                continue;
+            }
+            queue.pop_front();
             match queue.front() {
                 None => {
                     self.queues.remove(&lock);
@@ -411,8 +705,15 @@ impl ExecTable {
                     let waiter = self.running.get_mut(&next).expect("a queued exec is running");
                     waiter.blocked_by -= 1;
                     if waiter.blocked_by == 0 {
-                        waiter.state = State::Ready(StepInput::Start);
-                        self.active.push(next);
+                        match waiter.state {
+                            // A later member of the group being answered, or the exec
+                            // that writes after it (already among the active).
+                            State::Grouped | State::Deferred(_) => {}
+                            _ => {
+                                waiter.state = State::Ready(StepInput::Start);
+                                self.active.push(next);
+                            }
+                        }
                     }
                 }
             }
@@ -424,6 +725,18 @@ enum Advance {
     Waiting,
     Moved,
     Finished,
+    /// It wrote last (`write_last` chose its state).
+    Grouped,
+}
+
+/// Applies `ops` to a group's writes: each key keeps its last value.
+fn apply(overlay: &mut Overlay, ops: impl IntoIterator<Item = BatchOp>) {
+    for op in ops {
+        match op {
+            BatchOp::Put { key, value } => overlay.insert(key, Some(value)),
+            BatchOp::Delete { key } => overlay.insert(key, None),
+        };
+    }
 }
 
 enum PartProgress {

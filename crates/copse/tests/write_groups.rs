@@ -1,0 +1,263 @@
+//! Write groups (`shard::exec`, invariant 5): consecutive last writes on one lock key share one
+//! durable write. These tests check that they do share it (so a hot key is not one flush per
+//! write), that an exec started behind a group sees the group's writes through its view, and,
+//! on the simulated device with a crash at every point of a run, that a group is all-or-nothing
+//! and that no member is answered before its write, and every write before it, is durable.
+
+mod common;
+
+use std::ops::Bound;
+use std::sync::{mpsc, Arc};
+
+use copse::device::sim::SimDisk;
+use copse::engine::BatchOp;
+use copse::shard::exec::{Exec, ExecStep, ExecView, StepInput};
+use copse::{Db, Options, WriteDurability};
+
+/// Writes `ops` as its last write; answers `(index, outcome)` once it is durable.
+struct SetLast {
+    index: usize,
+    ops: Vec<BatchOp>,
+    joins: bool,
+    answer: mpsc::Sender<(usize, Result<(), String>)>,
+}
+
+impl Exec for SetLast {
+    fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
+        match input {
+            StepInput::Start => ExecStep::WriteLast(std::mem::take(&mut self.ops)),
+            StepInput::Written(result) => {
+                let _ = self.answer.send((self.index, result.map_err(|err| err.to_string())));
+                ExecStep::Done
+            }
+            StepInput::Read(_) => panic!("SetLast reads nothing"),
+        }
+    }
+
+    fn joins_write_groups(&self) -> bool {
+        self.joins
+    }
+}
+
+fn put(key: &[u8], value: &[u8]) -> BatchOp {
+    BatchOp::Put { key: key.to_vec(), value: value.to_vec() }
+}
+
+/// Queues `count` writes of `key` (value: the write's number) in one message, so they reach the
+/// shard together; returns the answers in the order they came and the device's flushes.
+fn hot_key_writes(joins: bool, count: usize) -> (Vec<usize>, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), common::options(1)).unwrap();
+    let flushes_before = db.stats().unwrap().device.flushes;
+    let (answer, answers) = mpsc::channel();
+    let execs: Vec<(Vec<Vec<u8>>, Box<dyn Exec>)> = (0..count)
+        .map(|index| {
+            let ops = vec![put(b"hot", index.to_string().as_bytes())];
+            let exec = SetLast { index, ops, joins, answer: answer.clone() };
+            (vec![b"hot".to_vec()], Box::new(exec) as Box<dyn Exec>)
+        })
+        .collect();
+    futures::executor::block_on(db.exec_many_async(db.shard_of(b"hot"), execs));
+    let mut order = Vec::new();
+    for _ in 0..count {
+        let (index, result) = answers.recv().unwrap();
+        result.unwrap();
+        order.push(index);
+    }
+    assert_eq!(db.get(b"hot").unwrap(), Some((count - 1).to_string().into_bytes()));
+    let flushes = db.stats().unwrap().device.flushes - flushes_before;
+    db.close().unwrap();
+    (order, flushes)
+}
+
+#[test]
+fn a_hot_key_s_writes_share_flushes_and_are_answered_in_order() {
+    let count = 300;
+    let (grouped_order, grouped_flushes) = hot_key_writes(true, count);
+    let (alone_order, alone_flushes) = hot_key_writes(false, count);
+    let in_order: Vec<usize> = (0..count).collect();
+    assert_eq!(grouped_order, in_order);
+    assert_eq!(alone_order, in_order);
+    // Alone, each write waits for the one before it to be durable: a flush each.
+    assert!(alone_flushes >= count as u64, "{alone_flushes} flushes for {count} writes alone");
+    assert!(
+        grouped_flushes * 20 <= count as u64,
+        "{grouped_flushes} flushes for {count} grouped writes (alone: {alone_flushes})"
+    );
+}
+
+/// Starts behind a group and records what its view shows, then writes last.
+struct Observer {
+    seen: mpsc::Sender<(bool, bool, Vec<Vec<u8>>, usize)>,
+    answer: mpsc::Sender<(usize, Result<(), String>)>,
+}
+
+impl Exec for Observer {
+    fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
+        match input {
+            StepInput::Start => {
+                let all = (Bound::Included(&b"a0"[..]), Bound::Excluded(&b"b"[..]));
+                let seen = (
+                    view.contains(b"a35"),
+                    view.contains(b"a3"),
+                    view.keys(all.0, all.1, 4),
+                    view.count(all.0, all.1, 100),
+                );
+                let _ = self.seen.send(seen);
+                ExecStep::WriteLast(vec![put(b"a5", b"observer")])
+            }
+            StepInput::Written(result) => {
+                let _ = self.answer.send((1, result.map_err(|err| err.to_string())));
+                ExecStep::Done
+            }
+            StepInput::Read(_) => panic!("Observer reads nothing"),
+        }
+    }
+
+    fn joins_write_groups(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn an_exec_behind_a_group_sees_the_group_s_writes_before_they_are_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), common::options(1)).unwrap();
+    for n in 1..=9 {
+        db.put(format!("a{n}").as_bytes(), b"indexed").unwrap();
+    }
+    let (answer, answers) = mpsc::channel();
+    let (seen, sights) = mpsc::channel();
+    // Both under one lock key, queued together: the observer starts behind the first's group.
+    let lock = vec![b"lock".to_vec()];
+    let first = SetLast {
+        index: 0,
+        ops: vec![
+            BatchOp::Delete { key: b"a3".to_vec() },
+            put(b"a35", b"new"),
+            put(b"a99", b"new"),
+        ],
+        joins: false,
+        answer: answer.clone(),
+    };
+    let observer = Observer { seen, answer };
+    let execs: Vec<(Vec<Vec<u8>>, Box<dyn Exec>)> =
+        vec![(lock.clone(), Box::new(first)), (lock, Box::new(observer))];
+    futures::executor::block_on(db.exec_many_async(0, execs));
+    let (has_a35, has_a3, first_keys, count) = sights.recv().unwrap();
+    assert!(has_a35, "the group's put is visible to the exec behind it");
+    assert!(!has_a3, "the group's delete is visible to the exec behind it");
+    let names: Vec<&[u8]> = first_keys.iter().map(Vec::as_slice).collect();
+    assert_eq!(names, vec![&b"a1"[..], b"a2", b"a35", b"a4"]);
+    // a1..a9, less a3, plus a35 and a99.
+    assert_eq!(count, 10);
+    assert_eq!(answers.recv().unwrap(), (0, Ok(())));
+    assert_eq!(answers.recv().unwrap(), (1, Ok(())));
+    assert_eq!(db.get(b"a3").unwrap(), None);
+    assert_eq!(db.get(b"a35").unwrap(), Some(b"new".to_vec()));
+    assert_eq!(db.get(b"a5").unwrap(), Some(b"observer".to_vec()));
+    db.close().unwrap();
+}
+
+/// Hot keys on the simulated device, crashed at device operation `crash_after`: writes of
+/// `LOCKS` lock keys, each writing two items with the same value, queued all at once. Returns
+/// the violations found after recovery.
+fn crash_run(seed: u64, crash_after: u64, durability: WriteDurability) -> Vec<String> {
+    const LOCKS: usize = 3;
+    const WRITES: usize = 240;
+    let options = Options {
+        shards: 1,
+        cache_bytes: 2 << 20,
+        durability,
+        show_progress: false,
+        ..Options::default()
+    };
+    let disk = SimDisk::new(seed);
+    let Ok(db) = Db::open_with_storage(Arc::new(disk.storage(durability)), options.clone()) else {
+        return Vec::new();
+    };
+    disk.crash_after_ops(crash_after);
+    let item = |lock: usize, side: &str| format!("hot{lock}:{side}").into_bytes();
+    let (answer, answers) = mpsc::channel();
+    let mut lock_of = Vec::new();
+    let mut execs: Vec<(Vec<Vec<u8>>, Box<dyn Exec>)> = Vec::new();
+    for index in 0..WRITES {
+        let lock = (index * 7 + index / 5) % LOCKS;
+        lock_of.push(lock);
+        let value = format!("w{index}").into_bytes();
+        let ops = vec![put(&item(lock, "a"), &value), put(&item(lock, "b"), &value)];
+        let exec = SetLast { index, ops, joins: true, answer: answer.clone() };
+        execs.push((vec![format!("hot{lock}").into_bytes()], Box::new(exec)));
+        // Several messages, so groups form, are written and crash at different points.
+        if execs.len() == 40 {
+            futures::executor::block_on(db.exec_many_async(0, std::mem::take(&mut execs)));
+        }
+    }
+    futures::executor::block_on(db.exec_many_async(0, execs));
+    drop(answer);
+    let mut acked = vec![false; WRITES];
+    let mut answered_per_lock: Vec<Vec<usize>> = vec![Vec::new(); LOCKS];
+    for (index, result) in answers.iter() {
+        acked[index] = result.is_ok();
+        answered_per_lock[lock_of[index]].push(index);
+    }
+    let _ = db.close();
+    drop(db);
+    let mut violations = Vec::new();
+    let disk = disk.restart();
+    let db = match Db::open_with_storage(Arc::new(disk.storage(durability)), options) {
+        Ok(db) => db,
+        Err(err) => return vec![format!("reopen failed: {err}")],
+    };
+    for lock in 0..LOCKS {
+        let writes: Vec<usize> = (0..WRITES).filter(|&index| lock_of[index] == lock).collect();
+        if answered_per_lock[lock] != writes {
+            violations
+                .push(format!("lock {lock}: answered in order {:?}", answered_per_lock[lock]));
+        }
+        // Acknowledged writes of a lock are a prefix of its writes.
+        let acked_count = writes.iter().take_while(|&&index| acked[index]).count();
+        if writes[acked_count..].iter().any(|&index| acked[index]) {
+            violations.push(format!("lock {lock}: a write acknowledged after one that failed"));
+        }
+        let a = db.get(&item(lock, "a")).unwrap();
+        let b = db.get(&item(lock, "b")).unwrap();
+        if a != b {
+            violations.push(format!("lock {lock}: a group was half written: {a:?} against {b:?}"));
+        }
+        // The value is the last acknowledged write's or a later one's; absent only if none
+        // was acknowledged.
+        let allowed: Vec<Vec<u8>> = writes[acked_count.saturating_sub(1)..]
+            .iter()
+            .map(|index| format!("w{index}").into_bytes())
+            .collect();
+        match &a {
+            None if acked_count == 0 => {}
+            Some(value) if allowed.contains(value) => {}
+            other => violations.push(format!(
+                "lock {lock}: holds {:?} after {acked_count} acknowledged writes (last {:?})",
+                other.as_ref().map(|v| String::from_utf8_lossy(v).into_owned()),
+                writes.get(acked_count.wrapping_sub(1))
+            )),
+        }
+    }
+    db.close().unwrap();
+    violations
+}
+
+#[test]
+fn a_crash_leaves_each_write_group_whole_and_every_acknowledged_write() {
+    let mut violations = Vec::new();
+    for crash_after in (0..120).step_by(3) {
+        for (seed, durability) in [
+            (crash_after, WriteDurability::FlushPerRound),
+            (crash_after + 1, WriteDurability::Dsync),
+        ] {
+            for violation in crash_run(seed, crash_after, durability) {
+                violations
+                    .push(format!("crash after {crash_after} ops, {durability:?}: {violation}"));
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
