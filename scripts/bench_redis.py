@@ -109,7 +109,10 @@ def redis_server(workdir, durable):
 
 def run_benchmark(server, test, pipeline, requests, keyspace, clients=50, value_bytes=1024):
     argv = ["redis-benchmark", "-p", str(server.port), "-t", test, "-d", str(value_bytes),
-            "-c", str(clients), "-P", str(pipeline), "-n", str(requests), "-r", str(keyspace)]
+            "-c", str(clients), "-P", str(pipeline), "-n", str(requests)]
+    # --keyspace 0: no -r, so every request names the same key (a hot key).
+    if keyspace > 0:
+        argv += ["-r", str(keyspace)]
     cpu_before = process_cpu_seconds(server.process.pid)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=1800).stdout
     cpu_us_per_request = (process_cpu_seconds(server.process.pid) - cpu_before) * 1e6 / requests
@@ -131,7 +134,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=100_000)
-    parser.add_argument("--keyspace", type=int, default=100_000)
+    parser.add_argument("--keyspace", type=int, default=100_000,
+                        help="random keys per run (-r); 0: one key for every request (a hot key)")
     parser.add_argument("--out", default=None, help="write the markdown table here too")
     parser.add_argument("--copse-baseline", default=None, metavar="REV",
                         help="also run copse built at this git revision")
@@ -161,7 +165,7 @@ def main():
         for server in servers:
             server.start()
             # Every server gets the same keys first, so GETs find values everywhere.
-            run_benchmark(server, "set", 16, args.keyspace * 2, args.keyspace, **shape)
+            run_benchmark(server, "set", 16, max(args.keyspace * 2, 1000), args.keyspace, **shape)
         for repeat in range(args.repeats):
             for test, pipeline in cases:
                 for server in servers:
