@@ -255,7 +255,9 @@ impl NativeEngine {
     ) -> Result<(Loc, Option<u64>), WriteError> {
         let bytes = record_bytes(key.len(), value_bytes);
         let class = SizeClass::for_record(bytes);
-        let near = self.index.get(key);
+        // Only an in-place class places beside the key's old copy: an append class would pay
+        // an index lookup per write for nothing (issue 22: one lookup per key per command).
+        let near = if self.collector.append(class.id).is_some() { None } else { self.index.get(key) };
         let (slot, overwritten) = self.allocate(class, near)?;
         let pages = if class.is_multi_page() { pages_for(bytes) } else { 0 };
         Ok((Loc::new(class.id, slot, pages), overwritten))
