@@ -199,7 +199,8 @@ bench-placement: bench-deps
 # lost-then-crash measurement, TORTURE_POWER_LOSS_SEEDS
 # runs of the power-loss test with TORTURE_POWER_LOSS_CUTS cuts each, and TORTURE_CRASH_SEEDS
 # seeds of each crash test (they use real threads and take
-# both cores, about 20 seeds a second), TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
+# both cores, about 20 seeds a second), TORTURE_WRITE_GROUP_CRASH_RUNS crash runs of a hot key's
+# write groups (tests/write_groups.rs, ~200 a second), TORTURE_KILL_CYCLES kill -9 cycles of a writing process and of
 # `copse serve` under pipelined load, and as many kill -9 rounds of `copse serve` whose
 # GET/SET/DEL/INCR histories are checked for linearizability. scripts/torture.sh splits the seeds
 # over one process per core, runs every step even if one fails, and ends with a table of exits
@@ -209,6 +210,7 @@ TORTURE_SEEDS ?= 100000
 TORTURE_COLLECTOR_SEEDS ?= 20000
 TORTURE_LOST_SEEDS ?= 3000
 TORTURE_CRASH_SEEDS ?= 20000
+TORTURE_WRITE_GROUP_CRASH_RUNS ?= 20000
 TORTURE_POWER_LOSS_SEEDS ?= 10
 TORTURE_POWER_LOSS_CUTS ?= 100
 TORTURE_KILL_CYCLES ?= 1000
@@ -235,7 +237,7 @@ torture: test-deps fuzz-deps build
 	@mkdir -p target
 	set -o pipefail; CARGO="$(CARGO)" PYTHON="$(PYTHON)" TORTURE_SEEDS=$(TORTURE_SEEDS) \
 	  TORTURE_COLLECTOR_SEEDS=$(TORTURE_COLLECTOR_SEEDS) TORTURE_LOST_SEEDS=$(TORTURE_LOST_SEEDS) \
-	  TORTURE_CRASH_SEEDS=$(TORTURE_CRASH_SEEDS) \
+	  TORTURE_CRASH_SEEDS=$(TORTURE_CRASH_SEEDS) TORTURE_WRITE_GROUP_CRASH_RUNS=$(TORTURE_WRITE_GROUP_CRASH_RUNS) \
 	  TORTURE_POWER_LOSS_SEEDS=$(TORTURE_POWER_LOSS_SEEDS) TORTURE_POWER_LOSS_CUTS=$(TORTURE_POWER_LOSS_CUTS) \
 	  TORTURE_KILL_CYCLES=$(TORTURE_KILL_CYCLES) TORTURE_FUZZ_INPUTS=$(TORTURE_FUZZ_INPUTS) \
 	  scripts/torture.sh 2>&1 | tee target/torture.log; status=$$?; \

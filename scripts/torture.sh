@@ -12,7 +12,8 @@
 #
 # Env: CARGO, PYTHON, TORTURE_SEEDS (the simulator), TORTURE_COLLECTOR_SEEDS (its collector
 # scenario), TORTURE_LOST_SEEDS (its lost-then-crash measurement), TORTURE_CRASH_SEEDS (each crash test), TORTURE_POWER_LOSS_SEEDS and
-# TORTURE_POWER_LOSS_CUTS (the power-loss test of the real backends), TORTURE_KILL_CYCLES,
+# TORTURE_POWER_LOSS_CUTS (the power-loss test of the real backends), TORTURE_WRITE_GROUP_CRASH_RUNS
+# (crash runs of a hot key's write groups), TORTURE_KILL_CYCLES,
 # TORTURE_FUZZ_INPUTS (set by the Makefile), TORTURE_LANES.
 set -u -o pipefail
 
@@ -24,6 +25,7 @@ LOST_SEEDS=${TORTURE_LOST_SEEDS:?}
 POWER_LOSS_SEEDS=${TORTURE_POWER_LOSS_SEEDS:?}
 POWER_LOSS_CUTS=${TORTURE_POWER_LOSS_CUTS:?}
 CRASH_SEEDS=${TORTURE_CRASH_SEEDS:?}
+WRITE_GROUP_CRASH_RUNS=${TORTURE_WRITE_GROUP_CRASH_RUNS:?}
 KILL_CYCLES=${TORTURE_KILL_CYCLES:?}
 FUZZ_INPUTS=${TORTURE_FUZZ_INPUTS:?}
 LANES=${TORTURE_LANES:-$(nproc)}
@@ -144,6 +146,8 @@ step crash seeded crash "$CRASH_SEEDS" COPSE_CRASH_SEED_START COPSE_CRASH_SEEDS 
     "$crash" every_acknowledged_write --nocapture
 step batch-crash seeded batch-crash "$CRASH_SEEDS" COPSE_BATCH_CRASH_SEED_START COPSE_BATCH_CRASH_SEEDS \
     "$batches" simulated --nocapture
+step write-group-crash env COPSE_WRITE_GROUP_CRASH_RUNS="$WRITE_GROUP_CRASH_RUNS" \
+    "$CARGO" test --release -p copse --test write_groups a_crash -- --nocapture
 step kill-loops kill_loops
 step linearizability env COPSE_LIN_ROUNDS="$KILL_CYCLES" \
     "$CARGO" test --release -p copse-cli --test linearizability -- --nocapture

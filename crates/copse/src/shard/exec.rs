@@ -397,7 +397,11 @@ impl ExecTable {
             self.active = still_active;
             if !moved {
                 self.write_groups(engine);
-                return moved_any;
+                // The engine may have answered a group's write at once (a poisoned store, a
+                // refused write): nothing else would bring this shard back to answer it.
+                if !self.answer_groups(engine) {
+                    return moved_any;
+                }
             }
             moved_any = true;
         }
