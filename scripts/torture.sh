@@ -14,7 +14,7 @@
 # scenario), TORTURE_LOST_SEEDS (its lost-then-crash measurement), TORTURE_CRASH_SEEDS (each crash test), TORTURE_POWER_LOSS_SEEDS and
 # TORTURE_POWER_LOSS_CUTS (the power-loss test of the real backends), TORTURE_WRITE_GROUP_CRASH_RUNS
 # (crash runs of a hot key's write groups), TORTURE_KILL_CYCLES,
-# TORTURE_FUZZ_INPUTS (set by the Makefile), TORTURE_LANES.
+# TORTURE_FUZZ_INPUTS (set by the Makefile), TORTURE_LANES, TORTURE_STEPS (run only these steps).
 set -u -o pipefail
 
 CARGO=${CARGO:-cargo}
@@ -37,10 +37,17 @@ mkdir -p "$LOG_DIR"
 summary=()
 failed=0
 
-# step NAME COMMAND...: runs the command, records its exit status and wall time.
+# step NAME COMMAND...: runs the command, records its exit status and wall time. With
+# TORTURE_STEPS set (names separated by spaces), only the steps it names run: a partial rerun
+# after a change, e.g. TORTURE_STEPS="write-group-crash kill-loops linearizability".
 step() {
     local name=$1
     shift
+    if [ -n "${TORTURE_STEPS:-}" ] && [[ " $TORTURE_STEPS " != *" $name "* ]]; then
+        echo "=== torture step: $name: skipped (not in TORTURE_STEPS)"
+        summary+=("$(printf '%-24s skipped' "$name")")
+        return 0
+    fi
     echo "=== torture step: $name ($(date -u '+%Y-%m-%d %H:%M:%S UTC'))"
     local started=$SECONDS
     "$@"
