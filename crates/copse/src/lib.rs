@@ -59,5 +59,7 @@ pub use store::{Options, StorePlacement};
 /// as one. Semantics: `shard/exec.rs` and `router/txn.rs`.
 pub mod exec {
     pub use crate::router::txn::AtomicExec;
-    pub use crate::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote};
+    pub use crate::shard::exec::{
+        Exec, ExecRequest, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote,
+    };
 }

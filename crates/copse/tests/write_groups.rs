@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 
 use copse::device::sim::{FaultError, FaultOp, SimDisk};
 use copse::engine::BatchOp;
-use copse::shard::exec::{Exec, ExecStep, ExecView, StepInput};
+use copse::shard::exec::{Exec, ExecRequest, ExecStep, ExecView, StepInput};
 use copse::{Db, Options, WriteDurability};
 
 /// Writes `ops` as its last write; answers `(index, outcome)` once it is durable.
@@ -54,11 +54,11 @@ fn hot_key_writes(joins: bool, count: usize) -> (Vec<usize>, u64) {
     let db = Db::open(dir.path(), common::options(1)).unwrap();
     let flushes_before = db.stats().unwrap().device.flushes;
     let (answer, answers) = mpsc::channel();
-    let execs: Vec<(Vec<Vec<u8>>, Box<dyn Exec>)> = (0..count)
+    let execs: Vec<ExecRequest> = (0..count)
         .map(|index| {
             let ops = vec![put(b"hot", index.to_string().as_bytes())];
             let exec = SetLast { index, ops, joins, answer: answer.clone() };
-            (vec![b"hot".to_vec()], Box::new(exec) as Box<dyn Exec>)
+            ExecRequest { locks: vec![b"hot".to_vec()], exec: Box::new(exec) }
         })
         .collect();
     futures::executor::block_on(db.exec_many_async(db.shard_of(b"hot"), execs));
@@ -145,8 +145,10 @@ fn an_exec_behind_a_group_sees_the_group_s_writes_before_they_are_durable() {
         answer: answer.clone(),
     };
     let observer = Observer { seen, answer };
-    let execs: Vec<(Vec<Vec<u8>>, Box<dyn Exec>)> =
-        vec![(lock.clone(), Box::new(first)), (lock, Box::new(observer))];
+    let execs: Vec<ExecRequest> = vec![
+        ExecRequest { locks: lock.clone(), exec: Box::new(first) },
+        ExecRequest { locks: lock, exec: Box::new(observer) },
+    ];
     futures::executor::block_on(db.exec_many_async(0, execs));
     let (has_a35, has_a3, first_keys, count) = sights.recv().unwrap();
     assert!(has_a35, "the group's put is visible to the exec behind it");
@@ -184,14 +186,17 @@ fn crash_run(seed: u64, crash_after: u64, durability: WriteDurability) -> Vec<St
     let item = |lock: usize, side: &str| format!("hot{lock}:{side}").into_bytes();
     let (answer, answers) = mpsc::channel();
     let mut lock_of = Vec::new();
-    let mut execs: Vec<(Vec<Vec<u8>>, Box<dyn Exec>)> = Vec::new();
+    let mut execs: Vec<ExecRequest> = Vec::new();
     for index in 0..WRITES {
         let lock = (index * 7 + index / 5) % LOCKS;
         lock_of.push(lock);
         let value = format!("w{index}").into_bytes();
         let ops = vec![put(&item(lock, "a"), &value), put(&item(lock, "b"), &value)];
         let exec = SetLast { index, ops, joins: true, answer: answer.clone() };
-        execs.push((vec![format!("hot{lock}").into_bytes()], Box::new(exec)));
+        execs.push(ExecRequest {
+            locks: vec![format!("hot{lock}").into_bytes()],
+            exec: Box::new(exec),
+        });
         // Several messages, so groups form, are written and crash at different points.
         if execs.len() == 40 {
             futures::executor::block_on(db.exec_many_async(0, std::mem::take(&mut execs)));
@@ -213,11 +218,10 @@ fn crash_run(seed: u64, crash_after: u64, durability: WriteDurability) -> Vec<St
         Ok(db) => db,
         Err(err) => return vec![format!("reopen failed: {err}")],
     };
-    for lock in 0..LOCKS {
+    for (lock, answered) in answered_per_lock.iter().enumerate() {
         let writes: Vec<usize> = (0..WRITES).filter(|&index| lock_of[index] == lock).collect();
-        if answered_per_lock[lock] != writes {
-            violations
-                .push(format!("lock {lock}: answered in order {:?}", answered_per_lock[lock]));
+        if *answered != writes {
+            violations.push(format!("lock {lock}: answered in order {answered:?}"));
         }
         // Acknowledged writes of a lock are a prefix of its writes.
         let acked_count = writes.iter().take_while(|&&index| acked[index]).count();
@@ -290,11 +294,11 @@ fn a_poisoned_store_answers_every_member_of_a_write_group() {
     let (answer, answers) = mpsc::channel();
     // The first does not let the others start behind it: they wait for its failed write, then
     // form a group of their own in the pump after the failure.
-    let execs: Vec<(Vec<Vec<u8>>, Box<dyn Exec>)> = (0..50)
+    let execs: Vec<ExecRequest> = (0..50)
         .map(|index| {
             let ops = vec![put(b"hot", b"v")];
             let exec = SetLast { index, ops, joins: index > 1, answer: answer.clone() };
-            (vec![b"hot".to_vec()], Box::new(exec) as Box<dyn Exec>)
+            ExecRequest { locks: vec![b"hot".to_vec()], exec: Box::new(exec) }
         })
         .collect();
     futures::executor::block_on(db.exec_many_async(0, execs));

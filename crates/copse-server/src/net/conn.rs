@@ -33,7 +33,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::access;
-use copse::exec::Exec;
+use copse::exec::ExecRequest;
 
 use crate::cmd::{collect, dispatch, Combine, Dispatched, Outcome, Queued};
 use crate::config::{
@@ -312,7 +312,7 @@ async fn connection_loop(
 /// waits for any answer: a wave of pipelined commands crosses to each shard once, not once per
 /// command, and each shard still sees the connection's execs in request order.
 struct Outbox {
-    by_shard: Vec<Vec<(Vec<Vec<u8>>, Box<dyn Exec>)>>,
+    by_shard: Vec<Vec<ExecRequest>>,
 }
 
 impl Outbox {
@@ -321,7 +321,7 @@ impl Outbox {
     }
 
     fn push(&mut self, queued: Queued) {
-        self.by_shard[queued.shard as usize].push((queued.locks, queued.exec));
+        self.by_shard[queued.shard as usize].push(ExecRequest { locks: queued.locks, exec: queued.exec });
     }
 
     async fn send(&mut self, server: &Server) {

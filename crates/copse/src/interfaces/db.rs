@@ -351,9 +351,8 @@ impl Db {
     /// As `exec_async` for several programs on one shard, queued in order as one message: a
     /// caller with many programs for a shard (the server's wave of pipelined commands) crosses
     /// to it, and wakes it, once.
-    pub async fn exec_many_async(&self, shard: u32, execs: Vec<(Vec<Vec<u8>>, Box<dyn Exec>)>) {
+    pub async fn exec_many_async(&self, shard: u32, execs: Vec<ExecRequest>) {
         assert!(shard < self.shard_count(), "exec sent to shard {shard} of {}", self.shard_count());
-        let execs = execs.into_iter().map(|(locks, exec)| ExecRequest { locks, exec }).collect();
         self.router().send_execs_async(shard, execs).await;
     }
 
