@@ -323,6 +323,9 @@ pub struct ExecTable {
     next_id: u64,
     /// Parts applied here, waiting until every participant applied theirs to be erased.
     to_forget: Vec<Arc<dyn Coordinator>>,
+    /// Reads the execs stepped in this pass of `pump` asked for, handed to the engine together
+    /// at the pass's end (`hand_reads`): one run of gets, whose lookups the engine overlaps.
+    reads: Vec<Request>,
 }
 
 impl ExecTable {
@@ -395,6 +398,7 @@ impl ExecTable {
             // `release` may have activated blocked execs meanwhile.
             still_active.append(&mut self.active);
             self.active = still_active;
+            self.hand_reads(engine);
             if !moved {
                 self.write_groups(engine);
                 // The engine may have answered a group's write at once (a poisoned store, a
@@ -404,6 +408,19 @@ impl ExecTable {
                 }
             }
             moved_any = true;
+        }
+    }
+
+    /// Hands the reads asked for in this pass to the engine, in order, as runs of one kind.
+    fn hand_reads(&mut self, engine: &mut Gate) {
+        let mut reads = std::mem::take(&mut self.reads).into_iter().peekable();
+        while let Some(first) = reads.next() {
+            let kind = first.kind();
+            let mut run = vec![first];
+            while let Some(next) = reads.next_if(|next| next.kind() == kind) {
+                run.push(next);
+            }
+            engine.handle_run(run);
         }
     }
 
@@ -672,7 +689,7 @@ impl ExecTable {
         }
         running.state = match step {
             ExecStep::Done => return Advance::Finished,
-            ExecStep::Read(reads) => issue_reads(reads, engine),
+            ExecStep::Read(reads) => issue_reads(reads, &mut self.reads),
             ExecStep::Write(ops) => issue_write(ops, engine),
             ExecStep::WriteLast(ops) => {
                 self.write_last(id, ops, engine);
@@ -845,7 +862,8 @@ fn issue_prepare(mut vote: Vote, ops: Vec<BatchOp>, engine: &mut Gate) -> State 
     State::Preparing { part: Part { vote, ops }, receiver }
 }
 
-fn issue_reads(reads: Vec<ReadOp>, engine: &mut dyn ShardEngine) -> State {
+/// Checks an exec's reads and queues them for the pass's end (`ExecTable::hand_reads`).
+fn issue_reads(reads: Vec<ReadOp>, queued: &mut Vec<Request>) -> State {
     if reads.len() > EXEC_READS_MAX {
         return State::Ready(StepInput::Read(Err(ReadError::Input(InputError::TooManyReads {
             reads: reads.len(),
@@ -869,12 +887,12 @@ fn issue_reads(reads: Vec<ReadOp>, engine: &mut dyn ShardEngine) -> State {
         match read {
             ReadOp::Get(key) => {
                 let (reply, receiver) = oneshot::channel();
-                engine.handle(Request::Get { key, reply });
+                queued.push(Request::Get { key, reply });
                 pending.push(Some(PendingRead::Get(receiver)));
             }
             ReadOp::Scan { start, end, limit } => {
                 let (reply, receiver) = oneshot::channel();
-                engine.handle(Request::Scan { start, end, limit, reply });
+                queued.push(Request::Scan { start, end, limit, reply });
                 pending.push(Some(PendingRead::Scan(receiver)));
             }
         }

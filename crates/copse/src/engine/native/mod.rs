@@ -340,6 +340,16 @@ impl ShardEngine for NativeEngine {
     /// run: its batching happens at the page level, when the round ends.
     fn handle_run(&mut self, run: Vec<Request>) {
         debug_assert!(run.windows(2).all(|pair| pair[0].kind() == pair[1].kind()));
+        if run.len() > 1 && matches!(run[0], Request::Get { .. }) {
+            let gets = run
+                .into_iter()
+                .map(|request| match request {
+                    Request::Get { key, reply } => (key, reply),
+                    _ => unreachable!("a run is of one kind"),
+                })
+                .collect();
+            return self.get_run(gets);
+        }
         for request in run {
             self.handle(request);
         }

@@ -27,6 +27,10 @@ use crate::engine::{KeyValue, Reply};
 use crate::error::ReadError;
 use crate::limits::PAGE_BYTES;
 
+/// Cache lines of a cached record `get_run` prefetches before verifying it (the rest stream in
+/// as the checksum reads on).
+const RECORD_LINES_PREFETCHED: usize = 4;
+
 /// A scanned key and, once read, its value (`None` if it was deleted meanwhile).
 type ScanItem = (Box<[u8]>, Option<Vec<u8>>);
 
@@ -58,7 +62,13 @@ pub(super) type Scans = Numbered<ScanState>;
 
 impl NativeEngine {
     fn resolve(&mut self, key: &[u8]) -> Resolved {
-        let Some(Entry { loc, seq }) = self.index.entry(key) else { return Resolved::Missing };
+        let entry = self.index.entry(key);
+        self.resolve_entry(key, entry)
+    }
+
+    /// `resolve` of a key whose index entry is `entry` (looked up by the caller).
+    fn resolve_entry(&mut self, key: &[u8], entry: Option<Entry>) -> Resolved {
+        let Some(Entry { loc, seq }) = entry else { return Resolved::Missing };
         let class = SizeClass::get(loc.class());
         if class.is_multi_page() {
             return Resolved::NeedRead(loc);
@@ -84,7 +94,45 @@ impl NativeEngine {
     }
 
     pub(super) fn get(&mut self, key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError>) {
-        match self.resolve(&key) {
+        let resolved = self.resolve(&key);
+        self.answer_get(key, reply, resolved);
+    }
+
+    /// A run of gets (a round's, or a wave of execs' reads): the same answers as one `get`
+    /// each, with their memory accesses overlapped. The index looks every key up together
+    /// (`CompactIndex::entries` prefetches slots and blocks for all before searching any), then
+    /// the cached records are prefetched before any is verified: a get's cost is its chain of
+    /// cache misses, which one at a time are paid in series (docs/benchmarks.md, step 4).
+    pub(super) fn get_run(&mut self, gets: Vec<(Vec<u8>, Reply<Option<Vec<u8>>, ReadError>)>) {
+        let keys: Vec<&[u8]> = gets.iter().map(|(key, _)| key.as_slice()).collect();
+        let mut entries = Vec::with_capacity(keys.len());
+        self.index.entries(&keys, &mut entries);
+        for entry in entries.iter().flatten() {
+            let class = SizeClass::get(entry.loc.class());
+            if class.is_multi_page() {
+                continue;
+            }
+            if let Some(image) = self.pages.cache.image(Pages::page_of(entry.loc)) {
+                let offset = class.offset_in_page(entry.loc.slot());
+                let record = &image[offset..offset + class.slot_bytes as usize];
+                for line in record.chunks(64).take(RECORD_LINES_PREFETCHED) {
+                    crate::engine::native::index::prefetch(&line[0]);
+                }
+            }
+        }
+        for ((key, reply), entry) in gets.into_iter().zip(entries) {
+            let resolved = self.resolve_entry(&key, entry);
+            self.answer_get(key, reply, resolved);
+        }
+    }
+
+    fn answer_get(
+        &mut self,
+        key: Vec<u8>,
+        reply: Reply<Option<Vec<u8>>, ReadError>,
+        resolved: Resolved,
+    ) {
+        match resolved {
             Resolved::Missing => {
                 let _ = reply.send(Ok(None));
             }

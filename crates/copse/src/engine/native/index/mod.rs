@@ -32,6 +32,7 @@ pub mod compact;
 #[cfg(any(test, feature = "testing"))]
 pub use btree::BTreeIndex;
 pub use compact::CompactIndex;
+pub(crate) use compact::prefetch;
 
 /// The index the native engine uses.
 pub type Index = CompactIndex;
