@@ -308,6 +308,10 @@ impl NativeEngine {
                 let slot_bytes = info.slot_bytes as usize;
                 let append = self.collector.append_mut(class).expect("append");
                 append.figures.gc_bytes_read += completion.buf.len() as u64;
+                // Every record of the victim, then the index's entries of all their keys in one
+                // batch (`CompactIndex::entries` overlaps the lookups' cache misses): the
+                // liveness check of a whole block, not one lookup after another.
+                let mut records = Vec::new();
                 for (index, page) in completion.buf.chunks_exact(PAGE_BYTES).enumerate() {
                     let first_slot = info.first_slot_of_page(first_page + index as u64);
                     for in_page in 0..info.slots_per_page as usize {
@@ -324,15 +328,28 @@ impl NativeEngine {
                             RecordKind::Tombstone => true,
                             _ => continue,
                         };
-                        if self.gc_still_live(loc, key, header.seq, tombstone) {
-                            candidates.push(Candidate {
-                                slot,
-                                key: key.into(),
-                                value: value.to_vec(),
-                                seq: header.seq,
-                                tombstone,
-                            });
-                        }
+                        records.push((slot, loc, key, value, header.seq, tombstone));
+                    }
+                }
+                let keys: Vec<&[u8]> = records.iter().map(|record| record.2).collect();
+                let mut entries = Vec::with_capacity(keys.len());
+                self.index.entries(&keys, &mut entries);
+                for ((slot, loc, key, value, seq, tombstone), entry) in records.into_iter().zip(entries)
+                {
+                    let live = if tombstone {
+                        self.seqs.guards_at(loc, key)
+                    } else {
+                        entry.is_some_and(|entry| entry.loc == loc && entry.seq == seq)
+                    };
+                    debug_assert_eq!(live, self.gc_still_live(loc, key, seq, tombstone));
+                    if live {
+                        candidates.push(Candidate {
+                            slot,
+                            key: key.into(),
+                            value: value.to_vec(),
+                            seq,
+                            tombstone,
+                        });
                     }
                 }
             }
