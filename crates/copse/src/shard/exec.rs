@@ -413,14 +413,8 @@ impl ExecTable {
 
     /// Hands the reads asked for in this pass to the engine, in order, as runs of one kind.
     fn hand_reads(&mut self, engine: &mut Gate) {
-        let mut reads = std::mem::take(&mut self.reads).into_iter().peekable();
-        while let Some(first) = reads.next() {
-            let kind = first.kind();
-            let mut run = vec![first];
-            while let Some(next) = reads.next_if(|next| next.kind() == kind) {
-                run.push(next);
-            }
-            engine.handle_run(run);
+        if !self.reads.is_empty() {
+            engine.handle_in_runs(std::mem::take(&mut self.reads));
         }
     }
 

@@ -75,6 +75,20 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// Hands `requests` to the engine in runs of the same kind, in arrival order (p2KVS: an
+    /// engine can turn a run of puts into one write and a run of gets into one multi-read).
+    pub fn handle_in_runs(&mut self, requests: impl IntoIterator<Item = Request>) {
+        let mut requests = requests.into_iter().peekable();
+        while let Some(first) = requests.next() {
+            let kind = first.kind();
+            let mut run = vec![first];
+            while let Some(next) = requests.next_if(|next| next.kind() == kind) {
+                run.push(next);
+            }
+            self.handle_run(run);
+        }
+    }
+
     pub fn new(engine: Box<dyn ShardEngine>) -> Gate {
         Gate {
             engine,

@@ -218,17 +218,7 @@ fn run(mut engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) {
             break;
         }
         let took = requests.len();
-        // Hand the round over in runs of the same kind, in arrival order (p2KVS: an engine can
-        // turn a run of puts into one write and a run of gets into one multi-read).
-        let mut round = requests.drain(..).peekable();
-        while let Some(first) = round.next() {
-            let kind = first.kind();
-            let mut run = vec![first];
-            while let Some(next) = round.next_if(|next| next.kind() == kind) {
-                run.push(next);
-            }
-            engine.handle_run(run);
-        }
+        engine.handle_in_runs(requests.drain(..));
         let execs_moved = execs.pump(&mut engine);
         engine.end_round();
         if took == 0 && !execs_moved && engine.has_io_in_flight() {
