@@ -173,7 +173,7 @@ fn run<B: Bench>(mut index: B, set: &str, keys: &Keys, misses: &Keys) {
     }
     let hit_ns = ns_per(start, lookups);
     // Hits looked up 16 at a time (a round's GETs), where the index can overlap them.
-    let batch_ns = index.batch_hit_ns(&keys, &order[..lookups]);
+    let batch_ns = index.batch_hit_ns(keys, &order[..lookups]);
     let start = Instant::now();
     for i in 0..lookups.min(misses.len()) {
         assert!(black_box(index.entry(misses.get(i))).is_none());

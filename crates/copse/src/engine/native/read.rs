@@ -31,6 +31,9 @@ use crate::limits::PAGE_BYTES;
 /// as the checksum reads on).
 const RECORD_LINES_PREFETCHED: usize = 4;
 
+/// Where a get's answer goes.
+pub(super) type GetReply = Reply<Option<Vec<u8>>, ReadError>;
+
 /// A scanned key and, once read, its value (`None` if it was deleted meanwhile).
 type ScanItem = (Box<[u8]>, Option<Vec<u8>>);
 
@@ -103,7 +106,7 @@ impl NativeEngine {
     /// (`CompactIndex::entries` prefetches slots and blocks for all before searching any), then
     /// the cached records are prefetched before any is verified: a get's cost is its chain of
     /// cache misses, which one at a time are paid in series (docs/benchmarks.md, step 4).
-    pub(super) fn get_run(&mut self, gets: Vec<(Vec<u8>, Reply<Option<Vec<u8>>, ReadError>)>) {
+    pub(super) fn get_run(&mut self, gets: Vec<(Vec<u8>, GetReply)>) {
         let keys: Vec<&[u8]> = gets.iter().map(|(key, _)| key.as_slice()).collect();
         let mut entries = Vec::with_capacity(keys.len());
         self.index.entries(&keys, &mut entries);
