@@ -107,6 +107,12 @@ impl Exec for Observer {
                     view.keys(all.0, all.1, 4),
                     view.count(all.0, all.1, 100),
                 );
+                // An inverted or empty range is empty, as the engine answers it (not a panic).
+                let inverted = (Bound::Included(&b"a9"[..]), Bound::Excluded(&b"a1"[..]));
+                assert!(view.keys(inverted.0, inverted.1, 10).is_empty());
+                assert_eq!(view.count(inverted.0, inverted.1, 10), 0);
+                let empty = (Bound::Excluded(&b"a35"[..]), Bound::Excluded(&b"a35"[..]));
+                assert!(view.keys(empty.0, empty.1, 10).is_empty());
                 let _ = self.seen.send(seen);
                 ExecStep::WriteLast(vec![put(b"a5", b"observer")])
             }

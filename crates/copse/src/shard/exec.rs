@@ -175,7 +175,9 @@ impl ExecView<'_> {
 
     /// Up to `limit` keys of the range, in order (keys only: no I/O).
     pub fn keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>> {
-        let Some(overlay) = self.overlay else { return self.engine.index_keys(start, end, limit) };
+        let Some(overlay) = self.overlay.filter(|_| !is_empty_range(start, end)) else {
+            return self.engine.index_keys(start, end, limit);
+        };
         let changed: Vec<(&Vec<u8>, bool)> =
             overlay.range::<[u8], _>((start, end)).map(|(key, value)| (key, value.is_some())).collect();
         // Asking for as many more as the group changed in the range leaves at least `limit`
@@ -207,7 +209,9 @@ impl ExecView<'_> {
 
     /// Keys in the range, counting no further than `limit` (no I/O).
     pub fn count(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize {
-        let Some(overlay) = self.overlay else { return self.engine.count_keys(start, end, limit) };
+        let Some(overlay) = self.overlay.filter(|_| !is_empty_range(start, end)) else {
+            return self.engine.count_keys(start, end, limit);
+        };
         let changed: Vec<(&Vec<u8>, bool)> =
             overlay.range::<[u8], _>((start, end)).map(|(key, value)| (key, value.is_some())).collect();
         let indexed = self.engine.count_keys(start, end, limit.saturating_add(changed.len()));
@@ -742,6 +746,18 @@ enum Advance {
     Finished,
     /// It wrote last (`write_last` chose its state).
     Grouped,
+}
+
+/// Whether no key lies in the range (also an inverted one, which `BTreeMap::range` would refuse
+/// with a panic; the engine answers it as empty).
+fn is_empty_range(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
+    match (start, end) {
+        (Bound::Included(start), Bound::Included(end)) => start > end,
+        (Bound::Included(start), Bound::Excluded(end))
+        | (Bound::Excluded(start), Bound::Included(end))
+        | (Bound::Excluded(start), Bound::Excluded(end)) => start >= end,
+        _ => false,
+    }
 }
 
 /// Applies `ops` to a group's writes: each key keeps its last value.
