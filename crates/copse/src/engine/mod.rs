@@ -88,6 +88,20 @@ impl std::fmt::Display for EngineKind {
     }
 }
 
+/// Whether no key lies in the range `start..end`, an inverted one included. `BTreeMap::range`
+/// panics on an inverted range; to every caller (an index, a view over a write group) it is
+/// simply empty.
+pub fn is_empty_range(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
+    if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
+        (start, end)
+    {
+        return s > e
+            || (s == e
+                && !(matches!(start, Bound::Included(_)) && matches!(end, Bound::Included(_))));
+    }
+    false
+}
+
 /// One operation of a write batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BatchOp {

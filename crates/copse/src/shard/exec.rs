@@ -41,6 +41,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::hash::HashMap;
+use std::collections::hash_map::Entry;
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -50,7 +51,7 @@ use super::coordinator::{Coordinator, Decision};
 use super::gate::Gate;
 use crate::engine::input::{check_key, check_part, check_write};
 use crate::engine::batch_codec::{encoded_op_bytes, BATCH_HEADER_BYTES};
-use crate::engine::{BatchOp, KeyValue, Request, ShardEngine};
+use crate::engine::{is_empty_range, BatchOp, KeyValue, Request, ShardEngine};
 use crate::error::{InputError, ReadError, WriteError};
 use crate::limits::{
     EXEC_READS_MAX, EXEC_WRITE_GROUP_MEMBERS_MAX, SCAN_ITEMS_MAX, WRITE_BATCH_BYTES_MAX,
@@ -512,28 +513,29 @@ impl ExecTable {
             return;
         }
         let lock = running.locks[0].clone();
-        let Some(group) = self.groups.get_mut(&lock) else {
-            // The lock's holder: a group of one, which the execs behind it may join.
-            assert_eq!(running.blocked_by, 0, "an exec outside a group wrote before its turn");
-            let mut overlay = Overlay::new();
-            apply(&mut overlay, ops);
-            let batch_bytes = BATCH_HEADER_BYTES
-                + overlay
-                    .iter()
-                    .map(|(key, value)| encoded_op_bytes(key, value.as_deref()))
-                    .sum::<usize>();
-            running.state = State::Grouped;
-            let group =
-                WriteGroup { overlay, batch_bytes, members: vec![id], closed: false, write: None };
-            self.groups.insert(lock.clone(), group);
-            self.start_behind_group(&lock);
-            return;
+        let group = match self.groups.entry(lock.clone()) {
+            // The lock's holder: a group of one, which the execs behind it may join. Its write
+            // passed `check_write`, so it fits the group's batch.
+            Entry::Vacant(vacant) => {
+                assert_eq!(running.blocked_by, 0, "an exec outside a group wrote before its turn");
+                vacant.insert(WriteGroup {
+                    overlay: Overlay::new(),
+                    batch_bytes: BATCH_HEADER_BYTES,
+                    members: Vec::new(),
+                    closed: false,
+                    write: None,
+                })
+            }
+            Entry::Occupied(occupied) => {
+                let group = occupied.into_mut();
+                assert!(
+                    !group.closed && running.blocked_by > 0,
+                    "shard {}: a write group was joined by an exec it did not start",
+                    engine.shard_id()
+                );
+                group
+            }
         };
-        assert!(
-            !group.closed && running.blocked_by > 0,
-            "shard {}: a write group was joined by an exec it did not start",
-            engine.shard_id()
-        );
         // The group's batch with this write in it, measured without building it.
         let mut mine = Overlay::new();
         apply(&mut mine, ops.iter().cloned());
@@ -746,18 +748,6 @@ enum Advance {
     Finished,
     /// It wrote last (`write_last` chose its state).
     Grouped,
-}
-
-/// Whether no key lies in the range (also an inverted one, which `BTreeMap::range` would refuse
-/// with a panic; the engine answers it as empty).
-fn is_empty_range(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
-    match (start, end) {
-        (Bound::Included(start), Bound::Included(end)) => start > end,
-        (Bound::Included(start), Bound::Excluded(end))
-        | (Bound::Excluded(start), Bound::Included(end))
-        | (Bound::Excluded(start), Bound::Excluded(end)) => start >= end,
-        _ => false,
-    }
 }
 
 /// Applies `ops` to a group's writes: each key keeps its last value.

@@ -30,6 +30,7 @@
 //! - Nothing runs while the store is poisoned.
 
 use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot, CLASS_COUNT};
+use super::index::Entry;
 use super::placement::{AppendClass, Placement};
 use super::seqs::key_hash;
 use super::write::Effect;
@@ -336,13 +337,7 @@ impl NativeEngine {
                 self.index.entries(&keys, &mut entries);
                 for ((slot, loc, key, value, seq, tombstone), entry) in records.into_iter().zip(entries)
                 {
-                    let live = if tombstone {
-                        self.seqs.guards_at(loc, key)
-                    } else {
-                        entry.is_some_and(|entry| entry.loc == loc && entry.seq == seq)
-                    };
-                    debug_assert_eq!(live, self.gc_still_live(loc, key, seq, tombstone));
-                    if live {
+                    if self.gc_live_given(loc, key, seq, tombstone, entry) {
                         candidates.push(Candidate {
                             slot,
                             key: key.into(),
@@ -365,10 +360,24 @@ impl NativeEngine {
     /// Whether the record `seq` of `key` at `loc` is still what the index (or the tombstone
     /// guard of its key) holds.
     fn gc_still_live(&self, loc: Loc, key: &[u8], seq: u64, tombstone: bool) -> bool {
+        let entry = if tombstone { None } else { self.index.entry(key) };
+        self.gc_live_given(loc, key, seq, tombstone, entry)
+    }
+
+    /// `gc_still_live`, given the index's `entry` of `key` (looked up by the caller; unused for
+    /// a tombstone).
+    fn gc_live_given(
+        &self,
+        loc: Loc,
+        key: &[u8],
+        seq: u64,
+        tombstone: bool,
+        entry: Option<Entry>,
+    ) -> bool {
         if tombstone {
             self.seqs.guards_at(loc, key)
         } else {
-            self.index.entry(key).is_some_and(|entry| entry.loc == loc && entry.seq == seq)
+            entry.is_some_and(|entry| entry.loc == loc && entry.seq == seq)
         }
     }
 

@@ -96,7 +96,7 @@ impl NativeEngine {
         }
     }
 
-    pub(super) fn get(&mut self, key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError>) {
+    pub(super) fn get(&mut self, key: Vec<u8>, reply: GetReply) {
         let resolved = self.resolve(&key);
         self.answer_get(key, reply, resolved);
     }
@@ -129,12 +129,7 @@ impl NativeEngine {
         }
     }
 
-    fn answer_get(
-        &mut self,
-        key: Vec<u8>,
-        reply: Reply<Option<Vec<u8>>, ReadError>,
-        resolved: Resolved,
-    ) {
+    fn answer_get(&mut self, key: Vec<u8>, reply: GetReply, resolved: Resolved) {
         match resolved {
             Resolved::Missing => {
                 let _ = reply.send(Ok(None));

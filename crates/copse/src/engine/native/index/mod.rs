@@ -19,9 +19,8 @@
 //! allocation rounded up to the allocator's 16-byte granularity. `tests/index_memory.rs` checks
 //! the estimates of both against a counting allocator.
 
-use std::ops::Bound;
-
 use super::format::Loc;
+use crate::engine::is_empty_range;
 
 // The B-tree the compact index replaced: a reference for the benchmark and the memory test,
 // not part of the store.
@@ -43,16 +42,3 @@ pub struct Entry {
     pub loc: Loc,
     pub seq: u64,
 }
-
-/// BTreeMap::range panics on an inverted range; to callers an inverted range is simply empty.
-fn is_empty_range(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
-    if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
-        (start, end)
-    {
-        return s > e
-            || (s == e
-                && !(matches!(start, Bound::Included(_)) && matches!(end, Bound::Included(_))));
-    }
-    false
-}
-
