@@ -316,3 +316,34 @@ fn a_poisoned_store_answers_every_member_of_a_write_group() {
     }
     let _ = db.close();
 }
+
+#[test]
+fn a_write_too_large_for_the_group_s_batch_is_written_alone_after_it() {
+    // Two writes of 9 MiB under one lock do not fit one batch (16 MiB): the second is written
+    // alone once the first's group is durable, and the exec behind it still joins nothing
+    // early. Merging them regardless would have the batch refused and both answered an error.
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), common::options(1)).unwrap();
+    let (answer, answers) = mpsc::channel();
+    let big = |byte: u8| vec![byte; 9 << 20];
+    let writes = [(b"big:a", big(1)), (b"big:b", big(2)), (b"big:c", vec![3u8; 10])];
+    let execs: Vec<ExecRequest> = writes
+        .iter()
+        .enumerate()
+        .map(|(index, (key, value))| {
+            let ops = vec![put(&key[..], value)];
+            let exec = SetLast { index, ops, joins: true, answer: answer.clone() };
+            ExecRequest { locks: vec![b"lock".to_vec()], exec: Box::new(exec) }
+        })
+        .collect();
+    futures::executor::block_on(db.exec_many_async(0, execs));
+    for expected in 0..writes.len() {
+        let (index, result) = answers.recv().unwrap();
+        assert_eq!(index, expected, "answered in queue order");
+        result.unwrap();
+    }
+    for (key, value) in &writes {
+        assert_eq!(db.get(&key[..]).unwrap().as_deref(), Some(&value[..]));
+    }
+    db.close().unwrap();
+}
