@@ -19,7 +19,7 @@ pub mod zsets;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use copse::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote};
+use copse::exec::{Exec, ExecRequest, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote};
 use copse::BatchOp;
 use copse::Db;
 use futures::channel::oneshot;
@@ -111,11 +111,10 @@ pub fn write_error(err: &copse::WriteError) -> Reply {
     }
 }
 
-/// An exec to queue: its shard, its lock keys, and the program.
+/// An exec to queue: its shard, and the program with its lock keys.
 pub struct Queued {
     pub shard: u32,
-    pub locks: Vec<Vec<u8>>,
-    pub exec: Box<dyn Exec>,
+    pub request: ExecRequest,
 }
 
 pub type Combine = Box<dyn FnOnce(Vec<Reply>) -> Reply>;
@@ -166,7 +165,7 @@ impl Plan {
     {
         let (answer, receiver) = oneshot::channel();
         let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups });
-        self.queued.push(Queued { shard, locks: keys, exec });
+        self.queued.push(Queued { shard, request: ExecRequest { locks: keys, exec } });
         self.answers.push(receiver);
     }
 
@@ -757,7 +756,7 @@ pub async fn run_outcome(db: &Db, outcome: Outcome) -> Reply {
         Outcome::AfterPending(future) => future.await,
         Outcome::Execs { queued, answers, combine } => {
             for queued in queued {
-                db.exec_async(queued.shard, queued.locks, queued.exec).await;
+                db.exec_async(queued.shard, queued.request.locks, queued.request.exec).await;
             }
             collect(answers, combine).await
         }

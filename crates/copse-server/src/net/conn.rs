@@ -321,7 +321,7 @@ impl Outbox {
     }
 
     fn push(&mut self, queued: Queued) {
-        self.by_shard[queued.shard as usize].push(ExecRequest { locks: queued.locks, exec: queued.exec });
+        self.by_shard[queued.shard as usize].push(queued.request);
     }
 
     async fn send(&mut self, server: &Server) {
