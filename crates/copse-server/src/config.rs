@@ -70,6 +70,10 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Shards of a new store; 0 means one per core (an existing store keeps its count).
     pub shards: usize,
+    /// Thread-per-core: run each shard on a network thread (shard i on thread i mod threads),
+    /// between that thread's connections, when its engine can share a thread (the native
+    /// engine on io_uring). False gives every shard a thread of its own.
+    pub thread_per_core: bool,
     pub cache_mb: usize,
     /// "flush-per-round" (default) or "dsync": see docs/durability.md.
     pub durability: String,
@@ -119,6 +123,7 @@ impl Default for ServerConfig {
             port: 6380,
             threads: 0,
             shards: 0,
+            thread_per_core: true,
             cache_mb: copse::limits::CACHE_BYTES_DEFAULT / (1024 * 1024),
             durability: "flush-per-round".into(),
             backend: "auto".into(),

@@ -50,6 +50,7 @@ pub use engine::{
 pub use error::{Error, InputError, OpenError, ReadError, WriteError};
 pub use interfaces::check::{check_store, CheckOptions, CheckReport, ManifestSummary};
 pub use interfaces::db::{Db, ScrubRun, StoreStats, WriteBatch};
+pub use shard::{ShardLoop, ShardTurn, ShardWait};
 pub use store::manifest::{read_manifest, KeyHash, Manifest};
 pub use store::{Options, StorePlacement};
 

@@ -6,19 +6,24 @@
 //!   each new connection to a network thread, round robin, over a channel;
 //! - each network thread runs one single-threaded tokio runtime: every connection it owns is a
 //!   cooperative task on it, and never moves to another thread;
-//! - each shard is a thread of the store (`copse::shard`). A command for a key becomes an exec
-//!   program queued on the owning shard's channel; the shard answers on a oneshot channel. No
-//!   lock is shared between connections and shards on the command path.
+//! - each shard runs as a task of one network thread (`shard_task.rs`; shard i on thread
+//!   i mod threads) when `thread_per_core` is on and its engine can share a thread, and on a
+//!   thread of its own otherwise. A command for a key becomes an exec program queued on the
+//!   owning shard's channel; the shard answers on a oneshot channel. A connection on the
+//!   shard's own thread reaches it without leaving that thread. No lock is shared between
+//!   connections and shards on the command path.
 //!
 //! The state commands see (`Server`, `ConnState`, the client registry) lives in `context.rs`,
 //! so command code never depends on this layer.
 //!
 //! Shutdown (SIGTERM, SIGINT): stop accepting, tell every connection to finish the commands it
-//! has read and close, wait for the network threads, then close the store cleanly.
+//! has read and close, wait until every network thread's connections are done, close the store
+//! cleanly (the network threads run their shards until the shards stop), then join the threads.
 
 pub mod access;
 pub mod conn;
 pub mod metrics;
+pub mod shard_task;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -242,19 +247,38 @@ fn run_main(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
     let (shutdown_sender, shutdown) = watch::channel(false);
+    // Thread-per-core: each shard whose engine can share a thread runs on network thread
+    // (shard id mod threads); the rest keep their own threads.
+    let mut hosted: Vec<Vec<copse::ShardLoop>> = (0..threads).map(|_| Vec::new()).collect();
+    if server.config.thread_per_core {
+        for shard in server.db.hand_off_shards() {
+            hosted[shard.shard_id() as usize % threads].push(shard);
+        }
+    }
+    let shards_hosted: usize = hosted.iter().map(Vec::len).sum();
+    tracing::info!(
+        shards_hosted,
+        shards = server.db.shard_count(),
+        threads,
+        "shards on network threads (thread-per-core)"
+    );
+    // Each network thread drops its end once its connections are done.
+    let (connections_done, all_connections_done) = std::sync::mpsc::channel::<()>();
     let mut senders = Vec::with_capacity(threads);
     let mut handles = Vec::with_capacity(threads);
-    for index in 0..threads {
+    for (index, shards) in hosted.into_iter().enumerate() {
         let (sender, receiver) = mpsc::unbounded_channel::<std::net::TcpStream>();
         senders.push(sender);
         let server = server.clone();
         let shutdown = shutdown.clone();
+        let connections_done = connections_done.clone();
         let handle = std::thread::Builder::new()
             .name(format!("copse-net-{index}"))
-            .spawn(move || network_thread(server, receiver, shutdown))
+            .spawn(move || network_thread(server, receiver, shutdown, shards, connections_done))
             .map_err(ServeError::Runtime)?;
         handles.push(handle);
     }
+    drop(connections_done);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -296,21 +320,29 @@ fn run_main(
     server.shutting_down.store(true, Ordering::Release);
     let _ = shutdown_sender.send(true);
     drop(senders);
+    // Every end dropped: every network thread's connections are done (or the thread ended).
+    while all_connections_done.recv().is_ok() {}
+    // The network threads still run their shards, which this close stops.
+    let closed = server.db.close();
     for handle in handles {
         if handle.join().is_err() {
             tracing::error!("a network thread panicked");
         }
     }
-    server.db.close()?;
+    closed?;
     tracing::info!("store closed cleanly");
     Ok(())
 }
 
-/// One network thread: a single-threaded runtime whose tasks are its connections.
+/// One network thread: a single-threaded runtime whose tasks are its connections and the
+/// shards it hosts. It drops `connections_done` once its connections are done, and returns once
+/// its shards have stopped too (the store's close stops them).
 fn network_thread(
     server: Arc<Server>,
     mut connections: mpsc::UnboundedReceiver<std::net::TcpStream>,
     shutdown: watch::Receiver<bool>,
+    shards: Vec<copse::ShardLoop>,
+    connections_done: std::sync::mpsc::Sender<()>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -321,6 +353,8 @@ fn network_thread(
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
+        let shard_tasks: Vec<_> =
+            shards.into_iter().map(|shard| tokio::task::spawn_local(shard_task::run(shard))).collect();
         let mut tasks = Vec::new();
         while let Some(stream) = connections.recv().await {
             tasks.retain(|task: &tokio::task::JoinHandle<()>| !task.is_finished());
@@ -333,6 +367,12 @@ fn network_thread(
         // The accept thread is gone: wait for the connections to finish what they read.
         for task in tasks {
             let _ = task.await;
+        }
+        drop(connections_done);
+        for task in shard_tasks {
+            if task.await.is_err() {
+                tracing::error!("a shard task panicked");
+            }
         }
     });
 }

@@ -203,6 +203,12 @@ pub trait BlockDevice: Send {
     fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
+    /// Whether reads and writes are submitted and completed without blocking the calling
+    /// thread, with completions announced through `completion_fd` (io_uring): the engine over
+    /// it can share its thread (`ShardEngine::can_share_thread`).
+    fn completes_asynchronously(&self) -> bool {
+        false
+    }
     /// Makes durable every write whose completion `reap` has handed out (no-op cost under
     /// `Dsync` beyond the call). On success `write_completions_durable` rises to the value
     /// `write_completions_reaped` had when the flush began.

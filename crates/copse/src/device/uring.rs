@@ -356,6 +356,10 @@ impl BlockDevice for UringDevice {
         (self.ready.is_empty() && !self.cq_overflowed).then(|| self.ring.as_fd())
     }
 
+    fn completes_asynchronously(&self) -> bool {
+        true
+    }
+
     fn flush(&mut self) -> Result<(), DeviceError> {
         self.stats.flushes += 1;
         if self.durability == WriteDurability::Dsync {

@@ -431,6 +431,14 @@ pub trait ShardEngine: Send {
     fn next_deadline(&self) -> Option<Instant> {
         None
     }
+    /// Whether the engine's rounds may run on a thread that also serves other work (a server's
+    /// network thread, thread-per-core): its I/O is submitted and completed without blocking
+    /// the thread, and a completion is announced through `completion_fd`. An engine that
+    /// reads, writes or syncs in place (RocksDB, the synchronous device) keeps a thread of its
+    /// own.
+    fn can_share_thread(&self) -> bool {
+        false
+    }
     /// Whether `key` holds a live value. No I/O.
     fn contains_key(&self, key: &[u8]) -> bool;
     /// Up to `limit` live keys of the range, in order. No I/O.

@@ -17,6 +17,7 @@ use crate::error::{InputError, OpenError, ReadError, WriteError};
 use crate::limits::{KEY_BYTES_MAX, SCAN_ITEMS_MAX};
 use crate::router::txn::AtomicExec;
 use crate::router::{shard_of, Router};
+use crate::shard::ShardLoop;
 use crate::shard::exec::{Exec, ExecRequest};
 use crate::store::open::{lock_ignoring_poison, Store};
 use crate::store::{Options, StorePlacement};
@@ -296,7 +297,7 @@ impl Db {
         let started = std::time::Instant::now();
         let _running = ScrubRunning::start(&self.inner.scrubs);
         let mut report = ScrubReport::default();
-        for pending in self.router().broadcast(ReadError::Closed, |reply| Request::Scrub { reply })
+        for pending in self.router().broadcast_async(ReadError::Closed, |reply| Request::Scrub { reply }).await
         {
             report.merge(pending.into_future().await?);
         }
@@ -356,6 +357,17 @@ impl Db {
         self.router().send_execs_async(shard, execs).await;
     }
 
+    /// Hands the shards' event loops to the caller, to run on threads of its own
+    /// (thread-per-core: a server runs each shard as a task of a network thread, so a command
+    /// whose key lives there is served without crossing threads). Returns the loops of the
+    /// shards whose engine can share a thread (the native engine on io_uring); the others keep
+    /// theirs. Each loop must then be driven (`ShardLoop::turn`) until it answers
+    /// `ShardTurn::Stopped`, which it does once the store is closed (`close` waits for that) or
+    /// every handle is gone.
+    pub fn hand_off_shards(&self) -> Vec<ShardLoop> {
+        (0..self.shard_count()).filter_map(|shard| self.router().hand_off(shard)).collect()
+    }
+
     /// Messages waiting in each shard's queue (a gauge for operators).
     pub fn queue_depths(&self) -> Vec<usize> {
         self.router().queue_depths()
@@ -400,7 +412,7 @@ impl Db {
         let (reply, receiver) = futures::channel::oneshot::channel();
         let shard = shard_of(ops[0].key(), self.shard_count());
         let request = Request::Batch { ops, reply };
-        self.router().send_to(shard, WriteError::Closed, request, receiver).into_future().await
+        self.router().send_to_async(shard, WriteError::Closed, request, receiver).await.into_future().await
     }
 
     pub async fn scan_async<R: RangeBounds<Vec<u8>>>(
@@ -417,7 +429,7 @@ impl Db {
 
     pub async fn stats_async(&self) -> Result<StoreStats, ReadError> {
         let mut shards = Vec::new();
-        for pending in self.router().broadcast(ReadError::Closed, |reply| Request::Stats { reply })
+        for pending in self.router().broadcast_async(ReadError::Closed, |reply| Request::Stats { reply }).await
         {
             shards.push(pending.into_future().await?);
         }
@@ -426,7 +438,7 @@ impl Db {
 
     pub async fn flush_async(&self) -> Result<(), WriteError> {
         let mut result = Ok(());
-        for pending in self.router().broadcast(WriteError::Closed, |reply| Request::Flush { reply })
+        for pending in self.router().broadcast_async(WriteError::Closed, |reply| Request::Flush { reply }).await
         {
             if let Err(err) = pending.into_future().await {
                 result = Err(err);

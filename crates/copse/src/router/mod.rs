@@ -77,6 +77,19 @@ impl Router {
         self.pending(shard as usize, closed, request, receiver)
     }
 
+    /// As `send_to`, awaiting room in the queue instead of blocking the thread (which may be
+    /// the very thread that runs the shard: `Db::hand_off_shards`).
+    pub async fn send_to_async<T, E>(
+        &self,
+        shard: u32,
+        closed: E,
+        request: Request,
+        receiver: oneshot::Receiver<Result<T, E>>,
+    ) -> Pending<T, E> {
+        let delivered = self.shards[shard as usize].send_async(Message::Request(request)).await;
+        Pending { receiver: delivered.then_some(receiver), closed }
+    }
+
     /// Tells shard `shard` to look at its cross-shard parts again; never blocks (see
     /// `Message::Wake`).
     pub fn wake(&self, shard: u32) {
@@ -126,6 +139,16 @@ impl Router {
         self.shards[shard as usize].send_async(Message::Execs(execs)).await
     }
 
+    /// Asks shard `shard` for its event loop (`shard::event_loop`); `None` when its engine
+    /// cannot share a thread or it is closing. Blocks until the shard answers.
+    pub fn hand_off(&self, shard: u32) -> Option<crate::shard::ShardLoop> {
+        let (host, handed) = std::sync::mpsc::sync_channel(1);
+        if !self.shards[shard as usize].send(Message::HandOff(host)) {
+            return None;
+        }
+        handed.recv().ok()
+    }
+
     /// Messages waiting in each shard's queue.
     pub fn queue_depths(&self) -> Vec<usize> {
         self.shards.iter().map(ShardSender::queue_depth).collect()
@@ -143,6 +166,20 @@ impl Router {
                 self.pending(shard, closed.clone(), build(sender), receiver)
             })
             .collect()
+    }
+
+    /// As `broadcast`, awaiting room in each queue instead of blocking the thread.
+    pub async fn broadcast_async<T, E: Clone>(
+        &self,
+        closed: E,
+        build: impl Fn(oneshot::Sender<Result<T, E>>) -> Request,
+    ) -> Vec<Pending<T, E>> {
+        let mut pending = Vec::with_capacity(self.shards.len());
+        for shard in 0..self.shard_count() {
+            let (sender, receiver) = oneshot::channel();
+            pending.push(self.send_to_async(shard, closed.clone(), build(sender), receiver).await);
+        }
+        pending
     }
 }
 

@@ -469,6 +469,10 @@ impl ShardEngine for Gate {
         self.engine.next_deadline()
     }
 
+    fn can_share_thread(&self) -> bool {
+        self.engine.can_share_thread()
+    }
+
     fn contains_key(&self, key: &[u8]) -> bool {
         match self.overlay(key) {
             Some(value) => value.is_some(),

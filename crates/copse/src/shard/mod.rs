@@ -21,6 +21,7 @@
 //! shard when it sleeps.
 
 pub mod coordinator;
+pub mod event_loop;
 pub mod exec;
 pub mod gate;
 pub mod wake;
@@ -30,12 +31,12 @@ use std::thread::JoinHandle;
 
 use crate::engine::part::PartRecord;
 use crate::engine::Request;
-use crate::engine::ShardEngine;
 use crate::error::{OpenError, WriteError};
-use crate::limits::{ROUND_REQUESTS_MAX, SHARD_QUEUE_REQUESTS_MAX};
-use exec::{ExecRequest, ExecTable};
+use crate::limits::SHARD_QUEUE_REQUESTS_MAX;
+pub use event_loop::{ShardLoop, ShardTurn, ShardWait};
+use exec::ExecRequest;
 use gate::Gate;
-use wake::{Parker, Waker, Wakeup};
+use wake::{Parker, Waker};
 
 /// A message on a shard's queue: a request, an exec program, or the order to finish and stop.
 pub enum Message {
@@ -49,6 +50,9 @@ pub enum Message {
     /// with `try_send`: when the queue is full the shard is busy and looks anyway (and the wake
     /// that comes with every send reaches it even then).
     Wake,
+    /// A host asks for the shard's event loop, to run it on its own thread (`event_loop.rs`);
+    /// the sender is dropped instead when the engine cannot share a thread.
+    HandOff(std::sync::mpsc::SyncSender<ShardLoop>),
 }
 
 impl Message {
@@ -140,7 +144,7 @@ impl ShardHandle {
                 match open() {
                     Ok(engine) => {
                         let _ = opened.send((shard_id, Ok(engine.recovered_parts())));
-                        run(Gate::new(engine), receiver, parker);
+                        ShardLoop::new(Gate::new(engine), receiver, parker).run_on_thread();
                     }
                     Err(err) => {
                         let _ = opened.send((shard_id, Err(err)));
@@ -173,162 +177,6 @@ fn pin_to_core(shard_id: u32, core: usize) {
     };
     if result != 0 {
         tracing::warn!(shard = shard_id, core, err = %std::io::Error::last_os_error(), "could not pin shard thread");
-    }
-}
-
-/// The shard's event loop over any engine (the contract: `engine::ShardEngine`), behind the
-/// gate that keeps cross-shard batches whole (`gate.rs`).
-fn run(mut engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) {
-    let mut closing = None;
-    // Close orders after the first, answered as the shard stops (as `finish` answers them).
-    let mut late_closes = Vec::new();
-    // False once every sender is gone: the queue can bring nothing more.
-    let mut connected = true;
-    let mut requests = Vec::with_capacity(ROUND_REQUESTS_MAX);
-    let mut execs = ExecTable::default();
-    loop {
-        if closing.is_none() && connected && engine.is_idle() {
-            // Every exec that is not blocked waits on the engine, so an idle engine with nothing
-            // queued means there is nothing to do but wait for a message (or a deadline).
-            wait_for_work(&parker, &engine, &receiver, connected, false);
-        }
-        // Take what is queued, never waiting to fill a batch. Once closing, what arrives is
-        // turned away as `finish` would at the end, so that a wake still moves the execs left.
-        let mut messages = 0;
-        while messages < ROUND_REQUESTS_MAX && connected {
-            match receiver.try_recv() {
-                Ok(message) => {
-                    // A message of several execs counts as that many toward the round's bound.
-                    messages += message.work_items();
-                    if closing.is_some() {
-                        turn_away(message, &mut late_closes);
-                    } else {
-                        take(message, &mut requests, &mut execs, &mut closing);
-                    }
-                }
-                Err(flume::TryRecvError::Empty) => break,
-                Err(flume::TryRecvError::Disconnected) => {
-                    connected = false;
-                    messages += 1;
-                }
-            }
-        }
-        if !connected && closing.is_none() && engine.is_idle() {
-            // Every handle is gone without a close: finish and stop.
-            break;
-        }
-        let took = requests.len();
-        engine.handle_in_runs(requests.drain(..));
-        let execs_moved = execs.pump(&mut engine);
-        engine.end_round();
-        if took == 0 && !execs_moved && engine.has_io_in_flight() {
-            // Nothing new arrived or moved this round: wait for a completion, or for a message
-            // or the engine's deadline, whichever comes first. A device without a completion
-            // fd completes on demand, so reaping is the wait.
-            if engine.completion_fd().is_some() {
-                wait_for_work(&parker, &engine, &receiver, connected, true);
-                engine.reap(false);
-            } else {
-                engine.reap(true);
-            }
-        } else {
-            // Collect what has completed and go back to the queue.
-            engine.reap(false);
-        }
-        let execs_moved = execs.pump(&mut engine) || execs_moved;
-        if took == 0 && !engine.has_io_in_flight() && !engine.is_idle() && !engine.has_work_ready()
-        {
-            // Work waits for a later round that no I/O will bring: the engine's deadline (or a
-            // message) does.
-            debug_assert!(
-                engine.next_deadline().is_some(),
-                "shard {}: the engine is neither idle, ready, in I/O nor waiting for a deadline",
-                engine.shard_id()
-            );
-            wait_for_work(&parker, &engine, &receiver, connected, false);
-        }
-        if let Some(reply) = closing.take() {
-            if engine.is_idle() && execs.is_empty() {
-                finish(&receiver, late_closes);
-                let _ = futures::channel::oneshot::Sender::send(reply, engine.close());
-                return;
-            }
-            if took == 0 && !execs_moved && engine.is_idle() {
-                // The execs left wait for other shards (a cross-shard batch's decision), which
-                // send a wake when they move.
-                wait_for_work(&parker, &engine, &receiver, connected, false);
-            }
-            closing = Some(reply);
-        }
-    }
-    finish(&receiver, late_closes);
-    if let Err(err) = engine.close() {
-        tracing::error!(shard = engine.shard_id(), %err, "closing the shard failed");
-    }
-}
-
-/// Sleeps until a message arrives (while `connected`), a completion of the engine's I/O is
-/// ready (if `completions`), or the engine's next deadline passes. A wake that brought nothing
-/// (a sender's handle dropped, an interrupted poll) sleeps again.
-fn wait_for_work(
-    parker: &Parker,
-    engine: &Gate,
-    receiver: &flume::Receiver<Message>,
-    connected: bool,
-    completions: bool,
-) {
-    // Everything a sender changes before it wakes the shard (invariant 1 of `wake.rs`).
-    let queued = || connected && (!receiver.is_empty() || receiver.is_disconnected());
-    let completion_fd = if completions { engine.completion_fd() } else { None };
-    let deadline = engine.next_deadline();
-    loop {
-        match parker.park(queued, completion_fd, deadline) {
-            Wakeup::Woken | Wakeup::Interrupted if !queued() => continue,
-            _ => return,
-        }
-    }
-}
-
-fn take(
-    message: Message,
-    requests: &mut Vec<Request>,
-    execs: &mut ExecTable,
-    closing: &mut Option<futures::channel::oneshot::Sender<Result<(), WriteError>>>,
-) {
-    match message {
-        Message::Request(request) => requests.push(request),
-        Message::Exec(exec) => execs.arrive(exec),
-        Message::Execs(list) => list.into_iter().for_each(|exec| execs.arrive(exec)),
-        Message::Close(reply) => *closing = Some(reply),
-        Message::Wake => {}
-    }
-}
-
-/// A message that reached a closing shard: the store is closed to it.
-fn turn_away(
-    message: Message,
-    late_closes: &mut Vec<futures::channel::oneshot::Sender<Result<(), WriteError>>>,
-) {
-    match message {
-        Message::Request(request) => reject(request),
-        // Dropping the program drops its answer channel: its waiter sees the store closed.
-        Message::Exec(exec) => drop(exec),
-        Message::Execs(list) => drop(list),
-        Message::Close(reply) => late_closes.push(reply),
-        Message::Wake => {}
-    }
-}
-
-/// Answers requests still queued at close, and the close orders after the first.
-fn finish(
-    receiver: &flume::Receiver<Message>,
-    mut late_closes: Vec<futures::channel::oneshot::Sender<Result<(), WriteError>>>,
-) {
-    while let Ok(message) = receiver.try_recv() {
-        turn_away(message, &mut late_closes);
-    }
-    for reply in late_closes {
-        let _ = reply.send(Ok(()));
     }
 }
 

@@ -28,6 +28,13 @@
 //!    message was already taken, or by a sender's handle dropped); the caller parks again then
 //!    (the shard loop does), which is always safe.
 //!
+//! A shard handed to a host (`event_loop.rs`, thread-per-core: the server's network thread runs
+//! the shard's rounds between its connections' tasks) sleeps as an async task instead: the same
+//! `parked` protocol, but the waker wakes the task (`Waker::host`) rather than writing the
+//! eventfd, so a wake from a connection on the same thread is a push on that thread's run queue,
+//! with no system call. Invariant 1 holds as before: the task registers itself, announces it is
+//! parked, and only then looks at the queue (`Parker::poll_messages`).
+//!
 //! Cost: a sleep that only a sender can end (no completion fd, no deadline: an idle shard) is
 //! one blocking read of the eventfd, which waits and resets it in one call, so sleeping and
 //! being woken cost two system calls (the read, the sender's write), as a futex wait and wake
@@ -42,8 +49,13 @@ use std::time::{Duration, Instant};
 pub struct Waker {
     /// Readable once a sender woke the parked shard; the parker reads it back to zero.
     eventfd: OwnedFd,
-    /// The shard is (about to be) asleep in `Parker::park`.
+    /// The shard is (about to be) asleep in `Parker::park` (or, hosted, in `poll_messages`).
     parked: AtomicBool,
+    /// Set once the shard runs as a task of a host: a wake wakes `task` instead of writing the
+    /// eventfd. Set while the shard is not parked, before it is handed over.
+    hosted: AtomicBool,
+    /// The hosted shard's task, registered at each `poll_messages`.
+    task: futures::task::AtomicWaker,
 }
 
 impl Waker {
@@ -53,7 +65,11 @@ impl Waker {
         // Invariant 1: the message is on the queue before `parked` is read.
         fence(Ordering::SeqCst);
         if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::Relaxed) {
-            self.signal();
+            if self.hosted.load(Ordering::Relaxed) {
+                self.task.wake();
+            } else {
+                self.signal();
+            }
         }
     }
 
@@ -104,8 +120,62 @@ impl Parker {
         }
         // SAFETY: `fd` was just returned by eventfd and is owned by nothing else.
         let eventfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let waker = Arc::new(Waker { eventfd, parked: AtomicBool::new(false) });
+        let waker = Arc::new(Waker {
+            eventfd,
+            parked: AtomicBool::new(false),
+            hosted: AtomicBool::new(false),
+            task: futures::task::AtomicWaker::new(),
+        });
         Ok((Parker { waker: waker.clone() }, waker))
+    }
+
+    /// From now on the shard sleeps as a task (`poll_messages`), not in `park`. Call while not
+    /// parked, before the shard's state leaves its thread.
+    pub fn host(&self) {
+        debug_assert!(!self.waker.parked.load(Ordering::Relaxed));
+        self.waker.hosted.store(true, Ordering::SeqCst);
+    }
+
+    /// Back to sleeping in `park` (a host that asked for the shard went away before taking it).
+    pub fn unhost(&self) {
+        self.waker.hosted.store(false, Ordering::SeqCst);
+    }
+
+    /// A hosted shard's sleep on its queue, as a poll: `Ready` once a sender woke it, or at once
+    /// when `ready` (checked after the task registered itself and announced it is parked, so no
+    /// wakeup is lost: invariant 1) says there is work. `Pending` leaves the task registered
+    /// and the shard parked; a later poll returns `Ready` once a sender cleared `parked`.
+    /// `parking` tells a first poll (announce, then check) from a later one (was it woken?);
+    /// the caller sets it true before the first poll of each sleep.
+    pub fn poll_messages(
+        &self,
+        task: &std::task::Waker,
+        parking: &mut bool,
+        ready: impl FnOnce() -> bool,
+    ) -> std::task::Poll<()> {
+        debug_assert!(self.waker.hosted.load(Ordering::Relaxed));
+        self.waker.task.register(task);
+        if std::mem::take(parking) {
+            self.waker.parked.store(true, Ordering::Relaxed);
+            // Invariant 1: `parked` is set before the queue is looked at.
+            fence(Ordering::SeqCst);
+            if ready() {
+                self.waker.parked.store(false, Ordering::Relaxed);
+                return std::task::Poll::Ready(());
+            }
+            return std::task::Poll::Pending;
+        }
+        if self.waker.parked.load(Ordering::Relaxed) {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    }
+
+    /// Ends a hosted sleep that something other than a sender ended (a completion, a
+    /// deadline): senders stop waking the task.
+    pub fn unpark(&self) {
+        self.waker.parked.store(false, Ordering::Relaxed);
     }
 
     /// Sleeps until a sender wakes the shard, `completions` (if any) becomes readable, or

@@ -471,6 +471,12 @@ impl ShardEngine for NativeEngine {
         self.io.completion_fd()
     }
 
+    /// Reads and writes go through the ring. A flush is still an fdatasync in place, which a
+    /// host's other work waits for (docs/server.md, "Threads").
+    fn can_share_thread(&self) -> bool {
+        self.io.device.completes_asynchronously()
+    }
+
     fn recovered_parts(&self) -> Vec<crate::engine::part::PartRecord> {
         self.recovered_parts.clone()
     }

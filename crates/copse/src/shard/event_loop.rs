@@ -1,0 +1,364 @@
+//! The shard's event loop, as turns: [`ShardLoop::turn`] runs one round and says what the loop
+//! waits for before the next one. Two drivers run the turns:
+//! - the shard's own thread (`run_on_thread`), which sleeps in its `Parker` (`wake.rs`);
+//! - a host (thread-per-core, RStore's design): a server's network thread runs the shard as
+//!   one task among its connections, and sleeps in its own event loop on the same things (the
+//!   queue, through `poll_messages`; the completion fd; the deadline). A connection whose key
+//!   lives in that shard then reaches it, and is answered, without leaving its thread.
+//!
+//! A shard starts on its own thread (recovery and the cross-shard resolution run there) and is
+//! handed to a host only when asked (`Message::HandOff`) and only if its engine can share a
+//! thread (`ShardEngine::can_share_thread`). Once handed over, its thread waits until the loop
+//! ends wherever it runs, so joining the thread still means the shard has stopped.
+//!
+//! Invariants (of the turns, whoever drives them):
+//! 1. A turn never blocks on the queue or on a completion; it blocks only where the engine does
+//!    (a flush, or `reap(true)` on a device that completes on demand, which returns at once).
+//! 2. A driver waits only when a turn returns `Wait`, and then for the queue, the deadline,
+//!    and, if `completions`, the completion fd, whichever comes first; a wait that ends for no
+//!    reason is harmless (the next turn finds nothing and may ask to wait again).
+//! 3. The loop stops (`Stopped`) only after answering the close order, or once every sender is
+//!    gone and the engine is idle; what is still queued then is turned away.
+
+use std::os::fd::BorrowedFd;
+use std::time::Instant;
+
+use super::exec::ExecTable;
+use super::gate::Gate;
+use super::wake::{Parker, Wakeup};
+use super::Message;
+use crate::engine::{Request, ShardEngine};
+use crate::error::WriteError;
+use crate::limits::ROUND_REQUESTS_MAX;
+
+type CloseReply = futures::channel::oneshot::Sender<Result<(), WriteError>>;
+
+/// What a turn asks of its driver.
+#[derive(Debug)]
+pub enum ShardTurn {
+    /// Run the next turn (a host may run other work first).
+    Again,
+    /// Wait for a message, the deadline, or (if asked) a completion, then run the next turn.
+    Wait(ShardWait),
+    /// The shard has stopped; drop the loop.
+    Stopped,
+}
+
+/// What a waiting shard waits for besides its queue.
+#[derive(Clone, Copy, Debug)]
+pub struct ShardWait {
+    /// A completion of the engine's I/O (`ShardLoop::completion_fd` polls readable).
+    pub completions: bool,
+    /// The engine's next deadline, if any.
+    pub deadline: Option<Instant>,
+}
+
+/// What a turn tells the shard's own thread: a `ShardTurn`, or that a host asked for the loop.
+enum ThreadTurn {
+    Turn(ShardTurn),
+    HandOff(std::sync::mpsc::SyncSender<ShardLoop>),
+}
+
+/// A shard's state and event loop: its engine behind the gate, its queue, its execs.
+pub struct ShardLoop {
+    engine: Gate,
+    receiver: flume::Receiver<Message>,
+    parker: Parker,
+    closing: Option<CloseReply>,
+    /// Close orders after the first, answered as the shard stops (as `finish` answers them).
+    late_closes: Vec<CloseReply>,
+    /// False once every sender is gone: the queue can bring nothing more.
+    connected: bool,
+    requests: Vec<Request>,
+    execs: ExecTable,
+    /// The last turn asked to wait: this one goes to the queue without asking again.
+    waited: bool,
+    /// The last turn waited for a completion: this one starts by reaping it.
+    reap_first: bool,
+    /// A host asked for the loop (taken by the thread driver at the end of the turn).
+    handoff: Option<std::sync::mpsc::SyncSender<ShardLoop>>,
+    /// Set by a host's driver before the first poll of each wait (`poll_messages`).
+    parking: bool,
+    /// Held while a host runs the loop; the shard's thread waits for it to drop.
+    running_hosted: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl ShardLoop {
+    pub(crate) fn new(engine: Gate, receiver: flume::Receiver<Message>, parker: Parker) -> Self {
+        ShardLoop {
+            engine,
+            receiver,
+            parker,
+            closing: None,
+            late_closes: Vec::new(),
+            connected: true,
+            requests: Vec::with_capacity(ROUND_REQUESTS_MAX),
+            execs: ExecTable::default(),
+            waited: false,
+            reap_first: false,
+            handoff: None,
+            parking: false,
+            running_hosted: None,
+        }
+    }
+
+    pub fn shard_id(&self) -> u32 {
+        self.engine.shard_id()
+    }
+
+    /// One round of the loop (KVell worker, p2KVS opportunistic batching): take what is queued,
+    /// never waiting to fill a batch; hand it to the engine in runs; move the execs; submit;
+    /// reap what completed; and say what to wait for, if anything, before the next round.
+    pub fn turn(&mut self) -> ShardTurn {
+        match self.turn_inner() {
+            ThreadTurn::Turn(turn) => turn,
+            // Only the thread driver asks for hand-offs; a hosted loop keeps running.
+            ThreadTurn::HandOff(_) => ShardTurn::Again,
+        }
+    }
+
+    fn turn_inner(&mut self) -> ThreadTurn {
+        if std::mem::take(&mut self.reap_first) {
+            // The last turn waited for a completion (nothing new had arrived or moved).
+            self.engine.reap(false);
+            return self.after_reap(0, false);
+        }
+        let waited = std::mem::take(&mut self.waited);
+        if !waited && self.closing.is_none() && self.connected && self.engine.is_idle() {
+            // Every exec that is not blocked waits on the engine, so an idle engine with nothing
+            // queued means there is nothing to do but wait for a message (or a deadline).
+            return self.wait(false);
+        }
+        // Take what is queued, never waiting to fill a batch. Once closing, what arrives is
+        // turned away as `finish` would at the end, so that a wake still moves the execs left.
+        let mut messages = 0;
+        while messages < ROUND_REQUESTS_MAX && self.connected {
+            match self.receiver.try_recv() {
+                Ok(message) => {
+                    // A message of several execs counts as that many toward the round's bound.
+                    messages += message.work_items();
+                    if self.closing.is_some() {
+                        turn_away(message, &mut self.late_closes);
+                    } else {
+                        self.take(message);
+                    }
+                }
+                Err(flume::TryRecvError::Empty) => break,
+                Err(flume::TryRecvError::Disconnected) => {
+                    self.connected = false;
+                    messages += 1;
+                }
+            }
+        }
+        if !self.connected && self.closing.is_none() && self.engine.is_idle() {
+            // Every handle is gone without a close: finish and stop.
+            self.stop_unclosed();
+            return ThreadTurn::Turn(ShardTurn::Stopped);
+        }
+        let took = self.requests.len();
+        self.engine.handle_in_runs(self.requests.drain(..));
+        let execs_moved = self.execs.pump(&mut self.engine);
+        self.engine.end_round();
+        if took == 0 && !execs_moved && self.engine.has_io_in_flight() {
+            // Nothing new arrived or moved this round: wait for a completion, or for a message
+            // or the engine's deadline, whichever comes first. A device without a completion
+            // fd completes on demand, so reaping is the wait.
+            if self.engine.completion_fd().is_some() {
+                self.reap_first = true;
+                return self.wait(true);
+            }
+            self.engine.reap(true);
+        } else {
+            // Collect what has completed and go back to the queue.
+            self.engine.reap(false);
+        }
+        self.after_reap(took, execs_moved)
+    }
+
+    /// The rest of a round once its completions are reaped.
+    fn after_reap(&mut self, took: usize, execs_moved: bool) -> ThreadTurn {
+        let execs_moved = self.execs.pump(&mut self.engine) || execs_moved;
+        if took == 0
+            && !self.engine.has_io_in_flight()
+            && !self.engine.is_idle()
+            && !self.engine.has_work_ready()
+        {
+            // Work waits for a later round that no I/O will bring: the engine's deadline (or a
+            // message) does.
+            debug_assert!(
+                self.engine.next_deadline().is_some(),
+                "shard {}: the engine is neither idle, ready, in I/O nor waiting for a deadline",
+                self.engine.shard_id()
+            );
+            return self.wait(false);
+        }
+        if let Some(reply) = self.closing.take() {
+            if self.engine.is_idle() && self.execs.is_empty() {
+                finish(&self.receiver, std::mem::take(&mut self.late_closes));
+                let _ = reply.send(self.engine.close());
+                self.running_hosted = None;
+                return ThreadTurn::Turn(ShardTurn::Stopped);
+            }
+            self.closing = Some(reply);
+            if took == 0 && !execs_moved && self.engine.is_idle() {
+                // The execs left wait for other shards (a cross-shard batch's decision), which
+                // send a wake when they move.
+                return self.wait(false);
+            }
+        }
+        match self.handoff.take() {
+            Some(host) => ThreadTurn::HandOff(host),
+            None => ThreadTurn::Turn(ShardTurn::Again),
+        }
+    }
+
+    fn wait(&mut self, completions: bool) -> ThreadTurn {
+        self.waited = true;
+        if let Some(host) = self.handoff.take() {
+            // The host's first turn looks at the queue (and reaps, if this one was to wait for
+            // a completion) before it waits.
+            return ThreadTurn::HandOff(host);
+        }
+        ThreadTurn::Turn(ShardTurn::Wait(ShardWait {
+            completions,
+            deadline: self.engine.next_deadline(),
+        }))
+    }
+
+    fn take(&mut self, message: Message) {
+        match message {
+            Message::Request(request) => self.requests.push(request),
+            Message::Exec(exec) => self.execs.arrive(exec),
+            Message::Execs(list) => list.into_iter().for_each(|exec| self.execs.arrive(exec)),
+            Message::Close(reply) => self.closing = Some(reply),
+            Message::Wake => {}
+            Message::HandOff(host) => {
+                // Refused (the sender dropped, which the asker sees) when the engine would
+                // block its host.
+                if self.engine.can_share_thread() && self.running_hosted.is_none() {
+                    self.handoff = Some(host);
+                }
+            }
+        }
+    }
+
+    /// Every sender is gone and nothing is left: close the engine.
+    fn stop_unclosed(&mut self) {
+        finish(&self.receiver, std::mem::take(&mut self.late_closes));
+        if let Err(err) = self.engine.close() {
+            tracing::error!(shard = self.engine.shard_id(), %err, "closing the shard failed");
+        }
+        self.running_hosted = None;
+    }
+
+    /// Runs the loop on the calling thread (the shard's own) until it stops or a host takes it;
+    /// in the second case, returns once the host's run of it has ended.
+    pub(crate) fn run_on_thread(mut self) {
+        loop {
+            match self.turn_inner() {
+                ThreadTurn::Turn(ShardTurn::Again) => {}
+                ThreadTurn::Turn(ShardTurn::Wait(wait)) => self.wait_on_thread(wait),
+                ThreadTurn::Turn(ShardTurn::Stopped) => return,
+                ThreadTurn::HandOff(host) => {
+                    let (running, stopped) = std::sync::mpsc::channel();
+                    self.running_hosted = Some(running);
+                    self.parker.host();
+                    match host.send(self) {
+                        Ok(()) => {
+                            // Returns when the host's loop drops its `running_hosted`: stopped,
+                            // or dropped with the host.
+                            let _ = stopped.recv();
+                            return;
+                        }
+                        Err(refused) => {
+                            // The host went away before taking it: go on here.
+                            self = refused.0;
+                            self.running_hosted = None;
+                            self.parker.unhost();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sleeps until a message arrives (while connected), a completion of the engine's I/O is
+    /// ready (if asked), or the engine's next deadline passes. A wake that brought nothing (a
+    /// sender's handle dropped, an interrupted poll) sleeps again.
+    fn wait_on_thread(&self, wait: ShardWait) {
+        let connected = self.connected;
+        let receiver = &self.receiver;
+        // Everything a sender changes before it wakes the shard (invariant 1 of `wake.rs`).
+        let queued = || connected && (!receiver.is_empty() || receiver.is_disconnected());
+        let completion_fd = if wait.completions { self.engine.completion_fd() } else { None };
+        loop {
+            match self.parker.park(queued, completion_fd, wait.deadline) {
+                Wakeup::Woken | Wakeup::Interrupted if !queued() => continue,
+                _ => return,
+            }
+        }
+    }
+
+    /// For a host: the fd that polls readable once a completion can be reaped, while a `Wait`
+    /// with `completions` is under way. Only for the duration of that wait: the engine may
+    /// answer `None` at other times.
+    pub fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.engine.completion_fd()
+    }
+
+    /// For a host: starts a wait that a `Wait` turn asked for. Then poll `poll_messages` with
+    /// the task's waker until it or the host's other sources (completion fd, deadline) are
+    /// ready, and call `end_wait`.
+    pub fn begin_wait(&mut self) {
+        self.parking = true;
+    }
+
+    /// For a host, during a wait: `Ready` once a message (or a sender's departure) can end
+    /// it; otherwise the task is registered to be woken when one comes (invariant 1 of
+    /// `wake.rs`: announced, then checked).
+    pub fn poll_messages(&mut self, task: &std::task::Waker) -> std::task::Poll<()> {
+        let connected = self.connected;
+        let receiver = &self.receiver;
+        let queued = || connected && (!receiver.is_empty() || receiver.is_disconnected());
+        self.parker.poll_messages(task, &mut self.parking, queued)
+    }
+
+    /// For a host: the wait is over, whatever ended it.
+    pub fn end_wait(&mut self) {
+        self.parking = false;
+        self.parker.unpark();
+    }
+}
+
+/// A loop dropped before it stopped (its host panicked or went away): what is queued is
+/// turned away, so that its waiters see the store closed instead of waiting for ever.
+impl Drop for ShardLoop {
+    fn drop(&mut self) {
+        if let Some(reply) = self.closing.take() {
+            let _ = reply.send(Err(WriteError::Closed));
+        }
+        finish(&self.receiver, std::mem::take(&mut self.late_closes));
+    }
+}
+
+/// A message that reached a closing shard: the store is closed to it.
+pub(crate) fn turn_away(message: Message, late_closes: &mut Vec<CloseReply>) {
+    match message {
+        Message::Request(request) => super::reject(request),
+        // Dropping the program drops its answer channel: its waiter sees the store closed.
+        Message::Exec(exec) => drop(exec),
+        Message::Execs(list) => drop(list),
+        Message::Close(reply) => late_closes.push(reply),
+        Message::Wake | Message::HandOff(_) => {}
+    }
+}
+
+/// Answers requests still queued at close, and the close orders after the first.
+fn finish(receiver: &flume::Receiver<Message>, mut late_closes: Vec<CloseReply>) {
+    while let Ok(message) = receiver.try_recv() {
+        turn_away(message, &mut late_closes);
+    }
+    for reply in late_closes {
+        let _ = reply.send(Ok(()));
+    }
+}
