@@ -1,5 +1,6 @@
-//! A shard: one OS thread that owns its engine (and through it the index, page cache, free lists
-//! and I/O ring). Nothing else touches that state; callers reach it only by message.
+//! A shard: one thread at a time owns its engine (and through it the index, page cache, free
+//! lists and I/O ring): the shard's own OS thread, or a host's thread it was handed to
+//! (`event_loop.rs`). Nothing else touches that state; callers reach it only by message.
 //!
 //! The event loop (KVell worker, p2KVS opportunistic batching):
 //! 1. take what is in the queue, up to `ROUND_REQUESTS_MAX`, never waiting to fill a batch;
