@@ -352,6 +352,13 @@ impl FlushLedger {
         self.reaped
     }
 
+    /// A background flush that began when `reaped` was `covered` has ended well (a flush in
+    /// place may have covered more meanwhile: coverage never goes back).
+    pub(crate) fn covered_in_background(&mut self, covered: u64) {
+        assert!(covered <= self.reaped, "a flush covered writes not yet reaped");
+        self.durable = self.durable.max(covered);
+    }
+
     /// Under `Dsync` a completed write is durable at once.
     pub(crate) fn durable(&self, durability: super::WriteDurability) -> u64 {
         match durability {

@@ -211,8 +211,28 @@ pub trait BlockDevice: Send {
     }
     /// Makes durable every write whose completion `reap` has handed out (no-op cost under
     /// `Dsync` beyond the call). On success `write_completions_durable` rises to the value
-    /// `write_completions_reaped` had when the flush began.
+    /// `write_completions_reaped` had when the flush began. Waits for a background flush in
+    /// flight first (its end is still taken with `take_flush_done`).
     fn flush(&mut self) -> Result<(), DeviceError>;
+    /// Whether the device can flush in the background (`submit_flush`; io_uring's fsync), so
+    /// that the thread goes on with other work meanwhile. The default: it cannot, and `flush`
+    /// is the only way.
+    fn flushes_in_background(&self) -> bool {
+        false
+    }
+    /// Starts a flush of every write whose completion `reap` has handed out, without waiting
+    /// for it; at most one is in flight (call again only after `take_flush_done` returned the
+    /// last one). It counts in `in_flight` until taken, and its end is announced like any
+    /// completion (the completion fd; `reap` returns once it has ended). On success
+    /// `write_completions_durable` then rises to the value `write_completions_reaped` had at
+    /// this call. On `Err` no flush is in flight.
+    fn submit_flush(&mut self) -> Result<(), DeviceError> {
+        Err(DeviceError::BadRequest("this device does not flush in the background".into()))
+    }
+    /// The end of the background flush, once it has ended (after a `reap` or a `flush`).
+    fn take_flush_done(&mut self) -> Option<Result<(), DeviceError>> {
+        None
+    }
     /// Write completions (successful or not) that `reap` has handed out so far; never decreases.
     fn write_completions_reaped(&self) -> u64;
     /// Every write whose completion `reap` handed out while `write_completions_reaped` was at

@@ -24,6 +24,13 @@
 //! clear the mark of a write still in flight, and the next flush skipped its file). Which is faster depends on the device (FUA support, queue depth,
 //! cache size); `examples/durability_probe.rs` measures it. Per-write RWF_DSYNC (not an O_DSYNC
 //! open flag) keeps reads and the choice per write free of the open mode.
+//!
+//! A background flush (`submit_flush`) is the same fdatasyncs as IORING_OP_FSYNC entries in the
+//! ring, one per marked file, each file's mark cleared as its entry is queued; the flush ends
+//! when the last of them completes, and covers what was reaped when it was submitted. One is in
+//! flight at a time: writes that complete meanwhile wait for the next, which then covers them
+//! all (group commit, while the thread serves other work). A flush in place (`flush`) waits for
+//! the background one first, so it never answers while a file it skipped is still syncing.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -38,6 +45,23 @@ use super::{
     BlockDevice, DeviceError, DeviceStats, FileId, IoCompletion, IoKind, IoObserver, IoRequest,
     WriteDurability,
 };
+
+/// The `user_data` of a background flush's fsync entries: this bit, and the file's id below
+/// it (a request's `user_data` is its slot, far below).
+const FSYNC_USER_DATA: u64 = 1 << 63;
+
+/// The background flush in flight (`submit_flush`).
+struct BackgroundFlush {
+    /// Its fsyncs not completed yet.
+    fsyncs_left: usize,
+    /// The first error among them.
+    result: Result<(), DeviceError>,
+    /// `write_completions_reaped` when it was submitted: what it makes durable.
+    covered: u64,
+    /// Its submission failed and the caller was told so: its fsyncs already queued are waited
+    /// for, but its end is not reported and covers nothing.
+    abandoned: bool,
+}
 
 /// Enters that may fail with EBUSY/EAGAIN (the kernel is short of completion space or memory)
 /// before the device gives up; each retry first drains the CQ, which is what frees that space.
@@ -103,6 +127,11 @@ pub struct UringDevice {
     /// The kernel said, at the last drain, that completions overflowed the CQ into its own
     /// list, which only an enter moves back into the CQ.
     cq_overflowed: bool,
+    /// IORING_OP_FSYNC is available (probed at open): background flushes are possible.
+    fsync_op: bool,
+    background_flush: Option<BackgroundFlush>,
+    /// The end of the last background flush, until `take_flush_done`.
+    flush_done: Option<Result<(), DeviceError>>,
 }
 
 impl UringDevice {
@@ -116,6 +145,9 @@ impl UringDevice {
         let ring = IoUring::new(ring_entries.max(1)).map_err(|err| {
             DeviceError::UringUnavailable(format!("io_uring_setup({ring_entries}): {err}"))
         })?;
+        let mut opcodes = Probe::new();
+        let fsync_op = ring.submitter().register_probe(&mut opcodes).is_ok()
+            && opcodes.is_supported(opcode::Fsync::CODE);
         Ok(UringDevice {
             ring,
             root: root.to_path_buf(),
@@ -131,6 +163,9 @@ impl UringDevice {
             observer: None,
             observed_tags: Vec::new(),
             cq_overflowed: false,
+            fsync_op,
+            background_flush: None,
+            flush_done: None,
         })
     }
 
@@ -209,6 +244,10 @@ impl UringDevice {
             self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result())).collect();
         self.cq_overflowed = self.ring.submission().cq_overflow();
         for (user_data, result) in finished {
+            if user_data & FSYNC_USER_DATA != 0 {
+                self.fsync_completed((user_data & !FSYNC_USER_DATA) as usize, result);
+                continue;
+            }
             let Some(request) = usize::try_from(user_data).ok().and_then(|s| self.remove_slot(s))
             else {
                 tracing::error!(user_data, result, "completion for no request in flight; ignored");
@@ -243,6 +282,72 @@ impl UringDevice {
                 }
             }
             self.ready.push_back(IoCompletion::of(request, outcome));
+        }
+    }
+
+    /// One fsync of the background flush completed (`result`: the syscall's).
+    fn fsync_completed(&mut self, file: usize, result: i32) {
+        let Some(name) = self.files.get(file).map(|open| open.name.clone()) else {
+            tracing::error!(file, result, "fsync completion for no open file; ignored");
+            return;
+        };
+        if let Some(observer) = &self.observer {
+            observer.sync_finished(&name, result >= 0);
+        }
+        let Some(flush) = self.background_flush.as_mut() else {
+            tracing::error!(file = %name, result, "fsync completion with no flush in flight; ignored");
+            return;
+        };
+        if result < 0 {
+            // The file's writes are not known durable: the next flush syncs it again.
+            self.dirty[file] = true;
+            if flush.result.is_ok() {
+                flush.result =
+                    Err(DeviceError::from_errno(-result, format!("fdatasync {name} (io_uring)")));
+            }
+        }
+        flush.fsyncs_left -= 1;
+        if flush.fsyncs_left == 0 {
+            self.end_background_flush();
+        }
+    }
+
+    fn end_background_flush(&mut self) {
+        let Some(flush) = self.background_flush.take() else { return };
+        if flush.abandoned {
+            return;
+        }
+        if flush.result.is_ok() {
+            self.ledger.covered_in_background(flush.covered);
+        }
+        assert!(self.flush_done.is_none(), "a background flush ended before the last was taken");
+        self.flush_done = Some(flush.result);
+    }
+
+    /// The background flush being submitted failed (the caller gets the error): forget it once
+    /// its fsyncs already queued have completed.
+    fn background_flush_failed(&mut self) {
+        if let Some(flush) = self.background_flush.as_mut() {
+            flush.abandoned = true;
+            if flush.fsyncs_left == 0 {
+                self.background_flush = None;
+            }
+        }
+    }
+
+    /// Queues one entry, making room in the SQ if it is full.
+    fn push_entry(&mut self, entry: &io_uring::squeue::Entry) -> Result<(), DeviceError> {
+        loop {
+            // SAFETY: the entries pushed here (fsyncs) reference no memory, only a file
+            // descriptor owned by `files`, which is only appended to while the device lives.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return Ok(());
+            }
+            self.enter(0)?;
+            if self.sq_len() >= self.ring.params().sq_entries() as usize {
+                self.enter(1)?;
+                self.drain_cq();
+            }
         }
     }
 
@@ -333,9 +438,11 @@ impl BlockDevice for UringDevice {
     ) -> Result<(), DeviceError> {
         let wanted = min_complete.min(self.in_flight());
         self.drain_cq();
-        while self.ready.len() < wanted {
-            // What is missing is in the kernel: slots_in_use >= wanted - ready.
-            self.enter(wanted - self.ready.len())?;
+        // A background flush that ended counts as a completion (the caller takes it next).
+        let at_hand = |device: &Self| device.ready.len() + usize::from(device.flush_done.is_some());
+        while at_hand(self) < wanted {
+            // What is missing is in the kernel (requests or the flush's fsyncs).
+            self.enter(wanted - at_hand(self))?;
             self.drain_cq();
         }
         self.ledger.hand_out(self.ready.drain(..), out);
@@ -343,7 +450,8 @@ impl BlockDevice for UringDevice {
     }
 
     fn in_flight(&self) -> usize {
-        self.slots_in_use + self.ready.len()
+        let flush = self.background_flush.as_ref().map_or(0, |flush| flush.fsyncs_left);
+        self.slots_in_use + self.ready.len() + flush + usize::from(self.flush_done.is_some())
     }
 
     /// The ring's own fd: the kernel reports it readable while the completion queue holds an
@@ -353,7 +461,8 @@ impl BlockDevice for UringDevice {
     /// after the CQ overflowed: the fd would stay readable while a drain finds nothing, and the
     /// enter of `reap(1)` is what brings those completions back.
     fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
-        (self.ready.is_empty() && !self.cq_overflowed).then(|| self.ring.as_fd())
+        (self.ready.is_empty() && self.flush_done.is_none() && !self.cq_overflowed)
+            .then(|| self.ring.as_fd())
     }
 
     fn completes_asynchronously(&self) -> bool {
@@ -365,7 +474,75 @@ impl BlockDevice for UringDevice {
         if self.durability == WriteDurability::Dsync {
             return Ok(()); // every completed write was already durable
         }
+        // A file whose fsync is in flight is not marked: wait for it, or this flush would
+        // answer before that file's writes are durable.
+        while self.background_flush.is_some() {
+            self.enter(1)?;
+            self.drain_cq();
+        }
         self.ledger.flush(&self.files, &mut self.dirty, self.observer.as_deref())
+    }
+
+    fn flushes_in_background(&self) -> bool {
+        self.fsync_op
+    }
+
+    fn submit_flush(&mut self) -> Result<(), DeviceError> {
+        if self.background_flush.is_some() || self.flush_done.is_some() {
+            // Only after a submission that failed (the engine waits for each flush's end
+            // otherwise): the store is poisoned by then.
+            return Err(DeviceError::BadRequest("a background flush is still in flight".into()));
+        }
+        if !self.fsync_op {
+            return Err(DeviceError::BadRequest("IORING_OP_FSYNC is not available".into()));
+        }
+        self.stats.flushes += 1;
+        let covered = self.ledger.reaped();
+        self.background_flush =
+            Some(BackgroundFlush { fsyncs_left: 0, result: Ok(()), covered, abandoned: false });
+        if self.durability == WriteDurability::FlushPerRound {
+            for file in 0..self.files.len() {
+                if !self.dirty[file] {
+                    continue;
+                }
+                let fd = types::Fd(self.files[file].file.as_raw_fd());
+                let entry = opcode::Fsync::new(fd)
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build()
+                    .user_data(FSYNC_USER_DATA | file as u64);
+                if let Err(err) = self.push_entry(&entry) {
+                    // Not queued: nothing of it is in flight, and the file stays marked. The
+                    // fsyncs queued before it complete and are counted as usual.
+                    self.background_flush_failed();
+                    return Err(err);
+                }
+                // Cleared once queued, before it can begin: a write completing from here on
+                // marks the file again for the next flush.
+                self.dirty[file] = false;
+                if let Some(observer) = &self.observer {
+                    observer.sync_started(&self.files[file].name);
+                }
+                if let Some(flush) = self.background_flush.as_mut() {
+                    flush.fsyncs_left += 1;
+                }
+            }
+        }
+        if self.background_flush.as_ref().is_some_and(|flush| flush.fsyncs_left == 0) {
+            // Nothing to sync (no marked file, or Dsync): it has ended already.
+            self.end_background_flush();
+            return Ok(());
+        }
+        while self.sq_len() > 0 {
+            if let Err(err) = self.enter(0) {
+                self.background_flush_failed();
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    fn take_flush_done(&mut self) -> Option<Result<(), DeviceError>> {
+        self.flush_done.take()
     }
 
     fn write_completions_reaped(&self) -> u64 {

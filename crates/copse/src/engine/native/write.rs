@@ -652,13 +652,42 @@ impl NativeEngine {
         }
     }
 
-    /// FlushPerRound: one flush makes every write that completed this round durable.
+    /// FlushPerRound: one flush makes every write that completed this round durable. On a
+    /// device that flushes in the background (io_uring) the flush is submitted and the writes
+    /// wait for its end, which a later reap brings; one flush is in flight at a time, and the
+    /// writes that complete meanwhile wait for the next (group commit while the thread goes on).
     pub(super) fn flush_round(&mut self) {
-        let writes = self.writes.take_awaiting_flush();
-        if writes.is_empty() {
+        if !self.io.device.flushes_in_background() {
+            let writes = self.writes.take_awaiting_flush();
+            if !writes.is_empty() {
+                let flushed = self.io.device.flush();
+                self.flush_ended(writes, flushed);
+            }
             return;
         }
-        match self.io.device.flush() {
+        loop {
+            if let Some(flushed) = self.io.device.take_flush_done() {
+                let writes = self.flushing.take().expect("a background flush ended for no writes");
+                self.flush_ended(writes, flushed);
+            }
+            if self.flushing.is_some() {
+                return;
+            }
+            let writes = self.writes.take_awaiting_flush();
+            if writes.is_empty() {
+                return;
+            }
+            match self.io.device.submit_flush() {
+                // A flush with nothing to sync has ended already: the loop takes it at once.
+                Ok(()) => self.flushing = Some(writes),
+                Err(err) => self.flush_ended(writes, Err(err)),
+            }
+        }
+    }
+
+    /// A flush covering `writes` ended with `flushed`.
+    fn flush_ended(&mut self, writes: Vec<WriteId>, flushed: Result<(), DeviceError>) {
+        match flushed {
             Ok(()) => self.writes_durable(writes),
             Err(err) => {
                 tracing::error!(shard = self.shard_id, %err, "flush failed");
