@@ -731,6 +731,52 @@ mod tests {
         );
     }
 
+    /// A background flush covers what was reaped when it was submitted, and nothing reaped
+    /// after (even a write that completes before the flush ends); it counts as in flight until
+    /// its end is taken, and a flush in place waits for it.
+    #[test]
+    fn a_background_flush_covers_what_was_reaped_when_it_was_submitted() {
+        use crate::device::observer::testing::EventLog;
+        let Some((_dir, device)) = device(WriteDurability::FlushPerRound) else {
+            return;
+        };
+        if !device.flushes_in_background() {
+            eprintln!("skipping: IORING_OP_FSYNC unavailable");
+            return;
+        }
+        let log = std::sync::Arc::new(EventLog::default());
+        let mut device = device.with_observer(Some(log.clone()));
+        let file = device.open_file("background.slab", true).unwrap();
+        device.grow_file(file, 4 * PAGE_BYTES as u64).unwrap();
+        device.submit(vec![request(1, file, 0, IoKind::Write, page(1, 1))]).unwrap();
+        assert_eq!(reap_all(&mut device).len(), 1);
+        let covered = device.write_completions_reaped();
+        device.submit_flush().unwrap();
+        assert!(device.in_flight() >= 1, "the flush is in flight until its end is taken");
+        // A second write, reaped while the flush may still run: not covered by it.
+        device.submit(vec![request(2, file, 1, IoKind::Write, page(2, 1))]).unwrap();
+        let mut out = Vec::new();
+        let mut ended = None;
+        while device.in_flight() > 0 {
+            device.reap(1, &mut out).unwrap();
+            if let Some(result) = device.take_flush_done() {
+                ended = Some(result);
+            }
+        }
+        assert!(matches!(ended, Some(Ok(()))), "the flush ended: {ended:?}");
+        assert_eq!(out.len(), 1);
+        assert_eq!(device.write_completions_reaped(), covered + 1);
+        assert_eq!(device.write_completions_durable(), covered, "covers only what came before");
+        let first = log.first_write_to("background.slab").expect("the first write was observed");
+        assert!(log.synced_after_completion(first, "background.slab"), "{:?}", log.events());
+        // The second write marked the file again: the next flush syncs it.
+        device.submit_flush().unwrap();
+        device.flush().unwrap();
+        assert_eq!(device.take_flush_done().map(|r| r.is_ok()), Some(true));
+        assert_eq!(device.write_completions_durable(), device.write_completions_reaped());
+        assert_eq!(device.in_flight(), 0);
+    }
+
     /// The shard sleeps in poll(2) on this fd while I/O is in flight (shard/wake.rs): it must
     /// turn readable once a completion waits, and quiet again once it is reaped.
     #[test]

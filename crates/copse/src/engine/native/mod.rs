@@ -474,8 +474,9 @@ impl ShardEngine for NativeEngine {
         self.io.completion_fd()
     }
 
-    /// Reads and writes go through the ring. A flush is still an fdatasync in place, which a
-    /// host's other work waits for (docs/server.md, "Threads").
+    /// Reads, writes and the round's flush go through the ring (the flush in the background:
+    /// `write::flush_round`); what still runs in place is rare (creating or growing a file,
+    /// `Db::flush`, close).
     fn can_share_thread(&self) -> bool {
         self.io.device.completes_asynchronously()
     }
