@@ -436,10 +436,14 @@ impl BlockDevice for UringDevice {
         min_complete: usize,
         out: &mut Vec<IoCompletion>,
     ) -> Result<(), DeviceError> {
-        let wanted = min_complete.min(self.in_flight());
+        // A background flush that ends during this call counts as a completion (the caller
+        // takes it next); one that had ended before does not, so that a caller waiting for its
+        // own request (`sync_io`) waits for it rather than returning at once again and again.
+        let carried = usize::from(self.flush_done.is_some());
+        let wanted = min_complete.min(self.in_flight() - carried);
         self.drain_cq();
-        // A background flush that ended counts as a completion (the caller takes it next).
-        let at_hand = |device: &Self| device.ready.len() + usize::from(device.flush_done.is_some());
+        let at_hand =
+            |device: &Self| device.ready.len() + usize::from(device.flush_done.is_some()) - carried;
         while at_hand(self) < wanted {
             // What is missing is in the kernel (requests or the flush's fsyncs).
             self.enter(wanted - at_hand(self))?;
