@@ -52,6 +52,10 @@ pub const SCAN_ITEMS_MAX: usize = 100_000;
 /// made durable by one write). Bounds the work and the memory a hot key's group holds.
 pub const EXEC_WRITE_GROUP_MEMBERS_MAX: usize = 4_096;
 
+/// Background flushes (io_uring fsync) one shard has in flight at once: a write that completes
+/// while one runs starts the next rather than waiting for it to end (docs/durability.md).
+pub const FLUSHES_IN_FLIGHT_MAX: usize = 2;
+
 /// Reads one step of an exec program may ask for (MGET's keys of one shard, say).
 pub const EXEC_READS_MAX: usize = 10_000;
 

@@ -145,7 +145,10 @@ fn image_at(
     let mut submitted: Vec<usize> = Vec::new();
     // Per file: positions of fdatasyncs that began and then finished successfully before the cut.
     let mut syncs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    let mut sync_open: BTreeMap<&str, usize> = BTreeMap::new();
+    // Per file: positions of fdatasyncs begun and not yet finished, oldest first. Background
+    // flushes can have two of one file in flight, and a finish does not say which one ended:
+    // it is taken as the oldest's, which covers the fewest writes (the hostile reading).
+    let mut sync_open: BTreeMap<&str, std::collections::VecDeque<usize>> = BTreeMap::new();
     for (at, event) in events.iter().enumerate() {
         match event {
             Event::Opened { name, len_bytes } | Event::Grown { name, len_bytes } => {
@@ -157,10 +160,12 @@ fn image_at(
                 completed_at.insert(*write, (at, *ok));
             }
             Event::SyncStarted { name } => {
-                sync_open.insert(name, at);
+                sync_open.entry(name).or_default().push_back(at);
             }
             Event::SyncFinished { name, ok } => {
-                if let Some(began) = sync_open.remove(name.as_str()) {
+                if let Some(began) =
+                    sync_open.get_mut(name.as_str()).and_then(|open| open.pop_front())
+                {
                     if *ok {
                         syncs.entry(name).or_default().push(began);
                     }

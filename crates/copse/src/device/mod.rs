@@ -221,15 +221,16 @@ pub trait BlockDevice: Send {
         false
     }
     /// Starts a flush of every write whose completion `reap` has handed out, without waiting
-    /// for it; at most one is in flight (call again only after `take_flush_done` returned the
-    /// last one). It counts in `in_flight` until taken, and its end is announced like any
-    /// completion (the completion fd; `reap` returns once it has ended). On success
-    /// `write_completions_durable` then rises to the value `write_completions_reaped` had at
-    /// this call. On `Err` no flush is in flight.
+    /// for it (the caller bounds how many are in flight). It counts in `in_flight` until taken,
+    /// and its end is announced like any completion (the completion fd; `reap` returns once one
+    /// has ended). Ends are taken in submission order, each only after every earlier one. On
+    /// success `write_completions_durable` then rises to the value `write_completions_reaped`
+    /// had at this call. On `Err` this flush is not in flight (nor reported).
     fn submit_flush(&mut self) -> Result<(), DeviceError> {
         Err(DeviceError::BadRequest("this device does not flush in the background".into()))
     }
-    /// The end of the background flush, once it has ended (after a `reap` or a `flush`).
+    /// The end of the oldest background flush not yet taken, once it (and every earlier one)
+    /// has ended (after a `reap` or a `flush`).
     fn take_flush_done(&mut self) -> Option<Result<(), DeviceError>> {
         None
     }

@@ -27,10 +27,11 @@
 //!
 //! A background flush (`submit_flush`) is the same fdatasyncs as IORING_OP_FSYNC entries in the
 //! ring, one per marked file, each file's mark cleared as its entry is queued; the flush ends
-//! when the last of them completes, and covers what was reaped when it was submitted. One is in
-//! flight at a time: writes that complete meanwhile wait for the next, which then covers them
-//! all (group commit, while the thread serves other work). A flush in place (`flush`) waits for
-//! the background one first, so it never answers while a file it skipped is still syncing.
+//! when the last of them completes, and covers what was reaped when it was submitted. Several
+//! may be in flight (the engine bounds them: `FLUSHES_IN_FLIGHT_MAX`); their ends are handed
+//! out in submission order, each only once every earlier one has ended, so a flush's end
+//! always means everything before it is durable too. A flush in place (`flush`) waits for the
+//! background ones first, so it never answers while a file it skipped is still syncing.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -46,12 +47,17 @@ use super::{
     WriteDurability,
 };
 
-/// The `user_data` of a background flush's fsync entries: this bit, and the file's id below
-/// it (a request's `user_data` is its slot, far below).
+/// The `user_data` of a background flush's fsync entries: this bit, the flush's number above
+/// `FSYNC_FILE_BITS` and the file's id below (a request's `user_data` is its slot, far below).
 const FSYNC_USER_DATA: u64 = 1 << 63;
+const FSYNC_FILE_BITS: u32 = 24;
+const FSYNC_FILE_MASK: u64 = (1 << FSYNC_FILE_BITS) - 1;
+const FSYNC_FLUSH_MASK: u64 = (FSYNC_USER_DATA - 1) >> FSYNC_FILE_BITS;
 
-/// The background flush in flight (`submit_flush`).
+/// A background flush in flight (`submit_flush`).
 struct BackgroundFlush {
+    /// Its number (counting from 0 per device; in `user_data`, masked).
+    number: u64,
     /// Its fsyncs not completed yet.
     fsyncs_left: usize,
     /// The first error among them.
@@ -129,9 +135,12 @@ pub struct UringDevice {
     cq_overflowed: bool,
     /// IORING_OP_FSYNC is available (probed at open): background flushes are possible.
     fsync_op: bool,
-    background_flush: Option<BackgroundFlush>,
-    /// The end of the last background flush, until `take_flush_done`.
-    flush_done: Option<Result<(), DeviceError>>,
+    /// The background flushes not yet ended, or ended before an earlier one, in submission
+    /// order.
+    background_flushes: VecDeque<BackgroundFlush>,
+    next_flush_number: u64,
+    /// Background flushes that ended (in order), until `take_flush_done`.
+    flushes_done: VecDeque<Result<(), DeviceError>>,
 }
 
 impl UringDevice {
@@ -164,8 +173,9 @@ impl UringDevice {
             observed_tags: Vec::new(),
             cq_overflowed: false,
             fsync_op,
-            background_flush: None,
-            flush_done: None,
+            background_flushes: VecDeque::new(),
+            next_flush_number: 0,
+            flushes_done: VecDeque::new(),
         })
     }
 
@@ -245,7 +255,8 @@ impl UringDevice {
         self.cq_overflowed = self.ring.submission().cq_overflow();
         for (user_data, result) in finished {
             if user_data & FSYNC_USER_DATA != 0 {
-                self.fsync_completed((user_data & !FSYNC_USER_DATA) as usize, result);
+                let flush = (user_data >> FSYNC_FILE_BITS) & FSYNC_FLUSH_MASK;
+                self.fsync_completed(flush, (user_data & FSYNC_FILE_MASK) as usize, result);
                 continue;
             }
             let Some(request) = usize::try_from(user_data).ok().and_then(|s| self.remove_slot(s))
@@ -285,8 +296,8 @@ impl UringDevice {
         }
     }
 
-    /// One fsync of the background flush completed (`result`: the syscall's).
-    fn fsync_completed(&mut self, file: usize, result: i32) {
+    /// One fsync of background flush `number` (masked) completed (`result`: the syscall's).
+    fn fsync_completed(&mut self, number: u64, file: usize, result: i32) {
         let Some(name) = self.files.get(file).map(|open| open.name.clone()) else {
             tracing::error!(file, result, "fsync completion for no open file; ignored");
             return;
@@ -294,8 +305,12 @@ impl UringDevice {
         if let Some(observer) = &self.observer {
             observer.sync_finished(&name, result >= 0);
         }
-        let Some(flush) = self.background_flush.as_mut() else {
-            tracing::error!(file = %name, result, "fsync completion with no flush in flight; ignored");
+        let flush = self
+            .background_flushes
+            .iter_mut()
+            .find(|flush| flush.number & FSYNC_FLUSH_MASK == number && flush.fsyncs_left > 0);
+        let Some(flush) = flush else {
+            tracing::error!(file = %name, result, "fsync completion for no flush in flight; ignored");
             return;
         };
         if result < 0 {
@@ -307,32 +322,30 @@ impl UringDevice {
             }
         }
         flush.fsyncs_left -= 1;
-        if flush.fsyncs_left == 0 {
-            self.end_background_flush();
-        }
+        self.end_background_flushes();
     }
 
-    fn end_background_flush(&mut self) {
-        let Some(flush) = self.background_flush.take() else { return };
-        if flush.abandoned {
-            return;
-        }
-        if flush.result.is_ok() {
-            self.ledger.covered_in_background(flush.covered);
-        }
-        assert!(self.flush_done.is_none(), "a background flush ended before the last was taken");
-        self.flush_done = Some(flush.result);
-    }
-
-    /// The background flush being submitted failed (the caller gets the error): forget it once
-    /// its fsyncs already queued have completed.
-    fn background_flush_failed(&mut self) {
-        if let Some(flush) = self.background_flush.as_mut() {
-            flush.abandoned = true;
-            if flush.fsyncs_left == 0 {
-                self.background_flush = None;
+    /// Ends the background flushes at the front whose fsyncs have all completed, in order.
+    fn end_background_flushes(&mut self) {
+        while self.background_flushes.front().is_some_and(|flush| flush.fsyncs_left == 0) {
+            let Some(flush) = self.background_flushes.pop_front() else { break };
+            if flush.abandoned {
+                continue;
             }
+            if flush.result.is_ok() {
+                self.ledger.covered_in_background(flush.covered);
+            }
+            self.flushes_done.push_back(flush.result);
         }
+    }
+
+    /// The background flush being submitted (the last) failed, and the caller gets the error:
+    /// forget it once its fsyncs already queued have completed.
+    fn background_flush_failed(&mut self) {
+        if let Some(flush) = self.background_flushes.back_mut() {
+            flush.abandoned = true;
+        }
+        self.end_background_flushes();
     }
 
     /// Queues one entry, making room in the SQ if it is full.
@@ -439,11 +452,10 @@ impl BlockDevice for UringDevice {
         // A background flush that ends during this call counts as a completion (the caller
         // takes it next); one that had ended before does not, so that a caller waiting for its
         // own request (`sync_io`) waits for it rather than returning at once again and again.
-        let carried = usize::from(self.flush_done.is_some());
+        let carried = self.flushes_done.len();
         let wanted = min_complete.min(self.in_flight() - carried);
         self.drain_cq();
-        let at_hand =
-            |device: &Self| device.ready.len() + usize::from(device.flush_done.is_some()) - carried;
+        let at_hand = |device: &Self| device.ready.len() + device.flushes_done.len() - carried;
         while at_hand(self) < wanted {
             // What is missing is in the kernel (requests or the flush's fsyncs).
             self.enter(wanted - at_hand(self))?;
@@ -454,8 +466,11 @@ impl BlockDevice for UringDevice {
     }
 
     fn in_flight(&self) -> usize {
-        let flush = self.background_flush.as_ref().map_or(0, |flush| flush.fsyncs_left);
-        self.slots_in_use + self.ready.len() + flush + usize::from(self.flush_done.is_some())
+        let fsyncs: usize = self.background_flushes.iter().map(|flush| flush.fsyncs_left).sum();
+        // A flush whose fsyncs have all completed but that waits behind an earlier one counts
+        // too, so that the loop never sleeps with nothing left to wake it.
+        let waiting = self.background_flushes.iter().filter(|flush| flush.fsyncs_left == 0).count();
+        self.slots_in_use + self.ready.len() + fsyncs + waiting + self.flushes_done.len()
     }
 
     /// The ring's own fd: the kernel reports it readable while the completion queue holds an
@@ -465,7 +480,7 @@ impl BlockDevice for UringDevice {
     /// after the CQ overflowed: the fd would stay readable while a drain finds nothing, and the
     /// enter of `reap(1)` is what brings those completions back.
     fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
-        (self.ready.is_empty() && self.flush_done.is_none() && !self.cq_overflowed)
+        (self.ready.is_empty() && self.flushes_done.is_empty() && !self.cq_overflowed)
             .then(|| self.ring.as_fd())
     }
 
@@ -480,7 +495,7 @@ impl BlockDevice for UringDevice {
         }
         // A file whose fsync is in flight is not marked: wait for it, or this flush would
         // answer before that file's writes are durable.
-        while self.background_flush.is_some() {
+        while !self.background_flushes.is_empty() {
             self.enter(1)?;
             self.drain_cq();
         }
@@ -492,28 +507,36 @@ impl BlockDevice for UringDevice {
     }
 
     fn submit_flush(&mut self) -> Result<(), DeviceError> {
-        if self.background_flush.is_some() || self.flush_done.is_some() {
-            // Only after a submission that failed (the engine waits for each flush's end
-            // otherwise): the store is poisoned by then.
-            return Err(DeviceError::BadRequest("a background flush is still in flight".into()));
-        }
         if !self.fsync_op {
             return Err(DeviceError::BadRequest("IORING_OP_FSYNC is not available".into()));
         }
         self.stats.flushes += 1;
         let covered = self.ledger.reaped();
-        self.background_flush =
-            Some(BackgroundFlush { fsyncs_left: 0, result: Ok(()), covered, abandoned: false });
+        let number = self.next_flush_number;
+        self.next_flush_number += 1;
+        self.background_flushes.push_back(BackgroundFlush {
+            number,
+            fsyncs_left: 0,
+            result: Ok(()),
+            covered,
+            abandoned: false,
+        });
         if self.durability == WriteDurability::FlushPerRound {
             for file in 0..self.files.len() {
                 if !self.dirty[file] {
                     continue;
                 }
+                debug_assert!(
+                    file as u64 <= FSYNC_FILE_MASK,
+                    "file id {file} past user_data's field"
+                );
                 let fd = types::Fd(self.files[file].file.as_raw_fd());
-                let entry = opcode::Fsync::new(fd)
-                    .flags(types::FsyncFlags::DATASYNC)
-                    .build()
-                    .user_data(FSYNC_USER_DATA | file as u64);
+                let entry =
+                    opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build().user_data(
+                        FSYNC_USER_DATA
+                            | (number & FSYNC_FLUSH_MASK) << FSYNC_FILE_BITS
+                            | file as u64 & FSYNC_FILE_MASK,
+                    );
                 if let Err(err) = self.push_entry(&entry) {
                     // Not queued: nothing of it is in flight, and the file stays marked. The
                     // fsyncs queued before it complete and are counted as usual.
@@ -526,16 +549,13 @@ impl BlockDevice for UringDevice {
                 if let Some(observer) = &self.observer {
                     observer.sync_started(&self.files[file].name);
                 }
-                if let Some(flush) = self.background_flush.as_mut() {
+                if let Some(flush) = self.background_flushes.back_mut() {
                     flush.fsyncs_left += 1;
                 }
             }
         }
-        if self.background_flush.as_ref().is_some_and(|flush| flush.fsyncs_left == 0) {
-            // Nothing to sync (no marked file, or Dsync): it has ended already.
-            self.end_background_flush();
-            return Ok(());
-        }
+        // Nothing to sync (no marked file, or Dsync): it ends once the flushes before it have.
+        self.end_background_flushes();
         while self.sq_len() > 0 {
             if let Err(err) = self.enter(0) {
                 self.background_flush_failed();
@@ -546,7 +566,7 @@ impl BlockDevice for UringDevice {
     }
 
     fn take_flush_done(&mut self) -> Option<Result<(), DeviceError>> {
-        self.flush_done.take()
+        self.flushes_done.pop_front()
     }
 
     fn write_completions_reaped(&self) -> u64 {
@@ -779,6 +799,46 @@ mod tests {
         assert_eq!(device.take_flush_done().map(|r| r.is_ok()), Some(true));
         assert_eq!(device.write_completions_durable(), device.write_completions_reaped());
         assert_eq!(device.in_flight(), 0);
+    }
+
+    /// Two background flushes in flight end in submission order, each covering what was reaped
+    /// before it, and the file synced by both is marked again in between.
+    #[test]
+    fn background_flushes_in_flight_together_end_in_order() {
+        let Some((_dir, mut device)) = device(WriteDurability::FlushPerRound) else {
+            return;
+        };
+        if !device.flushes_in_background() {
+            eprintln!("skipping: IORING_OP_FSYNC unavailable");
+            return;
+        }
+        let file = device.open_file("two.slab", true).unwrap();
+        device.grow_file(file, 4 * PAGE_BYTES as u64).unwrap();
+        let mut covered = Vec::new();
+        for page_no in 0..2u64 {
+            device
+                .submit(vec![request(page_no, file, page_no, IoKind::Write, page(3, 1))])
+                .unwrap();
+            let mut out = Vec::new();
+            // Reap the write (a flush ending meanwhile stays to be taken below).
+            while out.is_empty() {
+                device.reap(1, &mut out).unwrap();
+            }
+            covered.push(device.write_completions_reaped());
+            device.submit_flush().unwrap();
+        }
+        let mut ends = Vec::new();
+        while device.in_flight() > 0 {
+            let mut out = Vec::new();
+            device.reap(1, &mut out).unwrap();
+            while let Some(result) = device.take_flush_done() {
+                assert!(result.is_ok());
+                ends.push(device.write_completions_durable());
+            }
+        }
+        assert_eq!(ends.len(), 2, "both flushes ended");
+        assert!(ends[0] >= covered[0] && ends[1] == covered[1], "{ends:?} against {covered:?}");
+        assert_eq!(device.write_completions_durable(), device.write_completions_reaped());
     }
 
     /// The shard sleeps in poll(2) on this fd while I/O is in flight (shard/wake.rs): it must

@@ -128,8 +128,8 @@ pub struct NativeEngine {
     poisoned: Arc<AtomicBool>,
     /// `close` was called: no new collection starts.
     closing: bool,
-    /// The writes the device's background flush in flight covers (`write::flush_round`).
-    flushing: Option<Vec<WriteId>>,
+    /// Per background flush in flight, oldest first: the writes it covers (`write::flush_round`).
+    flushing: std::collections::VecDeque<Vec<WriteId>>,
 
     io: Io,
     pages: Pages,
@@ -163,7 +163,7 @@ impl NativeEngine {
             shard_id: config.shard_id,
             poisoned: config.poisoned,
             closing: false,
-            flushing: None,
+            flushing: std::collections::VecDeque::new(),
             io: Io::new(config.shard_id, device, config.io_depth_max),
             pages: Pages::new(config.shard_id, config.cache_pages),
             slabs: Slabs::new(config.slab_growth_bytes_min),

@@ -40,6 +40,7 @@ use super::{IoPurpose, Key, NativeEngine, PageKey, WriteId};
 use crate::device::{AlignedBuf, DeviceError, FaultPoint, IoKind, WriteDurability};
 use crate::engine::Reply;
 use crate::error::WriteError;
+use crate::limits::FLUSHES_IN_FLIGHT_MAX;
 use crate::limits::PAGE_BYTES;
 
 /// Who is waiting for a write, and what it does once durable.
@@ -654,8 +655,9 @@ impl NativeEngine {
 
     /// FlushPerRound: one flush makes every write that completed this round durable. On a
     /// device that flushes in the background (io_uring) the flush is submitted and the writes
-    /// wait for its end, which a later reap brings; one flush is in flight at a time, and the
-    /// writes that complete meanwhile wait for the next (group commit while the thread goes on).
+    /// wait for its end, which a later reap brings; up to `FLUSHES_IN_FLIGHT_MAX` are in flight,
+    /// so a write completing while one runs starts the next instead of waiting for it to end,
+    /// and past that bound the writes wait for the next (group commit while the thread goes on).
     pub(super) fn flush_round(&mut self) {
         if !self.io.device.flushes_in_background() {
             let writes = self.writes.take_awaiting_flush();
@@ -666,11 +668,12 @@ impl NativeEngine {
             return;
         }
         loop {
-            if let Some(flushed) = self.io.device.take_flush_done() {
-                let writes = self.flushing.take().expect("a background flush ended for no writes");
+            while let Some(flushed) = self.io.device.take_flush_done() {
+                let writes =
+                    self.flushing.pop_front().expect("a background flush ended for no writes");
                 self.flush_ended(writes, flushed);
             }
-            if self.flushing.is_some() {
+            if self.flushing.len() >= FLUSHES_IN_FLIGHT_MAX {
                 return;
             }
             let writes = self.writes.take_awaiting_flush();
@@ -678,9 +681,12 @@ impl NativeEngine {
                 return;
             }
             match self.io.device.submit_flush() {
-                // A flush with nothing to sync has ended already: the loop takes it at once.
-                Ok(()) => self.flushing = Some(writes),
-                Err(err) => self.flush_ended(writes, Err(err)),
+                // A flush with nothing to sync may have ended already: the loop takes it.
+                Ok(()) => self.flushing.push_back(writes),
+                Err(err) => {
+                    self.flush_ended(writes, Err(err));
+                    return;
+                }
             }
         }
     }
