@@ -115,11 +115,9 @@ impl Router {
         closed: E,
         build: impl FnOnce(Vec<u8>, oneshot::Sender<Result<T, E>>) -> Request,
     ) -> Pending<T, E> {
-        let shard = shard_of(key, self.shard_count()) as usize;
+        let shard = shard_of(key, self.shard_count());
         let (sender, receiver) = oneshot::channel();
-        let request = Message::Request(build(key.to_vec(), sender));
-        let delivered = self.shards[shard].send_async(request).await;
-        Pending { receiver: delivered.then_some(receiver), closed }
+        self.send_to_async(shard, closed, build(key.to_vec(), sender), receiver).await
     }
 
     /// Queues an exec program on `shard`; blocks while the queue is full. False if the shard is
