@@ -42,6 +42,18 @@ fn command(stream: &mut BufReader<TcpStream>, args: &[&[u8]]) -> String {
 
 #[test]
 fn writes_acknowledged_before_a_stop_are_there_after_a_restart() {
+    writes_survive_a_restart(config);
+}
+
+/// The same with each shard on a thread of its own, and with more shards than network threads
+/// (thread-per-core places shard i on thread i mod threads).
+#[test]
+fn writes_survive_a_restart_whatever_the_shards_run_on() {
+    writes_survive_a_restart(|path| ServerConfig { thread_per_core: false, ..config(path) });
+    writes_survive_a_restart(|path| ServerConfig { shards: 3, ..config(path) });
+}
+
+fn writes_survive_a_restart(config: impl Fn(&std::path::Path) -> ServerConfig) {
     let dir = tempfile::tempdir().unwrap();
     let running = copse_server::start(config(dir.path())).unwrap();
     let mut client = BufReader::new(TcpStream::connect(running.local_addr).unwrap());
