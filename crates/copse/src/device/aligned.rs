@@ -44,6 +44,35 @@ impl AlignedBuf {
         AlignedBuf { ptr, len_bytes }
     }
 
+    /// A buffer holding `pages` one after another (each `PAGE_BYTES` long), written once: the
+    /// allocation is not zeroed first, as `zeroed` and then a copy would do. A page run's write
+    /// (up to `WRITE_PAGES_PER_IO_MAX` pages, the engine's largest buffer) is built this way.
+    pub fn from_pages(pages: &[&[u8]]) -> AlignedBuf {
+        assert!(pages.iter().all(|page| page.len() == PAGE_BYTES), "a page is not PAGE_BYTES long");
+        let len_bytes = pages.len() * PAGE_BYTES;
+        let layout = Self::layout(len_bytes);
+        // SAFETY: `layout` has a non-zero size (asserted in `layout`).
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout);
+        };
+        assert!(ptr.as_ptr() as usize & (PAGE_BYTES - 1) == 0, "allocator broke page alignment");
+        for (index, page) in pages.iter().enumerate() {
+            // SAFETY: the destination, `PAGE_BYTES` from `index * PAGE_BYTES` with `index` below
+            // `pages.len()`, lies inside the fresh allocation of `len_bytes`, which no one else
+            // can see, so it does not overlap `page`; `page` holds `PAGE_BYTES` bytes (asserted).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    page.as_ptr(),
+                    ptr.as_ptr().add(index * PAGE_BYTES),
+                    PAGE_BYTES,
+                )
+            };
+        }
+        // Every byte was written above: the buffer is initialised, as `Deref` requires.
+        AlignedBuf { ptr, len_bytes }
+    }
+
     fn layout(len_bytes: usize) -> Layout {
         assert!(
             len_bytes > 0 && len_bytes & (PAGE_BYTES - 1) == 0,
@@ -77,7 +106,8 @@ impl Deref for AlignedBuf {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `len_bytes` initialised bytes (zeroed at allocation) that this
+        // SAFETY: `ptr` points to `len_bytes` initialised bytes (zeroed at allocation, or each
+        // copied in by `from_pages`) that this
         // value owns for its whole life; the returned borrow is tied to `&self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len_bytes) }
     }
@@ -107,7 +137,7 @@ impl fmt::Debug for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout (the length never
+        // SAFETY: `ptr` was returned by `alloc_zeroed` or `alloc` with exactly this layout (the length never
         // changes after construction), and it is freed only here, once.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len_bytes)) }
     }
@@ -116,6 +146,17 @@ impl Drop for AlignedBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_pages_holds_the_pages_in_order() {
+        let first = vec![1u8; PAGE_BYTES];
+        let second: Vec<u8> = (0..PAGE_BYTES).map(|i| i as u8).collect();
+        let buf = AlignedBuf::from_pages(&[&first, &second]);
+        assert_eq!(buf.len(), 2 * PAGE_BYTES);
+        assert_eq!(buf.as_ptr() as usize % PAGE_BYTES, 0);
+        assert_eq!(&buf[..PAGE_BYTES], &first[..]);
+        assert_eq!(&buf[PAGE_BYTES..], &second[..]);
+    }
 
     #[test]
     fn zeroed_is_aligned_and_zero() {

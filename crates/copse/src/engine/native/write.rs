@@ -456,10 +456,12 @@ impl NativeEngine {
                 first.0
             );
         }
-        let mut buf = AlignedBuf::zeroed(run.len() * PAGE_BYTES);
-        for (index, &page) in run.iter().enumerate() {
-            buf[index * PAGE_BYTES..(index + 1) * PAGE_BYTES]
-                .copy_from_slice(self.pages.cache.image(page).expect("dirty pages are pinned"));
+        let images: Vec<&[u8]> = run
+            .iter()
+            .map(|&page| &self.pages.cache.image(page).expect("dirty pages are pinned")[..])
+            .collect();
+        let buf = AlignedBuf::from_pages(&images);
+        for &page in run {
             // Invariant 3: at most one write of a page in flight.
             self.pages.begin_write(page);
             self.scrub_page_written(page);
