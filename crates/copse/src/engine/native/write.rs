@@ -458,7 +458,7 @@ impl NativeEngine {
         }
         let images: Vec<&[u8]> = run
             .iter()
-            .map(|&page| &self.pages.cache.image(page).expect("dirty pages are pinned")[..])
+            .map(|&page| self.pages.cache.image(page).expect("dirty pages are pinned"))
             .collect();
         let buf = AlignedBuf::from_pages(&images);
         for &page in run {
