@@ -203,9 +203,10 @@ pub trait BlockDevice: Send {
     fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
-    /// Whether reads and writes are submitted and completed without blocking the calling
-    /// thread, with completions announced through `completion_fd` (io_uring): the engine over
-    /// it can share its thread (`ShardEngine::can_share_thread`).
+    /// Whether reads, writes and flushes (`submit_flush`) are submitted and completed without
+    /// blocking the calling thread, with completions announced through `completion_fd`
+    /// (io_uring): the engine flushes in the background and can share its thread
+    /// (`ShardEngine::can_share_thread`). Otherwise `flush` is the only way to flush.
     fn completes_asynchronously(&self) -> bool {
         false
     }
@@ -214,12 +215,6 @@ pub trait BlockDevice: Send {
     /// `write_completions_reaped` had when the flush began. Waits for a background flush in
     /// flight first (its end is still taken with `take_flush_done`).
     fn flush(&mut self) -> Result<(), DeviceError>;
-    /// Whether the device can flush in the background (`submit_flush`; io_uring's fsync), so
-    /// that the thread goes on with other work meanwhile. The default: it cannot, and `flush`
-    /// is the only way.
-    fn flushes_in_background(&self) -> bool {
-        false
-    }
     /// Starts a flush of every write whose completion `reap` has handed out, without waiting
     /// for it (the caller bounds how many are in flight). It counts in `in_flight` until taken,
     /// and its end is announced like any completion (the completion fd; `reap` returns once one

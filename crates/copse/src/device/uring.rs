@@ -82,7 +82,12 @@ pub fn probe() -> Result<(), DeviceError> {
     ring.submitter()
         .register_probe(&mut opcodes)
         .map_err(|err| unavailable("IORING_REGISTER_PROBE", err))?;
-    for (code, name) in [(opcode::Read::CODE, "READ"), (opcode::Write::CODE, "WRITE")] {
+    let needed = [
+        (opcode::Read::CODE, "READ"),
+        (opcode::Write::CODE, "WRITE"),
+        (opcode::Fsync::CODE, "FSYNC"),
+    ];
+    for (code, name) in needed {
         if !opcodes.is_supported(code) {
             return Err(DeviceError::UringUnavailable(format!("opcode IORING_OP_{name} missing")));
         }
@@ -133,8 +138,6 @@ pub struct UringDevice {
     /// The kernel said, at the last drain, that completions overflowed the CQ into its own
     /// list, which only an enter moves back into the CQ.
     cq_overflowed: bool,
-    /// IORING_OP_FSYNC is available (probed at open): background flushes are possible.
-    fsync_op: bool,
     /// The background flushes not yet ended, or ended before an earlier one, in submission
     /// order.
     background_flushes: VecDeque<BackgroundFlush>,
@@ -154,9 +157,6 @@ impl UringDevice {
         let ring = IoUring::new(ring_entries.max(1)).map_err(|err| {
             DeviceError::UringUnavailable(format!("io_uring_setup({ring_entries}): {err}"))
         })?;
-        let mut opcodes = Probe::new();
-        let fsync_op = ring.submitter().register_probe(&mut opcodes).is_ok()
-            && opcodes.is_supported(opcode::Fsync::CODE);
         Ok(UringDevice {
             ring,
             root: root.to_path_buf(),
@@ -172,7 +172,6 @@ impl UringDevice {
             observer: None,
             observed_tags: Vec::new(),
             cq_overflowed: false,
-            fsync_op,
             background_flushes: VecDeque::new(),
             next_flush_number: 0,
             flushes_done: VecDeque::new(),
@@ -502,14 +501,7 @@ impl BlockDevice for UringDevice {
         self.ledger.flush(&self.files, &mut self.dirty, self.observer.as_deref())
     }
 
-    fn flushes_in_background(&self) -> bool {
-        self.fsync_op
-    }
-
     fn submit_flush(&mut self) -> Result<(), DeviceError> {
-        if !self.fsync_op {
-            return Err(DeviceError::BadRequest("IORING_OP_FSYNC is not available".into()));
-        }
         self.stats.flushes += 1;
         let covered = self.ledger.reaped();
         let number = self.next_flush_number;
@@ -764,10 +756,6 @@ mod tests {
         let Some((_dir, device)) = device(WriteDurability::FlushPerRound) else {
             return;
         };
-        if !device.flushes_in_background() {
-            eprintln!("skipping: IORING_OP_FSYNC unavailable");
-            return;
-        }
         let log = std::sync::Arc::new(EventLog::default());
         let mut device = device.with_observer(Some(log.clone()));
         let file = device.open_file("background.slab", true).unwrap();
@@ -808,10 +796,6 @@ mod tests {
         let Some((_dir, mut device)) = device(WriteDurability::FlushPerRound) else {
             return;
         };
-        if !device.flushes_in_background() {
-            eprintln!("skipping: IORING_OP_FSYNC unavailable");
-            return;
-        }
         let file = device.open_file("two.slab", true).unwrap();
         device.grow_file(file, 4 * PAGE_BYTES as u64).unwrap();
         let mut covered = Vec::new();

@@ -661,7 +661,7 @@ impl NativeEngine {
     /// so a write completing while one runs starts the next instead of waiting for it to end,
     /// and past that bound the writes wait for the next (group commit while the thread goes on).
     pub(super) fn flush_round(&mut self) {
-        if !self.io.device.flushes_in_background() {
+        if !self.io.device.completes_asynchronously() {
             let writes = self.writes.take_awaiting_flush();
             if !writes.is_empty() {
                 let flushed = self.io.device.flush();
