@@ -34,6 +34,12 @@ pub struct Pending<T, E> {
 }
 
 impl<T, E> Pending<T, E> {
+    /// The reply to a request that was `delivered` to its shard's queue (or not: then the
+    /// shard is gone, and the reply is `closed`).
+    fn sent(delivered: bool, receiver: oneshot::Receiver<Result<T, E>>, closed: E) -> Self {
+        Pending { receiver: delivered.then_some(receiver), closed }
+    }
+
     pub fn wait(self) -> Result<T, E> {
         futures::executor::block_on(self.into_future())
     }
@@ -62,8 +68,7 @@ impl Router {
         request: Request,
         receiver: oneshot::Receiver<Result<T, E>>,
     ) -> Pending<T, E> {
-        let delivered = self.shards[shard].send(Message::Request(request));
-        Pending { receiver: delivered.then_some(receiver), closed }
+        Pending::sent(self.shards[shard].send(Message::Request(request)), receiver, closed)
     }
 
     /// Sends a request to shard `shard`; blocks while its queue is full.
@@ -87,7 +92,7 @@ impl Router {
         receiver: oneshot::Receiver<Result<T, E>>,
     ) -> Pending<T, E> {
         let delivered = self.shards[shard as usize].send_async(Message::Request(request)).await;
-        Pending { receiver: delivered.then_some(receiver), closed }
+        Pending::sent(delivered, receiver, closed)
     }
 
     /// Tells shard `shard` to look at its cross-shard parts again; never blocks (see

@@ -196,7 +196,6 @@ impl ShardLoop {
             if self.engine.is_idle() && self.execs.is_empty() {
                 finish(&self.receiver, std::mem::take(&mut self.late_closes));
                 let _ = reply.send(self.engine.close());
-                self.running_hosted = None;
                 return ThreadTurn::Turn(ShardTurn::Stopped);
             }
             self.closing = Some(reply);
@@ -248,7 +247,6 @@ impl ShardLoop {
         if let Err(err) = self.engine.close() {
             tracing::error!(shard = self.engine.shard_id(), %err, "closing the shard failed");
         }
-        self.running_hosted = None;
     }
 
     /// Runs the loop on the calling thread (the shard's own) until it stops or a host takes it;
@@ -286,10 +284,7 @@ impl ShardLoop {
     /// ready (if asked), or the engine's next deadline passes. A wake that brought nothing (a
     /// sender's handle dropped, an interrupted poll) sleeps again.
     fn wait_on_thread(&self, wait: ShardWait) {
-        let connected = self.connected;
-        let receiver = &self.receiver;
-        // Everything a sender changes before it wakes the shard (invariant 1 of `wake.rs`).
-        let queued = || connected && (!receiver.is_empty() || receiver.is_disconnected());
+        let queued = || has_news(self.connected, &self.receiver);
         let completion_fd = if wait.completions { self.engine.completion_fd() } else { None };
         loop {
             match self.parker.park(queued, completion_fd, wait.deadline) {
@@ -317,10 +312,8 @@ impl ShardLoop {
     /// it; otherwise the task is registered to be woken when one comes (invariant 1 of
     /// `wake.rs`: announced, then checked).
     pub fn poll_messages(&mut self, task: &std::task::Waker) -> std::task::Poll<()> {
-        let connected = self.connected;
-        let receiver = &self.receiver;
-        let queued = || connected && (!receiver.is_empty() || receiver.is_disconnected());
-        self.parker.poll_messages(task, &mut self.parking, queued)
+        let (connected, receiver) = (self.connected, &self.receiver);
+        self.parker.poll_messages(task, &mut self.parking, || has_news(connected, receiver))
     }
 
     /// For a host: the wait is over, whatever ended it.
@@ -339,6 +332,13 @@ impl Drop for ShardLoop {
         }
         finish(&self.receiver, std::mem::take(&mut self.late_closes));
     }
+}
+
+/// Whether the queue has something for a waiting shard: a message, or (while it was still
+/// connected) the departure of the last sender. This is everything a sender changes before it
+/// wakes the shard (invariant 1 of `wake.rs`).
+fn has_news(connected: bool, receiver: &flume::Receiver<Message>) -> bool {
+    connected && (!receiver.is_empty() || receiver.is_disconnected())
 }
 
 /// A message that reached a closing shard: the store is closed to it.
