@@ -375,6 +375,27 @@ fn power_loss_run(placement: PlacementSetting, backend: Backend) {
         .collect();
     let syncs = run.log.events.iter().filter(|e| matches!(e, Event::SyncStarted { .. })).count();
     assert!(acks.len() > 100 && syncs > 10, "the workload made {} acks, {syncs} syncs", acks.len());
+    // A shard keeps at most `FLUSHES_IN_FLIGHT_MAX` background flushes in flight, so no file
+    // ever has more fdatasyncs under way at once (a file belongs to one shard).
+    let mut open_syncs: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for event in &run.log.events {
+        match event {
+            Event::SyncStarted { name } => {
+                let open = open_syncs.entry(name).or_default();
+                *open += 1;
+                assert!(
+                    *open <= copse::limits::FLUSHES_IN_FLIGHT_MAX,
+                    "{open} fdatasyncs of {name} under way at once"
+                );
+            }
+            Event::SyncFinished { name, .. } => {
+                if let Some(open) = open_syncs.get_mut(name.as_str()) {
+                    *open = open.saturating_sub(1);
+                }
+            }
+            _ => {}
+        }
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let cuts = env_u64("COPSE_POWER_LOSS_CUTS", CUTS_DEFAULT) as usize;
     let mut violations = Vec::new();
