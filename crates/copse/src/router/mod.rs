@@ -61,16 +61,6 @@ impl Router {
         self.shards.len() as u32
     }
 
-    fn pending<T, E>(
-        &self,
-        shard: usize,
-        closed: E,
-        request: Request,
-        receiver: oneshot::Receiver<Result<T, E>>,
-    ) -> Pending<T, E> {
-        Pending::sent(self.shards[shard].send(Message::Request(request)), receiver, closed)
-    }
-
     /// Sends a request to shard `shard`; blocks while its queue is full.
     pub fn send_to<T, E>(
         &self,
@@ -79,7 +69,7 @@ impl Router {
         request: Request,
         receiver: oneshot::Receiver<Result<T, E>>,
     ) -> Pending<T, E> {
-        self.pending(shard as usize, closed, request, receiver)
+        Pending::sent(self.shards[shard as usize].send(Message::Request(request)), receiver, closed)
     }
 
     /// As `send_to`, awaiting room in the queue instead of blocking the thread (which may be
@@ -108,9 +98,9 @@ impl Router {
         closed: E,
         build: impl FnOnce(Vec<u8>, oneshot::Sender<Result<T, E>>) -> Request,
     ) -> Pending<T, E> {
-        let shard = shard_of(key, self.shard_count()) as usize;
+        let shard = shard_of(key, self.shard_count());
         let (sender, receiver) = oneshot::channel();
-        self.pending(shard, closed, build(key.to_vec(), sender), receiver)
+        self.send_to(shard, closed, build(key.to_vec(), sender), receiver)
     }
 
     /// As `send`, but awaits room in the queue instead of blocking the thread.
@@ -163,10 +153,10 @@ impl Router {
         closed: E,
         build: impl Fn(oneshot::Sender<Result<T, E>>) -> Request,
     ) -> Vec<Pending<T, E>> {
-        (0..self.shards.len())
+        (0..self.shard_count())
             .map(|shard| {
                 let (sender, receiver) = oneshot::channel();
-                self.pending(shard, closed.clone(), build(sender), receiver)
+                self.send_to(shard, closed.clone(), build(sender), receiver)
             })
             .collect()
     }
