@@ -210,6 +210,20 @@ pub trait BlockDevice: Send {
     fn completes_asynchronously(&self) -> bool {
         false
     }
+    /// From `on` until it is called with `false`, queue requests (and background flushes)
+    /// without the system call that hands them to the kernel; with `false`, make that call now
+    /// for what was held back. For a caller that runs a shard's turn on its own thread
+    /// (`shard/combine.rs`): io_uring posts a request's completion through task work on the
+    /// thread that submitted it, so a caller that submitted and then slept on its answer would
+    /// be woken just to post the completion. Devices that submit in place ignore it.
+    fn defer_submission(&mut self, on: bool) -> Result<(), DeviceError> {
+        let _ = on;
+        Ok(())
+    }
+    /// Requests queued and held back by `defer_submission`, not yet handed to the kernel.
+    fn has_deferred_submission(&self) -> bool {
+        false
+    }
     /// Makes durable every write whose completion `reap` has handed out (no-op cost under
     /// `Dsync` beyond the call). On success `write_completions_durable` rises to the value
     /// `write_completions_reaped` had when the flush began. Waits for a background flush in

@@ -144,6 +144,10 @@ pub struct UringDevice {
     next_flush_number: u64,
     /// Background flushes that ended (in order), until `take_flush_done`.
     flushes_done: VecDeque<Result<(), DeviceError>>,
+    /// Submissions are held back (`defer_submission`).
+    deferring: bool,
+    /// Entries sit in the SQ, held back, until the next enter.
+    held_back: bool,
 }
 
 impl UringDevice {
@@ -175,6 +179,8 @@ impl UringDevice {
             background_flushes: VecDeque::new(),
             next_flush_number: 0,
             flushes_done: VecDeque::new(),
+            deferring: false,
+            held_back: false,
         })
     }
 
@@ -233,7 +239,11 @@ impl UringDevice {
         loop {
             self.stats.submit_calls += 1;
             match self.ring.submit_and_wait(want) {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    // An enter hands the kernel the whole SQ (or fails and is retried).
+                    self.held_back = false;
+                    return Ok(());
+                }
                 Err(err) => match err.raw_os_error() {
                     Some(libc::EINTR) => continue,
                     Some(libc::EBUSY | libc::EAGAIN) if retries < ENTER_RETRIES_MAX => {
@@ -363,6 +373,20 @@ impl UringDevice {
         }
     }
 
+    /// Hands the SQ's entries to the kernel unless submissions are held back. One enter per
+    /// batch; loops only if the kernel stopped partway (it then leaves the rest in the SQ, and
+    /// each enter takes at least one entry or fails).
+    fn enter_queued(&mut self) -> Result<(), DeviceError> {
+        if self.deferring {
+            self.held_back = self.sq_len() > 0;
+            return Ok(());
+        }
+        while self.sq_len() > 0 {
+            self.enter(0)?;
+        }
+        Ok(())
+    }
+
     fn sq_len(&mut self) -> usize {
         self.ring.submission().len()
     }
@@ -435,12 +459,7 @@ impl BlockDevice for UringDevice {
                 }
             }
         }
-        // One enter per batch; loop only if the kernel stopped partway (it then leaves the rest
-        // in the SQ, and each enter takes at least one entry or fails).
-        while self.sq_len() > 0 {
-            self.enter(0)?;
-        }
-        Ok(())
+        self.enter_queued()
     }
 
     fn reap(
@@ -548,13 +567,16 @@ impl BlockDevice for UringDevice {
         }
         // Nothing to sync (no marked file, or Dsync): it ends once the flushes before it have.
         self.end_background_flushes();
-        while self.sq_len() > 0 {
-            if let Err(err) = self.enter(0) {
-                self.background_flush_failed();
-                return Err(err);
-            }
-        }
-        Ok(())
+        self.enter_queued().inspect_err(|_| self.background_flush_failed())
+    }
+
+    fn defer_submission(&mut self, on: bool) -> Result<(), DeviceError> {
+        self.deferring = on;
+        self.enter_queued()
+    }
+
+    fn has_deferred_submission(&self) -> bool {
+        self.held_back
     }
 
     fn take_flush_done(&mut self) -> Option<Result<(), DeviceError>> {

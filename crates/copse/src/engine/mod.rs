@@ -357,6 +357,11 @@ pub struct ShardStats {
     pub tombstones_held: u64,
     /// Parts of cross-shard batches held (prepared or committed, not yet forgotten).
     pub parts_held: u64,
+    /// Requests of the embedded API (`Db::get`, `put`, `delete`) whose caller ran the shard's
+    /// turns itself (flat combining, `shard/combine.rs`) instead of waking the shard's thread.
+    pub requests_combined: u64,
+    /// Such callers that found the loop held by another driver and woke the thread instead.
+    pub combine_found_busy: u64,
 }
 
 /// One shard's engine, as the shard thread drives it (`shard/mod.rs`). The shard thread owns the
@@ -430,6 +435,16 @@ pub trait ShardEngine: Send {
     /// time. Asked each time the loop is about to sleep.
     fn next_deadline(&self) -> Option<Instant> {
         None
+    }
+    /// Holds back (`on`) the system call that hands the round's I/O to the kernel, or makes it
+    /// now (`false`): a caller running the shard's turn on its own thread defers, the shard's
+    /// thread does not (`BlockDevice::defer_submission`, `shard/combine.rs`).
+    fn defer_submission(&mut self, on: bool) {
+        let _ = on;
+    }
+    /// I/O queued and held back by `defer_submission`: the shard's thread must submit it.
+    fn has_deferred_submission(&self) -> bool {
+        false
     }
     /// Whether the engine's rounds may run on a thread that also serves other work (a server's
     /// network thread, thread-per-core): its I/O is submitted and completed without blocking

@@ -123,10 +123,20 @@ impl Db {
         self.inner.store.router.shard_count()
     }
 
+    /// Adds flat combining's counts, kept beside the shard's loop rather than in its engine.
+    fn with_combine_counts(&self, mut shards: Vec<ShardStats>) -> Vec<ShardStats> {
+        for stats in &mut shards {
+            (stats.requests_combined, stats.combine_found_busy) =
+                self.router().combine_counts(stats.shard);
+        }
+        shards
+    }
+
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReadError> {
         check_key(key)?;
-        let key = key.to_vec();
-        self.router().send(&key, ReadError::Closed, |key, reply| Request::Get { key, reply }).wait()
+        self.router()
+            .send_combining(key, ReadError::Closed, |key, reply| Request::Get { key, reply })
+            .wait()
     }
 
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), WriteError> {
@@ -134,7 +144,7 @@ impl Db {
         check_value(value)?;
         let value = value.to_vec();
         self.router()
-            .send(key, WriteError::Closed, |key, reply| Request::Put { key, value, reply })
+            .send_combining(key, WriteError::Closed, |key, reply| Request::Put { key, value, reply })
             .wait()
     }
 
@@ -142,7 +152,7 @@ impl Db {
     pub fn delete(&self, key: &[u8]) -> Result<bool, WriteError> {
         check_key(key)?;
         self.router()
-            .send(key, WriteError::Closed, |key, reply| Request::Delete { key, reply })
+            .send_combining(key, WriteError::Closed, |key, reply| Request::Delete { key, reply })
             .wait()
     }
 
@@ -280,7 +290,7 @@ impl Db {
         {
             shards.push(pending.wait()?);
         }
-        Ok(summarize(shards, &self.inner.store.placement))
+        Ok(summarize(self.with_combine_counts(shards), &self.inner.store.placement))
     }
 
     /// Scrubs every shard online (`engine::Request::Scrub`): every item and page checksum is
@@ -433,7 +443,7 @@ impl Db {
         {
             shards.push(pending.into_future().await?);
         }
-        Ok(summarize(shards, &self.inner.store.placement))
+        Ok(summarize(self.with_combine_counts(shards), &self.inner.store.placement))
     }
 
     pub async fn flush_async(&self) -> Result<(), WriteError> {

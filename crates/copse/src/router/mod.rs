@@ -61,6 +61,11 @@ impl Router {
         self.shards.len() as u32
     }
 
+    /// Flat combining's counts for `shard`: `ShardSender::combine_counts`.
+    pub fn combine_counts(&self, shard: u32) -> (u64, u64) {
+        self.shards[shard as usize].combine_counts()
+    }
+
     /// Sends a request to shard `shard`; blocks while its queue is full.
     pub fn send_to<T, E>(
         &self,
@@ -101,6 +106,20 @@ impl Router {
         let shard = shard_of(key, self.shard_count());
         let (sender, receiver) = oneshot::channel();
         self.send_to(shard, closed, build(key.to_vec(), sender), receiver)
+    }
+
+    /// As `send`, for a caller that blocks until the answer: it may run the shard's turns
+    /// itself (`ShardSender::send_combining`), so its answer may be ready on return.
+    pub fn send_combining<T, E>(
+        &self,
+        key: &[u8],
+        closed: E,
+        build: impl FnOnce(Vec<u8>, oneshot::Sender<Result<T, E>>) -> Request,
+    ) -> Pending<T, E> {
+        let shard = shard_of(key, self.shard_count());
+        let (sender, receiver) = oneshot::channel();
+        let message = Message::Request(build(key.to_vec(), sender));
+        Pending::sent(self.shards[shard as usize].send_combining(message), receiver, closed)
     }
 
     /// As `send`, but awaits room in the queue instead of blocking the thread.

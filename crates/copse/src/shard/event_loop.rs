@@ -54,7 +54,7 @@ pub struct ShardWait {
 }
 
 /// What a turn tells the shard's own thread: a `ShardTurn`, or that a host asked for the loop.
-enum ThreadTurn {
+pub(crate) enum ThreadTurn {
     Turn(ShardTurn),
     HandOff(std::sync::mpsc::SyncSender<ShardLoop>),
 }
@@ -81,6 +81,8 @@ pub struct ShardLoop {
     parking: bool,
     /// Held while a host runs the loop; the shard's thread waits for it to drop.
     running_hosted: Option<std::sync::mpsc::Sender<()>>,
+    /// The engine holds its submissions back: a combining caller ran the last turn.
+    submission_deferred: bool,
 }
 
 impl ShardLoop {
@@ -99,6 +101,7 @@ impl ShardLoop {
             handoff: None,
             parking: false,
             running_hosted: None,
+            submission_deferred: false,
         }
     }
 
@@ -109,25 +112,47 @@ impl ShardLoop {
     /// One round of the loop (KVell worker, p2KVS opportunistic batching): take what is queued,
     /// never waiting to fill a batch; hand it to the engine in runs; move the execs; submit;
     /// reap what completed; and say what to wait for, if anything, before the next round.
+    /// A host's or a combining caller's turn (`combine.rs`): a hand-off asked for stays
+    /// pending for the thread driver (`handoff_pending`); a hosted loop refuses hand-offs.
     pub fn turn(&mut self) -> ShardTurn {
-        match self.turn_inner() {
+        match self.turn_inner(false) {
             ThreadTurn::Turn(turn) => turn,
-            // Only the thread driver asks for hand-offs; a hosted loop keeps running.
-            ThreadTurn::HandOff(_) => ShardTurn::Again,
+            ThreadTurn::HandOff(_) => unreachable!("a turn off the shard's thread takes no hand-off"),
         }
     }
 
-    fn turn_inner(&mut self) -> ThreadTurn {
+    /// A combining caller's turn (`combine.rs`): as `turn`, with the engine's submissions held
+    /// back for the thread (`ShardEngine::defer_submission`), so that no completion is tied to
+    /// the caller's thread.
+    pub(crate) fn turn_as_caller(&mut self) -> ShardTurn {
+        if !self.submission_deferred {
+            self.engine.defer_submission(true);
+            self.submission_deferred = true;
+        }
+        self.turn()
+    }
+
+    /// Whether the engine holds back I/O that the shard's thread must submit.
+    pub(crate) fn has_deferred_submission(&self) -> bool {
+        self.engine.has_deferred_submission()
+    }
+
+    /// A turn; `on_thread` when the shard's own thread runs it, the only driver that hands the
+    /// loop over (and that submits what a combining caller held back).
+    pub(crate) fn turn_inner(&mut self, on_thread: bool) -> ThreadTurn {
+        if on_thread && std::mem::take(&mut self.submission_deferred) {
+            self.engine.defer_submission(false);
+        }
         if std::mem::take(&mut self.reap_first) {
             // The last turn waited for a completion (nothing new had arrived or moved).
             self.engine.reap(false);
-            return self.after_reap(0, false);
+            return self.after_reap(0, false, on_thread);
         }
         let waited = std::mem::take(&mut self.waited);
         if !waited && self.closing.is_none() && self.connected && self.engine.is_idle() {
             // Every exec that is not blocked waits on the engine, so an idle engine with nothing
             // queued means there is nothing to do but wait for a message (or a deadline).
-            return self.wait(false);
+            return self.wait(false, on_thread);
         }
         // Take what is queued, never waiting to fill a batch. Once closing, what arrives is
         // turned away as `finish` would at the end, so that a wake still moves the execs left.
@@ -165,18 +190,18 @@ impl ShardLoop {
             // fd completes on demand, so reaping is the wait.
             if self.engine.completion_fd().is_some() {
                 self.reap_first = true;
-                return self.wait(true);
+                return self.wait(true, on_thread);
             }
             self.engine.reap(true);
         } else {
             // Collect what has completed and go back to the queue.
             self.engine.reap(false);
         }
-        self.after_reap(took, execs_moved)
+        self.after_reap(took, execs_moved, on_thread)
     }
 
     /// The rest of a round once its completions are reaped.
-    fn after_reap(&mut self, took: usize, execs_moved: bool) -> ThreadTurn {
+    fn after_reap(&mut self, took: usize, execs_moved: bool, on_thread: bool) -> ThreadTurn {
         let execs_moved = self.execs.pump(&mut self.engine) || execs_moved;
         if took == 0
             && !self.engine.has_io_in_flight()
@@ -190,7 +215,7 @@ impl ShardLoop {
                 "shard {}: the engine is neither idle, ready, in I/O nor waiting for a deadline",
                 self.engine.shard_id()
             );
-            return self.wait(false);
+            return self.wait(false, on_thread);
         }
         if let Some(reply) = self.closing.take() {
             if self.engine.is_idle() && self.execs.is_empty() {
@@ -202,18 +227,18 @@ impl ShardLoop {
             if took == 0 && !execs_moved && self.engine.is_idle() {
                 // The execs left wait for other shards (a cross-shard batch's decision), which
                 // send a wake when they move.
-                return self.wait(false);
+                return self.wait(false, on_thread);
             }
         }
-        match self.handoff.take() {
+        match self.handoff.take_if(|_| on_thread) {
             Some(host) => ThreadTurn::HandOff(host),
             None => ThreadTurn::Turn(ShardTurn::Again),
         }
     }
 
-    fn wait(&mut self, completions: bool) -> ThreadTurn {
+    fn wait(&mut self, completions: bool, on_thread: bool) -> ThreadTurn {
         self.waited = true;
-        if let Some(host) = self.handoff.take() {
+        if let Some(host) = self.handoff.take_if(|_| on_thread) {
             // The host's first turn looks at the queue (and reaps, if this one was to wait for
             // a completion) before it waits.
             return ThreadTurn::HandOff(host);
@@ -253,31 +278,59 @@ impl ShardLoop {
     /// in the second case, returns once the host's run of it has ended.
     pub(crate) fn run_on_thread(mut self) {
         loop {
-            match self.turn_inner() {
+            match self.turn_inner(true) {
                 ThreadTurn::Turn(ShardTurn::Again) => {}
                 ThreadTurn::Turn(ShardTurn::Wait(wait)) => self.wait_on_thread(wait),
                 ThreadTurn::Turn(ShardTurn::Stopped) => return,
-                ThreadTurn::HandOff(host) => {
-                    let (running, stopped) = std::sync::mpsc::channel();
-                    self.running_hosted = Some(running);
-                    self.parker.host();
-                    match host.send(self) {
-                        Ok(()) => {
-                            // Returns when the host's loop drops its `running_hosted`: stopped,
-                            // or dropped with the host.
-                            let _ = stopped.recv();
-                            return;
-                        }
-                        Err(refused) => {
-                            // The host went away before taking it: go on here.
-                            self = refused.0;
-                            self.running_hosted = None;
-                            self.parker.unhost();
-                        }
-                    }
-                }
+                ThreadTurn::HandOff(host) => match self.hand_off(host) {
+                    Some(refused) => self = refused,
+                    None => return,
+                },
             }
         }
+    }
+
+    /// Sends the loop to the host that asked for it; on the shard's thread. Returns once the
+    /// host's run of it has ended (`None`), or at once with the loop if the host went away
+    /// before taking it (the thread goes on running it).
+    pub(crate) fn hand_off(mut self, host: std::sync::mpsc::SyncSender<ShardLoop>) -> Option<Self> {
+        let (running, stopped) = std::sync::mpsc::channel();
+        self.running_hosted = Some(running);
+        self.parker.host();
+        match host.send(self) {
+            Ok(()) => {
+                // Returns when the host's loop drops its `running_hosted`: stopped, or dropped
+                // with the host.
+                let _ = stopped.recv();
+                None
+            }
+            Err(refused) => {
+                let mut refused = refused.0;
+                refused.running_hosted = None;
+                refused.parker.unhost();
+                Some(refused)
+            }
+        }
+    }
+
+    /// Whether the engine's rounds never block the thread that runs them.
+    pub(crate) fn can_share_thread(&self) -> bool {
+        self.engine.can_share_thread()
+    }
+
+    /// A hand-off was asked for and waits for the thread driver's next turn.
+    pub(crate) fn handoff_pending(&self) -> bool {
+        self.handoff.is_some()
+    }
+
+    /// Whether the queue has something for the shard (what a driver's sleep watches).
+    pub(crate) fn has_news(&self) -> bool {
+        has_news(self.connected, &self.receiver)
+    }
+
+    /// A handle on the shard's parker, for a driver that sleeps without holding the loop.
+    pub(crate) fn parker_twin(&self) -> Parker {
+        self.parker.twin()
     }
 
     /// Sleeps until a message arrives (while connected), a completion of the engine's I/O is

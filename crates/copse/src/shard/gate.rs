@@ -473,6 +473,14 @@ impl ShardEngine for Gate {
         self.engine.can_share_thread()
     }
 
+    fn defer_submission(&mut self, on: bool) {
+        self.engine.defer_submission(on);
+    }
+
+    fn has_deferred_submission(&self) -> bool {
+        self.engine.has_deferred_submission()
+    }
+
     fn contains_key(&self, key: &[u8]) -> bool {
         match self.overlay(key) {
             Some(value) => value.is_some(),

@@ -21,6 +21,7 @@
 //! for a fixed time. Every message reaches the queue through a [`ShardSender`], which wakes the
 //! shard when it sleeps.
 
+mod combine;
 pub mod coordinator;
 pub mod event_loop;
 pub mod exec;
@@ -36,6 +37,7 @@ use crate::error::{OpenError, WriteError};
 use crate::limits::SHARD_QUEUE_REQUESTS_MAX;
 pub use event_loop::{ShardLoop, ShardTurn, ShardWait};
 use exec::ExecRequest;
+use combine::SharedLoop;
 use gate::Gate;
 use wake::{Parker, Waker};
 
@@ -76,6 +78,8 @@ pub struct ShardSender {
     /// Declared after `queue`, so dropped after it: the last sender's drop disconnects the
     /// queue, then wakes the shard to see that.
     waker: WakeOnDrop,
+    /// The loop, when callers may run its turns (`combine.rs`).
+    shared: Arc<SharedLoop>,
 }
 
 #[derive(Clone)]
@@ -96,6 +100,17 @@ impl ShardSender {
         delivered
     }
 
+    /// As `send`, for a caller that then blocks until the answer: runs the shard's turns on the
+    /// calling thread when no other driver holds its loop (flat combining, `combine.rs`), and
+    /// wakes the shard otherwise. Not for a thread that may host a shard (an async caller).
+    pub fn send_combining(&self, message: Message) -> bool {
+        let delivered = self.queue.send(message).is_ok();
+        if !delivered || !self.shared.combine() {
+            self.waker.0.wake();
+        }
+        delivered
+    }
+
     /// As `send`, awaiting room in the queue instead of blocking the thread.
     pub async fn send_async(&self, message: Message) -> bool {
         let delivered = self.queue.send_async(message).await.is_ok();
@@ -110,6 +125,12 @@ impl ShardSender {
         let delivered = self.queue.try_send(message).is_ok();
         self.waker.0.wake();
         delivered
+    }
+
+    /// (requests whose caller ran the shard's turns, callers that found the loop busy):
+    /// `combine.rs`.
+    pub fn combine_counts(&self) -> (u64, u64) {
+        self.shared.counts()
     }
 
     /// Messages waiting in the queue.
@@ -135,7 +156,8 @@ impl ShardHandle {
         let (queue, receiver) = flume::bounded(SHARD_QUEUE_REQUESTS_MAX);
         let (parker, waker) =
             Parker::new().map_err(|err| OpenError::Thread(format!("eventfd: {err}")))?;
-        let sender = ShardSender { queue, waker: WakeOnDrop(waker) };
+        let shared = Arc::new(SharedLoop::new(waker.clone()));
+        let sender = ShardSender { queue, waker: WakeOnDrop(waker), shared: shared.clone() };
         let thread = std::thread::Builder::new()
             .name(format!("copse-shard-{shard_id}"))
             .spawn(move || {
@@ -145,7 +167,7 @@ impl ShardHandle {
                 match open() {
                     Ok(engine) => {
                         let _ = opened.send((shard_id, Ok(engine.recovered_parts())));
-                        ShardLoop::new(Gate::new(engine), receiver, parker).run_on_thread();
+                        shared.run_on_thread(ShardLoop::new(Gate::new(engine), receiver, parker));
                     }
                     Err(err) => {
                         let _ = opened.send((shard_id, Err(err)));

@@ -73,6 +73,12 @@ impl Waker {
         }
     }
 
+    /// Whether the shard is (about to be) asleep. Read after a SeqCst fence, it tells a driver
+    /// that changed the shard's state (`combine.rs`) whether the sleep could miss it.
+    pub(crate) fn is_parked(&self) -> bool {
+        self.parked.load(Ordering::SeqCst)
+    }
+
     fn signal(&self) {
         let one: u64 = 1;
         // SAFETY: writes the 8 bytes of `one`, which lives across the call, to an eventfd this
@@ -127,6 +133,13 @@ impl Parker {
             task: futures::task::AtomicWaker::new(),
         });
         Ok((Parker { waker: waker.clone() }, waker))
+    }
+
+    /// A second handle on the same waker, for a driver that sleeps outside the loop that owns
+    /// this one (`combine.rs`). Still one thread parks: the twin's driver is the shard's thread,
+    /// and the loop's own parker sleeps only once the loop is handed to a host.
+    pub(crate) fn twin(&self) -> Parker {
+        Parker { waker: self.waker.clone() }
     }
 
     /// From now on the shard sleeps as a task (`poll_messages`), not in `park`. Call while not

@@ -329,6 +329,8 @@ impl NativeEngine {
             classes,
             tombstones_held: self.seqs.tombstones_held(),
             parts_held: self.parts.len() as u64,
+            // Counted beside the shard's loop; `Db::stats` fills them in.
+            ..ShardStats::default()
         }
     }
 }
@@ -472,6 +474,17 @@ impl ShardEngine for NativeEngine {
     /// The device's fd, unless stashed completions wait (`Io::completion_fd`).
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.io.completion_fd()
+    }
+
+    fn defer_submission(&mut self, on: bool) {
+        if let Err(err) = self.io.device.defer_submission(on) {
+            tracing::error!(shard = self.shard_id, %err, "submitting I/O failed");
+            self.poison();
+        }
+    }
+
+    fn has_deferred_submission(&self) -> bool {
+        self.io.device.has_deferred_submission()
     }
 
     /// Reads, writes and the round's flush go through the ring (the flush in the background:

@@ -1,0 +1,204 @@
+//! Flat combining (shard/combine.rs): a caller of `Db::get`, `put` or `delete` runs the shard's
+//! turns on its own thread when no other driver holds the loop. These tests check that callers
+//! really do (the counts in `ShardStats`), that I/O a caller holds back is always submitted by
+//! the shard's thread (a lost wake shows as a timeout, not a hang), and that many callers
+//! combining at once keep every answer right against a model, across a reopen.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use copse::{Backend, Db, EngineKind, Options};
+
+/// How long a test's requests may take in all before the test calls a wake lost (each test's
+/// work takes a few seconds at most on a loaded 2-core machine).
+const TEST_SECONDS_MAX: u64 = 60;
+
+fn uring_options(shards: usize) -> Options {
+    Options { backend: Backend::Uring, engine: EngineKind::Native, ..common::options(shards) }
+}
+
+fn key(index: usize) -> Vec<u8> {
+    format!("combining-{index:06}").into_bytes()
+}
+
+/// Runs `work` on a thread of its own and fails the test if it does not finish in time: a
+/// request whose wake was lost never returns. The process exits then, since the stuck thread
+/// (and the store it holds) would keep the test binary from ever ending.
+fn within_limit<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(work());
+    });
+    match finished.recv_timeout(Duration::from_secs(TEST_SECONDS_MAX)) {
+        Ok(result) => result,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            // Straight to the stream: the test harness would swallow a captured `eprintln!`.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{what} did not finish in {TEST_SECONDS_MAX} s: a wake was lost"
+            );
+            std::process::exit(101);
+        }
+        // The work panicked: its message is already printed.
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} failed"),
+    }
+}
+
+fn combined(db: &Db) -> (u64, u64) {
+    let stats = db.stats().expect("stats");
+    let requests = stats.shards.iter().map(|shard| shard.requests_combined).sum();
+    let busy = stats.shards.iter().map(|shard| shard.combine_found_busy).sum();
+    (requests, busy)
+}
+
+#[test]
+fn a_lone_caller_runs_its_own_requests() {
+    within_limit("a lone caller", a_lone_caller);
+}
+
+fn a_lone_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), uring_options(2)).unwrap();
+    const ITEMS: usize = 200;
+    for index in 0..ITEMS {
+        db.put(&key(index), &common::make_value(&format!("v{index}"), 100)).unwrap();
+    }
+    let (before, _) = combined(&db);
+    assert!(before > 0, "no put was combined");
+    // Cached reads with the shard's thread idle between them: each caller finds the loop free.
+    const READS: usize = 2_000;
+    for round in 0..READS {
+        let index = round % ITEMS;
+        let value = db.get(&key(index)).unwrap();
+        assert_eq!(value.as_deref(), Some(&common::make_value(&format!("v{index}"), 100)[..]));
+    }
+    let (after, _) = combined(&db);
+    // Nearly all; a read may find the thread still finishing the previous round.
+    assert!(
+        after - before >= READS as u64 * 9 / 10,
+        "only {} of {READS} reads ran the shard's turns in their caller",
+        after - before
+    );
+    assert!(db.delete(&key(0)).unwrap());
+    assert_eq!(db.get(&key(0)).unwrap(), None);
+    db.close().unwrap();
+}
+
+/// Reads that miss the cache, one at a time: each caller queues the read's I/O and holds its
+/// submission back for the shard's thread, so each depends on the thread being woken. Without
+/// that wake (combine.rs, invariant 3) the first such read never returns.
+#[test]
+fn io_a_caller_holds_back_is_submitted_by_the_thread() {
+    within_limit("reads that miss the cache", held_back_io);
+}
+
+fn held_back_io() {
+    let dir = tempfile::tempdir().unwrap();
+    // 3,000 values of 4 KiB against a 4 MiB cache: most reads go to the device.
+    const ITEMS: usize = 3_000;
+    let value = |index: usize| common::make_value(&format!("big{index}"), 4_000);
+    {
+        let db = Db::open(dir.path(), uring_options(1)).unwrap();
+        for index in 0..ITEMS {
+            db.put(&key(index), &value(index)).unwrap();
+        }
+        db.close().unwrap();
+    }
+    let db = Db::open(dir.path(), uring_options(1)).unwrap();
+    for index in (0..ITEMS).step_by(7) {
+        assert_eq!(db.get(&key(index)).unwrap(), Some(value(index)), "key {index}");
+    }
+    const READS: u64 = ITEMS.div_ceil(7) as u64;
+    let misses = db.stats().unwrap().shards[0].cache_misses;
+    assert!(
+        misses >= READS / 2,
+        "only {misses} reads missed the cache: the test did not read the device"
+    );
+    // A read may find the thread still answering the one before (then it wakes the thread as
+    // before combining); a good share must have run in the caller for the test to mean much.
+    let (requests, _) = combined(&db);
+    assert!(requests >= READS / 4, "only {requests} of {READS} reads were combined");
+    db.close().unwrap();
+}
+
+/// Many callers on few shards, each with keys of its own so that a per-thread model is exact:
+/// every read must return the model's value while callers keep taking the loop from each
+/// other and from the shard's thread; after a reopen every key holds its last acknowledged
+/// write.
+#[test]
+fn many_callers_keep_every_answer_right() {
+    within_limit("many callers", many_callers);
+}
+
+fn many_callers() {
+    let dir = tempfile::tempdir().unwrap();
+    const THREADS: usize = 8;
+    const OPS: usize = 1_500;
+    const KEYS_PER_THREAD: usize = 64;
+    let db = std::sync::Arc::new(Db::open(dir.path(), uring_options(2)).unwrap());
+    let workers: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+                let mut x = 0x2545_f491_4f6c_dd1du64 ^ thread as u64;
+                for op in 0..OPS {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let key = key(thread * KEYS_PER_THREAD + (x % KEYS_PER_THREAD as u64) as usize);
+                    match x % 10 {
+                        0..=3 => {
+                            let value = common::make_value(
+                                &format!("t{thread}-op{op}"),
+                                (x % 3000) as usize + 10,
+                            );
+                            db.put(&key, &value).unwrap();
+                            model.insert(key, value);
+                        }
+                        4 => {
+                            let existed = db.delete(&key).unwrap();
+                            assert_eq!(existed, model.remove(&key).is_some(), "delete {key:?}");
+                        }
+                        5 => {
+                            // The path that does not combine, beside the one that does.
+                            let values = db.multi_get(std::slice::from_ref(&key)).unwrap();
+                            assert_eq!(values[0].as_ref(), model.get(&key), "multi_get {key:?}");
+                        }
+                        _ => {
+                            let value = db.get(&key).unwrap();
+                            assert_eq!(
+                                value.as_ref(),
+                                model.get(&key),
+                                "get {key:?}: {} against the model's {}",
+                                common::describe_value(value.as_deref()),
+                                common::describe_value(model.get(&key).map(|v| &v[..]))
+                            );
+                        }
+                    }
+                }
+                model
+            })
+        })
+        .collect();
+    let models: Vec<HashMap<Vec<u8>, Vec<u8>>> =
+        workers.into_iter().map(|worker| worker.join().unwrap()).collect();
+    let (requests, busy) = combined(&db);
+    assert!(
+        requests > 0 && busy > 0,
+        "callers combined {requests} times and found the loop busy {busy}"
+    );
+    std::sync::Arc::into_inner(db).expect("the workers are done").close().unwrap();
+    let db = Db::open(dir.path(), uring_options(2)).unwrap();
+    for (thread, model) in models.iter().enumerate() {
+        for index in thread * KEYS_PER_THREAD..(thread + 1) * KEYS_PER_THREAD {
+            let key = key(index);
+            assert_eq!(db.get(&key).unwrap().as_ref(), model.get(&key), "after reopen: {key:?}");
+        }
+    }
+    db.close().unwrap();
+}
