@@ -29,6 +29,9 @@ pub struct FreeList {
     /// The in-memory slots holding a stale copy, by key hash (so a delete can erase them).
     by_tag: HashMap<u64, Vec<u64>>,
     chains: [Chain; FREE_CHAINS_PER_CLASS],
+    /// Chains whose head is set: `begin_pop` runs every round for every class (the refill), and
+    /// most classes have no chain at all, so it answers those without a scan.
+    chains_with_head: usize,
     next_chain: usize,
 }
 
@@ -39,6 +42,7 @@ impl Default for FreeList {
             tags: HashMap::default(),
             by_tag: HashMap::default(),
             chains: [Chain::default(); FREE_CHAINS_PER_CLASS],
+            chains_with_head: 0,
             next_chain: 0,
         }
     }
@@ -128,6 +132,9 @@ impl FreeList {
         let chain = &mut self.chains[chain];
         assert!(chain.busy);
         chain.busy = false;
+        if chain.head.is_none() {
+            self.chains_with_head += 1;
+        }
         chain.head = Some(slot);
         chain.length += 1;
     }
@@ -139,6 +146,13 @@ impl FreeList {
 
     /// A chain with a head to pop, marked busy. The caller reads the head's free record.
     pub fn begin_pop(&mut self) -> Option<(usize, u64)> {
+        debug_assert_eq!(
+            self.chains_with_head,
+            self.chains.iter().filter(|chain| chain.head.is_some()).count()
+        );
+        if self.chains_with_head == 0 {
+            return None;
+        }
         for (index, chain) in self.chains.iter_mut().enumerate() {
             if let (false, Some(head)) = (chain.busy, chain.head) {
                 chain.busy = true;
@@ -155,6 +169,9 @@ impl FreeList {
         let head = state.head.take().expect("popping an empty chain");
         state.busy = false;
         state.head = next;
+        if next.is_none() {
+            self.chains_with_head -= 1;
+        }
         state.length = state.length.saturating_sub(1);
         if next.is_none() {
             state.length = 0;
@@ -164,6 +181,9 @@ impl FreeList {
 
     /// Drops a chain whose head no longer reads as a free record (reported by the caller).
     pub fn drop_chain(&mut self, chain: usize) {
+        if self.chains[chain].head.is_some() {
+            self.chains_with_head -= 1;
+        }
         self.chains[chain] = Chain::default();
     }
 }
