@@ -1,5 +1,6 @@
-//! Flat combining (shard/combine.rs): a caller of `Db::get`, `put` or `delete` runs the shard's
-//! turns on its own thread when no other driver holds the loop. These tests check that callers
+//! Flat combining (shard/combine.rs): a caller of `Db::get` runs the shard's turns on its own
+//! thread when no other driver holds the loop (writes go to the shard's thread, and callers
+//! combining reads answer them too). These tests check that callers
 //! really do (the counts in `ShardStats`), that I/O a caller holds back is always submitted by
 //! the shard's thread (a lost wake shows as a timeout, not a hang), and that many callers
 //! combining at once keep every answer right against a model, across a reopen.
@@ -68,7 +69,6 @@ fn a_lone_caller() {
         db.put(&key(index), &common::make_value(&format!("v{index}"), 100)).unwrap();
     }
     let (before, _) = combined(&db);
-    assert!(before > 0, "no put was combined");
     // Cached reads with the shard's thread idle between them: each caller finds the loop free.
     const READS: usize = 2_000;
     for round in 0..READS {

@@ -357,8 +357,7 @@ pub struct ShardStats {
     pub tombstones_held: u64,
     /// Parts of cross-shard batches held (prepared or committed, not yet forgotten).
     pub parts_held: u64,
-    /// Requests of the embedded API (`Db::get`, `put`, `delete`) whose caller ran the shard's
-    /// turns itself (flat combining, `shard/combine.rs`) instead of waking the shard's thread.
+    /// Reads of the embedded API (`Db::get`) whose caller ran the shard's turns itself (flat combining, `shard/combine.rs`) instead of waking the shard's thread.
     pub requests_combined: u64,
     /// Such callers that found the loop held by another driver and woke the thread instead.
     pub combine_found_busy: u64,

@@ -144,7 +144,7 @@ impl Db {
         check_value(value)?;
         let value = value.to_vec();
         self.router()
-            .send_combining(key, WriteError::Closed, |key, reply| Request::Put { key, value, reply })
+            .send(key, WriteError::Closed, |key, reply| Request::Put { key, value, reply })
             .wait()
     }
 
@@ -152,7 +152,7 @@ impl Db {
     pub fn delete(&self, key: &[u8]) -> Result<bool, WriteError> {
         check_key(key)?;
         self.router()
-            .send_combining(key, WriteError::Closed, |key, reply| Request::Delete { key, reply })
+            .send(key, WriteError::Closed, |key, reply| Request::Delete { key, reply })
             .wait()
     }
 

@@ -41,7 +41,7 @@ impl<T, E> Pending<T, E> {
     }
 
     pub fn wait(self) -> Result<T, E> {
-        futures::executor::block_on(self.into_future())
+        crate::shard::caller_wait::block_on(self.into_future())
     }
 
     pub async fn into_future(self) -> Result<T, E> {

@@ -21,6 +21,7 @@
 //! for a fixed time. Every message reaches the queue through a [`ShardSender`], which wakes the
 //! shard when it sleeps.
 
+pub(crate) mod caller_wait;
 mod combine;
 pub mod coordinator;
 pub mod event_loop;
