@@ -255,6 +255,7 @@ impl NativeEngine {
                 for number in page.1..page.1 + pages {
                     self.pages.end_write((page.0, number));
                 }
+                self.pages.keep_buffer(completion.buf);
                 self.writes_completed(writes, completion.result);
             }
             IoPurpose::DirectWrite(write) => self.writes_completed(vec![write], completion.result),

@@ -42,7 +42,18 @@ pub(super) struct Pages {
     dirty: HashMap<PageKey, Vec<WriteId>>,
     /// Pages with a write in flight (invariant 3).
     in_flight: HashSet<PageKey>,
+    /// One-page buffers of reads and writes that completed, kept for the next ones (up to
+    /// `SPARE_BUFFERS_MAX`). Besides saving an allocation per I/O, this keeps the buffers with
+    /// the shard: a caller running the shard's turn (flat combining) would otherwise allocate
+    /// them in its own thread's heap, to be freed by the shard's thread, and an allocator that
+    /// caches such frees per thread then holds far more than the store uses
+    /// (docs/benchmarks.md, "Flat combining").
+    spare_buffers: Vec<AlignedBuf>,
 }
+
+/// One-page I/O buffers a shard keeps for reuse: about a round's worth (a shard has no more
+/// than its I/O depth in flight).
+const SPARE_BUFFERS_MAX: usize = 64;
 
 impl Pages {
     pub(super) fn new(shard_id: u32, cache_pages: usize) -> Pages {
@@ -52,6 +63,38 @@ impl Pages {
             loading: HashMap::default(),
             dirty: HashMap::default(),
             in_flight: HashSet::default(),
+            spare_buffers: Vec::new(),
+        }
+    }
+
+    /// A zeroed page buffer for a read: a kept one (zeroed again, so that a short or failed
+    /// read never shows an earlier page's bytes) or a new one.
+    fn read_buffer(&mut self) -> AlignedBuf {
+        match self.spare_buffers.pop() {
+            Some(mut buf) => {
+                buf.fill(0);
+                buf
+            }
+            None => AlignedBuf::zeroed(PAGE_BYTES),
+        }
+    }
+
+    /// A buffer holding a copy of the cached image of `page`, for its write.
+    pub(super) fn write_buffer(&mut self, page: PageKey) -> AlignedBuf {
+        let image = self.cache.image(page).expect("dirty pages are pinned");
+        match self.spare_buffers.pop() {
+            Some(mut buf) => {
+                buf.copy_from_slice(image);
+                buf
+            }
+            None => AlignedBuf::from_pages(&[image]),
+        }
+    }
+
+    /// An I/O's buffer, done with: kept for a later one if it is one page and there is room.
+    pub(super) fn keep_buffer(&mut self, buf: AlignedBuf) {
+        if buf.len() == PAGE_BYTES && self.spare_buffers.len() < SPARE_BUFFERS_MAX {
+            self.spare_buffers.push(buf);
         }
     }
 
@@ -156,7 +199,7 @@ impl NativeEngine {
                 IoKind::Read,
                 file,
                 page.1 * PAGE_BYTES as u64,
-                AlignedBuf::zeroed(PAGE_BYTES),
+                self.pages.read_buffer(),
                 IoPurpose::PageLoad(page),
             );
         }
@@ -169,6 +212,7 @@ impl NativeEngine {
             for waiter in waiters {
                 self.page_waiter_failed(waiter, &err);
             }
+            self.pages.keep_buffer(completion.buf);
             return;
         }
         let cache = &mut self.pages.cache;
@@ -176,6 +220,7 @@ impl NativeEngine {
         cache.insert(page, &completion.buf[..PAGE_BYTES]);
         // Pin while the waiters run so that a waiter's own page reads cannot evict it.
         cache.pin(page);
+        self.pages.keep_buffer(completion.buf);
         for waiter in waiters {
             self.run_page_waiter(waiter);
         }

@@ -456,11 +456,15 @@ impl NativeEngine {
                 first.0
             );
         }
-        let images: Vec<&[u8]> = run
-            .iter()
-            .map(|&page| self.pages.cache.image(page).expect("dirty pages are pinned"))
-            .collect();
-        let buf = AlignedBuf::from_pages(&images);
+        let buf = if let [page] = run {
+            self.pages.write_buffer(*page)
+        } else {
+            let images: Vec<&[u8]> = run
+                .iter()
+                .map(|&page| self.pages.cache.image(page).expect("dirty pages are pinned"))
+                .collect();
+            AlignedBuf::from_pages(&images)
+        };
         for &page in run {
             // Invariant 3: at most one write of a page in flight.
             self.pages.begin_write(page);
