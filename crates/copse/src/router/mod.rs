@@ -103,9 +103,18 @@ impl Router {
         closed: E,
         build: impl FnOnce(Vec<u8>, oneshot::Sender<Result<T, E>>) -> Request,
     ) -> Pending<T, E> {
-        let shard = shard_of(key, self.shard_count());
+        let (shard, request, receiver) = self.route(key, build);
+        self.send_to(shard, closed, request, receiver)
+    }
+
+    /// The shard of `key`, the request `build` makes for it, and where its answer will come.
+    fn route<T, E>(
+        &self,
+        key: &[u8],
+        build: impl FnOnce(Vec<u8>, oneshot::Sender<Result<T, E>>) -> Request,
+    ) -> (u32, Request, oneshot::Receiver<Result<T, E>>) {
         let (sender, receiver) = oneshot::channel();
-        self.send_to(shard, closed, build(key.to_vec(), sender), receiver)
+        (shard_of(key, self.shard_count()), build(key.to_vec(), sender), receiver)
     }
 
     /// As `send`, for a caller that blocks until the answer: it may run the shard's turns
@@ -116,10 +125,9 @@ impl Router {
         closed: E,
         build: impl FnOnce(Vec<u8>, oneshot::Sender<Result<T, E>>) -> Request,
     ) -> Pending<T, E> {
-        let shard = shard_of(key, self.shard_count());
-        let (sender, receiver) = oneshot::channel();
-        let message = Message::Request(build(key.to_vec(), sender));
-        Pending::sent(self.shards[shard as usize].send_combining(message), receiver, closed)
+        let (shard, request, receiver) = self.route(key, build);
+        let delivered = self.shards[shard as usize].send_combining(Message::Request(request));
+        Pending::sent(delivered, receiver, closed)
     }
 
     /// As `send`, but awaits room in the queue instead of blocking the thread.
@@ -129,9 +137,8 @@ impl Router {
         closed: E,
         build: impl FnOnce(Vec<u8>, oneshot::Sender<Result<T, E>>) -> Request,
     ) -> Pending<T, E> {
-        let shard = shard_of(key, self.shard_count());
-        let (sender, receiver) = oneshot::channel();
-        self.send_to_async(shard, closed, build(key.to_vec(), sender), receiver).await
+        let (shard, request, receiver) = self.route(key, build);
+        self.send_to_async(shard, closed, request, receiver).await
     }
 
     /// Queues an exec program on `shard`; blocks while the queue is full. False if the shard is
