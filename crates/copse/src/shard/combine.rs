@@ -184,9 +184,10 @@ impl SharedLoop {
         };
         let Some(shard) = guard.as_mut() else { return false };
         self.combined.fetch_add(1, Ordering::Relaxed);
+        let shard_id = shard.shard_id();
         let left = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_turns(shard)))
             .unwrap_or_else(|_| {
-                tracing::error!(shard = shard_id_of(&guard), "a shard's turn panicked in a caller");
+                tracing::error!(shard = shard_id, "a shard's turn panicked in a caller");
                 Left::Stopped
             });
         if left == Left::Stopped {
@@ -208,10 +209,6 @@ impl SharedLoop {
         }
         true
     }
-}
-
-fn shard_id_of(slot: &Option<ShardLoop>) -> Option<u32> {
-    slot.as_ref().map(ShardLoop::shard_id)
 }
 
 /// A combiner's turns (invariant 2).

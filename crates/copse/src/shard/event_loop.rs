@@ -112,8 +112,9 @@ impl ShardLoop {
     /// One round of the loop (KVell worker, p2KVS opportunistic batching): take what is queued,
     /// never waiting to fill a batch; hand it to the engine in runs; move the execs; submit;
     /// reap what completed; and say what to wait for, if anything, before the next round.
-    /// A host's or a combining caller's turn (`combine.rs`): a hand-off asked for stays
-    /// pending for the thread driver (`handoff_pending`); a hosted loop refuses hand-offs.
+    ///
+    /// This is the turn of a host or of a combining caller (`combine.rs`): a hand-off asked for
+    /// stays pending for the thread driver (`handoff_pending`); a hosted loop refuses them.
     pub fn turn(&mut self) -> ShardTurn {
         match self.turn_inner(false) {
             ThreadTurn::Turn(turn) => turn,
