@@ -131,9 +131,10 @@ fn usage_errors_and_missing_stores_fail_cleanly() {
 fn check_exits_2_after_a_slot_byte_is_flipped() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    // One shard, one small item: it lands in slot 0 of shard-000/class-00.slab (64-byte slots).
+    // One shard, one small item: it lands in slot 0 of shard-000/class-36.slab (the packed
+    // class of 64-byte slots).
     ok(copse(dir, &["--shards", "1", "put", "key-1", "a value of twenty b"]));
-    let slab = dir.join("shard-000").join("class-00.slab");
+    let slab = dir.join("shard-000").join("class-36.slab");
     assert!(slab.is_file());
     // Page 1 is the first slot page; byte 40 is inside the record (32-byte header, key, value).
     flip_byte(&slab, 4096 + 40);
@@ -143,7 +144,7 @@ fn check_exits_2_after_a_slot_byte_is_flipped() {
     let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     assert_eq!(report["problems_found"], 1);
     let problem = &report["problems"][0];
-    assert_eq!(problem["file"], "shard-000/class-00.slab");
+    assert_eq!(problem["file"], "shard-000/class-36.slab");
     assert_eq!(problem["shard"], 0);
     assert_eq!(problem["slot"], 0);
     assert_eq!(problem["byte_offset"], 4096);
@@ -177,8 +178,14 @@ fn placement_flags_shape_a_new_store_and_bad_ones_change_nothing() {
     ok(copse(&store, &["--shards", "1", "--placement", "append", "put", "k", "v"]));
     let stats: serde_json::Value = serde_json::from_str(&ok(copse(&store, &["stats"]))).unwrap();
     assert_eq!(stats["placement"]["asked"], "append");
+    // Every class of slots up to a page appends (the paged classes 0 to 12 and the packed ones
+    // from 36); the multi-page classes 13 to 35 are always in place.
     let classes = stats["placement"]["classes"].as_array().unwrap();
-    assert!(!classes.is_empty() && classes.iter().all(|class| class == "append"), "{classes:?}");
+    assert_eq!(classes.len(), 76, "{classes:?}");
+    for (class, placement) in classes.iter().enumerate() {
+        let expected = if (13..36).contains(&class) { "in-place" } else { "append" };
+        assert_eq!(placement, expected, "class {class}");
+    }
     // The layout is the store's: asking for another one later changes nothing.
     assert_eq!(ok(copse(&store, &["--placement", "in-place", "get", "k"])), "v\n");
     let stats: serde_json::Value = serde_json::from_str(&ok(copse(&store, &["stats"]))).unwrap();

@@ -223,8 +223,8 @@ pub fn slab_page(data: &[u8]) {
 
     let slot_bytes = class.slot_bytes as usize;
     let mut scan = ShardScan::default();
-    for index in 0..class.slots_per_page as usize {
-        let loc = Loc::new(class.id, class.first_slot_of_page(1) + index as u64, 0);
+    for index in 0..class.slots_per_unit as usize {
+        let loc = Loc::new(class.id, class.slots_starting_in_page(1).start + index as u64, 0);
         let bytes = &mut page[index * slot_bytes..(index + 1) * slot_bytes];
         if seal {
             seal_slot(bytes, layout, shard_id, loc);
@@ -276,7 +276,7 @@ pub fn slab_page(data: &[u8]) {
         scan.visit(shard_id, layout, loc, result, bytes);
     }
     let counts = scan.key_counts();
-    assert!(counts.live + counts.deleted <= class.slots_per_page as u64 * 64);
+    assert!(counts.live + counts.deleted <= class.slots_per_unit as u64 * 64);
 }
 
 /// Recomputes the checks of a slot whose header could be a record (format 1/2: the magic is
@@ -315,8 +315,8 @@ pub fn slab_corpus() -> Vec<Vec<u8>> {
             format_version: SLAB_FORMAT_VERSION,
             class_id: 2,
             slot_bytes: SizeClass::get(2).slot_bytes,
-            slots_per_page: SizeClass::get(2).slots_per_page,
-            pages_per_slot: 1,
+            slots_per_unit: SizeClass::get(2).slots_per_unit,
+            pages_per_unit: 1,
             shard_id: 0,
         },
     );
@@ -334,8 +334,8 @@ pub fn slab_corpus() -> Vec<Vec<u8>> {
         let slot_bytes = class.slot_bytes as usize;
         let mut page = vec![0u8; PAGE_BYTES];
         let mut seq: u64 = 1;
-        for index in 0..class.slots_per_page as usize {
-            let loc = Loc::new(class_id, class.first_slot_of_page(1) + index as u64, 0);
+        for index in 0..class.slots_per_unit as usize {
+            let loc = Loc::new(class_id, class.slots_starting_in_page(1).start + index as u64, 0);
             let key = format!("k{}", index % 3).into_bytes();
             let (kind, key, value): (RecordKind, Vec<u8>, Vec<u8>) = match index % 6 {
                 0 => (RecordKind::Put, key, b"value".to_vec()),
@@ -405,8 +405,13 @@ pub fn manifest_corpus() -> Vec<Vec<u8>> {
         Manifest { slab_format_version: 1, ..Manifest::new(256, EngineKind::Native) },
         Manifest {
             placement_setting: Some(crate::engine::placement::PlacementSetting::Auto),
-            placements: [crate::engine::placement::Placement::Append;
-                crate::engine::native::format::IN_PAGE_CLASS_COUNT],
+            placements: std::array::from_fn(|class| {
+                if SizeClass::get(class as u8).is_placeable() {
+                    crate::engine::placement::Placement::Append
+                } else {
+                    crate::engine::placement::Placement::InPlace
+                }
+            }),
             probe_ratio_milli: 5123,
             ..Manifest::new(2, EngineKind::Native)
         },

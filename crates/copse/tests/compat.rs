@@ -1,6 +1,8 @@
 //! Stores written by older builds. A store whose slab files are format 2 (record magic, no
 //! header check) opens and reads; new records go into its old files in format 2 and into new
-//! files in format 3; the store checks clean, and the manifest says format 3 from then on.
+//! files in this build's format; the store checks clean, and the manifest says this build's
+//! format from then on. (The frozen stores of earlier builds, paged classes and all, are opened
+//! by `fixtures.rs`.)
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -107,7 +109,8 @@ fn a_format_2_store_opens_reads_and_takes_writes_in_both_formats() {
             assert_eq!(db.get(key).unwrap().as_ref(), Some(value), "{key:?}");
         }
         assert_eq!(db.get(b"k007").unwrap(), None, "a deleted key came back");
-        // Same sizes: into the old (format 2) files. A new size: a new (format 3) file.
+        // Same sizes: into the old (format 2) files. A new size: a new file, in this build's
+        // format.
         for i in 0..200 {
             let key = format!("k{i:03}").into_bytes();
             let value = small(i + 1000);
@@ -121,7 +124,8 @@ fn a_format_2_store_opens_reads_and_takes_writes_in_both_formats() {
     let upgraded = manifest::read_manifest(dir.path()).unwrap().unwrap();
     assert_eq!(upgraded.slab_format_version, SLAB_FORMAT_VERSION);
     for (file, _, _) in slab_files(dir.path()) {
-        let expected = if old_files.iter().any(|(old, _, _)| *old == file) { 2 } else { 3 };
+        let expected =
+            if old_files.iter().any(|(old, _, _)| *old == file) { 2 } else { SLAB_FORMAT_VERSION };
         assert_eq!(file_version(dir.path(), &file), expected, "{file}");
     }
     assert!(slab_files(dir.path()).len() > old_files.len(), "no new class file was created");

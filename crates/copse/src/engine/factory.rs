@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::check::ShardReport;
 use super::check::{Problems, ShardChecks};
 use super::native::format::{
-    shard_dir, SizeClass, CLASS_COUNT, IN_PAGE_CLASS_COUNT, SLAB_FORMAT_VERSION,
+    shard_dir, ClassKind, SizeClass, CLASS_COUNT, SLAB_FORMAT_VERSION,
     SLAB_FORMAT_VERSION_READ_MIN,
 };
 use super::native::placement::choose_placement;
@@ -102,11 +102,7 @@ impl StoreSetup {
             cache_pages_per_shard: (settings.cache_bytes / PAGE_BYTES / settings.shards.max(1))
                 .max(CACHE_PAGES_PER_SHARD_MIN),
             io_depth_max: settings.io_depth_max,
-            placements: {
-                let mut all = vec![Placement::InPlace; CLASS_COUNT];
-                all[..PLACED_CLASS_COUNT].copy_from_slice(&settings.placements);
-                all
-            },
+            placements: settings.placements.to_vec(),
             append_block_pages: settings.append_block_pages,
             space_amplification_max: settings.space_amplification_max,
             poisoned: Arc::new(AtomicBool::new(false)),
@@ -188,15 +184,19 @@ pub fn decide_placement(
             .find(|(id, _)| *id as usize == class)
             .map_or(placement, |(_, setting)| *setting)
     };
-    let wants_probe =
-        (0..IN_PAGE_CLASS_COUNT).any(|class| setting_of(class) == PlacementSetting::Auto);
+    let placeable = |class: usize| SizeClass::get(class as u8).is_placeable();
+    let wants_probe = (0..CLASS_COUNT)
+        .any(|class| placeable(class) && setting_of(class) == PlacementSetting::Auto);
     let ratio = if wants_probe {
         storage.probe_writes()?.map(|probe| probe.sequential_over_random())
     } else {
         None
     };
-    let mut placements = [Placement::InPlace; IN_PAGE_CLASS_COUNT];
+    let mut placements = [Placement::InPlace; PLACED_CLASS_COUNT];
     for (class, placement) in placements.iter_mut().enumerate() {
+        if !placeable(class) {
+            continue;
+        }
         *placement = match setting_of(class) {
             PlacementSetting::InPlace => Placement::InPlace,
             PlacementSetting::Append => Placement::Append,
@@ -221,6 +221,30 @@ pub fn decide_placement(
         probe_ratio_milli: ratio
             .map_or(0, |ratio| (ratio * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32),
     })
+}
+
+/// Fills in the placements of the packed classes of a manifest written before they existed
+/// (format version 3 and older): each takes the placement of the paged class of the smallest
+/// slot that holds its own, which is what `auto` would have chosen for it at the same probe
+/// ratio and ceiling up to the slot size, and what a uniform setting gave every class.
+pub fn place_newer_classes(placements: &mut [Placement; PLACED_CLASS_COUNT]) {
+    for class in (0..CLASS_COUNT as u8).map(SizeClass::get) {
+        if class.kind == ClassKind::Packed {
+            placements[class.id as usize] = placements[class.paged_counterpart().id as usize];
+        }
+    }
+}
+
+/// Whether a class id names a class that can be placed either way (`Options::placement_by_class`).
+pub fn class_has_placement(class: u8) -> bool {
+    (class as usize) < CLASS_COUNT && SizeClass::get(class).is_placeable()
+}
+
+/// Whether recorded placements are possible: a class that cannot be appended is in place.
+pub fn placements_are_valid(placements: &[Placement; PLACED_CLASS_COUNT]) -> bool {
+    (0..CLASS_COUNT as u8)
+        .map(SizeClass::get)
+        .all(|class| class.is_placeable() || placements[class.id as usize] == Placement::InPlace)
 }
 
 /// The format version of the files a new store of `kind` writes, as the manifest records it

@@ -6,10 +6,10 @@
 
 use serde::Serialize;
 
-/// Size classes that have a placement (the in-page classes: multi-page classes are always in
-/// place). Part of the manifest's format (one byte each); the native engine asserts that its
-/// class table agrees.
-pub const PLACED_CLASS_COUNT: usize = 13;
+/// Size classes the manifest records a placement for, by class id: every class of the native
+/// engine (a multi-page class is always in place). Part of the manifest's format (one byte
+/// each); the native engine asserts that its class table agrees.
+pub const PLACED_CLASS_COUNT: usize = 76;
 
 /// How a new store places records, decided when it is created (`engine::factory`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -321,7 +321,7 @@ mod tests {
         make_store(dir.path(), false);
         let (_, path) = first_slab_of_shard_zero(dir.path());
         let class = SizeClass::get(0);
-        let pages = (PROBLEMS_LISTED_MAX as u64).div_ceil(class.slots_per_page as u64) + 2;
+        let pages = (PROBLEMS_LISTED_MAX as u64).div_ceil(class.slots_per_unit as u64) + 2;
         assert!(std::fs::metadata(&path).unwrap().len() >= (1 + pages) * PAGE_BYTES as u64);
         {
             use std::os::unix::fs::FileExt;
@@ -330,7 +330,7 @@ mod tests {
             file.write_all_at(&garbage, PAGE_BYTES as u64).unwrap();
         }
         let report = check_store(dir.path(), &CheckOptions::default()).unwrap();
-        let damaged = pages * class.slots_per_page as u64;
+        let damaged = pages * class.slots_per_unit as u64;
         assert_eq!(report.problems_found, damaged);
         assert_eq!(report.problems.len(), PROBLEMS_LISTED_MAX);
         // Key length 0xabab and value length 0xabababab: no 64-byte slot holds them.

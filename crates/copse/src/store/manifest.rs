@@ -16,7 +16,7 @@ use crate::limits::PAGE_BYTES;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"COPSEMAN";
-pub const MANIFEST_FORMAT_VERSION: u32 = 3;
+pub const MANIFEST_FORMAT_VERSION: u32 = 4;
 
 /// How keys map to shards. persisted: never renumber.
 #[repr(u32)]
@@ -36,7 +36,7 @@ pub struct Manifest {
     /// How the store was asked to place records when created (`None`: created by a build
     /// before manifest version 3, in place).
     pub placement_setting: Option<PlacementSetting>,
-    /// The placement of each in-page class (multi-page classes are always in place).
+    /// The placement of each class, by id (multi-page classes are always in place).
     pub placements: [Placement; PLACED_CLASS_COUNT],
     /// The write probe's sequential-over-random throughput ratio, times 1000, when `auto` ran
     /// it at creation; 0 when no probe ran.
@@ -59,13 +59,19 @@ impl Manifest {
 }
 
 /// Header bytes covered by the crc, by format version (version 1 had no engine field, version 2
-/// no placement).
+/// no placement, version 3 placements for classes 0 to 12 only).
 const MANIFEST_V1_BYTES: usize = 24;
 const MANIFEST_V2_BYTES: usize = 28;
-const MANIFEST_BYTES: usize = 48;
+const MANIFEST_V3_BYTES: usize = 48;
+const MANIFEST_BYTES: usize = 128;
 const PLACEMENT_SETTING_AT: usize = 28;
+/// Placements of classes 0 to 12 (the paged classes), one byte each.
 const PLACEMENTS_AT: usize = 29;
+const PAGED_PLACEMENTS: usize = 13;
 const PROBE_AT: usize = 44;
+/// Version 4: placements of classes 13 on, one byte each.
+const MORE_PLACEMENTS_AT: usize = 48;
+const _: () = assert!(MORE_PLACEMENTS_AT + PLACED_CLASS_COUNT - PAGED_PLACEMENTS <= MANIFEST_BYTES);
 
 pub fn encode(manifest: &Manifest) -> AlignedBuf {
     let mut page = AlignedBuf::zeroed(PAGE_BYTES);
@@ -77,7 +83,12 @@ pub fn encode(manifest: &Manifest) -> AlignedBuf {
     page[24..28].copy_from_slice(&(manifest.engine as u32).to_le_bytes());
     page[PLACEMENT_SETTING_AT] = manifest.placement_setting.map_or(0, |setting| setting as u8);
     for (class, placement) in manifest.placements.iter().enumerate() {
-        page[PLACEMENTS_AT + class] = *placement as u8;
+        let at = if class < PAGED_PLACEMENTS {
+            PLACEMENTS_AT + class
+        } else {
+            MORE_PLACEMENTS_AT + class - PAGED_PLACEMENTS
+        };
+        page[at] = *placement as u8;
     }
     page[PROBE_AT..PROBE_AT + 4].copy_from_slice(&manifest.probe_ratio_milli.to_le_bytes());
     let crc = crc32c::crc32c(&page[0..MANIFEST_BYTES]);
@@ -85,7 +96,7 @@ pub fn encode(manifest: &Manifest) -> AlignedBuf {
     page
 }
 
-/// Decodes a manifest page (format version 1, 2 or 3). `Ok(None)`: the page is blank (creation was
+/// Decodes a manifest page (format version 1 to 4). `Ok(None)`: the page is blank (creation was
 /// interrupted).
 pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
     if page.len() < MANIFEST_BYTES + 4 {
@@ -102,6 +113,7 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
     let header_bytes = match version {
         1 => MANIFEST_V1_BYTES,
         2 => MANIFEST_V2_BYTES,
+        3 => MANIFEST_V3_BYTES,
         MANIFEST_FORMAT_VERSION => MANIFEST_BYTES,
         // A newer format (its header verifies where this version's would) or a damaged version
         // field (nothing verifies): say which.
@@ -146,7 +158,10 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
         manifest.placement_setting = None;
         return Ok(Some(manifest));
     }
-    if page[PLACEMENTS_AT + PLACED_CLASS_COUNT..PROBE_AT].iter().any(|&byte| byte != 0) {
+    let placed_end = MORE_PLACEMENTS_AT + PLACED_CLASS_COUNT - PAGED_PLACEMENTS;
+    if page[PLACEMENTS_AT + PAGED_PLACEMENTS..PROBE_AT].iter().any(|&byte| byte != 0)
+        || (version >= 4 && page[placed_end..MANIFEST_BYTES].iter().any(|&byte| byte != 0))
+    {
         return Err("reserved manifest bytes are not zero".into());
     }
     manifest.placement_setting = match page[PLACEMENT_SETTING_AT] {
@@ -156,10 +171,23 @@ pub fn decode(page: &[u8]) -> Result<Option<Manifest>, String> {
                 .ok_or_else(|| format!("unknown placement setting {value}"))?,
         ),
     };
-    for class in 0..PLACED_CLASS_COUNT {
-        let value = page[PLACEMENTS_AT + class];
+    let recorded = if version >= 4 { PLACED_CLASS_COUNT } else { PAGED_PLACEMENTS };
+    for class in 0..recorded {
+        let at = if class < PAGED_PLACEMENTS {
+            PLACEMENTS_AT + class
+        } else {
+            MORE_PLACEMENTS_AT + class - PAGED_PLACEMENTS
+        };
+        let value = page[at];
         manifest.placements[class] = Placement::from_persisted(value)
             .ok_or_else(|| format!("unknown placement {value} for class {class}"))?;
+    }
+    if version < 4 {
+        // Created before the packed classes: they take the placements of the paged ones.
+        crate::engine::factory::place_newer_classes(&mut manifest.placements);
+    }
+    if !crate::engine::factory::placements_are_valid(&manifest.placements) {
+        return Err("a class that is always in place is recorded as appended".into());
     }
     if engine == EngineKind::RocksDb && manifest.placements.contains(&Placement::Append) {
         return Err("a rocksdb store cannot have append placement".into());
@@ -372,24 +400,29 @@ mod tests {
     }
 
     const MANIFEST_EXAMPLE_20_52: [u8; 32] = [
-        3, 0, 0, 0, 1, 0, 0, 0, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 0, 0, 0x03, 0x14, 0, 0,
-        0xe6, 0x12, 0x7e, 0xa0,
+        4, 0, 0, 0, 1, 0, 0, 0, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 0, 0, 0x03, 0x14, 0, 0,
+        1, 1, 1, 1,
     ];
+    const MANIFEST_EXAMPLE_124_132: [u8; 8] = [0, 0, 0, 0, 0xa5, 0xc1, 0xb5, 0xbe];
 
     #[test]
     fn manifest_round_trips_and_detects_damage() {
         let manifest = Manifest::new(4, EngineKind::Native);
         let page = encode(&manifest);
         assert_eq!(decode(&page).unwrap(), Some(manifest));
-        // The worked example of docs/format/manifest.md: auto placement that appends classes
-        // 0 to 11 after a probe measured sequential writes 5.123 times faster than random ones.
+        // The worked example of docs/format/manifest.md: auto placement that appends the
+        // packed classes 36 to 74 (slots up to 3,264 bytes) after a probe measured sequential
+        // writes 5.123 times faster than random ones; the paged classes, which a new store
+        // does not use, are appended up to class 11 as the same probe would have them.
         let mut auto = manifest;
         auto.placement_setting = Some(PlacementSetting::Auto);
         auto.placements[..12].fill(Placement::Append);
+        auto.placements[36..75].fill(Placement::Append);
         auto.probe_ratio_milli = 5123;
         let example = encode(&auto);
         assert_eq!(decode(&example).unwrap(), Some(auto));
         assert_eq!(&example[20..52], &MANIFEST_EXAMPLE_20_52);
+        assert_eq!(&example[124..132], &MANIFEST_EXAMPLE_124_132);
         let rocks = Manifest::new(4, EngineKind::RocksDb);
         assert_eq!(decode(&encode(&rocks)).unwrap(), Some(rocks));
         assert_eq!(decode(&[0u8; PAGE_BYTES]).unwrap(), None);

@@ -34,7 +34,8 @@ pub struct Options {
     /// from a short write probe of the device at creation; in place where no probe can run, as
     /// on the simulated device). Recorded in the manifest; an existing store keeps its own.
     pub placement: PlacementSetting,
-    /// Per-class exceptions to `placement` (class id, setting), for in-page classes (0 to 12).
+    /// Per-class exceptions to `placement` (class id, setting), for classes whose slots are at
+    /// most a page: the packed classes (36 to 75) of new stores, and the paged ones (0 to 12).
     pub placement_by_class: Vec<(u8, PlacementSetting)>,
     /// The collector keeps each append class's file under this many times its live slots
     /// (plus one growth step of the file), between `SPACE_AMPLIFICATION_MIN` and
@@ -94,11 +95,14 @@ impl Options {
                 self.append_block_pages
             )));
         }
-        if let Some((class, _)) =
-            self.placement_by_class.iter().find(|(class, _)| *class as usize >= PLACED_CLASS_COUNT)
+        if let Some((class, _)) = self
+            .placement_by_class
+            .iter()
+            .find(|(class, _)| !crate::engine::factory::class_has_placement(*class))
         {
             return Err(OpenError::InvalidOption(format!(
-                "placement_by_class names class {class}; only in-page classes (0 to {}) have a placement",
+                "placement_by_class names class {class}, which has no placement (classes are 0 \
+                 to {}; a class of multi-page slots is always in place)",
                 PLACED_CLASS_COUNT - 1
             )));
         }

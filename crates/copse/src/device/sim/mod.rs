@@ -112,6 +112,9 @@ pub struct InjectedWriteFault {
     /// Later writes may carry either on: a page read back and rewritten keeps what the fault
     /// left, so the damage can outlive the pages it first struck.
     pub displaced: Vec<u8>,
+    /// The bytes at `offset` before the write, which stay there in place of `sent` (for a lost
+    /// write, the same as `displaced`). A write that was to erase a record leaves it in force.
+    pub kept: Vec<u8>,
 }
 
 impl std::fmt::Debug for InjectedWriteFault {
@@ -392,6 +395,7 @@ impl State {
                         landed_at: None,
                         sent: request.buf.to_vec(),
                         displaced: Vec::new(),
+                        kept: Vec::new(),
                     };
                     // Another whole-page position inside the file; a file with room for this
                     // write only once loses it instead.
@@ -411,9 +415,13 @@ impl State {
                     }
                     let left_at = injected.landed_at.unwrap_or(offset) as usize;
                     let volatile = self.files.get(name).map_or(&[][..], |f| &f.volatile[..]);
-                    injected.displaced = (left_at..left_at + len as usize)
-                        .map(|at| volatile.get(at).copied().unwrap_or(0))
-                        .collect();
+                    let bytes_at = |start: usize| -> Vec<u8> {
+                        (start..start + len as usize)
+                            .map(|at| volatile.get(at).copied().unwrap_or(0))
+                            .collect()
+                    };
+                    injected.displaced = bytes_at(left_at);
+                    injected.kept = bytes_at(offset as usize);
                     self.injected_write_faults.push(injected);
                 }
                 let file = self.files.get_mut(name).expect("looked up above");

@@ -1,9 +1,11 @@
 //! Slab file format: size classes, the header page, and item records. Spec: docs/format/slab.md.
 //!
 //! Invariants:
-//! - A slab file is an array of 4 KiB pages; page 0 is the header page, slots start at page 1.
-//! - A slot of an in-page class lies inside one page (`slots_per_page` slots, each `slot_bytes`);
-//!   a slot of a multi-page class is `pages_per_slot` whole pages.
+//! - A slab file is an array of 4 KiB pages; page 0 is the header page, then units of
+//!   `pages_per_unit` pages, each holding `slots_per_unit` slots of `slot_bytes` end to end.
+//!   A slot of a paged class lies inside one page; a slot of a multi-page class is its unit;
+//!   a slot of a packed class (format 4) may cross one page boundary, never a unit's, and its
+//!   32-byte header never crosses a page (slots are multiples of 32 bytes).
 //! - A record starts at its slot's first byte with a 32-byte header. An all-zero header is an
 //!   empty slot (files grow zero-filled). Any other header must carry a header check (version 3:
 //!   a crc32c over the header fields, the key and the record's location; versions 1 and 2: a
@@ -20,8 +22,9 @@ use crate::limits::{KEY_BYTES_MAX, PAGE_BYTES, VALUE_BYTES_MAX};
 pub const SLAB_MAGIC: [u8; 8] = *b"COPSLAB\x01";
 /// Version of the slab format (header page, record header, record kinds, class table) that this
 /// build writes into new files. Version 2 added the Part record kind; version 3 replaced the
-/// record magic with a header checksum. Older files are read, and written, as they are.
-pub const SLAB_FORMAT_VERSION: u32 = 3;
+/// record magic with a header checksum; version 4 added the packed classes. Older files are
+/// read, and written, as they are.
+pub const SLAB_FORMAT_VERSION: u32 = 4;
 /// Oldest slab format version this build reads.
 pub const SLAB_FORMAT_VERSION_READ_MIN: u32 = 1;
 /// Bytes 28..30 of a record header in format versions 1 and 2: tells a record from garbage
@@ -99,110 +102,268 @@ impl RecordKind {
     }
 }
 
-/// Slots per page of the in-page classes, largest count (smallest slot) first. Changing this
-/// table changes the format version.
-const IN_PAGE_SLOTS_PER_PAGE: [u32; 13] = [64, 48, 32, 24, 16, 12, 8, 6, 5, 4, 3, 2, 1];
-/// Pages per slot of the multi-page classes. The last class holds the largest record.
+/// Slots per page of the paged classes (ids 0 to 12, formats 1 to 3), largest count (smallest
+/// slot) first. Frozen: files of these classes are read and written as they are, but no new
+/// record goes to them (`SizeClass::for_record` picks a packed class).
+const PAGED_SLOTS_PER_PAGE: [u32; 13] = [64, 48, 32, 24, 16, 12, 8, 6, 5, 4, 3, 2, 1];
+/// Pages per slot of the multi-page classes (ids 13 to 35). The last class holds the largest
+/// record.
 const MULTI_PAGE_PAGES_PER_SLOT: [u32; 23] = [
     2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
     3072, 4097,
 ];
-pub const CLASS_COUNT: usize = IN_PAGE_SLOTS_PER_PAGE.len() + MULTI_PAGE_PAGES_PER_SLOT.len();
-/// The in-page classes are the first ones (ids 0 to 12).
-pub const IN_PAGE_CLASS_COUNT: usize = IN_PAGE_SLOTS_PER_PAGE.len();
-// The manifest keeps one placement byte per in-page class.
-const _: () = assert!(IN_PAGE_CLASS_COUNT == crate::engine::placement::PLACED_CLASS_COUNT);
+/// Slot bytes of the packed classes (ids 36 on, format 4), smallest first. A packed class lays
+/// its slots end to end in units of `PACKED_UNIT_PAGES` pages, so a slot may cross a page
+/// boundary (never a unit's). Multiples of `PACKED_SLOT_ALIGN` so that a record header never
+/// crosses a page. Steps of 32 bytes up to 640, then sizes that fill a unit to within 4%
+/// (`16384 / n`, rounded down to 32) up to a page. Changing this table changes the format
+/// version.
+const PACKED_SLOT_BYTES: [u32; 40] = [
+    64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480, 512, 544, 576, 608, 640,
+    672, 704, 736, 768, 800, 832, 896, 960, 1024, 1088, 1152, 1248, 1344, 1472, 1632, 1792, 2048,
+    2336, 2720, 3264, 4096,
+];
+/// Pages per unit of a packed class: a unit holds a whole number of slots, so a read or write
+/// of whole units (the collector's victim blocks, recovery's chunks) holds whole slots.
+pub const PACKED_UNIT_PAGES: u32 = 4;
+/// Alignment of a packed slot (and so of its record header) inside its unit.
+pub const PACKED_SLOT_ALIGN: u32 = 32;
+/// Id of the first packed class.
+pub const PACKED_FIRST_CLASS: u8 = (PAGED_CLASS_COUNT + MULTI_PAGE_PAGES_PER_SLOT.len()) as u8;
+pub const PAGED_CLASS_COUNT: usize = PAGED_SLOTS_PER_PAGE.len();
+pub const PACKED_CLASS_COUNT: usize = PACKED_SLOT_BYTES.len();
+pub const CLASS_COUNT: usize = PACKED_FIRST_CLASS as usize + PACKED_CLASS_COUNT;
+/// The first multi-page class: the smallest class for records over a page.
+const MULTI_PAGE_FIRST_CLASS: u8 = PAGED_CLASS_COUNT as u8;
 
 const _: () = assert!(RECORD_BYTES_MAX <= 4097 * PAGE_BYTES);
-const _: () = assert!(CLASS_COUNT < 64);
+// The manifest keeps one placement byte per class.
+const _: () = assert!(CLASS_COUNT == crate::engine::placement::PLACED_CLASS_COUNT);
+// File names carry two digits of class id.
+const _: () = assert!(CLASS_COUNT <= 100);
+const _: () = assert!(PACKED_SLOT_BYTES[PACKED_CLASS_COUNT - 1] as usize == PAGE_BYTES);
+const _: () = {
+    let mut index = 0;
+    while index < PACKED_CLASS_COUNT {
+        let slot = PACKED_SLOT_BYTES[index];
+        assert!(slot.is_multiple_of(PACKED_SLOT_ALIGN) && slot as usize <= PAGE_BYTES);
+        assert!(index == 0 || slot > PACKED_SLOT_BYTES[index - 1]);
+        index += 1;
+    }
+};
 
-/// A size class: which slots its items occupy.
+/// How a class lays its slots out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassKind {
+    /// Ids 0 to 12 (formats 1 to 3): `slots_per_unit` slots in each page; no slot crosses a
+    /// page.
+    Paged,
+    /// Ids 13 to 35: each slot is `pages_per_unit` whole pages.
+    MultiPage,
+    /// Ids 36 on (format 4): `slots_per_unit` slots end to end in each unit of
+    /// `PACKED_UNIT_PAGES` pages; a slot may cross one page boundary.
+    Packed,
+}
+
+/// A size class: which slots its items occupy. A class's file is the header page, then units
+/// of `pages_per_unit` pages holding `slots_per_unit` slots each, end to end from the unit's
+/// first byte (`ClassKind` tells the three layouts apart; the same two numbers describe all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SizeClass {
     pub id: u8,
-    /// Bytes per slot; for a multi-page class, `pages_per_slot * PAGE_BYTES`.
+    pub kind: ClassKind,
+    /// Bytes per slot; for a multi-page class, `pages_per_unit * PAGE_BYTES`.
     pub slot_bytes: u32,
     /// 1 for multi-page classes.
-    pub slots_per_page: u32,
-    /// 1 for in-page classes.
-    pub pages_per_slot: u32,
+    pub slots_per_unit: u32,
+    /// 1 for paged classes.
+    pub pages_per_unit: u32,
+}
+
+/// Where a slot of an in-page (paged or packed) class lies: its first page, its first byte in
+/// that page, and the pages it spans (1, or 2 for a packed slot that crosses a page boundary).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotSpan {
+    pub first_page: u64,
+    pub offset: usize,
+    pub pages: u64,
+}
+
+impl SlotSpan {
+    /// The pages of the span.
+    pub fn page_numbers(&self) -> std::ops::Range<u64> {
+        self.first_page..self.first_page + self.pages
+    }
 }
 
 impl SizeClass {
     pub fn get(id: u8) -> SizeClass {
         let index = id as usize;
         assert!(index < CLASS_COUNT, "size class {id} out of range");
-        if index < IN_PAGE_SLOTS_PER_PAGE.len() {
-            let slots_per_page = IN_PAGE_SLOTS_PER_PAGE[index];
+        if index < PAGED_CLASS_COUNT {
+            let slots_per_page = PAGED_SLOTS_PER_PAGE[index];
             // Slots are 8-byte aligned so headers are aligned.
             let slot_bytes = (PAGE_BYTES as u32 / slots_per_page) & !7;
-            SizeClass { id, slot_bytes, slots_per_page, pages_per_slot: 1 }
-        } else {
-            let pages_per_slot = MULTI_PAGE_PAGES_PER_SLOT[index - IN_PAGE_SLOTS_PER_PAGE.len()];
             SizeClass {
                 id,
+                kind: ClassKind::Paged,
+                slot_bytes,
+                slots_per_unit: slots_per_page,
+                pages_per_unit: 1,
+            }
+        } else if index < PACKED_FIRST_CLASS as usize {
+            let pages_per_slot = MULTI_PAGE_PAGES_PER_SLOT[index - PAGED_CLASS_COUNT];
+            SizeClass {
+                id,
+                kind: ClassKind::MultiPage,
                 slot_bytes: pages_per_slot * PAGE_BYTES as u32,
-                slots_per_page: 1,
-                pages_per_slot,
+                slots_per_unit: 1,
+                pages_per_unit: pages_per_slot,
+            }
+        } else {
+            let slot_bytes = PACKED_SLOT_BYTES[index - PACKED_FIRST_CLASS as usize];
+            SizeClass {
+                id,
+                kind: ClassKind::Packed,
+                slot_bytes,
+                slots_per_unit: PACKED_UNIT_PAGES * PAGE_BYTES as u32 / slot_bytes,
+                pages_per_unit: PACKED_UNIT_PAGES,
             }
         }
     }
 
-    /// The smallest class whose slot holds `record_bytes`.
+    /// The class a new record of `record_bytes` goes to: the smallest packed class whose slot
+    /// holds it, or past a page the smallest multi-page class. (The paged classes are kept for
+    /// the files that have them; nothing new goes there.)
     pub fn for_record(record_bytes: usize) -> SizeClass {
         assert!(record_bytes <= RECORD_BYTES_MAX);
-        (0..CLASS_COUNT as u8)
+        let packed = PACKED_FIRST_CLASS..CLASS_COUNT as u8;
+        packed
+            .chain(MULTI_PAGE_FIRST_CLASS..PACKED_FIRST_CLASS)
             .map(SizeClass::get)
             .find(|class| class.slot_bytes as usize >= record_bytes)
             .expect("the last class holds the largest record")
     }
 
+    /// The paged class whose slot is the smallest that holds this packed class's slot: a store
+    /// created before the packed classes gives a packed class that class's placement.
+    pub fn paged_counterpart(&self) -> SizeClass {
+        assert_eq!(self.kind, ClassKind::Packed);
+        (0..PAGED_CLASS_COUNT as u8)
+            .map(SizeClass::get)
+            .find(|paged| paged.slot_bytes >= self.slot_bytes)
+            .expect("the largest paged slot is a page")
+    }
+
     pub fn is_multi_page(&self) -> bool {
-        self.pages_per_slot > 1
+        self.kind == ClassKind::MultiPage
+    }
+
+    /// Whether append placement can serve the class (slots inside units of pages it caches).
+    pub fn is_placeable(&self) -> bool {
+        !self.is_multi_page()
+    }
+
+    fn unit_bytes(&self) -> u64 {
+        self.pages_per_unit as u64 * PAGE_BYTES as u64
+    }
+
+    /// Byte offset of a slot in its file.
+    pub fn slot_offset(&self, slot: u64) -> u64 {
+        let unit = slot / self.slots_per_unit as u64;
+        let in_unit = slot % self.slots_per_unit as u64;
+        PAGE_BYTES as u64 + unit * self.unit_bytes() + in_unit * self.slot_bytes as u64
     }
 
     /// The page holding the slot's first byte.
     pub fn page_of_slot(&self, slot: u64) -> u64 {
-        if self.is_multi_page() {
-            1 + slot * self.pages_per_slot as u64
-        } else {
-            1 + slot / self.slots_per_page as u64
-        }
+        self.slot_offset(slot) / PAGE_BYTES as u64
     }
 
     /// Byte offset of the slot inside its first page.
     pub fn offset_in_page(&self, slot: u64) -> usize {
-        if self.is_multi_page() {
-            0
-        } else {
-            (slot % self.slots_per_page as u64) as usize * self.slot_bytes as usize
+        (self.slot_offset(slot) % PAGE_BYTES as u64) as usize
+    }
+
+    /// Where a slot of an in-page class lies.
+    pub fn span(&self, slot: u64) -> SlotSpan {
+        assert!(!self.is_multi_page(), "class {} keeps whole-page slots", self.id);
+        let offset = self.offset_in_page(slot);
+        SlotSpan {
+            first_page: self.page_of_slot(slot),
+            offset,
+            pages: (offset + self.slot_bytes as usize).div_ceil(PAGE_BYTES) as u64,
         }
     }
 
-    /// First slot of a page (in-page classes).
-    pub fn first_slot_of_page(&self, page: u64) -> u64 {
+    /// The slots whose first byte lies in `page` (in-page classes).
+    pub fn slots_starting_in_page(&self, page: u64) -> std::ops::Range<u64> {
         assert!(page >= 1 && !self.is_multi_page());
-        (page - 1) * self.slots_per_page as u64
+        let unit = (page - 1) / self.pages_per_unit as u64;
+        let page_in_unit = (page - 1) % self.pages_per_unit as u64;
+        let page_bytes = PAGE_BYTES as u64;
+        let slot_bytes = self.slot_bytes as u64;
+        let per_unit = self.slots_per_unit as u64;
+        let first = (page_in_unit * page_bytes).div_ceil(slot_bytes).min(per_unit);
+        let end = ((page_in_unit + 1) * page_bytes).div_ceil(slot_bytes).min(per_unit);
+        unit * per_unit + first..unit * per_unit + end
     }
 
-    /// Slots that fit in a file of `file_bytes`.
+    /// The page after the last one a slot below `slots` touches (1 when `slots` is 0): pages
+    /// at and past it hold none of those slots.
+    pub fn page_after_slots(&self, slots: u64) -> u64 {
+        if slots == 0 {
+            return 1;
+        }
+        let last = slots - 1;
+        (self.slot_offset(last) + self.slot_bytes as u64).div_ceil(PAGE_BYTES as u64)
+    }
+
+    /// The slots of the whole units in `bytes`, read from the file at page `first_page` (the
+    /// first page of a unit): each slot's number and bytes, in order.
+    pub fn slots_in_units<'a>(
+        &self,
+        first_page: u64,
+        bytes: &'a [u8],
+    ) -> impl Iterator<Item = (u64, &'a [u8])> + 'a {
+        let unit_bytes = self.unit_bytes() as usize;
+        let pages_per_unit = self.pages_per_unit as u64;
+        assert!(first_page >= 1 && (first_page - 1).is_multiple_of(pages_per_unit));
+        let first_unit = (first_page - 1) / pages_per_unit;
+        let slot_bytes = self.slot_bytes as usize;
+        let per_unit = self.slots_per_unit as usize;
+        bytes.chunks_exact(unit_bytes).enumerate().flat_map(move |(index, unit)| {
+            let first_slot = (first_unit + index as u64) * per_unit as u64;
+            (0..per_unit).map(move |in_unit| {
+                (first_slot + in_unit as u64, &unit[in_unit * slot_bytes..(in_unit + 1) * slot_bytes])
+            })
+        })
+    }
+
+    /// Pages per unit (a slot of a multi-page class, one page of a paged class).
+    pub fn unit_pages(&self) -> u64 {
+        self.pages_per_unit as u64
+    }
+
+    /// Slots that fit in a file of `file_bytes` (whole units only).
     pub fn slots_in_file(&self, file_bytes: u64) -> u64 {
         let pages = (file_bytes / PAGE_BYTES as u64).saturating_sub(1);
-        if self.is_multi_page() {
-            pages / self.pages_per_slot as u64
-        } else {
-            pages * self.slots_per_page as u64
-        }
+        pages / self.pages_per_unit as u64 * self.slots_per_unit as u64
+    }
+
+    /// `bytes` rounded up to a file length of whole units after the header page (for a
+    /// multi-page class, whose unit is a slot that may be megabytes, whole pages: the file
+    /// grows by its growth step and holds the slots that fit).
+    pub fn whole_units_file_bytes(&self, bytes: u64) -> u64 {
+        let unit_bytes = if self.is_multi_page() { PAGE_BYTES as u64 } else { self.unit_bytes() };
+        let data = bytes.saturating_sub(PAGE_BYTES as u64).next_multiple_of(unit_bytes);
+        PAGE_BYTES as u64 + data
     }
 
     /// File bytes needed to hold `slots` slots.
     pub fn file_bytes_for_slots(&self, slots: u64) -> u64 {
-        let pages = if self.is_multi_page() {
-            slots * self.pages_per_slot as u64
-        } else {
-            slots.div_ceil(self.slots_per_page as u64)
-        };
-        (1 + pages) * PAGE_BYTES as u64
+        let units = slots.div_ceil(self.slots_per_unit as u64);
+        (1 + units * self.pages_per_unit as u64) * PAGE_BYTES as u64
     }
 
     pub fn file_name(&self, shard_id: u32) -> String {
@@ -636,20 +797,19 @@ pub fn byte_role(image: &[u8], file_name: &str, at: u64) -> ByteRole {
     if page == 0 {
         return if (at as usize) < SLAB_HEADER_BYTES { Checked } else { Unchecked };
     }
-    let (slot_start, offset_in_slot) = if class.is_multi_page() {
-        let slot_bytes = class.pages_per_slot as u64 * PAGE_BYTES as u64;
-        let slot = (at - PAGE_BYTES as u64) / slot_bytes;
-        let start = PAGE_BYTES as u64 + slot * slot_bytes;
-        (start, (at - start) as usize)
-    } else {
-        let in_page = (at % PAGE_BYTES as u64) as usize;
-        let index = in_page / class.slot_bytes as usize;
-        if index >= class.slots_per_page as usize {
-            return Unchecked;
-        }
-        let start = page * PAGE_BYTES as u64 + (index * class.slot_bytes as usize) as u64;
-        (start, in_page - index * class.slot_bytes as usize)
-    };
+    let unit_bytes = class.unit_pages() * PAGE_BYTES as u64;
+    let in_unit = (at - PAGE_BYTES as u64) % unit_bytes;
+    let index = in_unit / class.slot_bytes as u64;
+    if index >= class.slots_per_unit as u64 {
+        return Unchecked;
+    }
+    let unit = (at - PAGE_BYTES as u64) / unit_bytes;
+    if unit * class.slots_per_unit as u64 + index >= class.slots_in_file(image.len() as u64) {
+        // A unit the file holds only part of has no slots.
+        return Unchecked;
+    }
+    let slot_start = at - in_unit + index * class.slot_bytes as u64;
+    let offset_in_slot = (at - slot_start) as usize;
     let end = (slot_start as usize + class.slot_bytes as usize).min(image.len());
     let slot = image.get(slot_start as usize..end).unwrap_or(&[]);
     let layout = decode_slab_header(image)
@@ -685,8 +845,8 @@ pub struct SlabHeader {
     pub format_version: u32,
     pub class_id: u8,
     pub slot_bytes: u32,
-    pub slots_per_page: u32,
-    pub pages_per_slot: u32,
+    pub slots_per_unit: u32,
+    pub pages_per_unit: u32,
     pub shard_id: u32,
 }
 
@@ -699,8 +859,8 @@ pub fn encode_slab_header(page: &mut [u8], header: &SlabHeader) {
     page[8..12].copy_from_slice(&header.format_version.to_le_bytes());
     page[12..16].copy_from_slice(&(header.class_id as u32).to_le_bytes());
     page[16..20].copy_from_slice(&header.slot_bytes.to_le_bytes());
-    page[20..24].copy_from_slice(&header.slots_per_page.to_le_bytes());
-    page[24..28].copy_from_slice(&header.pages_per_slot.to_le_bytes());
+    page[20..24].copy_from_slice(&header.slots_per_unit.to_le_bytes());
+    page[24..28].copy_from_slice(&header.pages_per_unit.to_le_bytes());
     page[28..32].copy_from_slice(&header.shard_id.to_le_bytes());
     let crc = crc32c::crc32c(&page[0..32]);
     page[32..SLAB_HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
@@ -736,8 +896,8 @@ pub fn decode_slab_header(page: &[u8]) -> Result<SlabHeader, String> {
         format_version,
         class_id: class_id as u8,
         slot_bytes: word(16),
-        slots_per_page: word(20),
-        pages_per_slot: word(24),
+        slots_per_unit: word(20),
+        pages_per_unit: word(24),
         shard_id: word(28),
     })
 }
@@ -767,31 +927,66 @@ mod tests {
 
     #[test]
     fn classes_grow_and_cover_every_record_size() {
-        let mut previous = 0;
-        for id in 0..CLASS_COUNT as u8 {
-            let class = SizeClass::get(id);
-            assert!(class.slot_bytes > previous, "class {id} is not larger than the one before");
-            assert_eq!(class.slot_bytes % 8, 0);
-            previous = class.slot_bytes;
+        for kind in [ClassKind::Paged, ClassKind::MultiPage, ClassKind::Packed] {
+            let mut previous = 0;
+            for class in (0..CLASS_COUNT as u8).map(SizeClass::get).filter(|c| c.kind == kind) {
+                assert!(class.slot_bytes > previous, "class {} is not larger", class.id);
+                assert_eq!(class.slot_bytes % 8, 0);
+                previous = class.slot_bytes;
+            }
         }
         assert_eq!(SizeClass::for_record(33).slot_bytes, 64);
-        assert_eq!(SizeClass::for_record(1080).slot_bytes, 1360);
+        assert_eq!(SizeClass::for_record(33).kind, ClassKind::Packed);
+        // YCSB's records: a 1 KiB value or a 128-byte one, with a 23-byte key.
+        assert_eq!(SizeClass::for_record(32 + 23 + 1024).slot_bytes, 1088);
+        assert_eq!(SizeClass::for_record(32 + 23 + 128).slot_bytes, 192);
         assert_eq!(SizeClass::for_record(4096).slot_bytes, 4096);
-        assert_eq!(SizeClass::for_record(4097).pages_per_slot, 2);
-        assert_eq!(SizeClass::for_record(RECORD_BYTES_MAX).pages_per_slot, 4097);
+        assert_eq!(SizeClass::for_record(4097).pages_per_unit, 2);
+        assert_eq!(SizeClass::for_record(4097).kind, ClassKind::MultiPage);
+        assert_eq!(SizeClass::for_record(RECORD_BYTES_MAX).pages_per_unit, 4097);
+    }
+
+    #[test]
+    fn packed_classes_fill_their_units_and_keep_headers_in_one_page() {
+        for class in (PACKED_FIRST_CLASS..CLASS_COUNT as u8).map(SizeClass::get) {
+            let filled = class.slots_per_unit as usize * class.slot_bytes as usize;
+            let unit = PACKED_UNIT_PAGES as usize * PAGE_BYTES;
+            assert!(filled <= unit && filled * 100 >= unit * 96, "class {} fills {filled}", class.id);
+            for slot in 0..3 * class.slots_per_unit as u64 {
+                let span = class.span(slot);
+                assert!(span.offset + RECORD_HEADER_BYTES <= PAGE_BYTES);
+                assert!((1..=2).contains(&span.pages));
+                assert!(class.slots_starting_in_page(span.first_page).contains(&slot));
+                let unit_of = |page: u64| (page - 1) / PACKED_UNIT_PAGES as u64;
+                assert_eq!(unit_of(span.first_page), unit_of(span.first_page + span.pages - 1));
+            }
+        }
     }
 
     #[test]
     fn slot_geometry_matches_file_size() {
         let class = SizeClass::get(10); // 3 slots per page
-        assert_eq!(class.slots_per_page, 3);
+        assert_eq!(class.slots_per_unit, 3);
         assert_eq!(class.page_of_slot(0), 1);
         assert_eq!(class.page_of_slot(5), 2);
         assert_eq!(class.offset_in_page(5), 2 * 1360);
         assert_eq!(class.slots_in_file(class.file_bytes_for_slots(7)), 9);
+        assert_eq!(class.slots_starting_in_page(2), 3..6);
+        assert_eq!(class.page_after_slots(4), 3);
         let big = SizeClass::get(13);
         assert_eq!(big.page_of_slot(3), 1 + 3 * 2);
         assert_eq!(big.slots_in_file(big.file_bytes_for_slots(5)), 5);
+        // 1088-byte slots: 15 per 4-page unit. Slot 3 starts at byte 3264 of page 1 and ends in
+        // page 2; slot 15 starts unit 1 (page 5).
+        let packed = SizeClass::for_record(1079);
+        assert_eq!((packed.slots_per_unit, packed.pages_per_unit), (15, 4));
+        assert_eq!(packed.span(3), SlotSpan { first_page: 1, offset: 3264, pages: 2 });
+        assert_eq!(packed.span(15), SlotSpan { first_page: 5, offset: 0, pages: 1 });
+        assert_eq!(packed.slots_starting_in_page(2), 4..8);
+        assert_eq!(packed.slots_starting_in_page(4), 12..15);
+        assert_eq!(packed.page_after_slots(4), 3);
+        assert_eq!(packed.page_after_slots(15), 5);
+        assert_eq!(packed.slots_in_file(packed.file_bytes_for_slots(16)), 30);
     }
 
     const LAYOUTS: [RecordLayout; 2] = [RecordLayout::HeaderCrc, RecordLayout::Magic];
@@ -912,8 +1107,8 @@ mod tests {
             format_version: SLAB_FORMAT_VERSION,
             class_id: 4,
             slot_bytes: 256,
-            slots_per_page: 16,
-            pages_per_slot: 1,
+            slots_per_unit: 16,
+            pages_per_unit: 1,
             shard_id: 1,
         };
         let mut page = vec![0u8; PAGE_BYTES];
@@ -928,13 +1123,26 @@ mod tests {
         assert!(decode_slab_header(&page)
             .unwrap_err()
             .contains(&format!("unsupported slab format version {}", SLAB_FORMAT_VERSION + 1)));
-        // The worked example of docs/format/slab.md (class 0 of shard 0).
+        // The worked examples of docs/format/slab.md: class 0 of shard 0 (format 3), and the
+        // packed class of 1088-byte slots, 15 in each 4-page unit (format 4).
+        let packed = SlabHeader {
+            format_version: 4,
+            class_id: 64,
+            slot_bytes: 1088,
+            slots_per_unit: 15,
+            pages_per_unit: 4,
+            shard_id: 0,
+        };
+        let class = SizeClass::get(64);
+        assert_eq!((class.slot_bytes, class.slots_per_unit, class.pages_per_unit), (1088, 15, 4));
+        encode_slab_header(&mut page, &packed);
+        assert_eq!(&page[32..36], &[0xe5, 0x23, 0xd6, 0xe4]);
         let example = SlabHeader {
-            format_version: SLAB_FORMAT_VERSION,
+            format_version: 3,
             class_id: 0,
             slot_bytes: 64,
-            slots_per_page: 64,
-            pages_per_slot: 1,
+            slots_per_unit: 64,
+            pages_per_unit: 1,
             shard_id: 0,
         };
         encode_slab_header(&mut page, &example);

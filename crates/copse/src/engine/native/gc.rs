@@ -269,8 +269,14 @@ impl NativeEngine {
         let mut reads = Vec::new();
         for &block in &blocks {
             let (first_page, end_page) = append.pages_of(block);
-            // Pages past the frontier were never written: nothing in them lives.
-            let pages = end_page.min(frontier_page).saturating_sub(first_page);
+            // Pages past the frontier were never written: nothing in them lives. Whole units
+            // are read, so every slot the frontier's unit holds is listed.
+            let unit_pages = SizeClass::get(class).unit_pages();
+            let pages = end_page
+                .min(frontier_page)
+                .saturating_sub(first_page)
+                .next_multiple_of(unit_pages)
+                .min(end_page - first_page);
             if pages > 0 {
                 reads.push((block, first_page, pages));
             }
@@ -313,24 +319,19 @@ impl NativeEngine {
                 // batch (`CompactIndex::entries` overlaps the lookups' cache misses): the
                 // liveness check of a whole block, not one lookup after another.
                 let mut records = Vec::new();
-                for (index, page) in completion.buf.chunks_exact(PAGE_BYTES).enumerate() {
-                    let first_slot = info.first_slot_of_page(first_page + index as u64);
-                    for in_page in 0..info.slots_per_page as usize {
-                        let slot = first_slot + in_page as u64;
-                        let loc = Loc::new(class, slot, 0);
-                        let bytes = &page[in_page * slot_bytes..(in_page + 1) * slot_bytes];
-                        let Ok(Slot::Record { header, key, value }) =
-                            decode_slot(bytes, layout, self.shard_id, loc, slot_bytes)
-                        else {
-                            continue;
-                        };
-                        let tombstone = match header.kind {
-                            RecordKind::Put => false,
-                            RecordKind::Tombstone => true,
-                            _ => continue,
-                        };
-                        records.push((slot, loc, key, value, header.seq, tombstone));
-                    }
+                for (slot, bytes) in info.slots_in_units(first_page, &completion.buf) {
+                    let loc = Loc::new(class, slot, 0);
+                    let Ok(Slot::Record { header, key, value }) =
+                        decode_slot(bytes, layout, self.shard_id, loc, slot_bytes)
+                    else {
+                        continue;
+                    };
+                    let tombstone = match header.kind {
+                        RecordKind::Put => false,
+                        RecordKind::Tombstone => true,
+                        _ => continue,
+                    };
+                    records.push((slot, loc, key, value, header.seq, tombstone));
                 }
                 let keys: Vec<&[u8]> = records.iter().map(|record| record.2).collect();
                 let mut entries = Vec::with_capacity(keys.len());

@@ -105,7 +105,11 @@ pub struct EngineConfig {
 /// What a request queued or in flight is for (by its token, in `Io`): `complete` dispatches
 /// each completion to the part that asked.
 enum IoPurpose {
-    PageLoad(PageKey),
+    /// A read of `pages` consecutive pages from `page` into the cache.
+    PageLoad {
+        page: PageKey,
+        pages: u64,
+    },
     /// `pages` consecutive pages from `page`, written with one I/O.
     PageWrite {
         page: PageKey,
@@ -207,7 +211,8 @@ impl NativeEngine {
             // Nothing written since open: the records on disk are what recovery saw.
             return Ok(());
         }
-        let class = format::SizeClass::get(0);
+        let class =
+            format::SizeClass::for_record(format::record_bytes(0, format::LIVE_DIGEST_BYTES));
         let watermark = self.seqs.durable_watermark();
         let (slot, overwritten) = self.allocate(class, None)?;
         let seq = self.seqs.take();
@@ -250,12 +255,22 @@ impl NativeEngine {
             return;
         };
         match purpose {
-            IoPurpose::PageLoad(page) => self.page_loaded(page, completion),
+            IoPurpose::PageLoad { page, pages } => self.page_loaded(page, pages, completion),
             IoPurpose::PageWrite { page, pages, writes } => {
                 for number in page.1..page.1 + pages {
                     self.pages.end_write((page.0, number));
                 }
                 self.pages.keep_buffer(completion.buf);
+                let writes = match completion.result {
+                    Ok(()) => self.writes.page_writes_done(writes),
+                    // Every write that rode it fails, each once.
+                    Err(_) => {
+                        let mut writes = writes;
+                        writes.sort_unstable();
+                        writes.dedup();
+                        writes
+                    }
+                };
                 self.writes_completed(writes, completion.result);
             }
             IoPurpose::DirectWrite(write) => self.writes_completed(vec![write], completion.result),

@@ -1,7 +1,7 @@
 //! The pages of in-page classes as the engine holds them (`Pages`): their images in the page
 //! cache, the reads of pages under way with who waits for each, the pages modified since their
 //! last write, and the pages with a write in flight. Then what the engine does when a page it
-//! waited for arrives (`impl NativeEngine`: `wait_page`, `page_loaded`).
+//! waited for arrives (`impl NativeEngine`: `wait_slot`, `page_loaded`).
 //!
 //! Invariants:
 //! - At most one write per page is in flight (invariant 3 of `mod.rs`): a page joins
@@ -13,7 +13,13 @@
 //!   memory holds, is never evicted and never replaced by an older one read from the device
 //!   (`page_loaded` asserts that a page read finds no image cached).
 //! - A page has at most one read under way: the first waiter of a page starts it, later ones
-//!   join `loading` (`wait`).
+//!   join `loading` (`wait`). One read may load two adjacent pages (a packed slot crossing a
+//!   page boundary, both missing); each of them is in `loading` until it completes.
+//! - A slot crossing a page is read and written only with both its pages cached. While a waiter
+//!   waits for one, the other, if cached, is pinned until the waiter has run (`companions`), so
+//!   that the waiter finds both and every wait makes progress however small the cache.
+
+use std::borrow::Cow;
 
 use super::cache::{PageCache, PageKey};
 use super::format::{Loc, SizeClass};
@@ -26,7 +32,7 @@ use crate::limits::{PAGE_BYTES, WRITE_PAGES_PER_IO_MAX};
 
 /// Who waits for a page image being read.
 pub(super) enum PageWaiter {
-    Place { write: WriteId, offset: usize, record: Vec<u8> },
+    Place { write: WriteId, record: Vec<u8> },
     Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError> },
     ScanItem { scan: u64, item: usize },
     ChainPop { class: u8, chain: usize, slot: u64 },
@@ -38,6 +44,11 @@ pub(super) struct Pages {
     pub(super) cache: PageCache,
     /// Pages being read, and who waits for each.
     loading: HashMap<PageKey, Vec<PageWaiter>>,
+    /// Pages pinned until the read of a page (the key) has run its waiters: the cached pages of
+    /// a slot crossing a page boundary whose other page is being read, so that the waiter
+    /// finds every page of the slot when it runs (evicted meanwhile, it would read it again,
+    /// and in a small cache could go on doing so for ever).
+    companions: HashMap<PageKey, Vec<PageKey>>,
     /// Pages with modifications not yet submitted, and the writes those modifications carry.
     dirty: HashMap<PageKey, Vec<WriteId>>,
     /// Pages with a write in flight (invariant 3).
@@ -61,6 +72,7 @@ impl Pages {
             shard_id,
             cache: PageCache::new(cache_pages),
             loading: HashMap::default(),
+            companions: HashMap::default(),
             dirty: HashMap::default(),
             in_flight: HashSet::default(),
             spare_buffers: Vec::new(),
@@ -98,10 +110,40 @@ impl Pages {
         }
     }
 
-    /// The page an in-page slot lies in.
+    /// The page an in-page slot starts in.
     pub(super) fn page_of(loc: Loc) -> PageKey {
         let class = SizeClass::get(loc.class());
         (loc.class(), class.page_of_slot(loc.slot()))
+    }
+
+    /// The bytes of the in-page slot at `loc`, if every page it spans is cached, counting a
+    /// cache hit or miss as a read does; else the first page missing. Borrowed from the page's
+    /// image, or copied from both for a packed slot crossing a page boundary.
+    pub(super) fn read_slot(&mut self, loc: Loc) -> Result<Cow<'_, [u8]>, PageKey> {
+        let span = SizeClass::get(loc.class()).span(loc.slot());
+        for number in span.page_numbers() {
+            if self.cache.lookup((loc.class(), number)).is_none() {
+                return Err((loc.class(), number));
+            }
+        }
+        Ok(self.slot_image(loc).expect("every page was found"))
+    }
+
+    /// The bytes of the in-page slot at `loc` from the cached images (no hit or miss counted),
+    /// if every page it spans is cached.
+    pub(super) fn slot_image(&self, loc: Loc) -> Option<Cow<'_, [u8]>> {
+        let class = SizeClass::get(loc.class());
+        let span = class.span(loc.slot());
+        let slot_bytes = class.slot_bytes as usize;
+        let first = self.cache.image((loc.class(), span.first_page))?;
+        if span.pages == 1 {
+            return Some(Cow::Borrowed(&first[span.offset..span.offset + slot_bytes]));
+        }
+        let second = self.cache.image((loc.class(), span.first_page + 1))?;
+        let mut bytes = Vec::with_capacity(slot_bytes);
+        bytes.extend_from_slice(&first[span.offset..]);
+        bytes.extend_from_slice(&second[..slot_bytes - (PAGE_BYTES - span.offset)]);
+        Some(Cow::Owned(bytes))
     }
 
     /// Whether the page has a write queued or in flight (its device bytes may be mid-change).
@@ -191,58 +233,113 @@ impl Pages {
 }
 
 impl NativeEngine {
-    /// Registers a waiter for a page image, reading the page if no read is under way.
-    pub(super) fn wait_page(&mut self, page: PageKey, waiter: PageWaiter) {
-        if self.pages.wait(page, waiter) {
-            let file = self.slabs.file_of(page.0);
-            self.io.queue(
-                IoKind::Read,
-                file,
-                page.1 * PAGE_BYTES as u64,
-                self.pages.read_buffer(),
-                IoPurpose::PageLoad(page),
-            );
+    /// Registers a waiter for the pages of the in-page slot at `loc`, some of which are not
+    /// cached: it joins a read of one under way, else one read of every missing page starts
+    /// (at most two, and adjacent). The waiter runs once that page is loaded, and looks again.
+    pub(super) fn wait_slot(&mut self, loc: Loc, waiter: PageWaiter) {
+        let span = SizeClass::get(loc.class()).span(loc.slot());
+        let missing: Vec<PageKey> = span
+            .page_numbers()
+            .map(|number| (loc.class(), number))
+            .filter(|&page| !self.pages.cache.contains(page))
+            .collect();
+        assert!(!missing.is_empty(), "waited for the pages of {loc:?}, all cached");
+        let awaited = match missing.iter().position(|&page| self.pages.is_loading(page)) {
+            Some(loading) => {
+                self.pages.join_read(missing[loading], waiter);
+                for &page in &missing {
+                    if !self.pages.is_loading(page) {
+                        self.load_pages(page, 1, None);
+                    }
+                }
+                missing[loading]
+            }
+            None => {
+                self.load_pages(missing[0], missing.len() as u64, Some(waiter));
+                missing[0]
+            }
+        };
+        for page in span.page_numbers().map(|number| (loc.class(), number)) {
+            if self.pages.cache.contains(page) {
+                self.pages.cache.pin(page);
+                self.pages.companions.entry(awaited).or_default().push(page);
+            }
         }
     }
 
-    pub(super) fn page_loaded(&mut self, page: PageKey, completion: IoCompletion) {
-        let waiters = self.pages.loading.remove(&page).unwrap_or_default();
+    /// Starts one read of `count` consecutive pages from `first`, none cached or being read.
+    fn load_pages(&mut self, first: PageKey, count: u64, waiter: Option<PageWaiter>) {
+        for number in first.1..first.1 + count {
+            let page = (first.0, number);
+            assert!(!self.pages.is_loading(page) && !self.pages.cache.contains(page));
+            self.pages.loading.insert(page, Vec::new());
+        }
+        if let Some(waiter) = waiter {
+            self.pages.join_read(first, waiter);
+        }
+        let buf = if count == 1 {
+            self.pages.read_buffer()
+        } else {
+            AlignedBuf::zeroed(count as usize * PAGE_BYTES)
+        };
+        let file = self.slabs.file_of(first.0);
+        self.io.queue(
+            IoKind::Read,
+            file,
+            first.1 * PAGE_BYTES as u64,
+            buf,
+            IoPurpose::PageLoad { page: first, pages: count },
+        );
+    }
+
+    /// A read of `pages` pages from `first` completed: their images are cached, then whoever
+    /// waited for any of them runs.
+    pub(super) fn page_loaded(&mut self, first: PageKey, pages: u64, completion: IoCompletion) {
+        let numbers = first.1..first.1 + pages;
+        let mut waiters = Vec::new();
+        let mut companions = Vec::new();
+        for number in numbers.clone() {
+            let page = (first.0, number);
+            waiters.extend(self.pages.loading.remove(&page).unwrap_or_default());
+            companions.extend(self.pages.companions.remove(&page).unwrap_or_default());
+        }
         if let Err(err) = completion.result {
-            tracing::error!(shard = self.shard_id, ?page, %err, "page read failed");
+            tracing::error!(shard = self.shard_id, ?first, pages, %err, "page read failed");
             for waiter in waiters {
                 self.page_waiter_failed(waiter, &err);
             }
             self.pages.keep_buffer(completion.buf);
+            for page in companions {
+                self.pages.cache.unpin(page);
+            }
             return;
         }
         let cache = &mut self.pages.cache;
-        assert!(!cache.contains(page), "a page was read while a newer image was cached");
-        cache.insert(page, &completion.buf[..PAGE_BYTES]);
-        // Pin while the waiters run so that a waiter's own page reads cannot evict it.
-        cache.pin(page);
+        for (index, number) in numbers.clone().enumerate() {
+            let page = (first.0, number);
+            assert!(!cache.contains(page), "a page was read while a newer image was cached");
+            cache.insert(page, &completion.buf[index * PAGE_BYTES..(index + 1) * PAGE_BYTES]);
+            // Pin while the waiters run so that a waiter's own page reads cannot evict it.
+            cache.pin(page);
+        }
         self.pages.keep_buffer(completion.buf);
         for waiter in waiters {
             self.run_page_waiter(waiter);
         }
-        self.pages.cache.unpin(page);
+        for number in numbers {
+            self.pages.cache.unpin((first.0, number));
+        }
+        for page in companions {
+            self.pages.cache.unpin(page);
+        }
     }
 
     fn run_page_waiter(&mut self, waiter: PageWaiter) {
         match waiter {
-            PageWaiter::Place { write, offset, record } => {
-                let loc = self.writes.loc_of(write);
-                self.place_in_page(Pages::page_of(loc), offset, record, write);
-            }
+            PageWaiter::Place { write, record } => self.place_in_pages(record, write),
             PageWaiter::Get { key, reply } => self.get(key, reply),
             PageWaiter::ScanItem { scan, item } => self.scan_item(scan, item),
-            PageWaiter::ChainPop { class, chain, slot } => {
-                let class_info = SizeClass::get(class);
-                let page = (class, class_info.page_of_slot(slot));
-                let offset = class_info.offset_in_page(slot);
-                let image = self.pages.cache.image(page).expect("page was just loaded");
-                let bytes = image[offset..offset + class_info.slot_bytes as usize].to_vec();
-                self.chain_head_read(class, chain, slot, &bytes);
-            }
+            PageWaiter::ChainPop { class, chain, slot } => self.pop_chain_head(class, chain, slot),
         }
     }
 

@@ -41,7 +41,7 @@ pub fn choose_placement(
     sequential_over_random: f64,
     space_amplification_max: f64,
 ) -> Placement {
-    if class.is_multi_page() {
+    if !class.is_placeable() {
         // A multi-page slot is already written whole, as one large I/O.
         return Placement::InPlace;
     }
@@ -102,9 +102,12 @@ impl AppendClass {
         slots_in_file: u64,
         frontier: u64,
     ) -> AppendClass {
-        assert!(!class.is_multi_page(), "append placement is for in-page classes");
+        assert!(class.is_placeable(), "append placement is for in-page classes");
         assert!(block_pages >= 1);
-        let slots_per_block = block_pages as u64 * class.slots_per_page as u64;
+        // A block is whole units (a packed class's unit is several pages), so that no slot
+        // lies in two blocks and a free block is reused without reading its neighbours.
+        let slots_per_block =
+            (block_pages as u64).div_ceil(class.unit_pages()) * class.slots_per_unit as u64;
         let mut append = AppendClass {
             class,
             slots_per_block,
@@ -152,7 +155,7 @@ impl AppendClass {
     /// The pages of a block, [first, end).
     pub(super) fn pages_of(&self, block: u32) -> (u64, u64) {
         let first = self.class.page_of_slot(self.first_slot(block));
-        (first, first + self.slots_per_block / self.class.slots_per_page as u64)
+        (first, first + self.slots_per_block / self.class.slots_per_unit as u64 * self.class.unit_pages())
     }
 
     pub(super) fn slots_per_block(&self) -> u64 {

@@ -56,7 +56,8 @@ enum Resolved {
     Missing,
     Value(Vec<u8>),
     Failed(ReadError),
-    NeedPage((u8, u64)),
+    /// The record's pages (some not cached) must be read first.
+    NeedPages(Loc),
     NeedRead(Loc),
 }
 
@@ -76,21 +77,22 @@ impl NativeEngine {
         if class.is_multi_page() {
             return Resolved::NeedRead(loc);
         }
-        let page = Pages::page_of(loc);
         let shard_id = self.shard_id;
         let file = self.slabs.file(loc.class()).expect("an indexed class has a file");
+        let span = class.span(loc.slot());
         assert!(
-            page.1 < file.frontier_page,
-            "shard {shard_id}: the index points at {loc:?}, in page {} past the frontier {} \
+            span.first_page + span.pages <= file.frontier_page,
+            "shard {shard_id}: the index points at {loc:?}, in pages {:?} past the frontier {} \
              (never written, as far as the engine knows)",
-            page.1,
+            span.page_numbers(),
             file.frontier_page
         );
         let layout = file.layout;
-        let Some(image) = self.pages.cache.lookup(page) else { return Resolved::NeedPage(page) };
-        let offset = class.offset_in_page(loc.slot());
-        let bytes = &image[offset..offset + class.slot_bytes as usize];
-        match verify_value(bytes, layout, shard_id, loc, class.slot_bytes as usize, key, seq) {
+        let bytes = match self.pages.read_slot(loc) {
+            Ok(bytes) => bytes,
+            Err(_) => return Resolved::NeedPages(loc),
+        };
+        match verify_value(&bytes, layout, shard_id, loc, class.slot_bytes as usize, key, seq) {
             Ok(value) => Resolved::Value(value),
             Err(err) => Resolved::Failed(err),
         }
@@ -116,8 +118,9 @@ impl NativeEngine {
                 continue;
             }
             if let Some(image) = self.pages.cache.image(Pages::page_of(entry.loc)) {
+                // The record's first lines, which lie in its first page.
                 let offset = class.offset_in_page(entry.loc.slot());
-                let record = &image[offset..offset + class.slot_bytes as usize];
+                let record = &image[offset..(offset + class.slot_bytes as usize).min(PAGE_BYTES)];
                 for line in record.chunks(64).take(RECORD_LINES_PREFETCHED) {
                     crate::engine::native::index::prefetch(&line[0]);
                 }
@@ -140,7 +143,7 @@ impl NativeEngine {
             Resolved::Failed(err) => {
                 let _ = reply.send(Err(err));
             }
-            Resolved::NeedPage(page) => self.wait_page(page, PageWaiter::Get { key, reply }),
+            Resolved::NeedPages(loc) => self.wait_slot(loc, PageWaiter::Get { key, reply }),
             Resolved::NeedRead(loc) => self.read_record(loc, DirectRead::Get { key, loc, reply }),
         }
     }
@@ -206,7 +209,7 @@ impl NativeEngine {
             Resolved::Missing => self.scan_item_done(scan, item, None),
             Resolved::Value(value) => self.scan_item_done(scan, item, Some(value)),
             Resolved::Failed(err) => self.scan_item_failed(scan, err),
-            Resolved::NeedPage(page) => self.wait_page(page, PageWaiter::ScanItem { scan, item }),
+            Resolved::NeedPages(loc) => self.wait_slot(loc, PageWaiter::ScanItem { scan, item }),
             Resolved::NeedRead(loc) => {
                 self.read_record(loc, DirectRead::ScanItem { scan, item, loc })
             }

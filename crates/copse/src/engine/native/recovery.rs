@@ -69,12 +69,12 @@ pub fn check_slab_header(
     if header.shard_id != shard_id {
         return Err(format!("header says shard {}, file is in shard {shard_id}", header.shard_id));
     }
-    if (header.slot_bytes, header.slots_per_page, header.pages_per_slot)
-        != (class.slot_bytes, class.slots_per_page, class.pages_per_slot)
+    if (header.slot_bytes, header.slots_per_unit, header.pages_per_unit)
+        != (class.slot_bytes, class.slots_per_unit, class.pages_per_unit)
     {
         return Err(format!(
             "header geometry ({} bytes, {} per page, {} pages) does not match class {}",
-            header.slot_bytes, header.slots_per_page, header.pages_per_slot, class.id
+            header.slot_bytes, header.slots_per_unit, header.pages_per_unit, class.id
         ));
     }
     Ok(Some(header))
@@ -101,19 +101,11 @@ pub fn scan_slab(
 ) -> Result<u64, DeviceError> {
     let SlabFile { file, file_bytes, class, layout } = slab;
     assert_eq!(device.in_flight(), 0);
-    let slot_bytes = class.slot_bytes as usize;
     let slots = class.slots_in_file(file_bytes);
-    let data_end = if class.is_multi_page() {
-        PAGE_BYTES as u64 + slots * slot_bytes as u64
-    } else {
-        file_bytes / PAGE_BYTES as u64 * PAGE_BYTES as u64
-    };
-    // Chunks hold whole slots.
-    let chunk_bytes = if class.is_multi_page() {
-        slot_bytes * (RECOVERY_CHUNK_BYTES / slot_bytes).max(1)
-    } else {
-        RECOVERY_CHUNK_BYTES
-    } as u64;
+    // Only whole units hold slots; chunks are whole units, so they hold whole slots.
+    let unit_bytes = class.unit_pages() as usize * PAGE_BYTES;
+    let data_end = PAGE_BYTES as u64 + slots / class.slots_per_unit as u64 * unit_bytes as u64;
+    let chunk_bytes = (unit_bytes * (RECOVERY_CHUNK_BYTES / unit_bytes).max(1)) as u64;
     let mut next_offset = PAGE_BYTES as u64;
     let mut scanned = 0u64;
     let mut done = Vec::new();
@@ -164,7 +156,7 @@ fn visit_chunk(
     let slot_bytes = class.slot_bytes as usize;
     let first_page = offset / PAGE_BYTES as u64;
     if class.is_multi_page() {
-        let first_slot = (first_page - 1) / class.pages_per_slot as u64;
+        let first_slot = (first_page - 1) / class.pages_per_unit as u64;
         for (index, bytes) in chunk.chunks_exact(slot_bytes).enumerate() {
             let slot = first_slot + index as u64;
             let bare = Loc::new(class.id, slot, 0);
@@ -178,13 +170,9 @@ fn visit_chunk(
             visit(loc, result, bytes);
         }
     } else {
-        for (page_index, page) in chunk.chunks_exact(PAGE_BYTES).enumerate() {
-            let first_slot = class.first_slot_of_page(first_page + page_index as u64);
-            for index in 0..class.slots_per_page as usize {
-                let bytes = &page[index * slot_bytes..(index + 1) * slot_bytes];
-                let loc = Loc::new(class.id, first_slot + index as u64, 0);
-                visit(loc, decode_slot(bytes, layout, shard_id, loc, slot_bytes), bytes);
-            }
+        for (slot, bytes) in class.slots_in_units(first_page, chunk) {
+            let loc = Loc::new(class.id, slot, 0);
+            visit(loc, decode_slot(bytes, layout, shard_id, loc, slot_bytes), bytes);
         }
     }
 }

@@ -84,9 +84,13 @@ impl NativeEngine {
 
     /// A page write is being queued: a scrub read of the page under way must not judge it.
     pub(super) fn scrub_page_written(&mut self, page: PageKey) {
-        if let Some(disturbed) = self.scrub.as_mut().and_then(|scrub| scrub.reading.get_mut(&page))
-        {
-            *disturbed = true;
+        let Some(scrub) = self.scrub.as_mut() else { return };
+        // A packed page's read also holds the page after it (its last slot may cross into it).
+        let before = (page.0, page.1.wrapping_sub(1));
+        for read in [page, before] {
+            if let Some(disturbed) = scrub.reading.get_mut(&read) {
+                *disturbed = true;
+            }
         }
     }
 
@@ -99,11 +103,11 @@ impl NativeEngine {
                 ScrubRead::Page(page) => {
                     scrub.reading.insert(*page, false);
                     let file = self.slabs.file(page.0).expect("listed file").file;
-                    (file, page.1 * PAGE_BYTES as u64, PAGE_BYTES)
+                    (file, page.1 * PAGE_BYTES as u64, scrub_read_pages(*page) * PAGE_BYTES)
                 }
                 ScrubRead::Item { loc, .. } => {
                     let (file, offset) = self.slabs.slot_position(*loc);
-                    (file, offset, loc.pages_used().max(1) as usize * PAGE_BYTES)
+                    (file, offset, self.slabs.pages_to_read(*loc) * PAGE_BYTES)
                 }
             };
             scrub.reads_in_flight += 1;
@@ -136,14 +140,14 @@ impl NativeEngine {
             if page.1 >= file.frontier_page.max(1) {
                 continue;
             }
-            if self.pages.busy(page) {
+            if self.scrub_page_busy(page) {
                 scrub.retry.push(page);
                 continue;
             }
             return Some(ScrubRead::Page(page));
         }
         // Busy pages, once their writes are done (and a rewrite of a quiet page counts once).
-        if let Some(at) = scrub.retry.iter().position(|page| !self.pages.busy(*page)) {
+        if let Some(at) = scrub.retry.iter().position(|page| !self.scrub_page_busy(*page)) {
             let page = scrub.retry.swap_remove(at);
             return Some(ScrubRead::Page(page));
         }
@@ -203,7 +207,7 @@ impl NativeEngine {
                         "shard {} class {} page {}: read failed: {err}",
                         self.shard_id, page.0, page.1
                     )),
-                    Ok(()) if disturbed || self.pages.busy(page) => {
+                    Ok(()) if disturbed || self.scrub_page_busy(page) => {
                         scrub.report.pages_reread += 1;
                         scrub.retry.push(page);
                     }
@@ -246,10 +250,8 @@ impl NativeEngine {
             }
             return;
         }
-        let first = info.first_slot_of_page(page);
         let layout = self.slabs.layout_of(class);
-        for index in 0..info.slots_per_page as u64 {
-            let slot = first + index;
+        for slot in info.slots_starting_in_page(page) {
             let offset = info.offset_in_page(slot);
             let loc = Loc::new(class, slot, 0);
             let slot_bytes = &bytes[offset..offset + info.slot_bytes as usize];
@@ -264,8 +266,26 @@ impl NativeEngine {
         }
     }
 
+    /// Whether a page pass read of `page` would meet a write: of the page, or of the page after
+    /// it that the read also holds.
+    fn scrub_page_busy(&self, page: PageKey) -> bool {
+        let pages = scrub_read_pages(page) as u64;
+        (page.1..page.1 + pages).any(|number| self.pages.busy((page.0, number)))
+    }
+
     pub(super) fn scrub_running(&self) -> bool {
         self.scrub.is_some()
+    }
+}
+
+/// Pages a page pass read of `page` takes: the page, and for a packed class the next page of its
+/// unit too, where the page's last slot may end (the header page and a unit's last page: one).
+fn scrub_read_pages((class, page): PageKey) -> usize {
+    let unit_pages = SizeClass::get(class).unit_pages();
+    if page == 0 || SizeClass::get(class).is_multi_page() || page % unit_pages == 0 {
+        1
+    } else {
+        2
     }
 }
 

@@ -26,7 +26,7 @@ use super::format::{
     SizeClass, SlabHeader, Slot, CLASS_COUNT, SLAB_FORMAT_VERSION,
 };
 use super::free_list::FreeList;
-use super::pages::{PageWaiter, Pages};
+use super::pages::PageWaiter;
 use super::read::DirectRead;
 use super::write::{Effect, ErasedRecord};
 use super::{IoPurpose, NativeEngine};
@@ -71,11 +71,7 @@ impl ClassFile {
         layout: RecordLayout,
         next_append_slot: u64,
     ) -> ClassFile {
-        let frontier_page = if class.is_multi_page() {
-            class.page_of_slot(next_append_slot)
-        } else {
-            1 + next_append_slot.div_ceil(class.slots_per_page as u64)
-        };
+        let frontier_page = class.page_after_slots(next_append_slot);
         ClassFile { file, next_append_slot, frontier_page, file_bytes, layout, fresh_pages: (0, 0) }
     }
 
@@ -165,6 +161,17 @@ impl Slabs {
         (self.file_of(loc.class()), class.page_of_slot(loc.slot()) * PAGE_BYTES as u64)
     }
 
+    /// Pages a read of the record at `loc` takes from `slot_position`: a multi-page record's
+    /// pages, or the one or two pages of an in-page slot.
+    pub(super) fn pages_to_read(&self, loc: Loc) -> usize {
+        let class = SizeClass::get(loc.class());
+        if class.is_multi_page() {
+            loc.pages_used().max(1) as usize
+        } else {
+            class.span(loc.slot()).pages as usize
+        }
+    }
+
     /// The record layout of a class's slab file (which must be open).
     pub(super) fn layout_of(&self, class: u8) -> RecordLayout {
         self.classes[class as usize].as_ref().expect("class file is open").layout
@@ -202,9 +209,9 @@ impl Slabs {
             return Ok(());
         }
         let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(growth_bytes_min);
-        let wanted = (file.file_bytes + growth)
-            .max(class.file_bytes_for_slots(slots))
-            .next_multiple_of(PAGE_BYTES as u64);
+        // Whole units: a partial one holds no slot.
+        let wanted =
+            class.whole_units_file_bytes((file.file_bytes + growth).max(class.file_bytes_for_slots(slots)));
         device
             .grow_file(file.file, wanted)
             .and_then(|()| device.fault_point(FaultPoint::SlabFileGrown))
@@ -227,8 +234,8 @@ impl Slabs {
         let free = &mut self.free[class.id as usize];
         let mut found = None;
         if let Some(page) = near_page {
-            let first = class.first_slot_of_page(page);
-            found = (first..first + class.slots_per_page as u64)
+            found = class
+                .slots_starting_in_page(page)
                 .find_map(|slot| free.take(slot).map(|tag| (slot, tag)));
         }
         if let Some((slot, tag)) = found.or_else(|| free.pop()) {
@@ -319,7 +326,8 @@ impl NativeEngine {
         class: SizeClass,
         file: FileId,
     ) -> Result<(), DeviceError> {
-        let file_bytes = class.file_bytes_for_slots(0).max(self.slabs.growth_bytes_min);
+        let file_bytes =
+            class.whole_units_file_bytes(class.file_bytes_for_slots(0).max(self.slabs.growth_bytes_min));
         self.io.device.grow_file(file, file_bytes)?;
         self.io.device.fault_point(FaultPoint::SlabFileCreatedBeforeHeader)?;
         self.write_slab_header(class, file)?;
@@ -342,8 +350,8 @@ impl NativeEngine {
                 format_version: SLAB_FORMAT_VERSION,
                 class_id: class.id,
                 slot_bytes: class.slot_bytes,
-                slots_per_page: class.slots_per_page,
-                pages_per_slot: class.pages_per_slot,
+                slots_per_unit: class.slots_per_unit,
+                pages_per_unit: class.pages_per_unit,
                 shard_id: self.shard_id,
             },
         );
@@ -481,29 +489,31 @@ impl NativeEngine {
                 continue;
             }
             let Some((chain, slot)) = free.begin_pop() else { continue };
-            let class = SizeClass::get(class_id as u8);
-            let loc = Loc::new(class.id, slot, 0);
-            if class.is_multi_page() {
-                let (file, offset) = self.slabs.slot_position(loc);
-                self.io.queue(
-                    IoKind::Read,
-                    file,
-                    offset,
-                    AlignedBuf::zeroed(PAGE_BYTES),
-                    IoPurpose::DirectRead(DirectRead::ChainPop { class: class.id, chain, slot }),
-                );
-            } else {
-                let page = Pages::page_of(loc);
-                if self.pages.cache.contains(page) {
-                    let offset = class.offset_in_page(slot);
-                    let bytes = self.pages.cache.image(page).unwrap()
-                        [offset..offset + class.slot_bytes as usize]
-                        .to_vec();
-                    self.chain_head_read(class.id, chain, slot, &bytes);
-                } else {
-                    self.wait_page(page, PageWaiter::ChainPop { class: class.id, chain, slot });
-                }
+            self.pop_chain_head(class_id as u8, chain, slot);
+        }
+    }
+
+    /// Reads the free record at the head of a chain (`slot`), then moves the head to memory:
+    /// from the cached pages, or once they or the record's pages are read.
+    pub(super) fn pop_chain_head(&mut self, class: u8, chain: usize, slot: u64) {
+        let loc = Loc::new(class, slot, 0);
+        if SizeClass::get(class).is_multi_page() {
+            let (file, offset) = self.slabs.slot_position(loc);
+            self.io.queue(
+                IoKind::Read,
+                file,
+                offset,
+                AlignedBuf::zeroed(PAGE_BYTES),
+                IoPurpose::DirectRead(DirectRead::ChainPop { class, chain, slot }),
+            );
+            return;
+        }
+        match self.pages.slot_image(loc) {
+            Some(bytes) => {
+                let bytes = bytes.into_owned();
+                self.chain_head_read(class, chain, slot, &bytes);
             }
+            None => self.wait_slot(loc, PageWaiter::ChainPop { class, chain, slot }),
         }
     }
 

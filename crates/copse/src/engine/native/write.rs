@@ -34,7 +34,7 @@ use super::format::{
     encode_record, peek_header, record_bytes, Loc, RecordKind, RecordLayout, SizeClass,
     RECORD_HEADER_BYTES,
 };
-use super::pages::{PageWaiter, Pages};
+use super::pages::PageWaiter;
 use super::seqs::key_hash;
 use super::{IoPurpose, Key, NativeEngine, PageKey, WriteId};
 use crate::device::{AlignedBuf, DeviceError, FaultPoint, IoKind, WriteDurability};
@@ -109,6 +109,10 @@ pub(super) struct PendingWrite {
     /// returned it (at or past the write's own number). It may be acknowledged only once the
     /// device's `write_completions_durable` has reached this.
     reaped_through: Option<u64>,
+    /// Page writes still to complete before the write's I/O is done: a record of a packed slot
+    /// that crosses a page boundary rides the writes of both its pages, which may go out in
+    /// different I/Os (one page may have a write in flight when the other is written).
+    page_writes_left: u8,
     loc: Loc,
     /// Stale key hash of what the slot held before; released once this write is durable.
     overwritten: Option<u64>,
@@ -158,8 +162,34 @@ impl Writes {
     pub(super) fn add(&mut self, loc: Loc, overwritten: Option<u64>, effect: Effect) -> WriteId {
         let id = self.next_id;
         self.next_id += 1;
-        self.pending.insert(id, PendingWrite { reaped_through: None, loc, overwritten, effect });
+        self.pending.insert(
+            id,
+            PendingWrite { reaped_through: None, page_writes_left: 0, loc, overwritten, effect },
+        );
         id
+    }
+
+    /// The record of `write` was placed in a page image: the write now also rides that page's
+    /// next write.
+    pub(super) fn rides_page_write(&mut self, write: WriteId) {
+        let pending = self.pending.get_mut(&write).expect("a placed write is pending");
+        pending.page_writes_left += 1;
+    }
+
+    /// A page write that `writes` rode completed (a write listed once per page it has in the
+    /// I/O): the writes whose every page write has now completed, each once. A write that
+    /// already failed is not among them.
+    pub(super) fn page_writes_done(&mut self, writes: Vec<WriteId>) -> Vec<WriteId> {
+        let mut done = Vec::with_capacity(writes.len());
+        for write in writes {
+            let Some(pending) = self.pending.get_mut(&write) else { continue };
+            assert!(pending.page_writes_left > 0, "write {write} rode more page writes than it had");
+            pending.page_writes_left -= 1;
+            if pending.page_writes_left == 0 {
+                done.push(write);
+            }
+        }
+        done
     }
 
     /// Where a pending write puts its record.
@@ -346,54 +376,73 @@ impl NativeEngine {
         } else {
             let mut record = vec![0u8; bytes];
             encode_record(&mut record, layout, self.shard_id, loc, kind, seq, aux, key, value);
-            let page = Pages::page_of(loc);
-            self.place_in_page(page, class.offset_in_page(loc.slot()), record, write);
+            self.place_in_pages(record, write);
         }
     }
 
-    pub(super) fn place_in_page(
-        &mut self,
-        page: (u8, u64),
-        offset: usize,
-        record: Vec<u8>,
-        write: WriteId,
-    ) {
-        // A page of the open block that gets a record is no longer fresh, however its image is
-        // found (cached, being read, or zeros): once it may be written, a later miss must read
-        // it back. (Moving the start only on a miss let a page imaged from the cache be zeroed
-        // after its eviction, wiping a live record: simulator seed 9188.)
-        let fresh = self.slabs.open_file(page.0).take_fresh(page.1);
-        if self.pages.is_loading(page) {
-            self.pages.join_read(page, PageWaiter::Place { write, offset, record });
-            return;
-        }
-        if !self.pages.cache.contains(page) {
-            if self.slabs.open_file(page.0).image_is_zeros(page.1, fresh) {
+    /// Copies an encoded record into the cached images of its in-page slot's pages (one, or
+    /// two for a packed slot crossing a page boundary), reading first any page whose image is
+    /// not known; the pages join the next round's writes.
+    pub(super) fn place_in_pages(&mut self, record: Vec<u8>, write: WriteId) {
+        let loc = self.writes.loc_of(write);
+        let class = SizeClass::get(loc.class());
+        let span = class.span(loc.slot());
+        let mut missing = false;
+        // Pages found are pinned until the record is in them: a page imaged as zeros for the
+        // slot's second page must not evict its first.
+        let mut pinned = Vec::with_capacity(2);
+        for number in span.page_numbers() {
+            let page = (loc.class(), number);
+            // A page of the open block that gets a record is no longer fresh, however its image
+            // is found (cached, being read, or zeros): once it may be written, a later miss
+            // must read it back. (Moving the start only on a miss let a page imaged from the
+            // cache be zeroed after its eviction, wiping a live record: simulator seed 9188.)
+            let fresh = self.slabs.open_file(page.0).take_fresh(number);
+            if !self.pages.cache.contains(page) {
+                if self.pages.is_loading(page)
+                    || !self.slabs.open_file(page.0).image_is_zeros(number, fresh)
+                {
+                    missing = true;
+                    continue;
+                }
                 // Never written, or in the part of an open block nothing was written to since
                 // it was opened: its image is zeros, no read needed.
                 self.pages.cache.insert(page, &[0u8; PAGE_BYTES]);
-            } else {
-                self.wait_page(page, PageWaiter::Place { write, offset, record });
-                return;
             }
+            self.pages.cache.pin(page);
+            pinned.push(page);
         }
-        let class = SizeClass::get(page.0);
+        if missing {
+            for page in pinned {
+                self.pages.cache.unpin(page);
+            }
+            self.wait_slot(loc, PageWaiter::Place { write, record });
+            return;
+        }
         let slot_bytes = class.slot_bytes as usize;
-        assert!(offset + record.len() <= PAGE_BYTES && record.len() <= slot_bytes);
-        let loc = self.writes.loc_of(write);
-        assert!(
-            Pages::page_of(loc) == page && class.offset_in_page(loc.slot()) == offset,
-            "shard {}: write {write} of the record at {loc:?} placed in page {page:?} at {offset}",
-            self.shard_id
-        );
-        let image = self.pages.cache.image(page).expect("checked above");
-        self.assert_not_live(loc, &image[offset..offset + slot_bytes]);
-        let image = self.pages.cache.image_mut(page).expect("checked above");
-        let slot_bytes_in_page = &mut image[offset..offset + slot_bytes];
-        slot_bytes_in_page[..record.len()].copy_from_slice(&record);
-        // Clear the rest of the slot so a shorter record leaves no stale tail behind it.
-        slot_bytes_in_page[record.len()..].fill(0);
-        self.pages.mark_dirty(page, write);
+        assert!(record.len() <= slot_bytes);
+        let old = self.pages.slot_image(loc).expect("every page of the slot is cached");
+        self.assert_not_live(loc, &old);
+        let mut written = 0;
+        for (index, number) in span.page_numbers().enumerate() {
+            let page = (loc.class(), number);
+            let start = if index == 0 { span.offset } else { 0 };
+            let len = (PAGE_BYTES - start).min(slot_bytes - written);
+            let image = self.pages.cache.image_mut(page).expect("checked above");
+            let part = &mut image[start..start + len];
+            let rest = record.get(written..).unwrap_or_default();
+            let from_record = rest.len().min(len);
+            part[..from_record].copy_from_slice(&rest[..from_record]);
+            // Clear the rest of the slot so a shorter record leaves no stale tail behind it.
+            part[from_record..].fill(0);
+            written += len;
+            self.pages.mark_dirty(page, write);
+            self.writes.rides_page_write(write);
+        }
+        assert_eq!(written, slot_bytes);
+        for page in pinned {
+            self.pages.cache.unpin(page);
+        }
     }
 
     /// Invariant 1, checked where a record is about to be encoded over the bytes `old` of the
@@ -447,9 +496,11 @@ impl NativeEngine {
         let first = run[0];
         let pages = first.1..first.1 + run.len() as u64;
         for &write in &writes {
-            let page = Pages::page_of(self.writes.loc_of(write));
+            let loc = self.writes.loc_of(write);
+            let span = SizeClass::get(loc.class()).span(loc.slot());
+            let page = (loc.class(), span.first_page);
             assert!(
-                page.0 == first.0 && pages.contains(&page.1),
+                page.0 == first.0 && span.page_numbers().any(|number| pages.contains(&number)),
                 "shard {}: write {write} in page {page:?} rides the write of pages {pages:?} of \
                  class {}",
                 self.shard_id,
@@ -483,8 +534,9 @@ impl NativeEngine {
 
     /// A write is durable: release what its slot held, then apply its effect.
     pub(super) fn write_durable(&mut self, write: WriteId) {
-        let PendingWrite { reaped_through, loc, overwritten, effect } =
+        let PendingWrite { reaped_through, page_writes_left, loc, overwritten, effect } =
             self.writes.take(write).expect("durable write is pending");
+        assert_eq!(page_writes_left, 0, "write {write} at {loc:?} is durable with pages unwritten");
         // Invariant 2, checked at the moment everything below may acknowledge the write: a
         // flush that began after its completion was reaped has finished. (A violation is a bug
         // in the engine or the device; answering would break the durability promise.)
