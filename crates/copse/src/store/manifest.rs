@@ -375,6 +375,35 @@ mod tests {
         assert_eq!(decode(&page).unwrap(), Some(expected));
     }
 
+    /// A version-3 manifest (docs/format/manifest.md's former worked example: `auto` appending
+    /// the paged classes 0 to 11) reads with the packed classes placed as their paged
+    /// counterparts: packed slots up to 2,048 bytes append (their counterparts are among classes
+    /// 0 to 11), larger ones stay in place (class 12), and the multi-page classes are in place.
+    #[test]
+    fn a_version_3_manifest_places_the_packed_classes_as_their_paged_counterparts() {
+        let mut page = vec![0u8; PAGE_BYTES];
+        page[0..8].copy_from_slice(&MANIFEST_MAGIC);
+        for (at, word) in [(8, 3u32), (12, 4), (16, 1), (20, 3), (24, 1), (44, 5123)] {
+            page[at..at + 4].copy_from_slice(&word.to_le_bytes());
+        }
+        page[PLACEMENT_SETTING_AT] = PlacementSetting::Auto as u8;
+        for class in 0..13 {
+            page[PLACEMENTS_AT + class] = if class < 12 { 2 } else { 1 };
+        }
+        let crc = crc32c::crc32c(&page[0..48]);
+        page[48..52].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(&page[48..52], &[0xe6, 0x12, 0x7e, 0xa0], "the former worked example");
+        let manifest = decode(&page).unwrap().unwrap();
+        let placements = manifest.placements;
+        let append = |class: usize| placements[class] == Placement::Append;
+        assert!((0..12).all(append) && !append(12));
+        assert!((13..36).all(|class| !append(class)), "multi-page classes are in place");
+        // Packed slots of up to 2,048 bytes (classes 36 to 71) fit class 11's slots; larger
+        // ones (2,336 to 4,096 bytes) only class 12's whole page.
+        assert!((36..=71).all(append));
+        assert!((72..=75).all(|class| !append(class)));
+    }
+
     /// A store of slab format 1 opens, keeps its items, and is marked as slab format 2 (so an
     /// older build, which would read Part records as damage, refuses it from then on).
     #[test]
