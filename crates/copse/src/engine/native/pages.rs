@@ -22,7 +22,7 @@
 use std::borrow::Cow;
 
 use super::cache::{PageCache, PageKey};
-use super::format::{Loc, SizeClass};
+use super::format::{Loc, SizeClass, SlotSpan};
 use super::{IoPurpose, NativeEngine, WriteId};
 use crate::device::{AlignedBuf, DeviceError, IoCompletion, IoKind};
 use crate::engine::Reply;
@@ -116,30 +116,37 @@ impl Pages {
         (loc.class(), class.page_of_slot(loc.slot()))
     }
 
-    /// The bytes of the in-page slot at `loc`, if every page it spans is cached, counting a
-    /// cache hit or miss as a read does; else the first page missing. Borrowed from the page's
-    /// image, or copied from both for a packed slot crossing a page boundary.
-    pub(super) fn read_slot(&mut self, loc: Loc) -> Result<Cow<'_, [u8]>, PageKey> {
-        let span = SizeClass::get(loc.class()).span(loc.slot());
+    /// The bytes of the in-page slot of `class` that lies at `span`, if every page it spans is
+    /// cached, counting a cache hit or miss as a read does; else the first page missing.
+    /// Borrowed from the page's image, or copied from both for a packed slot crossing a page
+    /// boundary. (The reader has the span already: the read path computes it once.)
+    pub(super) fn read_slot(
+        &mut self,
+        class: SizeClass,
+        span: SlotSpan,
+    ) -> Result<Cow<'_, [u8]>, PageKey> {
         for number in span.page_numbers() {
-            if self.cache.lookup((loc.class(), number)).is_none() {
-                return Err((loc.class(), number));
+            if self.cache.lookup((class.id, number)).is_none() {
+                return Err((class.id, number));
             }
         }
-        Ok(self.slot_image(loc).expect("every page was found"))
+        Ok(self.span_image(class, span).expect("every page was found"))
     }
 
     /// The bytes of the in-page slot at `loc` from the cached images (no hit or miss counted),
     /// if every page it spans is cached.
     pub(super) fn slot_image(&self, loc: Loc) -> Option<Cow<'_, [u8]>> {
         let class = SizeClass::get(loc.class());
-        let span = class.span(loc.slot());
+        self.span_image(class, class.span(loc.slot()))
+    }
+
+    fn span_image(&self, class: SizeClass, span: SlotSpan) -> Option<Cow<'_, [u8]>> {
         let slot_bytes = class.slot_bytes as usize;
-        let first = self.cache.image((loc.class(), span.first_page))?;
+        let first = self.cache.image((class.id, span.first_page))?;
         if span.pages == 1 {
             return Some(Cow::Borrowed(&first[span.offset..span.offset + slot_bytes]));
         }
-        let second = self.cache.image((loc.class(), span.first_page + 1))?;
+        let second = self.cache.image((class.id, span.first_page + 1))?;
         let mut bytes = Vec::with_capacity(slot_bytes);
         bytes.extend_from_slice(&first[span.offset..]);
         bytes.extend_from_slice(&second[..slot_bytes - (PAGE_BYTES - span.offset)]);

@@ -88,7 +88,7 @@ impl NativeEngine {
             file.frontier_page
         );
         let layout = file.layout;
-        let bytes = match self.pages.read_slot(loc) {
+        let bytes = match self.pages.read_slot(class, span) {
             Ok(bytes) => bytes,
             Err(_) => return Resolved::NeedPages(loc),
         };
