@@ -516,6 +516,9 @@ pub fn run_summary(report: &RunReport) -> String {
     if let Some(amplification) = report.engine_figures.write_amplification {
         let _ = write!(text, " · slab write amplification {amplification:.2}");
     }
+    if let Some(rate) = report.engine_figures.cache_hit_rate {
+        let _ = write!(text, " · page cache hit rate {rate:.3}");
+    }
     text
 }
 

@@ -128,6 +128,9 @@ pub struct EngineFigures {
     /// copse with `auto`: the write probe's sequential-over-random page throughput ratio.
     #[serde(default)]
     pub probe_sequential_over_random: Option<f64>,
+    /// copse: page cache hits over page lookups, over the store's life.
+    #[serde(default)]
+    pub cache_hit_rate: Option<f64>,
 }
 
 /// A key-value engine as the harness drives it: blocking calls, from many threads at once.
@@ -239,6 +242,7 @@ impl BenchEngine for CopseEngine {
             write_amplification: native.then_some(stats.write_amplification),
             placement: native.then(|| placement_summary(&stats.placement)),
             probe_sequential_over_random: stats.placement.probe_sequential_over_random,
+            cache_hit_rate: native.then_some(stats.cache_hit_rate),
         })
     }
 
