@@ -361,6 +361,11 @@ pub struct ShardStats {
     pub requests_combined: u64,
     /// Such callers that found the loop held by another driver and woke the thread instead.
     pub combine_found_busy: u64,
+    /// Completions that a combining caller alone on the shard submitted and waited for on its
+    /// own thread (`shard/combine.rs`, invariant 5).
+    pub combine_lone_waits: u64,
+    /// Combining callers that left I/O held back for the shard's thread to submit.
+    pub combine_left_io_for_thread: u64,
 }
 
 /// One shard's engine, as the shard thread drives it (`shard/mod.rs`). The shard thread owns the

@@ -126,8 +126,11 @@ impl Db {
     /// Adds flat combining's counts, kept beside the shard's loop rather than in its engine.
     fn with_combine_counts(&self, mut shards: Vec<ShardStats>) -> Vec<ShardStats> {
         for stats in &mut shards {
-            (stats.requests_combined, stats.combine_found_busy) =
-                self.router().combine_counts(stats.shard);
+            let counts = self.router().combine_counts(stats.shard);
+            stats.requests_combined = counts.combined;
+            stats.combine_found_busy = counts.found_busy;
+            stats.combine_lone_waits = counts.lone_waits;
+            stats.combine_left_io_for_thread = counts.left_io_for_thread;
         }
         shards
     }

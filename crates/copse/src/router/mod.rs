@@ -62,7 +62,7 @@ impl Router {
     }
 
     /// Flat combining's counts for `shard`: `ShardSender::combine_counts`.
-    pub fn combine_counts(&self, shard: u32) -> (u64, u64) {
+    pub fn combine_counts(&self, shard: u32) -> crate::shard::CombineCounts {
         self.shards[shard as usize].combine_counts()
     }
 

@@ -34,6 +34,20 @@
 //!    panic is caught there, not passed to the caller). The slot is emptied then, under the
 //!    lock, which drops the loop (its queue is turned away: waiters see `Closed`), and the
 //!    thread is woken; it exits when it finds the slot empty.
+//! 5. The one exception to "never waits, never submits": a caller alone on the shard. If, when
+//!    it took the loop, no I/O was in flight and its own request was all that was queued, the
+//!    I/O its turns start (a read that missed the cache) is its own, and nobody else has
+//!    anything for the shard to do. It then submits that I/O and waits for its completion on
+//!    its own thread, in one system call, holding the loop (at most `LONE_WAITS_MAX` times),
+//!    as RocksDB's reader waits in its own `pread`: the completion's task work runs on the
+//!    thread that waits for it, and neither the shard's thread nor a futex is involved. A
+//!    request queued meanwhile waits for the loop's next driver: the thread (woken by its
+//!    sender, it finds the loop held and waits for the lock) or the caller's next turn. So
+//!    that such waits stay rare when callers are many, a caller counts as alone only if the
+//!    last `LONE_QUIET_COMBINES` combining callers saw no sign of another (a busy loop, a
+//!    second request queued, I/O in flight, or a request that arrived during a wait):
+//!    measured, a caller waiting with the loop held while three others queued behind it made
+//!    reads at four callers slower, not faster (docs/benchmarks.md, "A caller alone").
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -48,6 +62,14 @@ use super::wake::{Parker, Waker, Wakeup};
 /// shard does not serve everybody else's requests for long.
 const COMBINE_TURNS_MAX: usize = 4;
 
+/// Waits for a completion a caller alone on the shard makes itself (invariant 5): a read that
+/// missed the cache is one; a second covers a page a crossing record still lacks.
+const LONE_WAITS_MAX: usize = 2;
+
+/// Combining callers in a row that must have found the shard quiet before one counts as alone
+/// (invariant 5).
+const LONE_QUIET_COMBINES: u64 = 64;
+
 /// A shard's loop shared between its thread and combining callers.
 pub(crate) struct SharedLoop {
     slot: Mutex<Option<ShardLoop>>,
@@ -61,6 +83,21 @@ pub(crate) struct SharedLoop {
     combined: AtomicU64,
     /// Callers that found the loop held by another driver (`ShardStats::combine_found_busy`).
     found_busy: AtomicU64,
+    /// Completions a caller alone on the shard waited for itself (invariant 5).
+    lone_waits: AtomicU64,
+    /// The count of `combined` when a combining caller last saw a sign of another (invariant 5).
+    contended_at: AtomicU64,
+    /// Callers that left I/O held back for the thread to submit.
+    left_io_for_thread: AtomicU64,
+}
+
+/// Flat combining's counts for one shard (`ShardStats` has their meaning).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CombineCounts {
+    pub combined: u64,
+    pub found_busy: u64,
+    pub lone_waits: u64,
+    pub left_io_for_thread: u64,
 }
 
 /// What a combiner's turns left behind.
@@ -85,12 +122,19 @@ impl SharedLoop {
             watching_completions: AtomicBool::new(false),
             combined: AtomicU64::new(0),
             found_busy: AtomicU64::new(0),
+            lone_waits: AtomicU64::new(0),
+            contended_at: AtomicU64::new(0),
+            left_io_for_thread: AtomicU64::new(0),
         }
     }
 
-    /// (callers that ran the loop's turns, callers that found it held by another driver).
-    pub(crate) fn counts(&self) -> (u64, u64) {
-        (self.combined.load(Ordering::Relaxed), self.found_busy.load(Ordering::Relaxed))
+    pub(crate) fn counts(&self) -> CombineCounts {
+        CombineCounts {
+            combined: self.combined.load(Ordering::Relaxed),
+            found_busy: self.found_busy.load(Ordering::Relaxed),
+            lone_waits: self.lone_waits.load(Ordering::Relaxed),
+            left_io_for_thread: self.left_io_for_thread.load(Ordering::Relaxed),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<ShardLoop>> {
@@ -180,16 +224,37 @@ impl SharedLoop {
         let wakes = DeferredWakes::start();
         let Ok(mut guard) = self.slot.try_lock() else {
             self.found_busy.fetch_add(1, Ordering::Relaxed);
+            self.contended_at.store(self.combined.load(Ordering::Relaxed), Ordering::Relaxed);
             return false;
         };
         let Some(shard) = guard.as_mut() else { return false };
-        self.combined.fetch_add(1, Ordering::Relaxed);
+        let combined = self.combined.fetch_add(1, Ordering::Relaxed) + 1;
         let shard_id = shard.shard_id();
-        let left = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_turns(shard)))
-            .unwrap_or_else(|_| {
-                tracing::error!(shard = shard_id, "a shard's turn panicked in a caller");
-                Left::Stopped
-            });
+        // Invariant 5: the caller's own request is the only one queued, no I/O is in flight,
+        // and the callers before it found the shard as quiet.
+        let alone_now = shard.queued() <= 1 && !shard.has_io_in_flight();
+        if !alone_now {
+            self.contended_at.store(combined, Ordering::Relaxed);
+        }
+        let quiet =
+            combined.saturating_sub(self.contended_at.load(Ordering::Relaxed)) > LONE_QUIET_COMBINES;
+        let lone = alone_now && quiet;
+        let mut waits = 0;
+        let turns = std::panic::AssertUnwindSafe(|| run_turns(shard, lone, &mut waits));
+        let left = std::panic::catch_unwind(turns).unwrap_or_else(|_| {
+            tracing::error!(shard = shard_id, "a shard's turn panicked in a caller");
+            Left::Stopped
+        });
+        if waits > 0 {
+            self.lone_waits.fetch_add(waits as u64, Ordering::Relaxed);
+            if left != Left::Stopped && shard.queued() > 0 {
+                // Someone came while this caller waited with the loop held.
+                self.contended_at.store(combined, Ordering::Relaxed);
+            }
+        }
+        if left != Left::Stopped && shard.has_deferred_submission() {
+            self.left_io_for_thread.fetch_add(1, Ordering::Relaxed);
+        }
         if left == Left::Stopped {
             *guard = None;
         }
@@ -211,14 +276,29 @@ impl SharedLoop {
     }
 }
 
-/// A combiner's turns (invariant 2).
-fn run_turns(shard: &mut ShardLoop) -> Left {
-    for _ in 0..COMBINE_TURNS_MAX {
+/// A combiner's turns (invariant 2), with the waits of a caller alone on the shard (`lone`,
+/// invariant 5).
+fn run_turns(shard: &mut ShardLoop, lone: bool, waits: &mut usize) -> Left {
+    let mut turns = 0;
+    while turns < COMBINE_TURNS_MAX {
+        turns += 1;
         match shard.turn_as_caller() {
             ShardTurn::Stopped => return Left::Stopped,
             // A wait with something queued (an idle loop waits before it looks at the queue):
             // the next turn takes it.
             ShardTurn::Wait(_) if shard.has_news() => {}
+            ShardTurn::Wait(wait)
+                if lone
+                    && *waits < LONE_WAITS_MAX
+                    && wait.completions
+                    && wait.deadline.is_none()
+                    && !shard.handoff_pending() =>
+            {
+                *waits += 1;
+                // The turn that said to wait does not count against the turns.
+                turns -= 1;
+                shard.wait_for_completion_as_caller();
+            }
             ShardTurn::Wait(wait) => {
                 let thread_needed = shard.handoff_pending() || shard.has_deferred_submission();
                 return match (wait.completions, wait.deadline, thread_needed) {

@@ -138,6 +138,24 @@ impl ShardLoop {
         self.engine.has_deferred_submission()
     }
 
+    /// Whether the engine has I/O in flight (or held back).
+    pub(crate) fn has_io_in_flight(&self) -> bool {
+        self.engine.has_io_in_flight()
+    }
+
+    /// Messages in the queue, not yet taken by a turn.
+    pub(crate) fn queued(&self) -> usize {
+        self.receiver.len()
+    }
+
+    /// For a combining caller alone on the shard (`combine.rs`, invariant 5), after a turn that
+    /// said to wait for a completion: submits what its turns held back and waits for a
+    /// completion on the calling thread, in one system call, and reaps it. The next turn goes
+    /// on from there as after any wait for a completion.
+    pub(crate) fn wait_for_completion_as_caller(&mut self) {
+        self.engine.reap(true);
+    }
+
     /// A turn; `on_thread` when the shard's own thread runs it, the only driver that hands the
     /// loop over (and that submits what a combining caller held back).
     pub(crate) fn turn_inner(&mut self, on_thread: bool) -> ThreadTurn {

@@ -37,6 +37,7 @@ use crate::engine::Request;
 use crate::error::{OpenError, WriteError};
 use crate::limits::SHARD_QUEUE_REQUESTS_MAX;
 pub use event_loop::{ShardLoop, ShardTurn, ShardWait};
+pub use combine::CombineCounts;
 use exec::ExecRequest;
 use combine::SharedLoop;
 use gate::Gate;
@@ -128,9 +129,8 @@ impl ShardSender {
         delivered
     }
 
-    /// (requests whose caller ran the shard's turns, callers that found the loop busy):
-    /// `combine.rs`.
-    pub fn combine_counts(&self) -> (u64, u64) {
+    /// Flat combining's counts (`combine.rs`).
+    pub fn combine_counts(&self) -> CombineCounts {
         self.shared.counts()
     }
 
