@@ -217,6 +217,17 @@ impl SharedLoop {
         self.watching_completions.store(false, Ordering::SeqCst);
     }
 
+    /// Invariant 5, for the `combined`-th combining caller, holding the loop: its own request
+    /// is the only one queued, no I/O is in flight, and the callers before it found the shard
+    /// as quiet. A caller that finds it otherwise is the newest sign of contention.
+    fn is_alone(&self, shard: &ShardLoop, combined: u64) -> bool {
+        if shard.queued() > 1 || shard.has_io_in_flight() {
+            self.contended_at.store(combined, Ordering::Relaxed);
+            return false;
+        }
+        combined.saturating_sub(self.contended_at.load(Ordering::Relaxed)) > LONE_QUIET_COMBINES
+    }
+
     /// For a caller that has just queued a request on this shard: runs the loop's turns here if
     /// no other driver holds it (invariant 2). False when it did not run them (the loop is busy,
     /// on a host, or not shared): the caller then wakes the shard as any sender does.
@@ -230,15 +241,7 @@ impl SharedLoop {
         let Some(shard) = guard.as_mut() else { return false };
         let combined = self.combined.fetch_add(1, Ordering::Relaxed) + 1;
         let shard_id = shard.shard_id();
-        // Invariant 5: the caller's own request is the only one queued, no I/O is in flight,
-        // and the callers before it found the shard as quiet.
-        let alone_now = shard.queued() <= 1 && !shard.has_io_in_flight();
-        if !alone_now {
-            self.contended_at.store(combined, Ordering::Relaxed);
-        }
-        let quiet =
-            combined.saturating_sub(self.contended_at.load(Ordering::Relaxed)) > LONE_QUIET_COMBINES;
-        let lone = alone_now && quiet;
+        let lone = self.is_alone(shard, combined);
         let mut waits = 0;
         let turns = std::panic::AssertUnwindSafe(|| run_turns(shard, lone, &mut waits));
         let left = std::panic::catch_unwind(turns).unwrap_or_else(|_| {
@@ -277,7 +280,7 @@ impl SharedLoop {
 }
 
 /// A combiner's turns (invariant 2), with the waits of a caller alone on the shard (`lone`,
-/// invariant 5).
+/// invariant 5), counted in `waits`.
 fn run_turns(shard: &mut ShardLoop, lone: bool, waits: &mut usize) -> Left {
     let mut turns = 0;
     while turns < COMBINE_TURNS_MAX {
