@@ -519,6 +519,18 @@ pub fn run_summary(report: &RunReport) -> String {
     if let Some(rate) = report.engine_figures.cache_hit_rate {
         let _ = write!(text, " · page cache hit rate {rate:.3}");
     }
+    if let Some(counts) = report.engine_figures.combining {
+        let _ = write!(
+            text,
+            " · gets run by their caller {} (loop busy {}), lone waits {}, reads taken {}, \
+             I/O left to the thread {}",
+            counts.combined,
+            counts.found_busy,
+            counts.lone_waits,
+            counts.reads_taken,
+            counts.left_io_for_thread
+        );
+    }
     text
 }
 

@@ -131,6 +131,24 @@ pub struct EngineFigures {
     /// copse: page cache hits over page lookups, over the store's life.
     #[serde(default)]
     pub cache_hit_rate: Option<f64>,
+    /// copse: how its `get` callers reached their shards, since the store was opened.
+    #[serde(default)]
+    pub combining: Option<CombiningFigures>,
+}
+
+/// Flat combining's counts summed over copse's shards (`ShardStats` has their meaning).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct CombiningFigures {
+    /// Gets whose caller ran its shard's turns itself.
+    pub combined: u64,
+    /// Gets whose caller found the loop held and woke the shard instead.
+    pub found_busy: u64,
+    /// Completions a caller alone on its shard waited for holding the loop.
+    pub lone_waits: u64,
+    /// Reads callers took from their turns and performed themselves.
+    pub reads_taken: u64,
+    /// Callers that left held-back I/O for the shard's thread to submit.
+    pub left_io_for_thread: u64,
 }
 
 /// A key-value engine as the harness drives it: blocking calls, from many threads at once.
@@ -243,6 +261,18 @@ impl BenchEngine for CopseEngine {
             placement: native.then(|| placement_summary(&stats.placement)),
             probe_sequential_over_random: stats.placement.probe_sequential_over_random,
             cache_hit_rate: native.then_some(stats.cache_hit_rate),
+            combining: native.then(|| {
+                stats.shards.iter().fold(CombiningFigures::default(), |sum, shard| {
+                    CombiningFigures {
+                        combined: sum.combined + shard.requests_combined,
+                        found_busy: sum.found_busy + shard.combine_found_busy,
+                        lone_waits: sum.lone_waits + shard.combine_lone_waits,
+                        reads_taken: sum.reads_taken + shard.combine_reads_taken,
+                        left_io_for_thread: sum.left_io_for_thread
+                            + shard.combine_left_io_for_thread,
+                    }
+                })
+            }),
         })
     }
 

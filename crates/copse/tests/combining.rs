@@ -2,8 +2,10 @@
 //! thread when no other driver holds the loop (writes go to the shard's thread, and callers
 //! combining reads answer them too). These tests check that callers
 //! really do (the counts in `ShardStats`), that I/O a caller holds back is always submitted by
-//! the shard's thread (a lost wake shows as a timeout, not a hang), and that many callers
-//! combining at once keep every answer right against a model, across a reopen.
+//! the shard's thread (a lost wake shows as a timeout, not a hang), that a caller performs its
+//! own read when it is not alone, and that many callers combining at once keep every answer
+//! right against a model, across a reopen, with reads that hit the cache and reads that miss
+//! it while writes go on.
 
 mod common;
 
@@ -169,37 +171,89 @@ fn held_back_io() {
     db.close().unwrap();
 }
 
+/// Reads that miss the cache from several callers at once: a caller whose turn left its own
+/// read held back, and nothing else, takes it and reads it with pread(2) on its own thread
+/// after letting the loop go (combine.rs, invariant 6), then gives it back and answers itself.
+#[test]
+fn a_caller_not_alone_performs_its_own_read() {
+    within_limit("reads that miss the cache, eight callers at once", taken_reads);
+}
+
+fn taken_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = std::sync::Arc::new(store_of_big_values(dir.path()));
+    const CALLERS: usize = 8;
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                for index in (caller..BIG_ITEMS).step_by(CALLERS) {
+                    assert_eq!(db.get(&key(index)).unwrap(), Some(big_value(index)), "key {index}");
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.join().expect("a caller failed");
+    }
+    let stats = db.stats().unwrap();
+    let misses = stats.shards[0].cache_misses;
+    let taken = stats.shards[0].combine_reads_taken;
+    assert!(misses >= BIG_ITEMS as u64 / 2, "only {misses} reads missed the cache");
+    assert!(taken >= misses / 10, "callers performed only {taken} of {misses} misses themselves");
+    db.close().unwrap();
+}
+
 /// Many callers on few shards, each with keys of its own so that a per-thread model is exact:
 /// every read must return the model's value while callers keep taking the loop from each
 /// other and from the shard's thread; after a reopen every key holds its last acknowledged
 /// write.
 #[test]
 fn many_callers_keep_every_answer_right() {
-    within_limit("many callers", many_callers);
+    within_limit("many callers", || many_callers(64, 3_000, 0));
 }
 
-fn many_callers() {
+/// As above with values of 2-6 KB over keys that hold ~16 MB against the 4 MiB cache: most
+/// reads miss, so callers take and perform their own reads (invariant 6) while other callers'
+/// writes rewrite the same pages.
+#[test]
+fn many_callers_keep_every_answer_right_when_reads_miss() {
+    within_limit("many callers, reads that miss", || many_callers(512, 4_000, 2_000));
+}
+
+fn many_callers(keys_per_thread: usize, value_bytes_spread: u64, value_bytes_min: usize) {
     let dir = tempfile::tempdir().unwrap();
     const THREADS: usize = 8;
     const OPS: usize = 1_500;
-    const KEYS_PER_THREAD: usize = 64;
     let db = std::sync::Arc::new(Db::open(dir.path(), uring_options(2)).unwrap());
+    // Every key written once first, so that reads find values (and, when they are big, miss).
+    for index in 0..THREADS * keys_per_thread {
+        let value = common::make_value(&format!("first{index}"), value_bytes_min + 10);
+        db.put(&key(index), &value).unwrap();
+    }
     let workers: Vec<_> = (0..THREADS)
         .map(|thread| {
             let db = db.clone();
             std::thread::spawn(move || {
-                let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+                let mut model: HashMap<Vec<u8>, Vec<u8>> = (thread * keys_per_thread
+                    ..(thread + 1) * keys_per_thread)
+                    .map(|index| {
+                        let value =
+                            common::make_value(&format!("first{index}"), value_bytes_min + 10);
+                        (key(index), value)
+                    })
+                    .collect();
                 let mut x = 0x2545_f491_4f6c_dd1du64 ^ thread as u64;
                 for op in 0..OPS {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    let key = key(thread * KEYS_PER_THREAD + (x % KEYS_PER_THREAD as u64) as usize);
+                    let key = key(thread * keys_per_thread + (x % keys_per_thread as u64) as usize);
                     match x % 10 {
                         0..=3 => {
                             let value = common::make_value(
                                 &format!("t{thread}-op{op}"),
-                                (x % 3000) as usize + 10,
+                                (x % value_bytes_spread) as usize + value_bytes_min + 10,
                             );
                             db.put(&key, &value).unwrap();
                             model.insert(key, value);
@@ -236,10 +290,15 @@ fn many_callers() {
         requests > 0 && busy > 0,
         "callers combined {requests} times and found the loop busy {busy}"
     );
+    if value_bytes_min > 0 {
+        let stats = db.stats().unwrap();
+        let taken: u64 = stats.shards.iter().map(|shard| shard.combine_reads_taken).sum();
+        assert!(taken > 0, "no caller performed its own read: the test missed that path");
+    }
     std::sync::Arc::into_inner(db).expect("the workers are done").close().unwrap();
     let db = Db::open(dir.path(), uring_options(2)).unwrap();
     for (thread, model) in models.iter().enumerate() {
-        for index in thread * KEYS_PER_THREAD..(thread + 1) * KEYS_PER_THREAD {
+        for index in thread * keys_per_thread..(thread + 1) * keys_per_thread {
             let key = key(index);
             assert_eq!(db.get(&key).unwrap().as_ref(), model.get(&key), "after reopen: {key:?}");
         }

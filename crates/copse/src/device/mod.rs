@@ -23,6 +23,8 @@
 //!   by submission, and says what a flush covered through two counters,
 //!   [`BlockDevice::write_completions_reaped`] and [`BlockDevice::write_completions_durable`],
 //!   which the engine checks at every acknowledgement.
+//! - A read handed to the caller by `take_reads` (io_uring only) stays in flight until the caller
+//!   gives it back; `reap` never waits for it, and the device never touches its buffer meanwhile.
 //! - A failed request completes with an error; it never panics. After a failed write or flush the
 //!   caller must assume nothing about that range (the engine poisons the store).
 
@@ -98,6 +100,84 @@ impl IoCompletion {
             buf: request.buf,
             result,
         }
+    }
+}
+
+/// A read a device handed to its caller to perform (`BlockDevice::take_reads`): for a caller
+/// that runs a shard's turn on its own thread and would otherwise sleep while the shard's
+/// thread submits the read and wakes it with the answer (`shard/combine.rs`, invariant 6). It
+/// points into the buffer of a request the device keeps in flight; the device neither frees
+/// nor touches that buffer until the read is given back (or, if it is dropped first, leaks it).
+pub struct TakenRead {
+    user_data: u64,
+    fd: std::os::fd::RawFd,
+    offset: u64,
+    buf: *mut u8,
+    len: usize,
+    /// Bytes read, or a negated errno, as an io_uring completion reports it.
+    result: i32,
+    calls: u64,
+}
+
+impl TakenRead {
+    pub(crate) fn new(user_data: u64, fd: std::os::fd::RawFd, request: &mut IoRequest) -> Self {
+        TakenRead {
+            user_data,
+            fd,
+            offset: request.offset,
+            buf: request.buf.as_mut_ptr(),
+            len: request.buf.len(),
+            result: -libc::ECANCELED,
+            calls: 0,
+        }
+    }
+
+    /// Reads the whole range with pread(2) on the calling thread: the kernel completes an
+    /// O_DIRECT read by waking the thread that waits in it, with no task work on any other.
+    pub fn perform(&mut self) {
+        let mut done = 0usize;
+        let result = loop {
+            if done == self.len {
+                break done as i32;
+            }
+            self.calls += 1;
+            // SAFETY: `buf..buf + len` is the buffer of a request the device keeps in flight
+            // and leaves alone until this read is given back (or leaks, if the device is
+            // dropped first); `done < len` keeps the range inside it. The fd may have been
+            // closed only if the device was dropped: then pread fails or reads another file
+            // into leaked memory, both harmless.
+            let read = unsafe {
+                libc::pread(
+                    self.fd,
+                    self.buf.add(done).cast(),
+                    self.len - done,
+                    (self.offset + done as u64) as libc::off_t,
+                )
+            };
+            match read {
+                0 => break done as i32,
+                read if read > 0 => done += read as usize,
+                _ => match std::io::Error::last_os_error().raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    Some(errno) => break -errno,
+                    None => break -libc::EIO,
+                },
+            }
+        };
+        self.result = result;
+    }
+
+    pub(crate) fn user_data(&self) -> u64 {
+        self.user_data
+    }
+
+    pub(crate) fn result(&self) -> i32 {
+        self.result
+    }
+
+    /// System calls `perform` made.
+    pub(crate) fn calls(&self) -> u64 {
+        self.calls
     }
 }
 
@@ -223,6 +303,23 @@ pub trait BlockDevice: Send {
     /// Requests queued and held back by `defer_submission`, not yet handed to the kernel.
     fn has_deferred_submission(&self) -> bool {
         false
+    }
+    /// The requests held back by `defer_submission`, when they are all reads and at most `max`:
+    /// the caller performs them on its own thread ([`TakenRead::perform`], without holding
+    /// whatever guards this device) and gives them back with `give_back`; until then they
+    /// count in `in_flight`, and `reap` never waits for them. Empty when the held-back requests
+    /// are anything else (they stay held back), or when the device submits in place.
+    fn take_reads(&mut self, max: usize) -> Vec<TakenRead> {
+        let _ = max;
+        Vec::new()
+    }
+    /// Completes reads taken by `take_reads` (performed or not): the next `reap` hands them out.
+    fn give_back(&mut self, reads: Vec<TakenRead>) {
+        assert!(reads.is_empty(), "this device hands out no reads to take");
+    }
+    /// Reads taken by `take_reads` and not yet given back.
+    fn taken_reads(&self) -> usize {
+        0
     }
     /// Makes durable every write whose completion `reap` has handed out (no-op cost under
     /// `Dsync` beyond the call). On success `write_completions_durable` rises to the value

@@ -44,7 +44,7 @@ use io_uring::{opcode, types, IoUring, Probe};
 use super::files::{self, OpenFile};
 use super::{
     BlockDevice, DeviceError, DeviceStats, FileId, IoCompletion, IoKind, IoObserver, IoRequest,
-    WriteDurability,
+    TakenRead, WriteDurability,
 };
 
 /// The `user_data` of a background flush's fsync entries: this bit, the flush's number above
@@ -146,8 +146,13 @@ pub struct UringDevice {
     flushes_done: VecDeque<Result<(), DeviceError>>,
     /// Submissions are held back (`defer_submission`).
     deferring: bool,
-    /// Entries sit in the SQ, held back, until the next enter.
+    /// Requests submitted while deferring, in order, with no SQE yet: they go to the SQ at the
+    /// next enter, or to a caller that takes them (`take_reads`).
+    held: Vec<usize>,
+    /// Entries sit in the SQ or in `held`, held back, until the next enter.
     held_back: bool,
+    /// Slots of reads a caller took to perform itself (`take_reads`), not yet returned.
+    taken: usize,
 }
 
 impl UringDevice {
@@ -180,7 +185,9 @@ impl UringDevice {
             next_flush_number: 0,
             flushes_done: VecDeque::new(),
             deferring: false,
+            held: Vec::new(),
             held_back: false,
+            taken: 0,
         })
     }
 
@@ -268,41 +275,47 @@ impl UringDevice {
                 self.fsync_completed(flush, (user_data & FSYNC_FILE_MASK) as usize, result);
                 continue;
             }
-            let Some(request) = usize::try_from(user_data).ok().and_then(|s| self.remove_slot(s))
-            else {
-                tracing::error!(user_data, result, "completion for no request in flight; ignored");
-                continue;
-            };
-            if request.kind == IoKind::Write {
-                if self.durability == WriteDurability::FlushPerRound {
-                    self.dirty[request.file as usize] = true;
-                }
-                if let Some(observer) = &self.observer {
-                    let tag = self.observed_tags[user_data as usize];
-                    observer.write_completed(tag, result == request.buf.len() as i32);
-                }
-            }
-            let name = &self.files[request.file as usize].name;
-            let outcome = if result < 0 {
-                Err(DeviceError::from_errno(-result, files::describe(&request, name)))
-            } else {
-                files::transfer_result(&request, name, result as usize)
-            };
-            if outcome.is_ok() {
-                let bytes = request.buf.len() as u64;
-                match request.kind {
-                    IoKind::Read => {
-                        self.stats.reads += 1;
-                        self.stats.bytes_read += bytes;
-                    }
-                    IoKind::Write => {
-                        self.stats.writes += 1;
-                        self.stats.bytes_written += bytes;
-                    }
-                }
-            }
-            self.ready.push_back(IoCompletion::of(request, outcome));
+            self.complete_slot(user_data, result);
         }
+    }
+
+    /// The request in slot `user_data` finished with `result` (a CQE's: bytes moved, or a
+    /// negated errno): moves it into `ready` as a completion.
+    fn complete_slot(&mut self, user_data: u64, result: i32) {
+        let Some(request) = usize::try_from(user_data).ok().and_then(|s| self.remove_slot(s))
+        else {
+            tracing::error!(user_data, result, "completion for no request in flight; ignored");
+            return;
+        };
+        if request.kind == IoKind::Write {
+            if self.durability == WriteDurability::FlushPerRound {
+                self.dirty[request.file as usize] = true;
+            }
+            if let Some(observer) = &self.observer {
+                let tag = self.observed_tags[user_data as usize];
+                observer.write_completed(tag, result == request.buf.len() as i32);
+            }
+        }
+        let name = &self.files[request.file as usize].name;
+        let outcome = if result < 0 {
+            Err(DeviceError::from_errno(-result, files::describe(&request, name)))
+        } else {
+            files::transfer_result(&request, name, result as usize)
+        };
+        if outcome.is_ok() {
+            let bytes = request.buf.len() as u64;
+            match request.kind {
+                IoKind::Read => {
+                    self.stats.reads += 1;
+                    self.stats.bytes_read += bytes;
+                }
+                IoKind::Write => {
+                    self.stats.writes += 1;
+                    self.stats.bytes_written += bytes;
+                }
+            }
+        }
+        self.ready.push_back(IoCompletion::of(request, outcome));
     }
 
     /// One fsync of background flush `number` (masked) completed (`result`: the syscall's).
@@ -357,6 +370,51 @@ impl UringDevice {
         self.end_background_flushes();
     }
 
+    /// Puts the SQE of the request in `slot` into the SQ, handing the SQ to the kernel first if
+    /// it is full. On `Err` the request is dropped (its SQE never reached the SQ).
+    fn queue_slot(&mut self, slot: usize) -> Result<(), DeviceError> {
+        let entry = self.entry(slot);
+        loop {
+            // SAFETY: the SQE points into the buffer of the request now owned by
+            // `slots[slot]`. That buffer is a separate heap allocation, so it does not move
+            // when `slots` grows, and it is freed only after the CQE for `slot` is drained
+            // (`drain_cq`) or, in `Drop`, after every submitted request has completed. The fd
+            // belongs to `files`, which is only appended to while the device lives.
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            if pushed.is_ok() {
+                return Ok(());
+            }
+            // SQ full: hand over what is there and continue with the rest of the batch.
+            if let Err(err) = self.enter(0) {
+                drop(self.remove_slot(slot));
+                return Err(err);
+            }
+            if self.sq_len() >= self.ring.params().sq_entries() as usize {
+                // The kernel took nothing; wait for a completion to free resources.
+                self.enter(1)?;
+                self.drain_cq();
+            }
+        }
+    }
+
+    /// Moves the requests held back without an SQE into the SQ, in order.
+    fn queue_held(&mut self) -> Result<(), DeviceError> {
+        for index in 0..self.held.len() {
+            if let Err(err) = self.queue_slot(self.held[index]) {
+                // The ones not queued yet never reach the kernel: drop them as the batch's rest.
+                for &slot in &self.held[index + 1..] {
+                    drop(self.slots[slot].take());
+                    self.slots_in_use -= 1;
+                    self.free_slots.push(slot);
+                }
+                self.held.clear();
+                return Err(err);
+            }
+        }
+        self.held.clear();
+        Ok(())
+    }
+
     /// Queues one entry, making room in the SQ if it is full.
     fn push_entry(&mut self, entry: &io_uring::squeue::Entry) -> Result<(), DeviceError> {
         loop {
@@ -378,9 +436,10 @@ impl UringDevice {
     /// each enter takes at least one entry or fails).
     fn enter_queued(&mut self) -> Result<(), DeviceError> {
         if self.deferring {
-            self.held_back = self.sq_len() > 0;
+            self.held_back = self.sq_len() > 0 || !self.held.is_empty();
             return Ok(());
         }
+        self.queue_held()?;
         while self.sq_len() > 0 {
             self.enter(0)?;
         }
@@ -435,29 +494,11 @@ impl BlockDevice for UringDevice {
                 self.observed_tags.resize(slot + 1, 0);
             }
             self.observed_tags[slot] = tag;
-            let entry = self.entry(slot);
-            loop {
-                // SAFETY: the SQE points into the buffer of the request now owned by
-                // `slots[slot]`. That buffer is a separate heap allocation, so it does not move
-                // when `slots` grows, and it is freed only after the CQE for `slot` is drained
-                // (`drain_cq`) or, in `Drop`, after every submitted request has completed. The fd
-                // belongs to `files`, which is only appended to while the device lives.
-                let pushed = unsafe { self.ring.submission().push(&entry) };
-                if pushed.is_ok() {
-                    break;
-                }
-                // SQ full: hand over what is there and continue with the rest of the batch.
-                if let Err(err) = self.enter(0) {
-                    // This request's SQE never reached the SQ, so the kernel cannot touch it.
-                    drop(self.remove_slot(slot));
-                    return Err(err);
-                }
-                if self.sq_len() >= self.ring.params().sq_entries() as usize {
-                    // The kernel took nothing; wait for a completion to free resources.
-                    self.enter(1)?;
-                    self.drain_cq();
-                }
+            if self.deferring {
+                self.held.push(slot);
+                continue;
             }
+            self.queue_slot(slot)?;
         }
         self.enter_queued()
     }
@@ -471,9 +512,15 @@ impl BlockDevice for UringDevice {
         // takes it next); one that had ended before does not, so that a caller waiting for its
         // own request (`sync_io`) waits for it rather than returning at once again and again.
         let carried = self.flushes_done.len();
-        let wanted = min_complete.min(self.in_flight() - carried);
+        // A read a caller took completes only when it gives the read back: never wait for one.
+        let wanted = min_complete.min(self.in_flight() - carried - self.taken);
         self.drain_cq();
         let at_hand = |device: &Self| device.ready.len() + device.flushes_done.len() - carried;
+        if at_hand(self) < wanted && !self.held.is_empty() {
+            // Waiting means handing over what is held back (a combining caller alone on its
+            // shard waits for its own read this way).
+            self.queue_held()?;
+        }
         while at_hand(self) < wanted {
             // What is missing is in the kernel (requests or the flush's fsyncs).
             self.enter(wanted - at_hand(self))?;
@@ -579,6 +626,40 @@ impl BlockDevice for UringDevice {
         self.held_back
     }
 
+    /// The held-back requests, if they are all reads and at most `max`: the caller performs
+    /// them with pread(2) on its own thread (`TakenRead::perform`) and gives them back.
+    fn take_reads(&mut self, max: usize) -> Vec<TakenRead> {
+        let all_reads = self.held.iter().all(|&slot| {
+            self.slots[slot].as_ref().is_some_and(|request| request.kind == IoKind::Read)
+        });
+        if self.held.is_empty() || self.held.len() > max || !all_reads {
+            return Vec::new();
+        }
+        let mut taken = Vec::with_capacity(self.held.len());
+        for slot in std::mem::take(&mut self.held) {
+            let Some(request) = self.slots[slot].as_mut() else {
+                unreachable!("a held slot holds its request");
+            };
+            let fd = self.files[request.file as usize].file.as_raw_fd();
+            taken.push(TakenRead::new(slot as u64, fd, request));
+        }
+        self.taken += taken.len();
+        self.held_back = self.sq_len() > 0;
+        taken
+    }
+
+    fn give_back(&mut self, reads: Vec<TakenRead>) {
+        for read in reads {
+            self.taken -= 1;
+            self.stats.submit_calls += read.calls();
+            self.complete_slot(read.user_data(), read.result());
+        }
+    }
+
+    fn taken_reads(&self) -> usize {
+        self.taken
+    }
+
     fn take_flush_done(&mut self) -> Option<Result<(), DeviceError>> {
         self.flushes_done.pop_front()
     }
@@ -604,9 +685,18 @@ impl Drop for UringDevice {
     fn drop(&mut self) {
         // The kernel may still write into (or read from) buffers owned by `slots`; they must not
         // be freed before their CQEs arrive.
+        if self.queue_held().is_err() {
+            tracing::error!("cannot submit held-back I/O at drop; its buffers are freed unsent");
+        }
+        if self.taken > 0 {
+            // A caller may still be reading into a taken read's buffer (a panic took the loop
+            // away meanwhile): those buffers must outlive it, so everything is leaked below
+            // once the kernel is done with the rest.
+            tracing::error!(taken = self.taken, "device dropped with reads taken by callers");
+        }
         let mut failures = 0;
-        while self.slots_in_use > 0 {
-            let wanted = self.slots_in_use;
+        while self.slots_in_use > self.taken {
+            let wanted = self.slots_in_use - self.taken;
             match self.enter(wanted) {
                 Ok(()) => self.drain_cq(),
                 Err(err) => {
@@ -623,6 +713,9 @@ impl Drop for UringDevice {
                     }
                 }
             }
+        }
+        if self.taken > 0 {
+            std::mem::forget(std::mem::take(&mut self.slots));
         }
     }
 }
@@ -730,6 +823,57 @@ mod tests {
         let stats = device.stats();
         assert_eq!((stats.writes, stats.reads), (pages, pages));
         assert_eq!(stats.bytes_read, pages * PAGE_BYTES as u64);
+    }
+
+    /// A read held back while deferring can be taken by the caller (`take_reads`): it stays in
+    /// flight, `reap` does not wait for it (a wait would never end: no CQE will come), and once
+    /// performed and given back it completes with the file's bytes. Held-back writes, or more
+    /// reads than asked for, are not taken; they go to the kernel at the next enter.
+    #[test]
+    fn a_taken_read_completes_when_given_back_and_is_never_waited_for() {
+        let Some((_dir, mut device)) = device(WriteDurability::FlushPerRound) else {
+            return;
+        };
+        let file = device.open_file("taken/a.slab", true).unwrap();
+        device.grow_file(file, 4 * PAGE_BYTES as u64).unwrap();
+        device
+            .submit(
+                (0..4).map(|p| request(p, file, p, IoKind::Write, page(p as u8 + 1, 1))).collect(),
+            )
+            .unwrap();
+        reap_all(&mut device);
+
+        device.defer_submission(true).unwrap();
+        let read = |token, page_no| {
+            request(token, file, page_no, IoKind::Read, AlignedBuf::zeroed(PAGE_BYTES))
+        };
+        device.submit(vec![read(10, 1), read(11, 2)]).unwrap();
+        assert!(device.has_deferred_submission());
+        assert!(device.take_reads(1).is_empty(), "two reads held, one asked for");
+        let mut taken = device.take_reads(2);
+        assert_eq!(taken.len(), 2);
+        assert!(!device.has_deferred_submission());
+        assert_eq!((device.in_flight(), device.taken_reads()), (2, 2));
+        let mut out = Vec::new();
+        device.reap(1, &mut out).unwrap();
+        assert!(out.is_empty(), "reap handed out a read still taken");
+        for read in &mut taken {
+            read.perform();
+        }
+        device.give_back(taken);
+        assert_eq!((device.in_flight(), device.taken_reads()), (2, 0));
+        device.reap(2, &mut out).unwrap();
+        out.sort_by_key(|completion| completion.token);
+        for (completion, page_no) in out.iter().zip(1u64..) {
+            completion.result.as_ref().unwrap();
+            assert_eq!(&completion.buf[..], &page(page_no as u8 + 1, 1)[..], "page {page_no}");
+        }
+
+        // A write held back is never taken, nor a read beside it.
+        device.submit(vec![read(12, 3), request(13, file, 0, IoKind::Write, page(9, 1))]).unwrap();
+        assert!(device.take_reads(8).is_empty());
+        device.defer_submission(false).unwrap();
+        assert_eq!(reap_all(&mut device).len(), 2);
     }
 
     /// Finding 1 of issue 20: a write submitted before a flush and completed after it must be

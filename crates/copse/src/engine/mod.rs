@@ -366,6 +366,9 @@ pub struct ShardStats {
     pub combine_lone_waits: u64,
     /// Combining callers that left I/O held back for the shard's thread to submit.
     pub combine_left_io_for_thread: u64,
+    /// Reads that combining callers took from their turns and performed on their own threads
+    /// without the loop (`shard/combine.rs`, invariant 6).
+    pub combine_reads_taken: u64,
 }
 
 /// One shard's engine, as the shard thread drives it (`shard/mod.rs`). The shard thread owns the
@@ -449,6 +452,26 @@ pub trait ShardEngine: Send {
     /// I/O queued and held back by `defer_submission`: the shard's thread must submit it.
     fn has_deferred_submission(&self) -> bool {
         false
+    }
+    /// The held-back I/O, if it is at most `max` reads, for a combining caller to perform on its
+    /// own thread and give back (`BlockDevice::take_reads`, `shard/combine.rs`, invariant 6).
+    fn take_reads(&mut self, max: usize) -> Vec<crate::device::TakenRead> {
+        let _ = max;
+        Vec::new()
+    }
+    /// Completes reads taken by `take_reads`; the next `reap` hands them to the engine.
+    fn give_back(&mut self, reads: Vec<crate::device::TakenRead>) {
+        assert!(reads.is_empty(), "this engine hands out no reads to take");
+    }
+    /// Reads taken by `take_reads` and not yet given back: I/O in flight that no completion of
+    /// the device will announce.
+    fn taken_reads(&self) -> usize {
+        0
+    }
+    /// Whether I/O is in flight that the device will announce a completion of (`completion_fd`):
+    /// any but reads taken by `take_reads`.
+    fn has_io_in_kernel(&self) -> bool {
+        self.has_io_in_flight()
     }
     /// Whether the engine's rounds may run on a thread that also serves other work (a server's
     /// network thread, thread-per-core): its I/O is submitted and completed without blocking

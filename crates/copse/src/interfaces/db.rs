@@ -131,15 +131,14 @@ impl Db {
             stats.combine_found_busy = counts.found_busy;
             stats.combine_lone_waits = counts.lone_waits;
             stats.combine_left_io_for_thread = counts.left_io_for_thread;
+            stats.combine_reads_taken = counts.reads_taken;
         }
         shards
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReadError> {
         check_key(key)?;
-        self.router()
-            .send_combining(key, ReadError::Closed, |key, reply| Request::Get { key, reply })
-            .wait()
+        self.router().call_combining(key, ReadError::Closed, |key, reply| Request::Get { key, reply })
     }
 
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), WriteError> {

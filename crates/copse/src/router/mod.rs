@@ -117,17 +117,17 @@ impl Router {
         (shard_of(key, self.shard_count()), build(key.to_vec(), sender), receiver)
     }
 
-    /// As `send`, for a caller that blocks until the answer: it may run the shard's turns
-    /// itself (`ShardSender::send_combining`), so its answer may be ready on return.
-    pub fn send_combining<T, E>(
+    /// As `send(..).wait()`, for a caller that blocks until the answer: it may run the shard's
+    /// turns itself (`ShardSender::call_combining`).
+    pub fn call_combining<T, E>(
         &self,
         key: &[u8],
         closed: E,
         build: impl FnOnce(Vec<u8>, oneshot::Sender<Result<T, E>>) -> Request,
-    ) -> Pending<T, E> {
+    ) -> Result<T, E> {
         let (shard, request, receiver) = self.route(key, build);
-        let delivered = self.shards[shard as usize].send_combining(Message::Request(request));
-        Pending::sent(delivered, receiver, closed)
+        let answer = self.shards[shard as usize].call_combining(Message::Request(request), receiver);
+        answer.unwrap_or(Err(closed))
     }
 
     /// As `send`, but awaits room in the queue instead of blocking the thread.

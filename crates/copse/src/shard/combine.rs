@@ -23,7 +23,9 @@
 //!    system call held back (`ShardLoop::turn_as_caller`), and the thread's next turn makes
 //!    it. io_uring posts a completion through task work on the thread that submitted the
 //!    request, so a caller that submitted and then slept on its answer would be woken once
-//!    just to post it (measured: combining with callers submitting was slower than none).
+//!    just to post it (measured: combining with callers submitting was slower than none; so
+//!    was a caller that submitted and waited in a poll of the ring, docs/benchmarks.md). The
+//!    exceptions are invariants 5 and 6.
 //! 3. No work is left unwatched. A combiner that leaves the shard anything but idle (I/O held
 //!    back or in flight, requests queued, a deadline, a hand-off asked for) bumps `generation` under the
 //!    lock and then wakes the thread, unless the thread sleeps watching the ring's completions
@@ -48,10 +50,24 @@
 //!    second request queued, I/O in flight, or a request that arrived during a wait):
 //!    measured, a caller waiting with the loop held while three others queued behind it made
 //!    reads at four callers slower, not faster (docs/benchmarks.md, "A caller alone").
+//! 6. A caller that is not alone, whose answer its turns did not give, and whose turns held
+//!    back nothing but at most `TAKEN_READS_MAX` reads (its own miss among them, in the
+//!    common case),
+//!    takes those reads (`BlockDevice::take_reads`), lets the loop go, and performs them with
+//!    pread(2) on its own thread, as RocksDB's reader does: the device's interrupt wakes the
+//!    thread that waits in the read, and no task work runs anywhere else. It then takes the
+//!    loop again, waiting for the lock if it must, gives the reads back and runs turns, which
+//!    reap them and answer it. Until then the reads count as in flight (the engine is not
+//!    idle, the loop does not stop or move to a host), but nothing waits for them: `reap`
+//!    never does, and a loop with only taken reads in flight needs no wake (the caller comes
+//!    back). So every taken read is given back by the caller that took it, and the turns it
+//!    runs then leave the loop as any combiner's do (invariant 3).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::channel::oneshot;
 
 use super::caller_wait::DeferredWakes;
 use super::event_loop::{ShardLoop, ShardTurn, ShardWait, ThreadTurn};
@@ -69,6 +85,11 @@ const LONE_WAITS_MAX: usize = 2;
 /// Combining callers in a row that must have found the shard quiet before one counts as alone
 /// (invariant 5).
 const LONE_QUIET_COMBINES: u64 = 64;
+
+/// Reads a caller that is not alone takes from its turns and performs itself (invariant 6):
+/// its own miss. A turn that ran other callers' requests too and left more reads leaves them
+/// to the ring, so that no caller reads for others while its own answer waits.
+const TAKEN_READS_MAX: usize = 3;
 
 /// A shard's loop shared between its thread and combining callers.
 pub(crate) struct SharedLoop {
@@ -89,6 +110,8 @@ pub(crate) struct SharedLoop {
     contended_at: AtomicU64,
     /// Callers that left I/O held back for the thread to submit.
     left_io_for_thread: AtomicU64,
+    /// Reads callers took and performed themselves (invariant 6).
+    reads_taken: AtomicU64,
 }
 
 /// Flat combining's counts for one shard (`ShardStats` has their meaning).
@@ -98,6 +121,28 @@ pub struct CombineCounts {
     pub found_busy: u64,
     pub lone_waits: u64,
     pub left_io_for_thread: u64,
+    pub reads_taken: u64,
+}
+
+/// What a caller's `call` came to.
+pub(crate) enum Call<T> {
+    /// It did not run the loop (busy, on a host, or not shared): the caller wakes the shard and
+    /// waits for its answer.
+    NotRun,
+    /// It ran the loop's turns; the answer is still to come.
+    Ran,
+    /// It ran them and has its answer (`Err`: the request was dropped, the shard is gone).
+    Answered(Result<T, oneshot::Canceled>),
+}
+
+/// How a combiner's turns ended.
+enum Ended {
+    /// The loop stopped (or panicked).
+    Stopped,
+    /// A turn said to wait, with nothing queued.
+    Wait(ShardWait),
+    /// `COMBINE_TURNS_MAX` turns went by.
+    TurnsUsed,
 }
 
 /// What a combiner's turns left behind.
@@ -125,6 +170,7 @@ impl SharedLoop {
             lone_waits: AtomicU64::new(0),
             contended_at: AtomicU64::new(0),
             left_io_for_thread: AtomicU64::new(0),
+            reads_taken: AtomicU64::new(0),
         }
     }
 
@@ -134,6 +180,7 @@ impl SharedLoop {
             found_busy: self.found_busy.load(Ordering::Relaxed),
             lone_waits: self.lone_waits.load(Ordering::Relaxed),
             left_io_for_thread: self.left_io_for_thread.load(Ordering::Relaxed),
+            reads_taken: self.reads_taken.load(Ordering::Relaxed),
         }
     }
 
@@ -228,41 +275,91 @@ impl SharedLoop {
         combined.saturating_sub(self.contended_at.load(Ordering::Relaxed)) > LONE_QUIET_COMBINES
     }
 
-    /// For a caller that has just queued a request on this shard: runs the loop's turns here if
-    /// no other driver holds it (invariant 2). False when it did not run them (the loop is busy,
-    /// on a host, or not shared): the caller then wakes the shard as any sender does.
-    pub(crate) fn combine(&self) -> bool {
+    /// For a caller that has just queued a request on this shard and waits for its answer in
+    /// `receiver`: runs the loop's turns here if no other driver holds it (invariant 2), and
+    /// performs its own read when they leave one (invariant 6).
+    pub(crate) fn call<T>(&self, receiver: &mut oneshot::Receiver<T>) -> Call<T> {
         let wakes = DeferredWakes::start();
         let Ok(mut guard) = self.slot.try_lock() else {
             self.found_busy.fetch_add(1, Ordering::Relaxed);
             self.contended_at.store(self.combined.load(Ordering::Relaxed), Ordering::Relaxed);
-            return false;
+            return Call::NotRun;
         };
-        let Some(shard) = guard.as_mut() else { return false };
+        let Some(shard) = guard.as_mut() else { return Call::NotRun };
         let combined = self.combined.fetch_add(1, Ordering::Relaxed) + 1;
-        let shard_id = shard.shard_id();
         let lone = self.is_alone(shard, combined);
+        let ended = self.turns(shard, lone, combined);
+        let answer = try_answer(receiver);
+        let mut taken = Vec::new();
+        if answer.is_none() && matches!(ended, Ended::Wait(_)) && !shard.handoff_pending() {
+            taken = shard.take_reads(TAKEN_READS_MAX);
+        }
+        self.leave(guard, ended, wakes);
+        if taken.is_empty() {
+            return answer.map_or(Call::Ran, Call::Answered);
+        }
+        self.reads_taken.fetch_add(taken.len() as u64, Ordering::Relaxed);
+        for read in &mut taken {
+            read.perform();
+        }
+        // Invariant 6: the reads go back to the loop through this caller, whoever holds it now.
+        let wakes = DeferredWakes::start();
+        let mut guard = self.lock();
+        let Some(shard) = guard.as_mut() else {
+            // The loop stopped meanwhile (a panic in a driver): the device leaked the buffers
+            // these reads point into, and dropped the request, which the caller's wait sees.
+            return Call::Ran;
+        };
+        shard.give_back(taken);
+        let ended = self.turns(shard, false, combined);
+        self.leave(guard, ended, wakes);
+        try_answer(receiver).map_or(Call::Ran, Call::Answered)
+    }
+
+    /// A combiner's turns with the loop held, caught if they panic, and the waits of a caller
+    /// alone on the shard counted (invariant 5).
+    fn turns(&self, shard: &mut ShardLoop, lone: bool, combined: u64) -> Ended {
+        let shard_id = shard.shard_id();
         let mut waits = 0;
         let turns = std::panic::AssertUnwindSafe(|| run_turns(shard, lone, &mut waits));
-        let left = std::panic::catch_unwind(turns).unwrap_or_else(|_| {
+        let ended = std::panic::catch_unwind(turns).unwrap_or_else(|_| {
             tracing::error!(shard = shard_id, "a shard's turn panicked in a caller");
-            Left::Stopped
+            Ended::Stopped
         });
         if waits > 0 {
             self.lone_waits.fetch_add(waits as u64, Ordering::Relaxed);
-            if left != Left::Stopped && shard.queued() > 0 {
+            if !matches!(ended, Ended::Stopped) && shard.queued() > 0 {
                 // Someone came while this caller waited with the loop held.
                 self.contended_at.store(combined, Ordering::Relaxed);
             }
         }
-        if left != Left::Stopped && shard.has_deferred_submission() {
-            self.left_io_for_thread.fetch_add(1, Ordering::Relaxed);
+        ended
+    }
+
+    /// Lets the loop go after a combiner's turns, leaving it watched (invariants 3 and 4).
+    fn leave(
+        &self,
+        mut guard: MutexGuard<'_, Option<ShardLoop>>,
+        ended: Ended,
+        wakes: DeferredWakes,
+    ) {
+        let left = match (&ended, guard.as_ref()) {
+            (Ended::Stopped, _) | (_, None) => Left::Stopped,
+            (Ended::TurnsUsed, Some(_)) => Left::Work,
+            (Ended::Wait(wait), Some(shard)) => left_after(shard, wait),
+        };
+        if let Some(shard) = guard.as_ref().filter(|_| left != Left::Stopped) {
+            if shard.has_deferred_submission() {
+                self.left_io_for_thread.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if left == Left::Stopped {
             *guard = None;
         }
         if left == Left::Idle {
-            return true;
+            drop(guard);
+            drop(wakes);
+            return;
         }
         self.generation.fetch_add(1, Ordering::SeqCst);
         drop(guard);
@@ -275,18 +372,39 @@ impl SharedLoop {
         if !watched {
             self.waker.wake();
         }
-        true
+    }
+}
+
+/// The answer in `receiver`, if it has come (or the request was dropped).
+fn try_answer<T>(receiver: &mut oneshot::Receiver<T>) -> Option<Result<T, oneshot::Canceled>> {
+    match receiver.try_recv() {
+        Ok(Some(answer)) => Some(Ok(answer)),
+        Ok(None) => None,
+        Err(canceled) => Some(Err(canceled)),
+    }
+}
+
+/// What a combiner's turns that ended in `wait` leave behind. Reads a caller took are no
+/// completions to watch for: the caller gives them back and runs the turns that follow
+/// (invariant 6).
+fn left_after(shard: &ShardLoop, wait: &ShardWait) -> Left {
+    let thread_needed = shard.handoff_pending() || shard.has_deferred_submission();
+    let completions = wait.completions && shard.has_io_in_kernel();
+    match (completions, wait.deadline, thread_needed) {
+        (false, None, false) => Left::Idle,
+        (true, None, false) => Left::Completions,
+        _ => Left::Work,
     }
 }
 
 /// A combiner's turns (invariant 2), with the waits of a caller alone on the shard (`lone`,
 /// invariant 5), counted in `waits`.
-fn run_turns(shard: &mut ShardLoop, lone: bool, waits: &mut usize) -> Left {
+fn run_turns(shard: &mut ShardLoop, lone: bool, waits: &mut usize) -> Ended {
     let mut turns = 0;
     while turns < COMBINE_TURNS_MAX {
         turns += 1;
         match shard.turn_as_caller() {
-            ShardTurn::Stopped => return Left::Stopped,
+            ShardTurn::Stopped => return Ended::Stopped,
             // A wait with something queued (an idle loop waits before it looks at the queue):
             // the next turn takes it.
             ShardTurn::Wait(_) if shard.has_news() => {}
@@ -302,16 +420,9 @@ fn run_turns(shard: &mut ShardLoop, lone: bool, waits: &mut usize) -> Left {
                 turns -= 1;
                 shard.wait_for_completion_as_caller();
             }
-            ShardTurn::Wait(wait) => {
-                let thread_needed = shard.handoff_pending() || shard.has_deferred_submission();
-                return match (wait.completions, wait.deadline, thread_needed) {
-                    (false, None, false) => Left::Idle,
-                    (true, None, false) => Left::Completions,
-                    _ => Left::Work,
-                };
-            }
+            ShardTurn::Wait(wait) => return Ended::Wait(wait),
             ShardTurn::Again => {}
         }
     }
-    Left::Work
+    Ended::TurnsUsed
 }

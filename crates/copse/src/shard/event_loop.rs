@@ -138,6 +138,25 @@ impl ShardLoop {
         self.engine.has_deferred_submission()
     }
 
+    /// For a combining caller that is not alone (`combine.rs`, invariant 6): the I/O its turns
+    /// held back, if it is at most `max` reads, to perform on its own thread without the loop.
+    pub(crate) fn take_reads(&mut self, max: usize) -> Vec<crate::device::TakenRead> {
+        self.engine.take_reads(max)
+    }
+
+    /// Completes reads taken by `take_reads`: the next turn reaps them.
+    pub(crate) fn give_back(&mut self, reads: Vec<crate::device::TakenRead>) {
+        self.engine.give_back(reads);
+        // Whatever the last turn said to wait for, there is a completion to reap now.
+        self.reap_first = true;
+    }
+
+    /// Whether I/O is in flight that a completion of the device will announce (not only reads
+    /// a caller took).
+    pub(crate) fn has_io_in_kernel(&self) -> bool {
+        self.engine.has_io_in_kernel()
+    }
+
     /// Whether the engine has I/O in flight (or held back).
     pub(crate) fn has_io_in_flight(&self) -> bool {
         self.engine.has_io_in_flight()
@@ -249,7 +268,9 @@ impl ShardLoop {
                 return self.wait(false, on_thread);
             }
         }
-        match self.handoff.take_if(|_| on_thread) {
+        // A read a caller took comes back to this loop: no hand-off before it has.
+        let no_taken_reads = self.engine.taken_reads() == 0;
+        match self.handoff.take_if(|_| on_thread && no_taken_reads) {
             Some(host) => ThreadTurn::HandOff(host),
             None => ThreadTurn::Turn(ShardTurn::Again),
         }
@@ -257,7 +278,8 @@ impl ShardLoop {
 
     fn wait(&mut self, completions: bool, on_thread: bool) -> ThreadTurn {
         self.waited = true;
-        if let Some(host) = self.handoff.take_if(|_| on_thread) {
+        let no_taken_reads = self.engine.taken_reads() == 0;
+        if let Some(host) = self.handoff.take_if(|_| on_thread && no_taken_reads) {
             // The host's first turn looks at the queue (and reaps, if this one was to wait for
             // a completion) before it waits.
             return ThreadTurn::HandOff(host);

@@ -481,6 +481,22 @@ impl ShardEngine for Gate {
         self.engine.has_deferred_submission()
     }
 
+    fn take_reads(&mut self, max: usize) -> Vec<crate::device::TakenRead> {
+        self.engine.take_reads(max)
+    }
+
+    fn give_back(&mut self, reads: Vec<crate::device::TakenRead>) {
+        self.engine.give_back(reads);
+    }
+
+    fn taken_reads(&self) -> usize {
+        self.engine.taken_reads()
+    }
+
+    fn has_io_in_kernel(&self) -> bool {
+        self.engine.has_io_in_kernel()
+    }
+
     fn contains_key(&self, key: &[u8]) -> bool {
         match self.overlay(key) {
             Some(value) => value.is_some(),

@@ -39,7 +39,7 @@ use crate::limits::SHARD_QUEUE_REQUESTS_MAX;
 pub use event_loop::{ShardLoop, ShardTurn, ShardWait};
 pub use combine::CombineCounts;
 use exec::ExecRequest;
-use combine::SharedLoop;
+use combine::{Call, SharedLoop};
 use gate::Gate;
 use wake::{Parker, Waker};
 
@@ -102,15 +102,23 @@ impl ShardSender {
         delivered
     }
 
-    /// As `send`, for a caller that then blocks until the answer: runs the shard's turns on the
+    /// As `send`, for a caller that blocks until `receiver` has the answer, which it returns
+    /// (`Err` when the request was dropped: the shard is gone). Runs the shard's turns on the
     /// calling thread when no other driver holds its loop (flat combining, `combine.rs`), and
     /// wakes the shard otherwise. Not for a thread that may host a shard (an async caller).
-    pub fn send_combining(&self, message: Message) -> bool {
+    pub fn call_combining<T>(
+        &self,
+        message: Message,
+        mut receiver: futures::channel::oneshot::Receiver<T>,
+    ) -> Result<T, futures::channel::oneshot::Canceled> {
         let delivered = self.queue.send(message).is_ok();
-        if !delivered || !self.shared.combine() {
-            self.waker.0.wake();
+        let call = if delivered { self.shared.call(&mut receiver) } else { Call::NotRun };
+        match call {
+            Call::Answered(answer) => return answer,
+            Call::Ran => {}
+            Call::NotRun => self.waker.0.wake(),
         }
-        delivered
+        caller_wait::block_on(receiver)
     }
 
     /// As `send`, awaiting room in the queue instead of blocking the thread.

@@ -503,6 +503,22 @@ impl ShardEngine for NativeEngine {
         self.io.device.has_deferred_submission()
     }
 
+    fn take_reads(&mut self, max: usize) -> Vec<crate::device::TakenRead> {
+        self.io.device.take_reads(max)
+    }
+
+    fn give_back(&mut self, reads: Vec<crate::device::TakenRead>) {
+        self.io.device.give_back(reads);
+    }
+
+    fn taken_reads(&self) -> usize {
+        self.io.device.taken_reads()
+    }
+
+    fn has_io_in_kernel(&self) -> bool {
+        self.io.in_flight() > self.io.device.taken_reads()
+    }
+
     /// Reads, writes and the round's flush go through the ring (the flush in the background:
     /// `write::flush_round`); what still runs in place is rare (creating or growing a file,
     /// `Db::flush`, close).
