@@ -522,13 +522,9 @@ pub fn run_summary(report: &RunReport) -> String {
     if let Some(counts) = report.engine_figures.combining {
         let _ = write!(
             text,
-            " · gets run by their caller {} (loop busy {}), lone waits {}, reads taken {}, \
-             I/O left to the thread {}",
-            counts.combined,
-            counts.found_busy,
-            counts.lone_waits,
-            counts.reads_taken,
-            counts.left_io_for_thread
+            " · gets run by their caller {} (loop busy {}), reads taken {}, I/O left to the \
+             thread {}",
+            counts.combined, counts.found_busy, counts.reads_taken, counts.left_io_for_thread
         );
     }
     text

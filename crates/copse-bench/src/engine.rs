@@ -143,8 +143,6 @@ pub struct CombiningFigures {
     pub combined: u64,
     /// Gets whose caller found the loop held and woke the shard instead.
     pub found_busy: u64,
-    /// Completions a caller alone on its shard waited for holding the loop.
-    pub lone_waits: u64,
     /// Reads callers took from their turns and performed themselves.
     pub reads_taken: u64,
     /// Callers that left held-back I/O for the shard's thread to submit.
@@ -266,7 +264,6 @@ impl BenchEngine for CopseEngine {
                     CombiningFigures {
                         combined: sum.combined + shard.requests_combined,
                         found_busy: sum.found_busy + shard.combine_found_busy,
-                        lone_waits: sum.lone_waits + shard.combine_lone_waits,
                         reads_taken: sum.reads_taken + shard.combine_reads_taken,
                         left_io_for_thread: sum.left_io_for_thread
                             + shard.combine_left_io_for_thread,

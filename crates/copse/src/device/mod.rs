@@ -105,7 +105,7 @@ impl IoCompletion {
 
 /// A read a device handed to its caller to perform (`BlockDevice::take_reads`): for a caller
 /// that runs a shard's turn on its own thread and would otherwise sleep while the shard's
-/// thread submits the read and wakes it with the answer (`shard/combine.rs`, invariant 6). It
+/// thread submits the read and wakes it with the answer (`shard/combine.rs`, invariant 5). It
 /// points into the buffer of a request the device keeps in flight; the device neither frees
 /// nor touches that buffer until the read is given back (or, if it is dropped first, leaks it).
 pub struct TakenRead {

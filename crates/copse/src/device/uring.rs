@@ -517,8 +517,8 @@ impl BlockDevice for UringDevice {
         self.drain_cq();
         let at_hand = |device: &Self| device.ready.len() + device.flushes_done.len() - carried;
         if at_hand(self) < wanted && !self.held.is_empty() {
-            // Waiting means handing over what is held back (a combining caller alone on its
-            // shard waits for its own read this way).
+            // Waiting means handing over what is held back (`Io::sync_io` while a combining
+            // caller's turn defers submission).
             self.queue_held()?;
         }
         while at_hand(self) < wanted {

@@ -361,13 +361,10 @@ pub struct ShardStats {
     pub requests_combined: u64,
     /// Such callers that found the loop held by another driver and woke the thread instead.
     pub combine_found_busy: u64,
-    /// Completions that a combining caller alone on the shard submitted and waited for on its
-    /// own thread (`shard/combine.rs`, invariant 5).
-    pub combine_lone_waits: u64,
     /// Combining callers that left I/O held back for the shard's thread to submit.
     pub combine_left_io_for_thread: u64,
     /// Reads that combining callers took from their turns and performed on their own threads
-    /// without the loop (`shard/combine.rs`, invariant 6).
+    /// without the loop (`shard/combine.rs`, invariant 5).
     pub combine_reads_taken: u64,
 }
 
@@ -454,7 +451,7 @@ pub trait ShardEngine: Send {
         false
     }
     /// The held-back I/O, if it is at most `max` reads, for a combining caller to perform on its
-    /// own thread and give back (`BlockDevice::take_reads`, `shard/combine.rs`, invariant 6).
+    /// own thread and give back (`BlockDevice::take_reads`, `shard/combine.rs`, invariant 5).
     fn take_reads(&mut self, max: usize) -> Vec<crate::device::TakenRead> {
         let _ = max;
         Vec::new()

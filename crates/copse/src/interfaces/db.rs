@@ -129,7 +129,6 @@ impl Db {
             let counts = self.router().combine_counts(stats.shard);
             stats.requests_combined = counts.combined;
             stats.combine_found_busy = counts.found_busy;
-            stats.combine_lone_waits = counts.lone_waits;
             stats.combine_left_io_for_thread = counts.left_io_for_thread;
             stats.combine_reads_taken = counts.reads_taken;
         }

@@ -11,8 +11,9 @@
 //!
 //! The loop lives in `slot`, behind a mutex. Its drivers are the shard's thread (which sleeps
 //! without holding it) and any combining caller (which only tries the lock, never waits for
-//! it). An engine that blocks its thread (RocksDB, the synchronous device) is never combined:
-//! its loop stays on its thread (`ShardLoop::run_on_thread`) and `slot` stays empty.
+//! it, except to give back reads it took: invariant 5). An engine that blocks its thread
+//! (RocksDB, the synchronous device) is never combined: its loop stays on its thread
+//! (`ShardLoop::run_on_thread`) and `slot` stays empty.
 //!
 //! Invariants:
 //! 1. One driver at a time: whoever holds the mutex owns the shard's state for that turn, as
@@ -25,7 +26,7 @@
 //!    request, so a caller that submitted and then slept on its answer would be woken once
 //!    just to post it (measured: combining with callers submitting was slower than none; so
 //!    was a caller that submitted and waited in a poll of the ring, docs/benchmarks.md). The
-//!    exceptions are invariants 5 and 6.
+//!    exception is invariant 5.
 //! 3. No work is left unwatched. A combiner that leaves the shard anything but idle (I/O held
 //!    back or in flight, requests queued, a deadline, a hand-off asked for) bumps `generation` under the
 //!    lock and then wakes the thread, unless the thread sleeps watching the ring's completions
@@ -36,32 +37,20 @@
 //!    panic is caught there, not passed to the caller). The slot is emptied then, under the
 //!    lock, which drops the loop (its queue is turned away: waiters see `Closed`), and the
 //!    thread is woken; it exits when it finds the slot empty.
-//! 5. The one exception to "never waits, never submits": a caller alone on the shard. If, when
-//!    it took the loop, no I/O was in flight and its own request was all that was queued, the
-//!    I/O its turns start (a read that missed the cache) is its own, and nobody else has
-//!    anything for the shard to do. It then submits that I/O and waits for its completion on
-//!    its own thread, in one system call, holding the loop (at most `LONE_WAITS_MAX` times),
-//!    as RocksDB's reader waits in its own `pread`: the completion's task work runs on the
-//!    thread that waits for it, and neither the shard's thread nor a futex is involved. A
-//!    request queued meanwhile waits for the loop's next driver: the thread (woken by its
-//!    sender, it finds the loop held and waits for the lock) or the caller's next turn. So
-//!    that such waits stay rare when callers are many, a caller counts as alone only if the
-//!    last `LONE_QUIET_COMBINES` combining callers saw no sign of another (a busy loop, a
-//!    second request queued, I/O in flight, or a request that arrived during a wait):
-//!    measured, a caller waiting with the loop held while three others queued behind it made
-//!    reads at four callers slower, not faster (docs/benchmarks.md, "A caller alone").
-//! 6. A caller that is not alone, whose answer its turns did not give, and whose turns held
-//!    back nothing but at most `TAKEN_READS_MAX` reads (its own miss among them, in the
-//!    common case),
-//!    takes those reads (`BlockDevice::take_reads`), lets the loop go, and performs them with
-//!    pread(2) on its own thread, as RocksDB's reader does: the device's interrupt wakes the
-//!    thread that waits in the read, and no task work runs anywhere else. It then takes the
-//!    loop again, waiting for the lock if it must, gives the reads back and runs turns, which
-//!    reap them and answer it. Until then the reads count as in flight (the engine is not
-//!    idle, the loop does not stop or move to a host), but nothing waits for them: `reap`
-//!    never does, and a loop with only taken reads in flight needs no wake (the caller comes
-//!    back). So every taken read is given back by the caller that took it, and the turns it
-//!    runs then leave the loop as any combiner's do (invariant 3).
+//! 5. A combining caller whose answer its turns did not give, and whose turns held back nothing but
+//!    at most `TAKEN_READS_MAX` reads (its own miss among them, in the common case), takes those
+//!    reads (`BlockDevice::take_reads`), lets the loop go, and performs them with pread(2) on its
+//!    own thread, as RocksDB's reader does: the device's interrupt wakes the thread that waits in
+//!    the read, and no task work runs anywhere else. It then takes the loop again, waiting for the
+//!    lock if it must, gives the reads back and runs turns, which reap them and answer it. Until
+//!    then the reads count as in flight (the engine is not idle, the loop does not stop or move to
+//!    a host), but nothing waits for them: `reap` never does, and a loop with only taken reads in
+//!    flight needs no wake (the caller comes back). So every taken read is given back by the caller
+//!    that took it, and the turns it runs then leave the loop as any combiner's do (invariant 3).
+//!    This replaced a caller alone on the shard submitting its miss and waiting for it in the ring
+//!    with the loop held, which needed a window of quiet callers to keep others from queueing
+//!    behind the wait, and was no faster at one caller (docs/benchmarks.md, "A caller performs its
+//!    own read").
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -78,17 +67,10 @@ use super::wake::{Parker, Waker, Wakeup};
 /// shard does not serve everybody else's requests for long.
 const COMBINE_TURNS_MAX: usize = 4;
 
-/// Waits for a completion a caller alone on the shard makes itself (invariant 5): a read that
-/// missed the cache is one; a second covers a page a crossing record still lacks.
-const LONE_WAITS_MAX: usize = 2;
-
-/// Combining callers in a row that must have found the shard quiet before one counts as alone
-/// (invariant 5).
-const LONE_QUIET_COMBINES: u64 = 64;
-
-/// Reads a caller that is not alone takes from its turns and performs itself (invariant 6):
-/// its own miss. A turn that ran other callers' requests too and left more reads leaves them
-/// to the ring, so that no caller reads for others while its own answer waits.
+/// Reads a combining caller takes from its turns and performs itself, one after the other
+/// (invariant 5): its own miss and those of the few requests its turns took with it. More are
+/// left to the ring, where they run in parallel. Measured at 16 callers: 3 ahead of 1, and 8
+/// no better than 3 (docs/benchmarks.md, "A caller performs its own read").
 const TAKEN_READS_MAX: usize = 3;
 
 /// A shard's loop shared between its thread and combining callers.
@@ -104,13 +86,9 @@ pub(crate) struct SharedLoop {
     combined: AtomicU64,
     /// Callers that found the loop held by another driver (`ShardStats::combine_found_busy`).
     found_busy: AtomicU64,
-    /// Completions a caller alone on the shard waited for itself (invariant 5).
-    lone_waits: AtomicU64,
-    /// The count of `combined` when a combining caller last saw a sign of another (invariant 5).
-    contended_at: AtomicU64,
     /// Callers that left I/O held back for the thread to submit.
     left_io_for_thread: AtomicU64,
-    /// Reads callers took and performed themselves (invariant 6).
+    /// Reads callers took and performed themselves (invariant 5).
     reads_taken: AtomicU64,
 }
 
@@ -119,7 +97,6 @@ pub(crate) struct SharedLoop {
 pub struct CombineCounts {
     pub combined: u64,
     pub found_busy: u64,
-    pub lone_waits: u64,
     pub left_io_for_thread: u64,
     pub reads_taken: u64,
 }
@@ -167,8 +144,6 @@ impl SharedLoop {
             watching_completions: AtomicBool::new(false),
             combined: AtomicU64::new(0),
             found_busy: AtomicU64::new(0),
-            lone_waits: AtomicU64::new(0),
-            contended_at: AtomicU64::new(0),
             left_io_for_thread: AtomicU64::new(0),
             reads_taken: AtomicU64::new(0),
         }
@@ -178,7 +153,6 @@ impl SharedLoop {
         CombineCounts {
             combined: self.combined.load(Ordering::Relaxed),
             found_busy: self.found_busy.load(Ordering::Relaxed),
-            lone_waits: self.lone_waits.load(Ordering::Relaxed),
             left_io_for_thread: self.left_io_for_thread.load(Ordering::Relaxed),
             reads_taken: self.reads_taken.load(Ordering::Relaxed),
         }
@@ -264,31 +238,18 @@ impl SharedLoop {
         self.watching_completions.store(false, Ordering::SeqCst);
     }
 
-    /// Invariant 5, for the `combined`-th combining caller, holding the loop: its own request
-    /// is the only one queued, no I/O is in flight, and the callers before it found the shard
-    /// as quiet. A caller that finds it otherwise is the newest sign of contention.
-    fn is_alone(&self, shard: &ShardLoop, combined: u64) -> bool {
-        if shard.queued() > 1 || shard.has_io_in_flight() {
-            self.contended_at.store(combined, Ordering::Relaxed);
-            return false;
-        }
-        combined.saturating_sub(self.contended_at.load(Ordering::Relaxed)) > LONE_QUIET_COMBINES
-    }
-
     /// For a caller that has just queued a request on this shard and waits for its answer in
     /// `receiver`: runs the loop's turns here if no other driver holds it (invariant 2), and
-    /// performs its own read when they leave one (invariant 6).
+    /// performs its own read when they leave one (invariant 5).
     pub(crate) fn call<T>(&self, receiver: &mut oneshot::Receiver<T>) -> Call<T> {
         let wakes = DeferredWakes::start();
         let Ok(mut guard) = self.slot.try_lock() else {
             self.found_busy.fetch_add(1, Ordering::Relaxed);
-            self.contended_at.store(self.combined.load(Ordering::Relaxed), Ordering::Relaxed);
             return Call::NotRun;
         };
         let Some(shard) = guard.as_mut() else { return Call::NotRun };
-        let combined = self.combined.fetch_add(1, Ordering::Relaxed) + 1;
-        let lone = self.is_alone(shard, combined);
-        let ended = self.turns(shard, lone, combined);
+        self.combined.fetch_add(1, Ordering::Relaxed);
+        let ended = turns(shard);
         let answer = try_answer(receiver);
         let mut taken = Vec::new();
         if answer.is_none() && matches!(ended, Ended::Wait(_)) && !shard.handoff_pending() {
@@ -311,29 +272,9 @@ impl SharedLoop {
             return Call::Ran;
         };
         shard.give_back(taken);
-        let ended = self.turns(shard, false, combined);
+        let ended = turns(shard);
         self.leave(guard, ended, wakes);
         try_answer(receiver).map_or(Call::Ran, Call::Answered)
-    }
-
-    /// A combiner's turns with the loop held, caught if they panic, and the waits of a caller
-    /// alone on the shard counted (invariant 5).
-    fn turns(&self, shard: &mut ShardLoop, lone: bool, combined: u64) -> Ended {
-        let shard_id = shard.shard_id();
-        let mut waits = 0;
-        let turns = std::panic::AssertUnwindSafe(|| run_turns(shard, lone, &mut waits));
-        let ended = std::panic::catch_unwind(turns).unwrap_or_else(|_| {
-            tracing::error!(shard = shard_id, "a shard's turn panicked in a caller");
-            Ended::Stopped
-        });
-        if waits > 0 {
-            self.lone_waits.fetch_add(waits as u64, Ordering::Relaxed);
-            if !matches!(ended, Ended::Stopped) && shard.queued() > 0 {
-                // Someone came while this caller waited with the loop held.
-                self.contended_at.store(combined, Ordering::Relaxed);
-            }
-        }
-        ended
     }
 
     /// Lets the loop go after a combiner's turns, leaving it watched (invariants 3 and 4).
@@ -375,6 +316,16 @@ impl SharedLoop {
     }
 }
 
+/// A combiner's turns with the loop held, caught if they panic (invariant 4).
+fn turns(shard: &mut ShardLoop) -> Ended {
+    let shard_id = shard.shard_id();
+    let turns = std::panic::AssertUnwindSafe(|| run_turns(shard));
+    std::panic::catch_unwind(turns).unwrap_or_else(|_| {
+        tracing::error!(shard = shard_id, "a shard's turn panicked in a caller");
+        Ended::Stopped
+    })
+}
+
 /// The answer in `receiver`, if it has come (or the request was dropped).
 fn try_answer<T>(receiver: &mut oneshot::Receiver<T>) -> Option<Result<T, oneshot::Canceled>> {
     match receiver.try_recv() {
@@ -386,7 +337,7 @@ fn try_answer<T>(receiver: &mut oneshot::Receiver<T>) -> Option<Result<T, onesho
 
 /// What a combiner's turns that ended in `wait` leave behind. Reads a caller took are no
 /// completions to watch for: the caller gives them back and runs the turns that follow
-/// (invariant 6).
+/// (invariant 5).
 fn left_after(shard: &ShardLoop, wait: &ShardWait) -> Left {
     let thread_needed = shard.handoff_pending() || shard.has_deferred_submission();
     let completions = wait.completions && shard.has_io_in_kernel();
@@ -397,29 +348,14 @@ fn left_after(shard: &ShardLoop, wait: &ShardWait) -> Left {
     }
 }
 
-/// A combiner's turns (invariant 2), with the waits of a caller alone on the shard (`lone`,
-/// invariant 5), counted in `waits`.
-fn run_turns(shard: &mut ShardLoop, lone: bool, waits: &mut usize) -> Ended {
-    let mut turns = 0;
-    while turns < COMBINE_TURNS_MAX {
-        turns += 1;
+/// A combiner's turns (invariant 2).
+fn run_turns(shard: &mut ShardLoop) -> Ended {
+    for _ in 0..COMBINE_TURNS_MAX {
         match shard.turn_as_caller() {
             ShardTurn::Stopped => return Ended::Stopped,
             // A wait with something queued (an idle loop waits before it looks at the queue):
             // the next turn takes it.
             ShardTurn::Wait(_) if shard.has_news() => {}
-            ShardTurn::Wait(wait)
-                if lone
-                    && *waits < LONE_WAITS_MAX
-                    && wait.completions
-                    && wait.deadline.is_none()
-                    && !shard.handoff_pending() =>
-            {
-                *waits += 1;
-                // The turn that said to wait does not count against the turns.
-                turns -= 1;
-                shard.wait_for_completion_as_caller();
-            }
             ShardTurn::Wait(wait) => return Ended::Wait(wait),
             ShardTurn::Again => {}
         }

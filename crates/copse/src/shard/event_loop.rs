@@ -138,7 +138,7 @@ impl ShardLoop {
         self.engine.has_deferred_submission()
     }
 
-    /// For a combining caller that is not alone (`combine.rs`, invariant 6): the I/O its turns
+    /// For a combining caller (`combine.rs`, invariant 5): the I/O its turns
     /// held back, if it is at most `max` reads, to perform on its own thread without the loop.
     pub(crate) fn take_reads(&mut self, max: usize) -> Vec<crate::device::TakenRead> {
         self.engine.take_reads(max)
@@ -155,24 +155,6 @@ impl ShardLoop {
     /// a caller took).
     pub(crate) fn has_io_in_kernel(&self) -> bool {
         self.engine.has_io_in_kernel()
-    }
-
-    /// Whether the engine has I/O in flight (or held back).
-    pub(crate) fn has_io_in_flight(&self) -> bool {
-        self.engine.has_io_in_flight()
-    }
-
-    /// Messages in the queue, not yet taken by a turn.
-    pub(crate) fn queued(&self) -> usize {
-        self.receiver.len()
-    }
-
-    /// For a combining caller alone on the shard (`combine.rs`, invariant 5), after a turn that
-    /// said to wait for a completion: submits what its turns held back and waits for a
-    /// completion on the calling thread, in one system call, and reaps it. The next turn goes
-    /// on from there as after any wait for a completion.
-    pub(crate) fn wait_for_completion_as_caller(&mut self) {
-        self.engine.reap(true);
     }
 
     /// A turn; `on_thread` when the shard's own thread runs it, the only driver that hands the
