@@ -239,6 +239,22 @@ pub struct DeviceStats {
     pub submit_calls: u64,
 }
 
+impl DeviceStats {
+    /// Counts one request of `kind` that moved `bytes` successfully.
+    pub(crate) fn count_done(&mut self, kind: IoKind, bytes: u64) {
+        match kind {
+            IoKind::Read => {
+                self.reads += 1;
+                self.bytes_read += bytes;
+            }
+            IoKind::Write => {
+                self.writes += 1;
+                self.bytes_written += bytes;
+            }
+        }
+    }
+}
+
 impl std::ops::Add for DeviceStats {
     type Output = DeviceStats;
 

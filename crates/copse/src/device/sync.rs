@@ -82,17 +82,7 @@ impl SyncDevice {
             }
         };
         files::transfer_result(request, &open.name, done_bytes)?;
-        let bytes = request.buf.len() as u64;
-        match request.kind {
-            IoKind::Read => {
-                self.stats.reads += 1;
-                self.stats.bytes_read += bytes;
-            }
-            IoKind::Write => {
-                self.stats.writes += 1;
-                self.stats.bytes_written += bytes;
-            }
-        }
+        self.stats.count_done(request.kind, request.buf.len() as u64);
         Ok(())
     }
 }

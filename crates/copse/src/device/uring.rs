@@ -303,17 +303,7 @@ impl UringDevice {
             files::transfer_result(&request, name, result as usize)
         };
         if outcome.is_ok() {
-            let bytes = request.buf.len() as u64;
-            match request.kind {
-                IoKind::Read => {
-                    self.stats.reads += 1;
-                    self.stats.bytes_read += bytes;
-                }
-                IoKind::Write => {
-                    self.stats.writes += 1;
-                    self.stats.bytes_written += bytes;
-                }
-            }
+            self.stats.count_done(request.kind, request.buf.len() as u64);
         }
         self.ready.push_back(IoCompletion::of(request, outcome));
     }
