@@ -263,7 +263,7 @@ impl SharedLoop {
         for read in &mut taken {
             read.perform();
         }
-        // Invariant 6: the reads go back to the loop through this caller, whoever holds it now.
+        // Invariant 5: the reads go back to the loop through this caller, whoever holds it now.
         let wakes = DeferredWakes::start();
         let mut guard = self.lock();
         let Some(shard) = guard.as_mut() else {

@@ -138,8 +138,8 @@ impl ShardLoop {
         self.engine.has_deferred_submission()
     }
 
-    /// For a combining caller (`combine.rs`, invariant 5): the I/O its turns
-    /// held back, if it is at most `max` reads, to perform on its own thread without the loop.
+    /// For a combining caller (`combine.rs`, invariant 5): the I/O its turns held back, if it is
+    /// at most `max` reads, to perform on its own thread without the loop.
     pub(crate) fn take_reads(&mut self, max: usize) -> Vec<crate::device::TakenRead> {
         self.engine.take_reads(max)
     }
