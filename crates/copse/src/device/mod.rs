@@ -132,39 +132,29 @@ impl TakenRead {
         }
     }
 
-    /// Reads the whole range with pread(2) on the calling thread: the kernel completes an
-    /// O_DIRECT read by waking the thread that waits in it, with no task work on any other.
+    /// One pread(2) of the whole buffer on the calling thread (EINTR retried), as the ring would
+    /// make it: a short read is reported by the completion, not retried. The kernel completes
+    /// an O_DIRECT read by waking the thread that waits in it, with no task work on any other.
     pub fn perform(&mut self) {
-        let mut done = 0usize;
-        let result = loop {
-            if done == self.len {
-                break done as i32;
-            }
+        self.result = loop {
             self.calls += 1;
             // SAFETY: `buf..buf + len` is the buffer of a request the device keeps in flight
             // and leaves alone until this read is given back (or leaks, if the device is
-            // dropped first); `done < len` keeps the range inside it. The fd may have been
-            // closed only if the device was dropped: then pread fails or reads another file
-            // into leaked memory, both harmless.
+            // dropped first). The fd may have been closed only if the device was dropped: then
+            // pread fails or reads another file into leaked memory, both harmless.
             let read = unsafe {
-                libc::pread(
-                    self.fd,
-                    self.buf.add(done).cast(),
-                    self.len - done,
-                    (self.offset + done as u64) as libc::off_t,
-                )
+                libc::pread(self.fd, self.buf.cast(), self.len, self.offset as libc::off_t)
             };
-            match read {
-                0 => break done as i32,
-                read if read > 0 => done += read as usize,
-                _ => match std::io::Error::last_os_error().raw_os_error() {
-                    Some(libc::EINTR) => {}
-                    Some(errno) => break -errno,
-                    None => break -libc::EIO,
-                },
+            if read >= 0 {
+                // At most `len`, which the device bounds by `IO_BYTES_MAX` (fits in i32).
+                break read as i32;
+            }
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(errno) => break -errno,
+                None => break -libc::EIO,
             }
         };
-        self.result = result;
     }
 
     pub(crate) fn user_data(&self) -> u64 {

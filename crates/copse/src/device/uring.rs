@@ -389,19 +389,16 @@ impl UringDevice {
 
     /// Moves the requests held back without an SQE into the SQ, in order.
     fn queue_held(&mut self) -> Result<(), DeviceError> {
-        for index in 0..self.held.len() {
-            if let Err(err) = self.queue_slot(self.held[index]) {
+        let held = std::mem::take(&mut self.held);
+        for (index, &slot) in held.iter().enumerate() {
+            if let Err(err) = self.queue_slot(slot) {
                 // The ones not queued yet never reach the kernel: drop them as the batch's rest.
-                for &slot in &self.held[index + 1..] {
-                    drop(self.slots[slot].take());
-                    self.slots_in_use -= 1;
-                    self.free_slots.push(slot);
+                for &rest in &held[index + 1..] {
+                    drop(self.remove_slot(rest));
                 }
-                self.held.clear();
                 return Err(err);
             }
         }
-        self.held.clear();
         Ok(())
     }
 
