@@ -149,23 +149,28 @@ fn io_a_caller_holds_back_is_submitted_by_the_thread() {
     within_limit("reads that miss the cache, four callers at once", held_back_io);
 }
 
-fn held_back_io() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = std::sync::Arc::new(store_of_big_values(dir.path()));
-    const CALLERS: usize = 4;
-    let callers: Vec<_> = (0..CALLERS)
+/// `callers` threads read every `spread`-th big value between them at once, each its own
+/// keys, checking every value.
+fn read_big_values_at_once(db: &std::sync::Arc<Db>, callers: usize, spread: usize) {
+    let threads: Vec<_> = (0..callers)
         .map(|caller| {
             let db = db.clone();
             std::thread::spawn(move || {
-                for index in (caller..BIG_ITEMS).step_by(CALLERS * 3) {
+                for index in (caller..BIG_ITEMS).step_by(callers * spread) {
                     assert_eq!(db.get(&key(index)).unwrap(), Some(big_value(index)), "key {index}");
                 }
             })
         })
         .collect();
-    for caller in callers {
-        caller.join().expect("a caller failed");
+    for thread in threads {
+        thread.join().expect("a caller failed");
     }
+}
+
+fn held_back_io() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = std::sync::Arc::new(store_of_big_values(dir.path()));
+    read_big_values_at_once(&db, 4, 3);
     let stats = db.stats().unwrap();
     let left = stats.shards[0].combine_left_io_for_thread;
     assert!(left > 0, "no caller left its read to the thread: the test did not test that path");
@@ -174,7 +179,7 @@ fn held_back_io() {
 
 /// Reads that miss the cache from several callers at once: a caller whose turn left its own
 /// read held back, and nothing else, takes it and reads it with pread(2) on its own thread
-/// after letting the loop go (combine.rs, invariant 6), then gives it back and answers itself.
+/// after letting the loop go (combine.rs, invariant 5), then gives it back and answers itself.
 #[test]
 fn a_caller_not_alone_performs_its_own_read() {
     within_limit("reads that miss the cache, eight callers at once", taken_reads);
@@ -183,20 +188,7 @@ fn a_caller_not_alone_performs_its_own_read() {
 fn taken_reads() {
     let dir = tempfile::tempdir().unwrap();
     let db = std::sync::Arc::new(store_of_big_values(dir.path()));
-    const CALLERS: usize = 8;
-    let callers: Vec<_> = (0..CALLERS)
-        .map(|caller| {
-            let db = db.clone();
-            std::thread::spawn(move || {
-                for index in (caller..BIG_ITEMS).step_by(CALLERS) {
-                    assert_eq!(db.get(&key(index)).unwrap(), Some(big_value(index)), "key {index}");
-                }
-            })
-        })
-        .collect();
-    for caller in callers {
-        caller.join().expect("a caller failed");
-    }
+    read_big_values_at_once(&db, 8, 1);
     let stats = db.stats().unwrap();
     let misses = stats.shards[0].cache_misses;
     let taken = stats.shards[0].combine_reads_taken;
@@ -215,7 +207,7 @@ fn many_callers_keep_every_answer_right() {
 }
 
 /// As above with values of 2-6 KB over keys that hold ~16 MB against the 4 MiB cache: most
-/// reads miss, so callers take and perform their own reads (invariant 6) while other callers'
+/// reads miss, so callers take and perform their own reads (invariant 5) while other callers'
 /// writes rewrite the same pages.
 #[test]
 fn many_callers_keep_every_answer_right_when_reads_miss() {
