@@ -120,6 +120,10 @@ pub struct AppendFigures {
     pub gc_bytes_read: u64,
     /// Collections that ended with live slots left in the block.
     pub gc_blocked: u64,
+    /// Scans whose scattered items were queued to be rewritten side by side (clustering).
+    pub cluster_runs: u64,
+    pub cluster_slots_moved: u64,
+    pub cluster_bytes_moved: u64,
 }
 
 impl AppendFigures {
@@ -135,5 +139,8 @@ impl AppendFigures {
         self.gc_bytes_moved += other.gc_bytes_moved;
         self.gc_bytes_read += other.gc_bytes_read;
         self.gc_blocked += other.gc_blocked;
+        self.cluster_runs += other.cluster_runs;
+        self.cluster_slots_moved += other.cluster_slots_moved;
+        self.cluster_bytes_moved += other.cluster_bytes_moved;
     }
 }

@@ -2,16 +2,23 @@
 //!
 //! A shard's index is in memory and its items are on disk, so a scan asks in two steps: first
 //! every shard, in parallel, for the keys of its first `limit` items of the range (index only, no
-//! I/O); the keys are merged and cut at `limit`; then each shard reads exactly its chosen items.
-//! Asking every shard for `limit` whole items instead reads up to `shards x limit` items to
-//! return `limit` (twice the reads on two shards).
+//! I/O); the keys are merged and cut at `limit`; then each shard with chosen keys reads its range
+//! from the start up to its last chosen key, which holds exactly its chosen items unless keys
+//! came or went between the steps. Asking every shard for `limit` whole items instead reads up
+//! to `shards x limit` items to return `limit` (twice the reads on two shards). Reading a range,
+//! not a list of keys, tells the engine the items are neighbours, which the native engine uses
+//! to cluster them on disk (docs/placement.md, "Clustering").
 //!
 //! Invariants:
 //! - The result is in key order, has no key twice (each key lives in one shard), and holds at
 //!   most `limit` items, each with a verified value read after its key was chosen.
 //! - A chosen key deleted between the two steps is skipped, and the scan continues after the last
 //!   chosen key for what is missing, so a concurrent delete never shortens a scan that has more
-//!   items to give. Like every scan here, it is not a snapshot: shards answer at their own time.
+//!   items to give. A key written between the steps into a shard's range is read with it. Like
+//!   every scan here, it is not a snapshot: shards answer at their own time.
+//! - A shard reads at most the `wanted` items the merge can use. If it has that many up to its
+//!   last chosen key, its items alone fill the result's first `wanted` places of its keys and
+//!   below, so the merged prefix misses nothing.
 //! - Both steps are exec programs with no lock keys, so they run as soon as they reach a shard
 //!   and never wait for (or delay) an exec holding locks.
 
@@ -24,7 +31,6 @@ use futures::channel::oneshot;
 use super::Router;
 use crate::engine::KeyValue;
 use crate::error::ReadError;
-use crate::limits::EXEC_READS_MAX;
 use crate::shard::exec::{Exec, ExecRequest, ExecStep, ExecView, ReadOp, ReadResult, StepInput};
 
 /// Merges runs sorted by `key` (keys unique across runs) into one sorted list of at most
@@ -76,7 +82,7 @@ pub async fn scan(
                 limit: wanted,
                 reply: Some(reply),
             };
-            (Box::new(exec) as Box<dyn Exec>, receiver)
+            Some((Box::new(exec) as Box<dyn Exec>, receiver))
         })
         .await?
         {
@@ -86,26 +92,31 @@ pub async fn scan(
         let Some((_, last_chosen)) = chosen.last() else { break };
         let last_chosen = last_chosen.clone();
         let chosen_count = chosen.len();
-        let mut per_shard: Vec<Vec<Vec<u8>>> = vec![Vec::new(); shards];
+        // Each shard's last chosen key: step two reads the shard's range up to it.
+        let mut last_per_shard: Vec<Option<Vec<u8>>> = vec![None; shards];
         for (shard, key) in chosen {
-            per_shard[shard].push(key);
+            last_per_shard[shard] = Some(key);
         }
         let mut item_runs = Vec::with_capacity(shards);
         for receiver in send_to_shards(router, shards, |shard| {
+            let last = last_per_shard[shard].take()?;
             let (reply, receiver) = oneshot::channel();
-            let keys = std::mem::take(&mut per_shard[shard]);
-            let exec = ReadKeys { keys, asked: 0..0, found: Vec::new(), reply: Some(reply) };
-            (Box::new(exec) as Box<dyn Exec>, receiver)
+            let exec = ReadRange {
+                start: from.clone(),
+                end: Bound::Included(last),
+                limit: wanted,
+                reply: Some(reply),
+            };
+            Some((Box::new(exec) as Box<dyn Exec>, receiver))
         })
         .await?
         {
             item_runs.push(receiver.await.map_err(|_| ReadError::Closed)??);
         }
         let found = merge_runs(item_runs, wanted, |(key, _)| key.as_slice());
-        let complete = found.len() == chosen_count;
         out.extend(found.into_iter().map(|(_, item)| item));
-        if complete && chosen_count < wanted {
-            break; // the range has no more keys
+        if chosen_count < wanted {
+            break; // the range had no more keys when step one looked
         }
         // Some chosen keys vanished before they were read: continue past the last chosen key.
         from = Bound::Excluded(last_chosen);
@@ -113,15 +124,16 @@ pub async fn scan(
     Ok(out)
 }
 
-/// Sends one exec to every shard, built by `build(shard)`; returns the receivers in shard order.
+/// Sends one exec to every shard that `build(shard)` gives one for; returns the receivers in
+/// shard order.
 async fn send_to_shards<T>(
     router: &Router,
     shards: usize,
-    mut build: impl FnMut(usize) -> (Box<dyn Exec>, oneshot::Receiver<T>),
+    mut build: impl FnMut(usize) -> Option<(Box<dyn Exec>, oneshot::Receiver<T>)>,
 ) -> Result<Vec<oneshot::Receiver<T>>, ReadError> {
     let mut receivers = Vec::with_capacity(shards);
     for shard in 0..shards {
-        let (exec, receiver) = build(shard);
+        let Some((exec, receiver)) = build(shard) else { continue };
         let request = ExecRequest { locks: Vec::new(), exec };
         if !router.send_exec_async(shard as u32, request).await {
             return Err(ReadError::Closed);
@@ -151,16 +163,18 @@ impl Exec for IndexKeys {
     }
 }
 
-/// Step two: read the chosen keys of one shard (in key order), at most `EXEC_READS_MAX` a step.
-struct ReadKeys {
-    keys: Vec<Vec<u8>>,
-    /// The keys the last read step asked for.
-    asked: std::ops::Range<usize>,
-    found: Vec<KeyValue>,
+/// Step two: one shard's items from the scan's start up to its last chosen key (`end`), read
+/// by the engine as one range (so that it sees them as neighbours: docs/placement.md,
+/// "Clustering"). Keys written between the steps may join; at most `limit` items, the most the
+/// merge can use.
+struct ReadRange {
+    start: Bound<Vec<u8>>,
+    end: Bound<Vec<u8>>,
+    limit: usize,
     reply: Option<oneshot::Sender<Result<Vec<KeyValue>, ReadError>>>,
 }
 
-impl ReadKeys {
+impl ReadRange {
     fn answer(&mut self, result: Result<Vec<KeyValue>, ReadError>) -> ExecStep {
         if let Some(reply) = self.reply.take() {
             let _ = reply.send(result);
@@ -169,30 +183,21 @@ impl ReadKeys {
     }
 }
 
-impl Exec for ReadKeys {
+impl Exec for ReadRange {
     fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
         match input {
-            StepInput::Start => {}
-            StepInput::Read(Ok(results)) => {
-                for (key, result) in self.keys[self.asked.clone()].iter().zip(results) {
-                    // A key deleted since step one reads as absent and is skipped.
-                    if let ReadResult::Value(Some(value)) = result {
-                        self.found.push((key.clone(), value));
-                    }
-                }
-            }
-            StepInput::Read(Err(err)) => return self.answer(Err(err)),
-            StepInput::Written(_) => {
-                return self.answer(Err(ReadError::Closed));
-            }
+            StepInput::Start => ExecStep::Read(vec![ReadOp::Scan {
+                start: self.start.clone(),
+                end: self.end.clone(),
+                limit: self.limit,
+            }]),
+            StepInput::Read(Ok(mut results)) => match results.pop() {
+                Some(ReadResult::Items(items)) if results.is_empty() => self.answer(Ok(items)),
+                other => unreachable!("a scan step answers with one run of items, not {other:?}"),
+            },
+            StepInput::Read(Err(err)) => self.answer(Err(err)),
+            StepInput::Written(_) => self.answer(Err(ReadError::Closed)),
         }
-        let next = self.asked.end;
-        if next == self.keys.len() {
-            let found = std::mem::take(&mut self.found);
-            return self.answer(Ok(found));
-        }
-        self.asked = next..(next + EXEC_READS_MAX).min(self.keys.len());
-        ExecStep::Read(self.keys[self.asked.clone()].iter().cloned().map(ReadOp::Get).collect())
     }
 }
 

@@ -33,7 +33,7 @@ use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot, CLASS_COUNT};
 use super::index::Entry;
 use super::placement::{AppendClass, Placement};
 use super::seqs::key_hash;
-use super::write::Effect;
+use super::write::{Effect, MoveCause};
 use super::{IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, IoCompletion, IoKind};
 use crate::engine::Reply;
@@ -43,13 +43,20 @@ use crate::limits::{
     GC_MOVES_PER_ROUND_MIN, GC_VICTIMS_PER_RUN_MAX, PAGE_BYTES,
 };
 
-/// A record to move out of the victim.
+/// A record to move: out of a victim, or beside its neighbours (`cluster.rs`).
 pub(super) struct Candidate {
     slot: u64,
     key: Box<[u8]>,
     value: Vec<u8>,
     seq: u64,
     tombstone: bool,
+}
+
+impl Candidate {
+    /// The put of `key` at `seq` in `slot`, whose value is `value`.
+    pub(super) fn put(slot: u64, key: Box<[u8]>, value: Vec<u8>, seq: u64) -> Candidate {
+        Candidate { slot, key, value, seq, tombstone: false }
+    }
 }
 
 pub(super) struct GcRun {
@@ -248,7 +255,7 @@ impl NativeEngine {
         // None: no collection, or still reading the victims.
         let Some((class, issued, finished)) = self.collector.next_moves(budget) else { return };
         for candidate in issued {
-            if self.gc_move(class, candidate).is_err() {
+            if self.move_record(class, candidate, MoveCause::Collect).is_err() {
                 // No slot to move to (the file could not grow): stop this collection.
                 self.collector.stop_moves();
                 break;
@@ -382,8 +389,14 @@ impl NativeEngine {
         }
     }
 
-    /// Rewrites one live record of the victim into the open block.
-    fn gc_move(&mut self, class: u8, candidate: Candidate) -> Result<(), WriteError> {
+    /// Rewrites one live record into the open block of its (append) class; nothing if it is no
+    /// longer live. Err: no slot (the file could not grow).
+    pub(super) fn move_record(
+        &mut self,
+        class: u8,
+        candidate: Candidate,
+        cause: MoveCause,
+    ) -> Result<(), WriteError> {
         let Candidate { slot, key, value, seq, tombstone } = candidate;
         let from = Loc::new(class, slot, 0);
         if !self.gc_still_live(from, &key, seq, tombstone) {
@@ -396,7 +409,7 @@ impl NativeEngine {
         let write = self.writes.add(
             loc,
             overwritten,
-            Effect::Moved { key: key.clone(), seq, from, tombstone, bytes },
+            Effect::Moved { key: key.clone(), seq, from, tombstone, bytes, cause },
         );
         let watermark = self.seqs.durable_watermark();
         let kind = if tombstone { RecordKind::Tombstone } else { RecordKind::Put };
@@ -406,6 +419,7 @@ impl NativeEngine {
     }
 
     /// A move is durable: the record now lives at `loc`, unless a newer write won meanwhile.
+    #[allow(clippy::too_many_arguments)] // the fields of `Effect::Moved`, and where it landed
     pub(super) fn gc_moved(
         &mut self,
         key: &[u8],
@@ -414,6 +428,7 @@ impl NativeEngine {
         to: Loc,
         tombstone: bool,
         bytes: u64,
+        cause: MoveCause,
     ) {
         self.collector.move_ended();
         // Not `applied`: whether the copy is live is the index's word (below), not the flight's.
@@ -450,8 +465,16 @@ impl NativeEngine {
             self.release_slot(from, tag, false);
         }
         let figures = &mut self.collector.append_mut(to.class()).expect("append").figures;
-        figures.gc_slots_moved += 1;
-        figures.gc_bytes_moved += bytes;
+        match cause {
+            MoveCause::Collect => {
+                figures.gc_slots_moved += 1;
+                figures.gc_bytes_moved += bytes;
+            }
+            MoveCause::Cluster => {
+                figures.cluster_slots_moved += 1;
+                figures.cluster_bytes_moved += bytes;
+            }
+        }
         // The move's flight has ended: tombstones kept for it may go now.
         self.release_guards(hash);
     }

@@ -41,6 +41,7 @@
 pub mod batch;
 pub mod cache;
 pub mod check;
+mod cluster;
 pub mod format;
 pub mod free_list;
 mod gc;
@@ -141,6 +142,8 @@ pub struct NativeEngine {
     seqs: Seqs,
     writes: Writes,
     collector: Collector,
+    /// Scans' scattered items waiting to be rewritten side by side.
+    clusters: cluster::Clusters,
     index: Index,
 
     batches: Batches,
@@ -178,6 +181,7 @@ impl NativeEngine {
                 config.append_block_pages,
                 config.space_amplification_max,
             ),
+            clusters: cluster::Clusters::new(),
             index: Index::default(),
             batches: Batches::new(),
             parts: HashMap::default(),
@@ -412,8 +416,9 @@ impl ShardEngine for NativeEngine {
         self.retry_deferred_frees();
         self.refill_free_lists();
         self.schedule_page_writes();
+        self.cluster_step();
         self.gc_step();
-        // The collector's moves join this round's page writes.
+        // The clustering and collector moves join this round's page writes.
         self.schedule_page_writes();
         self.settle_step();
         self.scrub_step();
@@ -444,6 +449,7 @@ impl ShardEngine for NativeEngine {
             && !self.slabs.has_deferred_frees()
             && !self.scrub_running()
             && !self.collector.collecting()
+            && self.clusters.is_empty()
     }
 
     /// Whether the index holds `key` (its newest durable version is live). No I/O.

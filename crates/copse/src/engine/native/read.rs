@@ -35,10 +35,13 @@ const RECORD_LINES_PREFETCHED: usize = 4;
 pub(super) type GetReply = Reply<Option<Vec<u8>>, ReadError>;
 
 /// A scanned key and, once read, its value (`None` if it was deleted meanwhile).
-type ScanItem = (Box<[u8]>, Option<Vec<u8>>);
+pub(super) type ScanItem = (Box<[u8]>, Option<Vec<u8>>);
 
 pub(super) struct ScanState {
     items: Vec<ScanItem>,
+    /// Where each item's value was read and verified, for clustering (`cluster.rs`); `None`
+    /// until then, and for an item read directly from a multi-page slot.
+    read_at: Vec<Option<Entry>>,
     waiting: usize,
     error: Option<ReadError>,
     reply: Option<Reply<Vec<KeyValue>, ReadError>>,
@@ -190,6 +193,7 @@ impl NativeEngine {
         let count = keys.len();
         let id = self.scans.insert(ScanState {
             items: keys.into_iter().map(|(key, _)| (key, None)).collect(),
+            read_at: vec![None; count],
             waiting: count,
             error: None,
             reply: Some(reply),
@@ -205,9 +209,13 @@ impl NativeEngine {
 
     pub(super) fn scan_item(&mut self, scan: u64, item: usize) {
         let key = self.scans.get(scan).expect("item of an unknown scan").items[item].0.clone();
-        match self.resolve(&key) {
+        let entry = self.index.entry(&key);
+        match self.resolve_entry(&key, entry) {
             Resolved::Missing => self.scan_item_done(scan, item, None),
-            Resolved::Value(value) => self.scan_item_done(scan, item, Some(value)),
+            Resolved::Value(value) => {
+                self.scans.get_mut(scan).expect("item of an unknown scan").read_at[item] = entry;
+                self.scan_item_done(scan, item, Some(value))
+            }
             Resolved::Failed(err) => self.scan_item_failed(scan, err),
             Resolved::NeedPages(loc) => self.wait_slot(loc, PageWaiter::ScanItem { scan, item }),
             Resolved::NeedRead(loc) => {
@@ -248,6 +256,9 @@ impl NativeEngine {
     fn scan_finished(&mut self, scan: u64) {
         let mut state = self.scans.remove(scan).expect("unknown scan");
         let reply = state.reply.take().expect("a scan is answered once");
+        if state.error.is_none() {
+            self.consider_cluster(&state.items, &state.read_at);
+        }
         let result = match state.error {
             Some(err) => Err(err),
             // Keys deleted while the scan ran are left out.

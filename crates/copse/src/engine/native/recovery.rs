@@ -180,6 +180,9 @@ fn visit_chunk(
 struct Newest {
     loc: Loc,
     seq: u64,
+    /// The record's durable watermark when written: of two copies of one version (a move's),
+    /// the later one carries the higher (or the same) mark.
+    written_mark: u64,
     tombstone: bool,
 }
 
@@ -247,17 +250,24 @@ impl Found {
                     RecordKind::Put | RecordKind::Tombstone => {
                         let tombstone = header.kind == RecordKind::Tombstone;
                         let tag = |tombstone: bool, key: &[u8]| (!tombstone).then(|| key_hash(key));
+                        let found =
+                            Newest { loc, seq: header.seq, written_mark: header.aux, tombstone };
                         match self.newest.get_mut(key) {
-                            Some(newest) if newest.seq >= header.seq => {
+                            // Two valid copies of one seq are one version (a collector's or a
+                            // clustering move): either would do, and the later copy, the one
+                            // the move put where it wanted it, is kept.
+                            Some(newest)
+                                if (newest.seq, newest.written_mark)
+                                    >= (header.seq, header.aux) =>
+                            {
                                 self.stale.push((loc, tag(tombstone, key)));
                             }
                             Some(newest) => {
                                 self.stale.push((newest.loc, tag(newest.tombstone, key)));
-                                *newest = Newest { loc, seq: header.seq, tombstone };
+                                *newest = found;
                             }
                             None => {
-                                self.newest
-                                    .insert(key.into(), Newest { loc, seq: header.seq, tombstone });
+                                self.newest.insert(key.into(), found);
                             }
                         }
                     }
@@ -372,8 +382,9 @@ impl Found {
                 }
                 continue;
             }
-            if let Some(previous) = self.newest.insert(key.clone(), Newest { loc, seq, tombstone })
-            {
+            // Every valid record was visited before: no copy of this seq is left to compare.
+            let decided = Newest { loc, seq, written_mark: 0, tombstone };
+            if let Some(previous) = self.newest.insert(key.clone(), decided) {
                 if !judged.kept.remove(&previous.loc.slot_only()) {
                     self.stale.push((previous.loc, tag(previous.tombstone, &key)));
                 } else if let Some(hash) = tag(previous.tombstone, &key) {
@@ -417,7 +428,7 @@ impl Found {
         for op in ops {
             let tombstone = matches!(op, BatchOp::Delete { .. });
             let loc = Loc::new(0, 0, 0);
-            self.newest.insert(op.key().into(), Newest { loc, seq, tombstone });
+            self.newest.insert(op.key().into(), Newest { loc, seq, written_mark: 0, tombstone });
         }
     }
 }

@@ -84,14 +84,25 @@ pub(super) enum Effect {
         gsn: u64,
         seq: u64,
     },
-    /// The collector's copy of a live record from `from` (`gc.rs`); `bytes`: the record's size.
+    /// The collector's copy of a live record from `from` (`gc.rs`), or a clustering move
+    /// (`cluster.rs`); `bytes`: the record's size.
     Moved {
         key: Key,
         seq: u64,
         from: Loc,
         tombstone: bool,
         bytes: u64,
+        cause: MoveCause,
     },
+}
+
+/// Why a record moves, for the figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum MoveCause {
+    /// The collector empties its block.
+    Collect,
+    /// A scan found it far from its neighbours (`cluster.rs`).
+    Cluster,
 }
 
 /// Whose record a free record erases, to be told once the erasure is durable.
@@ -582,8 +593,8 @@ impl NativeEngine {
                 self.part_record_erased(gsn);
             }
             Effect::PartPrepared { gsn, seq } => self.part_prepared(gsn, seq, loc),
-            Effect::Moved { key, seq, from, tombstone, bytes } => {
-                self.gc_moved(&key, seq, from, loc, tombstone, bytes)
+            Effect::Moved { key, seq, from, tombstone, bytes, cause } => {
+                self.gc_moved(&key, seq, from, loc, tombstone, bytes, cause)
             }
         }
     }
