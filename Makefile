@@ -56,9 +56,11 @@ test: test-deps
 ROCKSDB_CI_DIR := target/rocksdb-ci
 ROCKSDB_SYSTEM_LIB_DIR ?= /usr/lib/x86_64-linux-gnu
 ROCKSDB_CI_TESTS ?= --test basic --test model --test kill --test scan --test exec --test engines --test batches --test idle
-# Native-only tests in those files: the simulated device, slab files, copse's device counters.
+# Native-only tests in those files: the simulated device, slab files, copse's device counters,
+# clustering (append placement).
 ROCKSDB_CI_SKIP := --skip simulated --skip updates_alternating_between_small_and_large \
-	--skip size_class_opened_while_writes --skip a_scan_reads_only_the_items_it_returns
+	--skip size_class_opened_while_writes --skip a_scan_reads_only_the_items_it_returns \
+	--skip cluster
 
 rocksdb-test-deps:
 	@ls $(ROCKSDB_SYSTEM_LIB_DIR)/librocksdb.so >/dev/null 2>&1 && ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || { $(APT_UPDATE_ONCE) && apt-get install -y -qq librocksdb-dev libclang-dev >/dev/null; }

@@ -66,6 +66,8 @@ pub const SLAB_GROWTH_DIVISOR: u64 = 8;
 
 /// Consecutive dirty pages of a file are written with one I/O of at most this many pages.
 pub const WRITE_PAGES_PER_IO_MAX: usize = 64;
+/// Consecutive pages a scan needs are read with one I/O of at most this many pages.
+pub const READ_PAGES_PER_IO_MAX: usize = 64;
 
 /// Append placement (engine/native/placement.rs, docs/placement.md): a class's file is cut into
 /// blocks of this many pages, the unit the collector empties and reuses.

@@ -144,9 +144,10 @@ fn cluster_moves(db: &Db) -> u64 {
 }
 
 /// Clustering (docs/placement.md): a scan that finds its items scattered has them rewritten side
-/// by side, so the same scan after a restart (cold cache) reads a few consecutive pages instead
-/// of one page per item, and every value survives the moves and the restart. Risks: moves that
-/// never happen (or never pay), and a moved item read back wrong or lost at reopen.
+/// by side, so the same scan after a restart (cold cache) reads a few runs of consecutive pages,
+/// one I/O each, instead of one page per item, and every value survives the moves and the
+/// restart. Risks: moves that never happen (or never pay), a restart that puts the old copies
+/// back, reads not coalesced, and a moved item read back wrong or lost at reopen.
 #[test]
 fn a_scan_clusters_scattered_items_so_the_next_scan_reads_fewer_pages() {
     const ITEMS: u32 = 4000;
@@ -184,11 +185,11 @@ fn a_scan_clusters_scattered_items_so_the_next_scan_reads_fewer_pages() {
     };
     let db = Db::open(dir.path(), appended(1)).unwrap();
     let reads_clustered = scan_and_count_reads(&db);
-    eprintln!("pages read: {reads_scattered} scattered, {reads_clustered} clustered");
-    // 200 items of ~1 KiB: about 190 pages scattered, 54 side by side.
+    // 200 items of ~1 KiB: about 190 pages scattered; side by side, 54 consecutive pages, which
+    // the scan reads with one I/O per run (`READ_PAGES_PER_IO_MAX` pages at most).
     assert!(
-        reads_clustered * 2 < reads_scattered,
-        "the scan read {reads_scattered} pages scattered and {reads_clustered} clustered"
+        reads_scattered >= 150 && reads_clustered <= 3,
+        "the scan made {reads_scattered} reads scattered and {reads_clustered} clustered"
     );
     for i in 0..ITEMS {
         assert_eq!(db.get(&key(i)).unwrap(), Some(value(i)), "key {i} after the moves");

@@ -28,7 +28,7 @@ use crate::device::{AlignedBuf, DeviceError, IoCompletion, IoKind};
 use crate::engine::Reply;
 use crate::error::{ReadError, WriteError};
 use crate::hash::{HashMap, HashSet};
-use crate::limits::{PAGE_BYTES, WRITE_PAGES_PER_IO_MAX};
+use crate::limits::{PAGE_BYTES, READ_PAGES_PER_IO_MAX, WRITE_PAGES_PER_IO_MAX};
 
 /// Who waits for a page image being read.
 pub(super) enum PageWaiter {
@@ -270,6 +270,26 @@ impl NativeEngine {
             if self.pages.cache.contains(page) {
                 self.pages.cache.pin(page);
                 self.pages.companions.entry(awaited).or_default().push(page);
+            }
+        }
+    }
+
+    /// Starts reads of those of `pages` that are neither cached nor being read, one read per run
+    /// of consecutive pages (at most `READ_PAGES_PER_IO_MAX`), so that a scan of items lying
+    /// side by side reads them with a few large reads instead of one per page. Its waiters then
+    /// join the reads (`wait_slot`).
+    pub(super) fn load_page_runs(&mut self, mut pages: Vec<PageKey>) {
+        pages.sort_unstable();
+        pages.dedup();
+        pages.retain(|&page| !self.pages.cache.contains(page) && !self.pages.is_loading(page));
+        let mut run_start = 0;
+        for next in 1..=pages.len() {
+            let run_ends = next == pages.len()
+                || pages[next] != (pages[next - 1].0, pages[next - 1].1 + 1)
+                || next - run_start == READ_PAGES_PER_IO_MAX;
+            if run_ends {
+                self.load_pages(pages[run_start], (next - run_start) as u64, None);
+                run_start = next;
             }
         }
     }

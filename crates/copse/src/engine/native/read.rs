@@ -202,12 +202,35 @@ impl NativeEngine {
             self.scan_finished(id);
             return;
         }
+        let mut waiting = Vec::new();
         for item in 0..count {
-            self.scan_item(id, item);
+            if let Some(loc) = self.scan_item_unless_paged(id, item) {
+                waiting.push((item, loc));
+            }
+        }
+        // The missing pages of all the items, read with one I/O per run of consecutive pages:
+        // items a scan clustered (`cluster.rs`) lie side by side.
+        let pages = waiting
+            .iter()
+            .flat_map(|&(_, loc)| {
+                let span = SizeClass::get(loc.class()).span(loc.slot());
+                span.page_numbers().map(move |number| (loc.class(), number))
+            })
+            .collect();
+        self.load_page_runs(pages);
+        for (item, loc) in waiting {
+            self.wait_slot(loc, PageWaiter::ScanItem { scan: id, item });
         }
     }
 
     pub(super) fn scan_item(&mut self, scan: u64, item: usize) {
+        if let Some(loc) = self.scan_item_unless_paged(scan, item) {
+            self.wait_slot(loc, PageWaiter::ScanItem { scan, item });
+        }
+    }
+
+    /// Resolves a scan's item, or returns where it lies if some of its pages must be read first.
+    fn scan_item_unless_paged(&mut self, scan: u64, item: usize) -> Option<Loc> {
         let key = self.scans.get(scan).expect("item of an unknown scan").items[item].0.clone();
         let entry = self.index.entry(&key);
         match self.resolve_entry(&key, entry) {
@@ -217,11 +240,12 @@ impl NativeEngine {
                 self.scan_item_done(scan, item, Some(value))
             }
             Resolved::Failed(err) => self.scan_item_failed(scan, err),
-            Resolved::NeedPages(loc) => self.wait_slot(loc, PageWaiter::ScanItem { scan, item }),
+            Resolved::NeedPages(loc) => return Some(loc),
             Resolved::NeedRead(loc) => {
                 self.read_record(loc, DirectRead::ScanItem { scan, item, loc })
             }
         }
+        None
     }
 
     pub(super) fn direct_scan_item_done(&mut self, scan: u64, item: usize, loc: Loc, bytes: &[u8]) {

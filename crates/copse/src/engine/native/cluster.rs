@@ -1,0 +1,158 @@
+//! Clustering: a scan that finds its items scattered over an append class has them rewritten
+//! side by side, so that the next scan of that range reads a few consecutive pages instead of one
+//! page per item (issue 22, YCSB E; the guide is docs/placement.md, "Clustering").
+//!
+//! Items are unsorted on disk (KVell): a scan of 50 one-KiB items reads ~50 pages where a sorted
+//! store reads ~13. The scan has just read and verified every item, in key order, so rewriting
+//! the scattered ones through the append path costs no read: they take consecutive slots of the
+//! class's open block, and the collector later frees the slots they left, like any other dead
+//! slot. A range read once scattered is then clustered for every later scan, until its items are
+//! updated (each update appends where the writes of its round go).
+//!
+//! Invariants:
+//! - A clustering move is a collector move (`gc.rs`): it keeps the record's key, value and seq,
+//!   is issued only if the index still points at the slot and seq the scan read, is applied
+//!   only if it still does once the move is durable, and the old slot is freed only then. So an
+//!   item written again between the scan and the move keeps its newer version, and a crash
+//!   leaves at least one valid copy of every live record.
+//! - The value moved is the one the scan verified at that slot and seq (`ScanState::read_at`).
+//! - At most `CLUSTER_QUEUED_BYTES_MAX` bytes of keys and values wait (asserted when queued);
+//!   nothing is queued or issued while the store is poisoned or closing.
+
+use std::collections::VecDeque;
+
+use super::format::{Loc, SizeClass};
+use super::gc::Candidate;
+use super::index::Entry;
+use super::placement::Placement;
+use super::read::ScanItem;
+use super::write::MoveCause;
+use super::NativeEngine;
+use crate::limits::{
+    CLUSTER_ITEMS_MIN, CLUSTER_MOVES_PER_ROUND_MAX, CLUSTER_QUEUED_BYTES_MAX, CLUSTER_SCATTER_MAX,
+    PAGE_BYTES,
+};
+
+/// One scan's items of one class, to be rewritten side by side, in key order.
+struct Run {
+    class: u8,
+    moves: Vec<Candidate>,
+    bytes: usize,
+}
+
+/// The runs waiting for the end of a round.
+pub(super) struct Clusters {
+    runs: VecDeque<Run>,
+    queued_bytes: usize,
+}
+
+impl Clusters {
+    pub(super) fn new() -> Clusters {
+        Clusters { runs: VecDeque::new(), queued_bytes: 0 }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.runs.clear();
+        self.queued_bytes = 0;
+    }
+}
+
+/// Whether `locs` (one class's slots, at least `CLUSTER_ITEMS_MIN`) lie on more than
+/// `CLUSTER_SCATTER_MAX` times the pages they would fill side by side.
+fn scattered(class: SizeClass, locs: &[Loc]) -> bool {
+    let mut pages: Vec<u64> = locs.iter().map(|loc| class.page_of_slot(loc.slot())).collect();
+    pages.sort_unstable();
+    pages.dedup();
+    let packed_pages = (locs.len() * class.slot_bytes as usize).div_ceil(PAGE_BYTES);
+    pages.len() > CLUSTER_SCATTER_MAX * packed_pages
+}
+
+impl NativeEngine {
+    /// A scan read `items` of one range in key order, item `i` verified at `read_at[i]` (`None`:
+    /// absent, or read directly from a multi-page slot). Queues, per append class, the items
+    /// that lie scattered.
+    pub(super) fn consider_cluster(
+        &mut self,
+        items: &[ScanItem],
+        read_at: &[Option<Entry>],
+    ) {
+        if self.is_poisoned() || self.closing || items.len() < CLUSTER_ITEMS_MIN {
+            return;
+        }
+        let mut classes: Vec<u8> = read_at.iter().flatten().map(|entry| entry.loc.class()).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        for class in classes {
+            let info = SizeClass::get(class);
+            if info.is_multi_page()
+                || self.collector.placement(class) != Placement::Append
+                || self.collector.append(class).is_none()
+            {
+                continue;
+            }
+            let members: Vec<usize> = (0..items.len())
+                .filter(|&i| {
+                    items[i].1.is_some() && read_at[i].is_some_and(|at| at.loc.class() == class)
+                })
+                .collect();
+            if members.len() < CLUSTER_ITEMS_MIN {
+                continue;
+            }
+            let locs: Vec<Loc> =
+                members.iter().map(|&i| read_at[i].expect("a member was read").loc).collect();
+            if !scattered(info, &locs) {
+                continue;
+            }
+            let bytes: usize = members
+                .iter()
+                .map(|&i| items[i].0.len() + items[i].1.as_ref().map_or(0, Vec::len))
+                .sum();
+            if self.clusters.queued_bytes + bytes > CLUSTER_QUEUED_BYTES_MAX {
+                continue;
+            }
+            let moves = members
+                .iter()
+                .map(|&i| {
+                    let Entry { loc, seq } = read_at[i].expect("a member was read");
+                    let value = items[i].1.clone().expect("a member has its value");
+                    Candidate::put(loc.slot(), items[i].0.clone(), value, seq)
+                })
+                .collect();
+            self.clusters.queued_bytes += bytes;
+            assert!(self.clusters.queued_bytes <= CLUSTER_QUEUED_BYTES_MAX);
+            self.clusters.runs.push_back(Run { class, moves, bytes });
+            let append = self.collector.append_mut(class).expect("an append class");
+            append.figures.cluster_runs += 1;
+        }
+    }
+
+    /// Starts the queued runs' moves, whole runs, at most `CLUSTER_MOVES_PER_ROUND_MAX` moves
+    /// unless one run is larger. Called at the end of every round, before the collector's
+    /// step, so a run's records take consecutive slots.
+    pub(super) fn cluster_step(&mut self) {
+        if self.is_poisoned() || self.closing {
+            self.clusters.clear();
+            return;
+        }
+        let mut issued = 0;
+        while let Some(run) = self.clusters.runs.front() {
+            if issued > 0 && issued + run.moves.len() > CLUSTER_MOVES_PER_ROUND_MAX {
+                break;
+            }
+            let Run { class, moves, bytes } = self.clusters.runs.pop_front().expect("a front run");
+            self.clusters.queued_bytes -= bytes;
+            issued += moves.len();
+            for candidate in moves {
+                if self.move_record(class, candidate, MoveCause::Cluster).is_err() {
+                    // No slot to move to (the file could not grow): clustering waits for space.
+                    self.clusters.clear();
+                    return;
+                }
+            }
+        }
+    }
+}
