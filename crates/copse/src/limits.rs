@@ -96,9 +96,9 @@ pub const GC_START_FRACTION_OF_CEILING_ROOM: f64 = 0.8;
 /// Clustering (engine/native/cluster.rs, docs/placement.md): a scan's items of one append class
 /// are rewritten side by side when there are at least `CLUSTER_ITEMS_MIN` of them and they lay
 /// on more than `CLUSTER_SCATTER_MAX` times the pages they fill side by side. At most
-/// `CLUSTER_QUEUED_BYTES_MAX` bytes of keys and values wait per shard (a scan that would pass it
-/// is not clustered), and at most `CLUSTER_MOVES_PER_ROUND_MAX` moves start per round (a run is
-/// never split, so one larger run may start alone).
+/// `CLUSTER_QUEUED_BYTES_MAX` bytes of queued moves wait per shard (a scan that would pass it is
+/// not clustered), and at most `CLUSTER_MOVES_PER_ROUND_MAX` moves start per round (a longer scan
+/// is clustered in its first that many items).
 pub const CLUSTER_ITEMS_MIN: usize = 8;
 pub const CLUSTER_SCATTER_MAX: usize = 2;
 pub const CLUSTER_QUEUED_BYTES_MAX: usize = 4 * 1024 * 1024;

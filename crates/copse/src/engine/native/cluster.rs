@@ -16,12 +16,19 @@
 //!   item written again between the scan and the move keeps its newer version, and a crash
 //!   leaves at least one valid copy of every live record.
 //! - The value moved is the one the scan verified at that slot and seq (`ScanState::read_at`).
-//! - At most `CLUSTER_QUEUED_BYTES_MAX` bytes of keys and values wait (asserted when queued);
-//!   nothing is queued or issued while the store is poisoned or closing.
+//! - At most `CLUSTER_QUEUED_BYTES_MAX` bytes of queued moves (records and their bookkeeping)
+//!   wait (asserted when queued), and a run holds at most `CLUSTER_MOVES_PER_ROUND_MAX` moves,
+//!   which is all a round issues; nothing is queued or issued while the store is poisoned or
+//!   closing.
+//! - A record is not moved while a write of its key is in flight (a put or delete replaces it
+//!   anyway; an earlier move of it would leave a second copy), so one scan after another over
+//!   the same range does not write its records twice.
+//! - Clustering moves do not hold a collection open (`Collector::move_started`): under steady
+//!   scanning a collection still ends and the next one starts.
 
 use std::collections::VecDeque;
 
-use super::format::{Loc, SizeClass};
+use super::format::{record_bytes, Loc, SizeClass};
 use super::gc::Candidate;
 use super::index::Entry;
 use super::placement::Placement;
@@ -32,6 +39,10 @@ use crate::limits::{
     CLUSTER_ITEMS_MIN, CLUSTER_MOVES_PER_ROUND_MAX, CLUSTER_QUEUED_BYTES_MAX, CLUSTER_SCATTER_MAX,
     PAGE_BYTES,
 };
+
+/// What a queued move holds besides its record's bytes: the candidate and its two allocations'
+/// headers (counted against `CLUSTER_QUEUED_BYTES_MAX`).
+const CANDIDATE_BYTES: usize = std::mem::size_of::<Candidate>() + 32;
 
 /// One scan's items of one class, to be rewritten side by side, in key order.
 struct Run {
@@ -107,9 +118,15 @@ impl NativeEngine {
             if !scattered(info, &locs) {
                 continue;
             }
+            // A long scan is clustered in its first `CLUSTER_MOVES_PER_ROUND_MAX` items: one
+            // round's moves.
+            let members = &members[..members.len().min(CLUSTER_MOVES_PER_ROUND_MAX)];
             let bytes: usize = members
                 .iter()
-                .map(|&i| items[i].0.len() + items[i].1.as_ref().map_or(0, Vec::len))
+                .map(|&i| {
+                    let value_bytes = items[i].1.as_ref().map_or(0, Vec::len);
+                    record_bytes(items[i].0.len(), value_bytes) + CANDIDATE_BYTES
+                })
                 .sum();
             if self.clusters.queued_bytes + bytes > CLUSTER_QUEUED_BYTES_MAX {
                 continue;
@@ -131,8 +148,8 @@ impl NativeEngine {
     }
 
     /// Starts the queued runs' moves, whole runs, at most `CLUSTER_MOVES_PER_ROUND_MAX` moves
-    /// unless one run is larger. Called at the end of every round, before the collector's
-    /// step, so a run's records take consecutive slots.
+    /// (a run holds no more). Called at the end of every round, before the collector's step, so
+    /// a run's records take consecutive slots.
     pub(super) fn cluster_step(&mut self) {
         if self.is_poisoned() || self.closing {
             self.clusters.clear();
@@ -147,6 +164,11 @@ impl NativeEngine {
             self.clusters.queued_bytes -= bytes;
             issued += moves.len();
             for candidate in moves {
+                // A write of the key is in flight (a put, a delete, or a move of this record
+                // issued by an earlier scan): it replaces the record, or moves it, anyway.
+                if self.seqs.in_flight(candidate.key()) {
+                    continue;
+                }
                 if self.move_record(class, candidate, MoveCause::Cluster).is_err() {
                     // No slot to move to (the file could not grow): clustering waits for space.
                     self.clusters.clear();

@@ -57,6 +57,10 @@ impl Candidate {
     pub(super) fn put(slot: u64, key: Box<[u8]>, value: Vec<u8>, seq: u64) -> Candidate {
         Candidate { slot, key, value, seq, tombstone: false }
     }
+
+    pub(super) fn key(&self) -> &[u8] {
+        &self.key
+    }
 }
 
 pub(super) struct GcRun {
@@ -216,11 +220,18 @@ impl Collector {
         self.run.as_mut().expect("running").candidates = Some(Vec::new().into_iter());
     }
 
-    fn move_started(&mut self) {
-        self.moves_in_flight += 1;
+    /// A move of `cause` was written. Only the collection's own moves hold it open: clustering
+    /// moves, which a busy scanner issues every round, would keep it from ever ending.
+    fn move_started(&mut self, cause: MoveCause) {
+        if cause == MoveCause::Collect {
+            self.moves_in_flight += 1;
+        }
     }
 
-    fn move_ended(&mut self) {
+    fn move_ended(&mut self, cause: MoveCause) {
+        if cause != MoveCause::Collect {
+            return;
+        }
         assert!(self.moves_in_flight > 0, "a collector move ended that was not in flight");
         self.moves_in_flight -= 1;
     }
@@ -414,7 +425,7 @@ impl NativeEngine {
         let watermark = self.seqs.durable_watermark();
         let kind = if tombstone { RecordKind::Tombstone } else { RecordKind::Put };
         self.place(write, loc, kind, seq, watermark, &key, &value);
-        self.collector.move_started();
+        self.collector.move_started(cause);
         Ok(())
     }
 
@@ -430,7 +441,7 @@ impl NativeEngine {
         bytes: u64,
         cause: MoveCause,
     ) {
-        self.collector.move_ended();
+        self.collector.move_ended(cause);
         // Not `applied`: whether the copy is live is the index's word (below), not the flight's.
         self.seqs.flight_end(key, seq, false);
         let hash = key_hash(key);
@@ -480,8 +491,8 @@ impl NativeEngine {
     }
 
     /// A move's write failed (the store is poisoned): nothing moved.
-    pub(super) fn gc_move_failed(&mut self, key: &[u8], seq: u64) {
-        self.collector.move_ended();
+    pub(super) fn gc_move_failed(&mut self, key: &[u8], seq: u64, cause: MoveCause) {
+        self.collector.move_ended(cause);
         self.seqs.flight_end(key, seq, false);
         self.release_guards(key_hash(key));
     }

@@ -13,8 +13,9 @@
 //!   memory holds, is never evicted and never replaced by an older one read from the device
 //!   (`page_loaded` asserts that a page read finds no image cached).
 //! - A page has at most one read under way: the first waiter of a page starts it, later ones
-//!   join `loading` (`wait`). One read may load two adjacent pages (a packed slot crossing a
-//!   page boundary, both missing); each of them is in `loading` until it completes.
+//!   join `loading` (`wait`). One read may load several adjacent pages (a packed slot crossing
+//!   a page boundary, both missing; a scan's run of consecutive pages, `load_page_runs`); each
+//!   of them is in `loading` until it completes.
 //! - A slot crossing a page is read and written only with both its pages cached. While a waiter
 //!   waits for one, the other, if cached, is pinned until the waiter has run (`companions`), so
 //!   that the waiter finds both and every wait makes progress however small the cache.

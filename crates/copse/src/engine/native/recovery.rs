@@ -181,7 +181,9 @@ struct Newest {
     loc: Loc,
     seq: u64,
     /// The record's durable watermark when written: of two copies of one version (a move's),
-    /// the later one carries the higher (or the same) mark.
+    /// the later one carries the higher (or the same) mark in normal operation. (A collector
+    /// move written while an open replays a batch may carry a lower one; either copy is then
+    /// kept, which is as correct: both are the version.)
     written_mark: u64,
     tombstone: bool,
 }

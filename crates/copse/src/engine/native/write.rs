@@ -644,7 +644,7 @@ impl NativeEngine {
                 }
                 self.part_prepare_failed(gsn, err);
             }
-            Effect::Moved { key, seq, .. } => self.gc_move_failed(&key, seq),
+            Effect::Moved { key, seq, cause, .. } => self.gc_move_failed(&key, seq, cause),
         }
     }
 
