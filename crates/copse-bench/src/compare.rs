@@ -527,6 +527,13 @@ pub fn run_summary(report: &RunReport) -> String {
             counts.combined, counts.found_busy, counts.reads_taken, counts.left_io_for_thread
         );
     }
+    if let Some(moves) = report.engine_figures.moves {
+        let _ = write!(
+            text,
+            " · records moved by the collector {}, side by side for scans {} ({} scans)",
+            moves.collected, moves.clustered, moves.cluster_runs
+        );
+    }
     text
 }
 

@@ -134,6 +134,20 @@ pub struct EngineFigures {
     /// copse: how its `get` callers reached their shards, since the store was opened.
     #[serde(default)]
     pub combining: Option<CombiningFigures>,
+    /// copse: records its append classes moved, since the store was opened.
+    #[serde(default)]
+    pub moves: Option<MoveFigures>,
+}
+
+/// Records copse's append classes moved, summed over shards and classes (`AppendFigures`).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct MoveFigures {
+    /// Moved by the collector, emptying blocks.
+    pub collected: u64,
+    /// Scans whose scattered items were queued to be put side by side.
+    pub cluster_runs: u64,
+    /// Moved side by side for scans.
+    pub clustered: u64,
 }
 
 /// Flat combining's counts summed over copse's shards (`ShardStats` has their meaning).
@@ -268,6 +282,14 @@ impl BenchEngine for CopseEngine {
                         left_io_for_thread: sum.left_io_for_thread
                             + shard.combine_left_io_for_thread,
                     }
+                })
+            }),
+            moves: native.then(|| {
+                let classes = stats.shards.iter().flat_map(|shard| shard.classes.iter());
+                classes.fold(MoveFigures::default(), |sum, class| MoveFigures {
+                    collected: sum.collected + class.append.gc_slots_moved,
+                    cluster_runs: sum.cluster_runs + class.append.cluster_runs,
+                    clustered: sum.clustered + class.append.cluster_slots_moved,
                 })
             }),
         })
