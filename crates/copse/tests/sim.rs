@@ -39,7 +39,8 @@
 //!   in-page class appends, in one-page blocks under a 1.2 space ceiling, with small values,
 //!   many deletes and rewrites of few keys, and completions held back (rarely, but for up to
 //!   400 reaps), so the collector moves records while their keys are deleted, rewritten and
-//!   moved again. Then a clean close and reopen, every key checked, more of the workload with a
+//!   moved again; scans of whole shards (every item checked as a get would be) cluster what
+//!   they read, so clustering moves race the same writes and the collector's moves. Then a clean close and reopen, every key checked, more of the workload with a
 //!   crash at an operation drawn from the seed (mostly inside a collection), recovery, every key
 //!   checked and a clean scrub.
 //! - **lost then crash** (a test of its own, `lost_writes_across_a_crash_are_measured`): silent
@@ -105,6 +106,12 @@ const SEEDS_FOR_POINT_COVERAGE_MIN: u64 = 500;
 
 fn key_name(key: usize) -> Vec<u8> {
     format!("k{key:02}").into_bytes()
+}
+
+/// The key `key_name` named so, if any.
+fn key_of_name(name: &[u8]) -> Option<usize> {
+    let key: usize = std::str::from_utf8(name.strip_prefix(b"k")?).ok()?.parse().ok()?;
+    (key < KEYS && key_name(key) == name).then_some(key)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -204,6 +211,8 @@ enum Pending {
     Delete(oneshot::Receiver<Result<bool, WriteError>>),
     Batch(oneshot::Receiver<Result<(), WriteError>>),
     Get(oneshot::Receiver<Result<Option<Vec<u8>>, ReadError>>),
+    /// A scan of the whole shard (the collector scenario: scans cluster what they read).
+    Scan(oneshot::Receiver<Result<Vec<copse::KeyValue>, ReadError>>),
 }
 
 struct Outstanding {
@@ -254,6 +263,9 @@ struct Totals {
     append_seeds: u64,
     gc_runs: u64,
     gc_slots_moved: u64,
+    /// Records scans had put side by side (clustering), and the scans' items checked.
+    cluster_slots_moved: u64,
+    scanned_items_checked: u64,
     crashes_during_gc: u64,
     /// Seeds whose disk held completions back, and the requests it held.
     hold_seeds: u64,
@@ -377,7 +389,7 @@ impl Sim {
     }
 
     /// The collector scenario's next key and operation (a roll as `issue` reads it: below 45 a
-    /// put, below 55 a delete, from 65 a get): hot keys rewritten all the time, so blocks fill,
+    /// put, below 55 a delete, from 65 a get, or half the time a scan of the key's shard): hot keys rewritten all the time, so blocks fill,
     /// die and get collected; the other keys deleted and written again as often, each every
     /// ~150 operations, so their records sit in victims while they stay live or deleted.
     fn collector_pick(&mut self) -> (usize, u32) {
@@ -437,6 +449,11 @@ impl Sim {
             }
             let (reply, rx) = oneshot::channel();
             (Request::Batch { ops, reply }, Pending::Batch(rx))
+        } else if self.collector_workload && roll >= 90 && self.rng.gen_bool(0.5) {
+            // The shard's every item: its scattered records of a class are clustered.
+            let (reply, rx) = oneshot::channel();
+            let (start, end) = (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded);
+            (Request::Scan { start, end, limit: KEYS, reply }, Pending::Scan(rx))
         } else {
             let (reply, rx) = oneshot::channel();
             (Request::Get { key: key_name(key), reply }, Pending::Get(rx))
@@ -472,6 +489,30 @@ impl Sim {
                     Err(_) => Err(ReadError::Closed),
                 };
                 self.read_answered(op.key, op.issued, now, result);
+                None
+            }
+            Pending::Scan(rx) => {
+                let result = match rx.try_recv() {
+                    Ok(None) => return false,
+                    Ok(Some(result)) => result,
+                    Err(_) => Err(ReadError::Closed),
+                };
+                match result {
+                    // Each item is checked as a get of its key would be (a key the scan left
+                    // out may have been deleted meanwhile: not checked).
+                    Ok(items) => {
+                        for (name, value) in items {
+                            let Some(key) = key_of_name(&name) else {
+                                self.violations
+                                    .push(format!("a scan returned a key never written: {name:?}"));
+                                continue;
+                            };
+                            self.totals.scanned_items_checked += 1;
+                            self.read_answered(key, op.issued, now, Ok(Some(value)));
+                        }
+                    }
+                    Err(err) => self.read_answered(op.key, op.issued, now, Err(err)),
+                }
                 None
             }
         };
@@ -769,6 +810,7 @@ impl Sim {
             for class in engine.stats().classes {
                 self.totals.gc_runs += class.append.gc_runs;
                 self.totals.gc_slots_moved += class.append.gc_slots_moved;
+                self.totals.cluster_slots_moved += class.append.cluster_slots_moved;
             }
         }
     }
@@ -1390,6 +1432,8 @@ impl Totals {
         self.append_seeds += other.append_seeds;
         self.gc_runs += other.gc_runs;
         self.gc_slots_moved += other.gc_slots_moved;
+        self.cluster_slots_moved += other.cluster_slots_moved;
+        self.scanned_items_checked += other.scanned_items_checked;
         self.crashes_during_gc += other.crashes_during_gc;
         self.hold_seeds += other.hold_seeds;
         self.held_requests += other.held_requests;
@@ -1483,6 +1527,12 @@ fn collector_moves_racing_deletes_and_rewrites_never_bring_a_key_back() {
         "the scenario moved {} records and held {} completions in {seeds} seeds",
         totals.gc_slots_moved,
         totals.held_requests
+    );
+    assert!(
+        totals.cluster_slots_moved > seeds && totals.scanned_items_checked > seeds * 10,
+        "scans clustered {} records and {} scanned items were checked in {seeds} seeds",
+        totals.cluster_slots_moved,
+        totals.scanned_items_checked
     );
 }
 
