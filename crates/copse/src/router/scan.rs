@@ -7,7 +7,7 @@
 //! came or went between the steps. Asking every shard for `limit` whole items instead reads up
 //! to `shards x limit` items to return `limit` (twice the reads on two shards). Reading a range,
 //! not a list of keys, tells the engine the items are neighbours, which the native engine uses
-//! to cluster them on disk (docs/placement.md, "Clustering").
+//! to cluster them on disk (docs/placement.md, "What it means for scans: clustering").
 //!
 //! Invariants:
 //! - The result is in key order, has no key twice (each key lives in one shard), and holds at

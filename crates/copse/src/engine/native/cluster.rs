@@ -1,6 +1,6 @@
 //! Clustering: a scan that finds its items scattered over an append class has them rewritten
 //! side by side, so that the next scan of that range reads a few consecutive pages instead of one
-//! page per item (issue 22, YCSB E; the guide is docs/placement.md, "Clustering").
+//! page per item (issue 22, YCSB E; the guide is docs/placement.md, "What it means for scans: clustering").
 //!
 //! Items are unsorted on disk (KVell): a scan of 50 one-KiB items reads ~50 pages where a sorted
 //! store reads ~13. The scan has just read and verified every item, in key order, so rewriting
