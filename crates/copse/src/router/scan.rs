@@ -164,9 +164,9 @@ impl Exec for IndexKeys {
 }
 
 /// Step two: one shard's items from the scan's start up to its last chosen key (`end`), read
-/// by the engine as one range (so that it sees them as neighbours: docs/placement.md,
-/// "Clustering"). Keys written between the steps may join; at most `limit` items, the most the
-/// merge can use.
+/// by the engine as one range (so that it sees them as neighbours: docs/placement.md, "What it
+/// means for scans: clustering"). Keys written between the steps may join; at most `limit`
+/// items, the most the merge can use.
 struct ReadRange {
     start: Bound<Vec<u8>>,
     end: Bound<Vec<u8>>,
