@@ -191,6 +191,7 @@ impl NativeEngine {
             limit,
         );
         let count = keys.len();
+        let entries: Vec<Entry> = keys.iter().map(|&(_, entry)| entry).collect();
         let id = self.scans.insert(ScanState {
             items: keys.into_iter().map(|(key, _)| (key, None)).collect(),
             read_at: vec![None; count],
@@ -203,8 +204,9 @@ impl NativeEngine {
             return;
         }
         let mut waiting = Vec::new();
-        for item in 0..count {
-            if let Some(loc) = self.scan_item_unless_paged(id, item) {
+        // The range's own entries: nothing changed the index since it was walked.
+        for (item, entry) in entries.into_iter().enumerate() {
+            if let Some(loc) = self.scan_item_at(id, item, Some(entry)) {
                 waiting.push((item, loc));
             }
         }
@@ -231,9 +233,18 @@ impl NativeEngine {
 
     /// Resolves a scan's item, or returns where it lies if some of its pages must be read first.
     fn scan_item_unless_paged(&mut self, scan: u64, item: usize) -> Option<Loc> {
-        let key = self.scans.get(scan).expect("item of an unknown scan").items[item].0.clone();
-        let entry = self.index.entry(&key);
-        match self.resolve_entry(&key, entry) {
+        let state = self.scans.get(scan).expect("item of an unknown scan");
+        let entry = self.index.entry(&state.items[item].0);
+        self.scan_item_at(scan, item, entry)
+    }
+
+    /// `scan_item_unless_paged`, given the item's index entry now.
+    fn scan_item_at(&mut self, scan: u64, item: usize, entry: Option<Entry>) -> Option<Loc> {
+        // Lent out of the scan while it is resolved (an empty box costs no allocation).
+        let key = std::mem::take(&mut self.scans.get_mut(scan).expect("item of a scan").items[item].0);
+        let resolved = self.resolve_entry(&key, entry);
+        self.scans.get_mut(scan).expect("item of a scan").items[item].0 = key;
+        match resolved {
             Resolved::Missing => self.scan_item_done(scan, item, None),
             Resolved::Value(value) => {
                 self.scans.get_mut(scan).expect("item of an unknown scan").read_at[item] = entry;
