@@ -82,6 +82,26 @@ fn scattered(class: SizeClass, locs: &[Loc]) -> bool {
     pages.len() > CLUSTER_SCATTER_MAX * packed_pages
 }
 
+/// The members (`locs[i]` where member `members[i]` lies, in key order) that lie outside every
+/// stretch of at least a page's worth of them side by side (each on the same page as the one
+/// before or the next): those stretches already read as a run of pages, and stay.
+fn scattered_members(class: SizeClass, members: &[usize], locs: &[Loc]) -> Vec<usize> {
+    let stretch_min = (PAGE_BYTES / class.slot_bytes as usize).max(2);
+    let pages: Vec<u64> = locs.iter().map(|loc| class.page_of_slot(loc.slot())).collect();
+    let mut out = Vec::new();
+    let mut start = 0;
+    for end in 1..=members.len() {
+        let breaks = end == members.len() || !(pages[end - 1]..=pages[end - 1] + 1).contains(&pages[end]);
+        if breaks {
+            if end - start < stretch_min {
+                out.extend_from_slice(&members[start..end]);
+            }
+            start = end;
+        }
+    }
+    out
+}
+
 impl NativeEngine {
     /// A scan read `items` of one range in key order, item `i` verified at `read_at[i]` (`None`:
     /// absent, or read directly from a multi-page slot). Queues, per append class, the items
@@ -118,9 +138,13 @@ impl NativeEngine {
             if !scattered(info, &locs) {
                 continue;
             }
-            // A long scan is clustered in its first `CLUSTER_MOVES_PER_ROUND_MAX` items: one
-            // round's moves.
+            // Only the items not already side by side move; a long scan is clustered in its
+            // first `CLUSTER_MOVES_PER_ROUND_MAX` of them: one round's moves.
+            let members = scattered_members(info, &members, &locs);
             let members = &members[..members.len().min(CLUSTER_MOVES_PER_ROUND_MAX)];
+            if members.is_empty() {
+                continue;
+            }
             let bytes: usize = members
                 .iter()
                 .map(|&i| {
@@ -176,5 +200,28 @@ impl NativeEngine {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stretches_of_a_page_or_more_side_by_side_stay_and_the_rest_moves() {
+        let class = SizeClass::for_record(1_079); // 1 KiB items: 1,088-byte slots, ~3.8 a page
+        assert_eq!(PAGE_BYTES / class.slot_bytes as usize, 3);
+        let slots = [0, 1, 2, 3, 4, 100, 200, 201, 400, 401, 402, 900];
+        let locs: Vec<Loc> = slots.iter().map(|&slot| Loc::new(class.id, slot, 0)).collect();
+        let members: Vec<usize> = (0..slots.len()).collect();
+        // 0..=4 lie on two adjacent pages and 400..=402 on one or two: both stay. 100 is alone,
+        // 200 and 201 are two (under a page's worth), 900 is alone: they move.
+        assert_eq!(scattered_members(class, &members, &locs), vec![5, 6, 7, 11]);
+        assert!(!scattered(class, &locs), "12 items on 6 or 7 pages, under twice the 4 they fill");
+        let far_apart: Vec<Loc> = (0..12).map(|i| Loc::new(class.id, i * 100, 0)).collect();
+        assert!(scattered(class, &far_apart), "12 items on 12 pages");
+        let side_by_side: Vec<Loc> = (0..12).map(|slot| Loc::new(class.id, slot, 0)).collect();
+        assert!(!scattered(class, &side_by_side));
+        assert!(scattered_members(class, &members[..12], &side_by_side).is_empty());
     }
 }
