@@ -4,7 +4,8 @@
 //!
 //! Items are unsorted on disk (KVell): a scan of 50 one-KiB items reads ~50 pages where a sorted
 //! store reads ~13. The scan has just read and verified every item, in key order, so rewriting
-//! the scattered ones through the append path costs no read: they take consecutive slots of the
+//! the scattered ones (those outside stretches of a page's worth already side by side,
+//! `scattered_members`) through the append path costs no read: they take consecutive slots of the
 //! class's open block, and the collector later frees the slots they left, like any other dead
 //! slot. A range read once scattered is then clustered for every later scan, until its items are
 //! updated (each update appends where the writes of its round go).
