@@ -14,6 +14,25 @@ fn key(i: u32) -> Vec<u8> {
     format!("key{i:06}").into_bytes()
 }
 
+/// The number `key` wrote into a key.
+fn number_of(key: &[u8]) -> u32 {
+    std::str::from_utf8(&key[3..]).unwrap().parse().unwrap()
+}
+
+/// A scan's items are in key order with no key twice, and hold every one of `stable` (keys
+/// present throughout) up to the last key returned.
+fn assert_ordered_and_complete(
+    items: &[(Vec<u8>, Vec<u8>)],
+    stable: impl Iterator<Item = Vec<u8>>,
+) {
+    let returned: Vec<&Vec<u8>> = items.iter().map(|(k, _)| k).collect();
+    assert!(returned.windows(2).all(|pair| pair[0] < pair[1]), "ordered, no duplicates");
+    let last = returned.last().unwrap().to_vec();
+    for stable in stable.filter(|k| *k <= last) {
+        assert!(returned.contains(&&stable), "stable key {stable:?} skipped");
+    }
+}
+
 #[test]
 fn a_scan_reads_only_the_items_it_returns() {
     const ITEMS: u32 = 6000;
@@ -66,17 +85,9 @@ fn scans_stay_full_and_ordered_while_keys_are_deleted() {
         let items = db.scan(.., LIMIT).unwrap();
         scans += 1;
         assert_eq!(items.len(), LIMIT, "1,000 even keys never go away: a scan is never short");
-        let last = items.last().unwrap().0.clone();
-        let returned: Vec<&Vec<u8>> = items.iter().map(|(k, _)| k).collect();
-        assert!(returned.windows(2).all(|pair| pair[0] < pair[1]), "ordered, no duplicates");
-        let evens_up_to_last: Vec<Vec<u8>> =
-            (0..ITEMS).step_by(2).map(key).filter(|k| *k <= last).collect();
-        for even in &evens_up_to_last {
-            assert!(returned.contains(&even), "stable key {even:?} skipped");
-        }
+        assert_ordered_and_complete(&items, (0..ITEMS).step_by(2).map(key));
         for (k, v) in &items {
-            let i: u32 = std::str::from_utf8(&k[3..]).unwrap().parse().unwrap();
-            assert_eq!(v, format!("value{i}").as_bytes());
+            assert_eq!(v, format!("value{}", number_of(k)).as_bytes());
         }
     }
     deleter.join().unwrap();
@@ -111,12 +122,7 @@ fn scans_stay_full_and_ordered_while_keys_are_inserted() {
         let items = db.scan(.., LIMIT).unwrap();
         scans += 1;
         assert_eq!(items.len(), LIMIT, "a scan of a range of 1,000 or more keys is full");
-        let returned: Vec<&Vec<u8>> = items.iter().map(|(k, _)| k).collect();
-        assert!(returned.windows(2).all(|pair| pair[0] < pair[1]), "ordered, no duplicates");
-        let last = returned.last().unwrap().to_vec();
-        for stable in (0..STABLE).map(|i| key(2 * i)).filter(|k| *k <= last) {
-            assert!(returned.contains(&&stable), "stable key {stable:?} skipped");
-        }
+        assert_ordered_and_complete(&items, (0..STABLE).map(|i| key(2 * i)));
     }
     inserter.join().unwrap();
     assert_eq!(db.scan(.., 3 * STABLE as usize).unwrap().len(), 2 * STABLE as usize);
@@ -237,11 +243,7 @@ fn clustering_moves_never_bring_back_an_older_version() {
                 let mut start = scanner * 1500;
                 while !done.load(Ordering::SeqCst) {
                     for (k, v) in db.scan(key(start).., 120).unwrap() {
-                        let tag = format!(
-                            "k{}v",
-                            std::str::from_utf8(&k[3..]).unwrap().trim_start_matches('0')
-                        );
-                        let tag = if tag == "kv" { "k0v".to_string() } else { tag };
+                        let tag = format!("k{}v", number_of(&k));
                         assert!(v.starts_with(tag.as_bytes()), "{k:?} holds another key's value");
                     }
                     start = (start + 97) % ITEMS;

@@ -73,22 +73,26 @@ impl Clusters {
     }
 }
 
-/// Whether `locs` (one class's slots, at least `CLUSTER_ITEMS_MIN`) lie on more than
-/// `CLUSTER_SCATTER_MAX` times the pages they would fill side by side.
-fn scattered(class: SizeClass, locs: &[Loc]) -> bool {
-    let mut pages: Vec<u64> = locs.iter().map(|loc| class.page_of_slot(loc.slot())).collect();
-    pages.sort_unstable();
-    pages.dedup();
-    let packed_pages = (locs.len() * class.slot_bytes as usize).div_ceil(PAGE_BYTES);
-    pages.len() > CLUSTER_SCATTER_MAX * packed_pages
+/// The first page of each of `locs` (one class's slots).
+fn pages_of(class: SizeClass, locs: impl Iterator<Item = Loc>) -> Vec<u64> {
+    locs.map(|loc| class.page_of_slot(loc.slot())).collect()
 }
 
-/// The members (`locs[i]` where member `members[i]` lies, in key order) that lie outside every
+/// Whether items of `class` lying on `pages` (at least `CLUSTER_ITEMS_MIN`) lie on more than
+/// `CLUSTER_SCATTER_MAX` times the pages they would fill side by side.
+fn scattered(class: SizeClass, pages: &[u64]) -> bool {
+    let mut distinct = pages.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let packed_pages = (pages.len() * class.slot_bytes as usize).div_ceil(PAGE_BYTES);
+    distinct.len() > CLUSTER_SCATTER_MAX * packed_pages
+}
+
+/// The members (member `members[i]` lies on page `pages[i]`, in key order) that lie outside every
 /// stretch of at least a page's worth of them side by side (each on the same page as the one
 /// before or the next): those stretches already read as a run of pages, and stay.
-fn scattered_members(class: SizeClass, members: &[usize], locs: &[Loc]) -> Vec<usize> {
+fn scattered_members(class: SizeClass, members: &[usize], pages: &[u64]) -> Vec<usize> {
     let stretch_min = (PAGE_BYTES / class.slot_bytes as usize).max(2);
-    let pages: Vec<u64> = locs.iter().map(|loc| class.page_of_slot(loc.slot())).collect();
     let mut out = Vec::new();
     let mut start = 0;
     for end in 1..=members.len() {
@@ -134,14 +138,14 @@ impl NativeEngine {
             if members.len() < CLUSTER_ITEMS_MIN {
                 continue;
             }
-            let locs: Vec<Loc> =
-                members.iter().map(|&i| read_at[i].expect("a member was read").loc).collect();
-            if !scattered(info, &locs) {
+            let pages =
+                pages_of(info, members.iter().map(|&i| read_at[i].expect("a member was read").loc));
+            if !scattered(info, &pages) {
                 continue;
             }
             // Only the items not already side by side move; a long scan is clustered in its
             // first `CLUSTER_MOVES_PER_ROUND_MAX` of them: one round's moves.
-            let members = scattered_members(info, &members, &locs);
+            let members = scattered_members(info, &members, &pages);
             let members = &members[..members.len().min(CLUSTER_MOVES_PER_ROUND_MAX)];
             if members.is_empty() {
                 continue;
@@ -213,15 +217,15 @@ mod tests {
         let class = SizeClass::for_record(1_079); // 1 KiB items: 1,088-byte slots, ~3.8 a page
         assert_eq!(PAGE_BYTES / class.slot_bytes as usize, 3);
         let slots = [0, 1, 2, 3, 4, 100, 200, 201, 400, 401, 402, 900];
-        let locs: Vec<Loc> = slots.iter().map(|&slot| Loc::new(class.id, slot, 0)).collect();
+        let pages = pages_of(class, slots.iter().map(|&slot| Loc::new(class.id, slot, 0)));
         let members: Vec<usize> = (0..slots.len()).collect();
         // 0..=4 lie on two adjacent pages and 400..=402 on one or two: both stay. 100 is alone,
         // 200 and 201 are two (under a page's worth), 900 is alone: they move.
-        assert_eq!(scattered_members(class, &members, &locs), vec![5, 6, 7, 11]);
-        assert!(!scattered(class, &locs), "12 items on 6 or 7 pages, under twice the 4 they fill");
-        let far_apart: Vec<Loc> = (0..12).map(|i| Loc::new(class.id, i * 100, 0)).collect();
+        assert_eq!(scattered_members(class, &members, &pages), vec![5, 6, 7, 11]);
+        assert!(!scattered(class, &pages), "12 items on 6 or 7 pages, under twice the 4 they fill");
+        let far_apart = pages_of(class, (0..12).map(|i| Loc::new(class.id, i * 100, 0)));
         assert!(scattered(class, &far_apart), "12 items on 12 pages");
-        let side_by_side: Vec<Loc> = (0..12).map(|slot| Loc::new(class.id, slot, 0)).collect();
+        let side_by_side = pages_of(class, (0..12).map(|slot| Loc::new(class.id, slot, 0)));
         assert!(!scattered(class, &side_by_side));
         assert!(scattered_members(class, &members[..12], &side_by_side).is_empty());
     }
