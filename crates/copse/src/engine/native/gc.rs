@@ -514,3 +514,25 @@ impl NativeEngine {
         self.writes.settles_to_flush();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the collection's own moves hold it open: scans that issue clustering moves every
+    /// round (cluster.rs) would otherwise keep a collection from ever ending, and with it every
+    /// later one, while the file grows past its ceiling.
+    #[test]
+    fn clustering_moves_in_flight_do_not_hold_a_collection_open() {
+        let mut collector = Collector::new(vec![Placement::Append; CLASS_COUNT], 4, 1.5);
+        collector.move_started(MoveCause::Collect);
+        collector.move_started(MoveCause::Cluster);
+        collector.move_started(MoveCause::Cluster);
+        assert_eq!(collector.moves_in_flight, 1, "the collection waits for its own move only");
+        collector.move_ended(MoveCause::Cluster);
+        collector.move_ended(MoveCause::Collect);
+        assert_eq!(collector.moves_in_flight, 0, "its move is durable: it may end");
+        collector.move_ended(MoveCause::Cluster);
+        assert_eq!(collector.moves_in_flight, 0);
+    }
+}
