@@ -32,11 +32,11 @@ for _ in $(seq 50); do
     sleep 0.2
 done
 redis-benchmark -p "$port" -t set -d 1024 -c 50 -P 16 -n 200000 -r 100000 -q >/dev/null
-redis-benchmark -p "$port" -t "$op" -d 1024 -c 50 -P 16 -n 6000000 -r 100000 -q \
+redis-benchmark -p "$port" -t "$op" -d 1024 -c 50 -P "${PIPELINE:-16}" -n 6000000 -r 100000 -q \
     >"$dir/$name.bench.txt" 2>&1 &
 bench=$!
 sleep 3
-perf record -g -F 999 -p "$server" -o "$dir/$name.data" -- sleep 10 2>/dev/null
+perf record ${PERF_CALL_GRAPH:--g} -F ${PERF_FREQ:-999} -p "$server" -o "$dir/$name.data" -- sleep ${PERF_SECONDS:-10} 2>/dev/null
 kill "$bench" 2>/dev/null || true
 wait "$bench" 2>/dev/null || true
 redis-cli -p "$port" info stats | grep -E "reply_backpressure|parser_examined" >"$dir/$name.info.txt" || true

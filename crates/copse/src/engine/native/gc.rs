@@ -447,7 +447,14 @@ impl NativeEngine {
         let hash = key_hash(key);
         // A put left behind is a stale copy of its key until its slot is written again.
         let tag = (!tombstone).then_some(hash);
-        if !self.gc_still_live(from, key, seq, tombstone) {
+        // One index lookup checks the record is still live and points the key at its new slot.
+        let live = if tombstone {
+            self.seqs.guards_at(from, key)
+        } else {
+            let expected = Entry { loc: from, seq };
+            self.index.replace_if(key, expected, to) == Some(expected)
+        };
+        if !live {
             // The copy must stay below something newer of its key: the key's live record, a
             // tombstone kept for it, or a write of it still in flight.
             let covered = tombstone
@@ -466,13 +473,6 @@ impl NativeEngine {
             self.seqs.move_guard(key, from, to);
             self.release_slot(from, tag, false);
         } else {
-            let old = self.index.insert(key, to, seq);
-            // A move carries the live record as it is: same seq, from where the index pointed.
-            assert!(
-                old.is_some_and(|old| old.seq == seq && old.loc == from),
-                "shard {}: the collector moved seq {seq} of a key from {from:?} to {to:?}, but the                  index held {old:?}",
-                self.shard_id
-            );
             self.release_slot(from, tag, false);
         }
         let figures = &mut self.collector.append_mut(to.class()).expect("append").figures;

@@ -17,9 +17,10 @@
 //!   open block.
 //! - The open block's slots at and past the cursor were not handed out since it was opened, so
 //!   their bytes on disk are dead (or zero).
-//! - A dead slot that still holds a stale copy of a key keeps the key's hash in `dead_tags` until
-//!   the slot is handed out again; the write over it releases the tag once durable, so the key's
-//!   tombstone outlives the copy (invariant 4 of mod.rs).
+//! - A dead slot that still holds a stale copy of a key keeps the key's hash in its block's
+//!   `BlockTags` until the slot is handed out again; the write over it releases the tag once
+//!   durable, so the key's tombstone outlives the copy (invariant 4 of mod.rs). A slot is tagged
+//!   at most once (asserted when its block is opened, the tags sorted by slot).
 //! - Slots are handed out in increasing order within a block, so the pages a block gets written
 //!   to are imaged in increasing order (`ClassFile::fresh_pages` relies on it).
 
@@ -27,7 +28,6 @@ use std::collections::{BTreeSet, BinaryHeap};
 
 use super::format::SizeClass;
 pub use crate::engine::placement::{AppendFigures, Placement};
-use crate::hash::HashMap;
 
 /// The cost model behind `auto` (docs/placement.md): an in-place write of an item costs one
 /// random page write; an appended one costs its share of a sequential page, times what the
@@ -68,6 +68,19 @@ struct Block {
     queued: bool,
 }
 
+/// The stale key hashes of one block's dead slots, by slot offset in the block. Kept per block,
+/// not in one map by slot: a release appends to its block's list and the reopened block hands
+/// its slots out in order, so the tags are read back in order too, with no hash probe into a map
+/// as large as the class's dead slots (two cache misses per overwritten record under a write load).
+#[derive(Debug, Default)]
+struct BlockTags {
+    /// Tags of slots released since the block was last opened, in release order.
+    released: Vec<(u32, u64)>,
+    /// While the block is open: the tags it held when opened, sorted by decreasing offset, so
+    /// the next slot handed out finds its tag (if any) at the end.
+    opened: Vec<(u32, u64)>,
+}
+
 /// One append class's blocks.
 pub(super) struct AppendClass {
     class: SizeClass,
@@ -76,7 +89,8 @@ pub(super) struct AppendClass {
     /// The open block and its cursor (the next slot to hand out).
     open: Option<(u32, u64)>,
     free_blocks: BTreeSet<u32>,
-    dead_tags: HashMap<u64, u64>,
+    /// Per block, beside `blocks` (which stays `Copy`).
+    tags: Vec<BlockTags>,
     /// Blocks whose dead count changed since the heap last saw them.
     changed: Vec<u32>,
     heap: BinaryHeap<(u32, std::cmp::Reverse<u32>)>,
@@ -114,7 +128,7 @@ impl AppendClass {
             blocks: Vec::new(),
             open: None,
             free_blocks: BTreeSet::new(),
-            dead_tags: HashMap::default(),
+            tags: Vec::new(),
             changed: Vec::new(),
             heap: BinaryHeap::new(),
             used_slots: 0,
@@ -125,6 +139,7 @@ impl AppendClass {
             let first = block * slots_per_block;
             let used = frontier.saturating_sub(first).min(slots_per_block);
             append.blocks.push(Block { used: used as u32, ..Block::default() });
+            append.tags.push(BlockTags::default());
             append.used_slots += used;
         }
         let frontier_block = frontier / slots_per_block;
@@ -207,9 +222,11 @@ impl AppendClass {
             if !self.free_blocks.remove(&block) {
                 assert_eq!(block as usize, self.blocks.len(), "a new block is the next one");
                 self.blocks.push(Block::default());
+                self.tags.push(BlockTags::default());
             }
             assert_eq!(self.blocks[block as usize].used, 0, "an opened block holds nothing live");
             self.open = Some((block, next.slot));
+            self.sort_tags(block);
         }
         let (block, cursor) = self.open.as_mut().expect("opened above");
         assert_eq!(*cursor, next.slot);
@@ -217,7 +234,32 @@ impl AppendClass {
         let block = *block;
         self.blocks[block as usize].used += 1;
         self.used_slots += 1;
-        (next.slot, self.dead_tags.remove(&next.slot))
+        let offset = (next.slot - self.first_slot(block)) as u32;
+        let opened = &mut self.tags[block as usize].opened;
+        let tag = match opened.last() {
+            Some(&(tagged, tag)) if tagged == offset => {
+                opened.pop();
+                Some(tag)
+            }
+            Some(&(tagged, _)) => {
+                assert!(tagged > offset, "the tag of slot {tagged} of block {block} was passed");
+                None
+            }
+            None => None,
+        };
+        (next.slot, tag)
+    }
+
+    /// A block is opened from its first slot (every slot dead): its tags, sorted for `take`.
+    fn sort_tags(&mut self, block: u32) {
+        let tags = &mut self.tags[block as usize];
+        assert!(tags.opened.is_empty(), "block {block} reopened before its tags were taken");
+        let mut opened = std::mem::take(&mut tags.released);
+        opened.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        if let Some(pair) = opened.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+            panic!("slot {} of block {block} was tagged twice", pair[0].0);
+        }
+        tags.opened = opened;
     }
 
     /// The open block is full: it becomes a victim candidate, or free if nothing in it lives.
@@ -238,8 +280,8 @@ impl AppendClass {
         state.blocked = false;
         self.used_slots -= 1;
         if let Some(tag) = tag {
-            let previous = self.dead_tags.insert(slot, tag);
-            assert!(previous.is_none(), "a dead slot tagged twice");
+            let offset = (slot - self.first_slot(block)) as u32;
+            self.tags[block as usize].released.push((offset, tag));
         }
         if self.is_open(block) {
             return;
@@ -324,6 +366,7 @@ impl AppendClass {
         while self.blocks.len() < blocks {
             let block = self.blocks.len() as u32;
             self.blocks.push(Block::default());
+            self.tags.push(BlockTags::default());
             if !self.is_open(block) {
                 self.free_blocks.insert(block);
             }
@@ -385,6 +428,52 @@ mod tests {
         let tags: Vec<Option<u64>> = (0..16).map(|_| append.take().1).collect();
         assert_eq!(tags[5], Some(9));
         assert_eq!(tags.iter().flatten().count(), 1);
+    }
+
+    #[test]
+    fn tags_released_in_any_order_come_back_with_their_slots_at_every_reopening() {
+        let mut append = AppendClass::new(class(), 1, 0, 0);
+        for _ in 0..16 {
+            append.take();
+        }
+        append.take(); // seals block 0, opens block 1
+        // Block 0's slots die in scrambled order, a few carrying tags.
+        for slot in [9, 2, 15, 0, 7, 11, 4, 13, 1, 3, 5, 6, 8, 10, 12, 14] {
+            append.release(slot, (slot % 3 == 0).then_some(100 + slot));
+        }
+        // Block 1: the slot taken above dies while its block is open (behind the cursor).
+        append.release(16, Some(116));
+        for _ in 17..32 {
+            append.take();
+        }
+        let tags: Vec<(u64, Option<u64>)> = (0..16).map(|_| append.take()).collect();
+        let want: Vec<(u64, Option<u64>)> =
+            (0..16).map(|slot| (slot, (slot % 3 == 0).then_some(100 + slot))).collect();
+        assert_eq!(tags, want);
+        // Block 1 (its other slots die untagged) reopens with slot 16's tag.
+        for slot in 17..32 {
+            append.release(slot, None);
+        }
+        let reopened: Vec<(u64, Option<u64>)> = (0..16).map(|_| append.take()).collect();
+        assert_eq!(reopened[0], (16, Some(116)));
+        assert!(reopened[1..].iter().all(|(_, tag)| tag.is_none()));
+    }
+
+    #[test]
+    #[should_panic(expected = "tagged twice")]
+    fn a_slot_tagged_twice_is_caught_when_its_block_reopens() {
+        let mut append = AppendClass::new(class(), 1, 0, 0);
+        for _ in 0..17 {
+            append.take();
+        }
+        for slot in 0..16 {
+            append.release(slot, Some(slot));
+        }
+        append.tags[0].released.push((3, 3));
+        for _ in 17..32 {
+            append.take();
+        }
+        append.take();
     }
 
     #[test]

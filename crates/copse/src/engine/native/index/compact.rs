@@ -205,6 +205,22 @@ impl CompactIndex {
         None
     }
 
+    /// Points `key` at `loc` with the same seq if its entry is still `expected`, with one lookup
+    /// (the collector's check and update of a moved record). Returns the entry the key had:
+    /// `Some(expected)` when it was replaced.
+    pub fn replace_if(&mut self, key: &[u8], expected: Entry, loc: Loc) -> Option<Entry> {
+        let (block, old, value) = self.find(key, hash_key(self.seed, key))?;
+        if old != expected {
+            return Some(old);
+        }
+        let base = get_varint(&self.blocks[block as usize], &mut 0);
+        let mut replacement = Vec::with_capacity(24);
+        put_value(&mut replacement, Entry { loc, seq: old.seq }, base);
+        self.splice(block, value, &replacement);
+        self.split_if_full(block);
+        Some(old)
+    }
+
     pub fn remove(&mut self, key: &[u8]) -> Option<Loc> {
         let hash = hash_key(self.seed, key);
         let (block, entry, _) = self.find(key, hash)?;
