@@ -24,6 +24,7 @@ use std::borrow::Cow;
 
 use super::cache::{PageCache, PageKey};
 use super::format::{Loc, SizeClass, SlotSpan};
+use super::index::Entry;
 use super::{IoPurpose, NativeEngine, WriteId};
 use crate::device::{AlignedBuf, DeviceError, IoCompletion, IoKind};
 use crate::engine::Reply;
@@ -34,7 +35,8 @@ use crate::limits::{PAGE_BYTES, READ_PAGES_PER_IO_MAX, WRITE_PAGES_PER_IO_MAX};
 /// Who waits for a page image being read.
 pub(super) enum PageWaiter {
     Place { write: WriteId, record: Vec<u8> },
-    Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError> },
+    /// `entry`: the index's, looked up when its index `changes` count was this.
+    Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError>, entry: Entry, changes: u64 },
     ScanItem { scan: u64, item: usize },
     ChainPop { class: u8, chain: usize, slot: u64 },
 }
@@ -365,7 +367,9 @@ impl NativeEngine {
     fn run_page_waiter(&mut self, waiter: PageWaiter) {
         match waiter {
             PageWaiter::Place { write, record } => self.place_in_pages(record, write),
-            PageWaiter::Get { key, reply } => self.get(key, reply),
+            PageWaiter::Get { key, reply, entry, changes } => {
+                self.get_after_pages(key, reply, entry, changes)
+            }
             PageWaiter::ScanItem { scan, item } => self.scan_item(scan, item),
             PageWaiter::ChainPop { class, chain, slot } => self.pop_chain_head(class, chain, slot),
         }

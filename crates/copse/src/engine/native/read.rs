@@ -59,8 +59,9 @@ enum Resolved {
     Missing,
     Value(Vec<u8>),
     Failed(ReadError),
-    /// The record's pages (some not cached) must be read first.
-    NeedPages(Loc),
+    /// The record's pages (some not cached) must be read first; the index's entry, and its
+    /// `changes` count when it was looked up.
+    NeedPages(Entry, u64),
     NeedRead(Loc),
 }
 
@@ -93,7 +94,7 @@ impl NativeEngine {
         let layout = file.layout;
         let bytes = match self.pages.read_slot(class, span) {
             Ok(bytes) => bytes,
-            Err(_) => return Resolved::NeedPages(loc),
+            Err(_) => return Resolved::NeedPages(Entry { loc, seq }, self.index.changes()),
         };
         match verify_value(&bytes, layout, shard_id, loc, class.slot_bytes as usize, key, seq) {
             Ok(value) => Resolved::Value(value),
@@ -103,6 +104,22 @@ impl NativeEngine {
 
     pub(super) fn get(&mut self, key: Vec<u8>, reply: GetReply) {
         let resolved = self.resolve(&key);
+        self.answer_get(key, reply, resolved);
+    }
+
+    /// A get whose record's pages were read: answered from `entry` if the index has not
+    /// changed since it was looked up (`CompactIndex::changes`), else looked up again.
+    pub(super) fn get_after_pages(
+        &mut self,
+        key: Vec<u8>,
+        reply: GetReply,
+        entry: Entry,
+        changes: u64,
+    ) {
+        if self.index.changes() != changes {
+            return self.get(key, reply);
+        }
+        let resolved = self.resolve_entry(&key, Some(entry));
         self.answer_get(key, reply, resolved);
     }
 
@@ -146,7 +163,9 @@ impl NativeEngine {
             Resolved::Failed(err) => {
                 let _ = reply.send(Err(err));
             }
-            Resolved::NeedPages(loc) => self.wait_slot(loc, PageWaiter::Get { key, reply }),
+            Resolved::NeedPages(entry, changes) => {
+                self.wait_slot(entry.loc, PageWaiter::Get { key, reply, entry, changes })
+            }
             Resolved::NeedRead(loc) => self.read_record(loc, DirectRead::Get { key, loc, reply }),
         }
     }
@@ -251,7 +270,7 @@ impl NativeEngine {
                 self.scan_item_done(scan, item, Some(value))
             }
             Resolved::Failed(err) => self.scan_item_failed(scan, err),
-            Resolved::NeedPages(loc) => return Some(loc),
+            Resolved::NeedPages(entry, _) => return Some(entry.loc),
             Resolved::NeedRead(loc) => {
                 self.read_record(loc, DirectRead::ScanItem { scan, item, loc })
             }

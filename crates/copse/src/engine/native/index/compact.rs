@@ -74,6 +74,8 @@ pub struct CompactIndex {
     block_bytes_max: usize,
     /// The slot-table hash's seed (`new_seed`).
     seed: u64,
+    /// Inserts, updates and removes so far (`changes`).
+    changes: u64,
 }
 
 impl Default for CompactIndex {
@@ -101,6 +103,7 @@ impl CompactIndex {
             fence_key_bytes: 0,
             block_bytes_max,
             seed: new_seed(),
+            changes: 0,
         }
     }
 
@@ -136,6 +139,7 @@ impl CompactIndex {
             self.add_fence(&fence, block);
         }
         self.items = items;
+        self.changes += 1;
         self.rebuild_slots(items);
     }
 
@@ -177,6 +181,13 @@ impl CompactIndex {
         }));
     }
 
+    /// A count that moves with every insert, update and remove: an entry looked up while it
+    /// read some value still stands exactly as long as this has not moved since (a read that
+    /// waited for its page skips its second lookup).
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
     pub fn contains(&self, key: &[u8]) -> bool {
         self.entry(key).is_some()
     }
@@ -185,6 +196,7 @@ impl CompactIndex {
     pub fn insert(&mut self, key: &[u8], loc: Loc, seq: u64) -> Option<Entry> {
         let entry = Entry { loc, seq };
         let hash = hash_key(self.seed, key);
+        self.changes += 1;
         if let Some((block, old, value)) = self.find(key, hash) {
             // An update: only the value's bytes change, where the lookup found them.
             let bytes = &self.blocks[block as usize];
@@ -213,6 +225,7 @@ impl CompactIndex {
         if old != expected {
             return Some(old);
         }
+        self.changes += 1;
         let base = get_varint(&self.blocks[block as usize], &mut 0);
         let mut replacement = Vec::with_capacity(24);
         put_value(&mut replacement, Entry { loc, seq: old.seq }, base);
@@ -224,6 +237,7 @@ impl CompactIndex {
     pub fn remove(&mut self, key: &[u8]) -> Option<Loc> {
         let hash = hash_key(self.seed, key);
         let (block, entry, _) = self.find(key, hash)?;
+        self.changes += 1;
         let old = self.rewrite(block, key, None);
         assert_eq!(old, Some(entry));
         self.slot_move(hash, block, None);
@@ -685,6 +699,36 @@ mod tests {
 
     fn loc(i: u64) -> Loc {
         Loc::new((i % 40) as u8, i % (1 << 40), (i % 3 * 1000) as u32)
+    }
+
+    #[test]
+    fn replace_if_moves_only_the_expected_entry_and_changes_counts_every_edit() {
+        let mut index = CompactIndex::default();
+        let mut changes = index.changes();
+        let mut step = |index: &CompactIndex, moved: bool| {
+            assert_eq!(index.changes() > changes, moved);
+            changes = index.changes();
+        };
+        index.insert(b"a", loc(1), 7);
+        step(&index, true);
+        index.insert(b"a", loc(2), 8);
+        step(&index, true);
+        assert_eq!(index.entry(b"a"), Some(Entry { loc: loc(2), seq: 8 }));
+        step(&index, false);
+        // Not the expected entry (seq or loc differ), or no entry: nothing changes.
+        let stale = Entry { loc: loc(2), seq: 7 };
+        assert_eq!(index.replace_if(b"a", stale, loc(3)), Some(Entry { loc: loc(2), seq: 8 }));
+        assert_eq!(index.replace_if(b"a", Entry { loc: loc(1), seq: 8 }, loc(3)).unwrap().loc, loc(2));
+        assert_eq!(index.replace_if(b"b", stale, loc(3)), None);
+        step(&index, false);
+        let live = Entry { loc: loc(2), seq: 8 };
+        assert_eq!(index.replace_if(b"a", live, loc(3)), Some(live));
+        step(&index, true);
+        assert_eq!(index.entry(b"a"), Some(Entry { loc: loc(3), seq: 8 }), "same seq, new place");
+        index.remove(b"b");
+        step(&index, false);
+        index.remove(b"a");
+        step(&index, true);
     }
 
     /// Checks every answer of `index` against `model`, and the index's own invariants.
