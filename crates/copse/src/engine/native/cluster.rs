@@ -71,6 +71,26 @@ impl Clusters {
         self.runs.clear();
         self.queued_bytes = 0;
     }
+
+    /// Queues one run of `moves` (one class), which `queued_bytes_of` counts at `bytes`, unless
+    /// that would take the queue past `CLUSTER_QUEUED_BYTES_MAX`. Returns whether it was queued.
+    fn queue(&mut self, class: u8, moves: Vec<Candidate>, bytes: usize) -> bool {
+        if self.queued_bytes + bytes > CLUSTER_QUEUED_BYTES_MAX {
+            return false;
+        }
+        self.queued_bytes += bytes;
+        assert!(self.queued_bytes <= CLUSTER_QUEUED_BYTES_MAX);
+        self.runs.push_back(Run { class, moves, bytes });
+        true
+    }
+}
+
+/// What one queued move of a `key_bytes` key and a `value_bytes` value counts against
+/// `CLUSTER_QUEUED_BYTES_MAX`: its record's size (the key and value it holds, plus the header it
+/// does not, which covers the allocator's rounding) and its bookkeeping. Checked against the
+/// bytes actually allocated by a unit test.
+fn queued_bytes_of(key_bytes: usize, value_bytes: usize) -> usize {
+    record_bytes(key_bytes, value_bytes) + CANDIDATE_BYTES
 }
 
 /// The first page of each of `locs` (one class's slots).
@@ -152,15 +172,12 @@ impl NativeEngine {
             }
             let bytes: usize = members
                 .iter()
-                .map(|&i| {
-                    let value_bytes = items[i].1.as_ref().map_or(0, Vec::len);
-                    record_bytes(items[i].0.len(), value_bytes) + CANDIDATE_BYTES
-                })
+                .map(|&i| queued_bytes_of(items[i].0.len(), items[i].1.as_ref().map_or(0, Vec::len)))
                 .sum();
             if self.clusters.queued_bytes + bytes > CLUSTER_QUEUED_BYTES_MAX {
                 continue;
             }
-            let moves = members
+            let moves: Vec<Candidate> = members
                 .iter()
                 .map(|&i| {
                     let Entry { loc, seq } = read_at[i].expect("a member was read");
@@ -168,9 +185,7 @@ impl NativeEngine {
                     Candidate::put(loc.slot(), items[i].0.clone(), value, seq)
                 })
                 .collect();
-            self.clusters.queued_bytes += bytes;
-            assert!(self.clusters.queued_bytes <= CLUSTER_QUEUED_BYTES_MAX);
-            self.clusters.runs.push_back(Run { class, moves, bytes });
+            assert!(self.clusters.queue(class, moves, bytes), "checked above");
             let append = self.collector.append_mut(class).expect("an append class");
             append.figures.cluster_runs += 1;
         }
@@ -211,6 +226,49 @@ impl NativeEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc_count::thread_allocated_bytes;
+
+    /// `CLUSTER_QUEUED_BYTES_MAX` bounds the memory the queue holds: filled with runs (built as
+    /// `consider_cluster` builds them) until it refuses one, the queue, its runs, their
+    /// candidates, keys and values take no more than the bound, as the allocator counts them.
+    #[test]
+    fn the_queue_holds_no_more_memory_than_its_bound() {
+        let cases = [
+            (23, 1024, CLUSTER_ITEMS_MIN),
+            (23, 1024, CLUSTER_MOVES_PER_ROUND_MAX),
+            (8, 16, CLUSTER_ITEMS_MIN),
+            (200, 4000, CLUSTER_ITEMS_MIN),
+        ];
+        for (key_bytes, value_bytes, run_moves) in cases {
+            let key: Box<[u8]> = vec![b'k'; key_bytes].into();
+            let value = vec![7u8; value_bytes];
+            let before = thread_allocated_bytes();
+            let mut clusters = Clusters::new();
+            let mut queued = 0;
+            loop {
+                let moves: Vec<Candidate> = (0..run_moves)
+                    .map(|slot| Candidate::put(slot as u64, key.clone(), value.clone(), 1))
+                    .collect();
+                let bytes = run_moves * queued_bytes_of(key_bytes, value_bytes);
+                if !clusters.queue(3, moves, bytes) {
+                    break;
+                }
+                queued += run_moves;
+            }
+            let held = (thread_allocated_bytes() - before) as usize;
+            assert!(queued > 0);
+            assert!(
+                held <= CLUSTER_QUEUED_BYTES_MAX,
+                "{queued} queued moves of {key_bytes}-byte keys and {value_bytes}-byte values \
+                 hold {held} bytes, past the bound of {CLUSTER_QUEUED_BYTES_MAX}"
+            );
+            if value_bytes >= 1024 {
+                // Large records: the count is close to what they hold, so the bound is real.
+                assert!(held * 10 >= CLUSTER_QUEUED_BYTES_MAX * 8, "held only {held} bytes");
+            }
+            drop(clusters);
+        }
+    }
 
     #[test]
     fn stretches_of_a_page_or_more_side_by_side_stay_and_the_rest_moves() {
