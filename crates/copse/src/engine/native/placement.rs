@@ -264,6 +264,10 @@ impl AppendClass {
 
     /// The open block is full: it becomes a victim candidate, or free if nothing in it lives.
     fn seal(&mut self, block: u32) {
+        // Every slot was handed out, so every tag the block opened with was taken; its list's
+        // memory goes back now rather than while the block waits to die.
+        let opened = std::mem::take(&mut self.tags[block as usize].opened);
+        assert!(opened.is_empty(), "block {block} sealed with {} tags not taken", opened.len());
         if self.blocks[block as usize].used == 0 {
             self.free_blocks.insert(block);
         } else {
