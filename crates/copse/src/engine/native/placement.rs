@@ -255,7 +255,7 @@ impl AppendClass {
         let tags = &mut self.tags[block as usize];
         assert!(tags.opened.is_empty(), "block {block} reopened before its tags were taken");
         let mut opened = std::mem::take(&mut tags.released);
-        opened.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        opened.sort_unstable_by_key(|&(offset, _)| std::cmp::Reverse(offset));
         if let Some(pair) = opened.windows(2).find(|pair| pair[0].0 == pair[1].0) {
             panic!("slot {} of block {block} was tagged twice", pair[0].0);
         }
