@@ -9,6 +9,9 @@
 # `copse bench flamegraph --perf-data NAME.data --svg NAME.svg`.
 #
 # Usage: scripts/profile_server.sh NAME BINARY PORT [get|set]
+# Environment (defaults as above): PIPELINE (redis-benchmark -P), PERF_CALL_GRAPH (e.g.
+# "--call-graph dwarf,16384", which attributes inlined engine code that frame pointers lose),
+# PERF_FREQ (samples per second) and PERF_SECONDS.
 set -euo pipefail
 name=$1
 binary=$2
