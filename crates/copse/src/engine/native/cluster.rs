@@ -185,7 +185,8 @@ impl NativeEngine {
                     Candidate::put(loc.slot(), items[i].0.clone(), value, seq)
                 })
                 .collect();
-            assert!(self.clusters.queue(class, moves, bytes), "checked above");
+            let queued = self.clusters.queue(class, moves, bytes);
+            assert!(queued, "room was checked before the values were copied");
             let append = self.collector.append_mut(class).expect("an append class");
             append.figures.cluster_runs += 1;
         }
