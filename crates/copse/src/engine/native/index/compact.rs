@@ -198,13 +198,7 @@ impl CompactIndex {
         let hash = hash_key(self.seed, key);
         self.changes += 1;
         if let Some((block, old, value)) = self.find(key, hash) {
-            // An update: only the value's bytes change, where the lookup found them.
-            let bytes = &self.blocks[block as usize];
-            let base = get_varint(bytes, &mut 0);
-            let mut replacement = Vec::with_capacity(24);
-            put_value(&mut replacement, entry, base);
-            self.splice(block, value, &replacement);
-            self.split_if_full(block);
+            self.update_value(block, value, entry);
             return Some(old);
         }
         self.reserve_slot();
@@ -226,12 +220,18 @@ impl CompactIndex {
             return Some(old);
         }
         self.changes += 1;
+        self.update_value(block, value, Entry { loc, seq: old.seq });
+        Some(old)
+    }
+
+    /// An update of a key found in `block`: only its value's bytes (`value`, where the lookup
+    /// found them) are rewritten.
+    fn update_value(&mut self, block: u32, value: std::ops::Range<usize>, entry: Entry) {
         let base = get_varint(&self.blocks[block as usize], &mut 0);
         let mut replacement = Vec::with_capacity(24);
-        put_value(&mut replacement, Entry { loc, seq: old.seq }, base);
+        put_value(&mut replacement, entry, base);
         self.splice(block, value, &replacement);
         self.split_if_full(block);
-        Some(old)
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<Loc> {
