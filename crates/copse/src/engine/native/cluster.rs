@@ -72,16 +72,17 @@ impl Clusters {
         self.queued_bytes = 0;
     }
 
-    /// Queues one run of `moves` (one class), which `queued_bytes_of` counts at `bytes`, unless
-    /// that would take the queue past `CLUSTER_QUEUED_BYTES_MAX`. Returns whether it was queued.
-    fn queue(&mut self, class: u8, moves: Vec<Candidate>, bytes: usize) -> bool {
-        if self.queued_bytes + bytes > CLUSTER_QUEUED_BYTES_MAX {
-            return false;
-        }
+    /// Whether a run that `queued_bytes_of` counts at `bytes` fits under
+    /// `CLUSTER_QUEUED_BYTES_MAX` (asked before its values are copied).
+    fn fits(&self, bytes: usize) -> bool {
+        self.queued_bytes + bytes <= CLUSTER_QUEUED_BYTES_MAX
+    }
+
+    /// Queues one run of `moves` (one class) counted at `bytes`, which `fits`.
+    fn queue(&mut self, class: u8, moves: Vec<Candidate>, bytes: usize) {
+        assert!(self.fits(bytes), "a clustering run queued past CLUSTER_QUEUED_BYTES_MAX");
         self.queued_bytes += bytes;
-        assert!(self.queued_bytes <= CLUSTER_QUEUED_BYTES_MAX);
         self.runs.push_back(Run { class, moves, bytes });
-        true
     }
 }
 
@@ -174,7 +175,7 @@ impl NativeEngine {
                 .iter()
                 .map(|&i| queued_bytes_of(items[i].0.len(), items[i].1.as_ref().map_or(0, Vec::len)))
                 .sum();
-            if self.clusters.queued_bytes + bytes > CLUSTER_QUEUED_BYTES_MAX {
+            if !self.clusters.fits(bytes) {
                 continue;
             }
             let moves: Vec<Candidate> = members
@@ -185,8 +186,7 @@ impl NativeEngine {
                     Candidate::put(loc.slot(), items[i].0.clone(), value, seq)
                 })
                 .collect();
-            let queued = self.clusters.queue(class, moves, bytes);
-            assert!(queued, "room was checked before the values were copied");
+            self.clusters.queue(class, moves, bytes);
             let append = self.collector.append_mut(class).expect("an append class");
             append.figures.cluster_runs += 1;
         }
@@ -230,7 +230,7 @@ mod tests {
     use crate::alloc_count::thread_allocated_bytes;
 
     /// `CLUSTER_QUEUED_BYTES_MAX` bounds the memory the queue holds: filled with runs (built as
-    /// `consider_cluster` builds them) until it refuses one, the queue, its runs, their
+    /// `consider_cluster` builds them) until the next would not fit, the queue, its runs, their
     /// candidates, keys and values take no more than the bound, as the allocator counts them.
     #[test]
     fn the_queue_holds_no_more_memory_than_its_bound() {
@@ -246,14 +246,12 @@ mod tests {
             let before = thread_allocated_bytes();
             let mut clusters = Clusters::new();
             let mut queued = 0;
-            loop {
+            let bytes = run_moves * queued_bytes_of(key_bytes, value_bytes);
+            while clusters.fits(bytes) {
                 let moves: Vec<Candidate> = (0..run_moves)
                     .map(|slot| Candidate::put(slot as u64, key.clone(), value.clone(), 1))
                     .collect();
-                let bytes = run_moves * queued_bytes_of(key_bytes, value_bytes);
-                if !clusters.queue(3, moves, bytes) {
-                    break;
-                }
+                clusters.queue(3, moves, bytes);
                 queued += run_moves;
             }
             let held = (thread_allocated_bytes() - before) as usize;
