@@ -138,8 +138,7 @@ impl AppendClass {
         for block in 0..blocks {
             let first = block * slots_per_block;
             let used = frontier.saturating_sub(first).min(slots_per_block);
-            append.blocks.push(Block { used: used as u32, ..Block::default() });
-            append.tags.push(BlockTags::default());
+            append.push_block(Block { used: used as u32, ..Block::default() });
             append.used_slots += used;
         }
         let frontier_block = frontier / slots_per_block;
@@ -157,6 +156,12 @@ impl AppendClass {
             }
         }
         append
+    }
+
+    /// A block past the last one, with its (empty) tag list: `tags` stays beside `blocks`.
+    fn push_block(&mut self, block: Block) {
+        self.blocks.push(block);
+        self.tags.push(BlockTags::default());
     }
 
     pub(super) fn block_of(&self, slot: u64) -> u32 {
@@ -221,8 +226,7 @@ impl AppendClass {
             let block = self.block_of(next.slot);
             if !self.free_blocks.remove(&block) {
                 assert_eq!(block as usize, self.blocks.len(), "a new block is the next one");
-                self.blocks.push(Block::default());
-                self.tags.push(BlockTags::default());
+                self.push_block(Block::default());
             }
             assert_eq!(self.blocks[block as usize].used, 0, "an opened block holds nothing live");
             self.open = Some((block, next.slot));
@@ -369,8 +373,7 @@ impl AppendClass {
         let blocks = slots_in_file.div_ceil(self.slots_per_block) as usize;
         while self.blocks.len() < blocks {
             let block = self.blocks.len() as u32;
-            self.blocks.push(Block::default());
-            self.tags.push(BlockTags::default());
+            self.push_block(Block::default());
             if !self.is_open(block) {
                 self.free_blocks.insert(block);
             }
