@@ -249,7 +249,8 @@ enum State {
     Blocked,
     Ready(StepInput),
     Reading {
-        pending: Vec<Option<PendingRead>>,
+        /// In place for the usual one or two reads: a step's reads allocate no list of their own.
+        pending: smallvec::SmallVec<[Option<PendingRead>; 2]>,
         results: Vec<Option<ReadResult>>,
     },
     Writing(PendingWrite),
@@ -317,12 +318,15 @@ enum GroupWrite {
 #[derive(Default)]
 pub struct ExecTable {
     running: HashMap<u64, Running>,
-    /// Per lock key, the execs holding or waiting for it, in arrival order (the first holds it;
-    /// with a write group, its members are the first ones).
-    queues: HashMap<Vec<u8>, VecDeque<u64>>,
-    /// Per lock key, its write group, from its first member's `WriteLast` until every member
-    /// is answered.
-    groups: HashMap<Vec<u8>, WriteGroup>,
+    /// Per lock (`lock_id`), the execs holding or waiting for it, in arrival order (the first
+    /// holds it; with a write group, its members are the first ones).
+    queues: HashMap<u64, VecDeque<u64>>,
+    /// Emptied queues kept for the next lock taken (at most `SPARE_QUEUES_MAX`): a lock taken
+    /// and released per command costs no allocation.
+    spare_queues: Vec<VecDeque<u64>>,
+    /// Per lock, its write group, from its first member's `WriteLast` until every member is
+    /// answered.
+    groups: HashMap<u64, WriteGroup>,
     /// Execs that are not blocked; checked by `pump`.
     active: Vec<u64>,
     next_id: u64,
@@ -349,11 +353,16 @@ impl ExecTable {
         let id = self.next_id;
         self.next_id += 1;
         let mut locks = request.locks;
-        locks.sort_unstable();
-        locks.dedup();
+        if locks.len() > 1 {
+            // Keys whose ids collide are one lock: each queue holds an exec once.
+            locks.sort_unstable_by_key(|lock| lock_id(lock));
+            locks.dedup_by_key(|lock| lock_id(lock));
+        }
         let mut blocked_by = 0;
         for lock in &locks {
-            let queue = self.queues.entry(lock.clone()).or_default();
+            let spare = &mut self.spare_queues;
+            let queue =
+                self.queues.entry(lock_id(lock)).or_insert_with(|| spare.pop().unwrap_or_default());
             if !queue.is_empty() {
                 blocked_by += 1;
             }
@@ -461,7 +470,7 @@ impl ExecTable {
                 None => None,
             };
             if let Some(result) = result {
-                finished.push((lock.clone(), result));
+                finished.push((*lock, result));
             }
         }
         let answered = !finished.is_empty();
@@ -484,12 +493,12 @@ impl ExecTable {
 
     /// Starts the exec right behind the write group of `lock`, if the group is open and that
     /// exec joins write groups and waits for `lock` alone (invariant 5).
-    fn start_behind_group(&mut self, lock: &[u8]) {
-        let Some(group) = self.groups.get(lock) else { return };
+    fn start_behind_group(&mut self, lock: u64) {
+        let Some(group) = self.groups.get(&lock) else { return };
         if group.closed || group.members.len() >= EXEC_WRITE_GROUP_MEMBERS_MAX {
             return;
         }
-        let queue = self.queues.get(lock).expect("a group's lock has a queue");
+        let queue = self.queues.get(&lock).expect("a group's lock has a queue");
         let Some(&next) = queue.get(group.members.len()) else { return };
         let running = self.running.get_mut(&next).expect("a queued exec is running");
         if running.started || running.locks.len() != 1 || !running.exec.joins_write_groups() {
@@ -512,8 +521,8 @@ impl ExecTable {
             running.state = State::Ready(StepInput::Written(Err(err.into())));
             return;
         }
-        let lock = running.locks[0].clone();
-        let group = match self.groups.entry(lock.clone()) {
+        let lock = lock_id(&running.locks[0]);
+        let group = match self.groups.entry(lock) {
             // The lock's holder: a group of one, which the execs behind it may join. Its write
             // passed `check_write`, so it fits the group's batch.
             Entry::Vacant(vacant) => {
@@ -561,7 +570,7 @@ impl ExecTable {
         group.batch_bytes = bytes_after;
         group.members.push(id);
         running.state = State::Grouped;
-        self.start_behind_group(&lock);
+        self.start_behind_group(lock);
     }
 
     /// Erases parts whose batch every participant applied (the last step of the protocol).
@@ -673,7 +682,8 @@ impl ExecTable {
         // may only write last or finish (`Exec::joins_write_groups`).
         let behind_group = running.blocked_by > 0;
         let overlay = if behind_group {
-            let group = self.groups.get(&running.locks[0]).expect("started behind a group");
+            let lock = lock_id(&running.locks[0]);
+            let group = self.groups.get(&lock).expect("started behind a group");
             Some(&group.overlay)
         } else {
             None
@@ -703,7 +713,7 @@ impl ExecTable {
     /// Releases a finished exec's locks; the next exec in each queue may start.
     fn release(&mut self, id: u64) {
         let running = self.running.remove(&id).expect("a finished exec is running");
-        for lock in running.locks {
+        for lock in running.locks.iter().map(|lock| lock_id(lock)) {
             let queue = self.queues.get_mut(&lock).expect("a held lock has a queue");
             let position = queue.iter().position(|&queued| queued == id);
             if position != Some(0) {
@@ -714,13 +724,16 @@ impl ExecTable {
                     "an exec finished without holding its lock"
                 );
                 queue.retain(|&queued| queued != id);
-                self.start_behind_group(&lock);
+                self.start_behind_group(lock);
                 continue;
             }
             queue.pop_front();
             match queue.front() {
                 None => {
-                    self.queues.remove(&lock);
+                    let queue = self.queues.remove(&lock).expect("a held lock has a queue");
+                    if self.spare_queues.len() < SPARE_QUEUES_MAX {
+                        self.spare_queues.push(queue);
+                    }
                 }
                 Some(&next) => {
                     let waiter = self.running.get_mut(&next).expect("a queued exec is running");
@@ -740,6 +753,19 @@ impl ExecTable {
             }
         }
     }
+}
+
+/// Emptied lock queues an `ExecTable` keeps for reuse: enough for every exec of a full wave of
+/// pipelined commands from many connections, a few KiB at most.
+const SPARE_QUEUES_MAX: usize = 256;
+
+/// The identity of a lock key in the lock tables: its 64-bit hash. Keys whose hashes collide
+/// share one lock: their execs run one after another, and a write group may hold writes of both
+/// (an all-or-nothing write of several keys), so a collision costs only concurrency, never
+/// correctness (invariants 1 and 5 hold for the shared lock). Holding hashes rather than copies
+/// of the keys spares an allocation per lock taken.
+fn lock_id(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
 }
 
 enum Advance {
@@ -882,7 +908,7 @@ fn issue_reads(reads: Vec<ReadOp>, queued: &mut Vec<Request>) -> State {
             return State::Ready(StepInput::Read(Err(err.into())));
         }
     }
-    let mut pending = Vec::with_capacity(reads.len());
+    let mut pending = smallvec::SmallVec::with_capacity(reads.len());
     for read in reads {
         match read {
             ReadOp::Get(key) => {
