@@ -27,7 +27,7 @@ use futures::future::LocalBoxFuture;
 
 use crate::context::{ConnState, Server};
 use crate::keyspace::{self, KeyType, REDIS_KEY_BYTES_MAX};
-use crate::resp::Reply;
+use crate::resp::{Args, Reply};
 
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
@@ -122,6 +122,12 @@ pub type Combine = Box<dyn FnOnce(Vec<Reply>) -> Reply>;
 /// What a handler decided.
 pub enum Outcome {
     Reply(Reply),
+    /// Queue this one exec now; its answer is the command's (most commands: one key). Kept apart
+    /// from `Execs` so that the hot path builds no vectors and no combining step.
+    Exec {
+        queued: Queued,
+        answer: oneshot::Receiver<Reply>,
+    },
     /// Queue these execs now, in order; answer `combine` of their answers.
     Execs {
         queued: Vec<Queued>,
@@ -230,13 +236,11 @@ impl Default for Plan {
 }
 
 /// One exec on the shard of Redis key `key`, answering for the whole command.
-pub fn on_key<F>(db: &Db, key: &[u8], step: F) -> Outcome
+pub fn on_key<F>(db: &Db, key: Vec<u8>, step: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
 {
-    let mut plan = Plan::new();
-    plan.add(db.shard_of(key), vec![key.to_vec()], step);
-    plan.finish(Box::new(|mut replies| replies.pop().expect("one exec, one answer")))
+    on_key_grouped(db, key, false, step)
 }
 
 /// As `on_key`, for a program that may start behind the key's write group before it is
@@ -245,13 +249,15 @@ where
 /// and then answers `Next::WriteLast`, or answers an error that holds whatever the key holds
 /// (never one that tells what the key holds: NX, XX, GET and reads do not qualify).
 /// `grouped` false is `on_key`.
-pub fn on_key_grouped<F>(db: &Db, key: &[u8], grouped: bool, step: F) -> Outcome
+pub fn on_key_grouped<F>(db: &Db, key: Vec<u8>, grouped: bool, step: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
 {
-    let mut plan = Plan::new();
-    plan.add_exec(db.shard_of(key), vec![key.to_vec()], step, grouped);
-    plan.finish(Box::new(|mut replies| replies.pop().expect("one exec, one answer")))
+    let (answer, receiver) = oneshot::channel();
+    let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: grouped });
+    let shard = db.shard_of(&key);
+    let request = ExecRequest { locks: vec![key], exec };
+    Outcome::Exec { queued: Queued { shard, request }, answer: receiver }
 }
 
 /// Groups argument positions by the shard of the key at each, keeping their order.
@@ -310,7 +316,7 @@ where
     F: FnMut(&ExecView<'_>, &[u8]) -> Reply + Send + 'static,
 {
     let key = call.args[1].clone();
-    on_key(call.db(), &key.clone(), move |view, input| match input {
+    on_key(call.db(), key.clone(), move |view, input| match input {
         Input::Start => Next::Reply(match exists_as(view, &key, ty) {
             Ok(_) => reply(view, &key),
             Err(error) => error,
@@ -343,7 +349,7 @@ where
     let mut asked = 0..0;
     // Every position costs at least a null reply.
     let mut reply_bytes = names.len() * VALUE_REPLY_OVERHEAD_BYTES;
-    on_key(call.db(), &key.clone(), move |view, input| {
+    on_key(call.db(), key.clone(), move |view, input| {
         match input {
             Input::Start => {
                 if let Err(error) = exists_as(view, &key, ty) {
@@ -569,7 +575,7 @@ impl Spec {
 pub struct Call<'a> {
     pub server: &'a Arc<Server>,
     pub conn: &'a mut ConnState,
-    pub args: Vec<Vec<u8>>,
+    pub args: Args,
 }
 
 impl Call<'_> {
@@ -599,8 +605,15 @@ pub fn table() -> &'static [Spec] {
 }
 
 pub fn find(name: &str) -> Option<&'static Spec> {
+    find_ignoring_case(name.as_bytes())
+}
+
+/// The command named `name` in any case (command names are ASCII), without lowercasing it into
+/// a new string first: this runs once per request.
+pub fn find_ignoring_case(name: &[u8]) -> Option<&'static Spec> {
     let table = table();
-    table.binary_search_by_key(&name, |spec| spec.name).ok().map(|at| &table[at])
+    let lowered = || name.iter().map(u8::to_ascii_lowercase);
+    table.binary_search_by(|spec| spec.name.bytes().cmp(lowered())).ok().map(|at| &table[at])
 }
 
 /// Commands a client may run before AUTH when a password is set.
@@ -614,12 +627,12 @@ pub struct Dispatched {
 }
 
 /// Handles one command: checks it is known, its arity and authentication, then runs it.
-pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Vec<Vec<u8>>) -> Dispatched {
+pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispatched {
     let refused = |outcome| Dispatched { outcome, reply_size: ReplySize::Small };
-    let name = lowercase(&args[0]);
-    let Some(spec) = find(&name) else {
+    let Some(spec) = find_ignoring_case(&args[0]) else {
         return refused(Outcome::error(unknown_command(&args)));
     };
+    let name = spec.name;
     let count = args.len() as i32;
     if (spec.arity > 0 && count != spec.arity) || (spec.arity < 0 && count < -spec.arity) {
         return refused(Outcome::error(format!(
@@ -754,6 +767,10 @@ pub async fn run_outcome(db: &Db, outcome: Outcome) -> Reply {
     match outcome {
         Outcome::Reply(reply) | Outcome::Close(reply) => reply,
         Outcome::AfterPending(future) => future.await,
+        Outcome::Exec { queued, answer } => {
+            db.exec_async(queued.shard, queued.request.locks, queued.request.exec).await;
+            answered(answer).await
+        }
         Outcome::Execs { queued, answers, combine } => {
             for queued in queued {
                 db.exec_async(queued.shard, queued.request.locks, queued.request.exec).await;
@@ -770,9 +787,14 @@ pub async fn collect(
 ) -> Reply {
     let mut replies = Vec::with_capacity(answers.len());
     for answer in answers {
-        replies.push(answer.await.unwrap_or_else(|_| Reply::error("ERR the store is closed")));
+        replies.push(answered(answer).await);
     }
     combine(replies)
+}
+
+/// Waits for one exec's answer.
+pub async fn answered(answer: futures::channel::oneshot::Receiver<Reply>) -> Reply {
+    answer.await.unwrap_or_else(|_| Reply::error("ERR the store is closed"))
 }
 
 #[cfg(test)]

@@ -67,12 +67,14 @@ fn string_or_wrongtype(
 
 /// Reads a string key: `done` gets its value (None if the key does not exist) and decides.
 /// Any other type answers WRONGTYPE.
-fn with_string<F>(call: &Call<'_>, mut done: F) -> Outcome
+fn with_string<F>(call: &mut Call<'_>, mut done: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Option<Vec<u8>>) -> Next + Send + 'static,
 {
-    let key = call.args[1].clone();
-    on_key(call.db(), &key.clone(), move |view, input| match input {
+    // The argument itself becomes the lock; the program keeps a copy to read with.
+    let lock = std::mem::take(&mut call.args[1]);
+    let key = lock.clone();
+    on_key(call.db(), lock, move |view, input| match input {
         Input::Start => read_string(&key),
         Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
             Ok(value) => done(view, value),
@@ -146,12 +148,14 @@ enum SetAnswer {
 }
 
 /// SET and its variants: the value is argument 2.
-fn set_with(call: &Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcome {
-    let value = call.args[2].clone();
-    if let Err(reply) = check_value(&value) {
+fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcome {
+    if let Err(reply) = check_value(&call.args[2]) {
         return Outcome::Reply(reply);
     }
-    let key = call.args[1].clone();
+    // Taken from the request, not copied: the value and the key (the lock) are the arguments.
+    let value = std::mem::take(&mut call.args[2]);
+    let lock = std::mem::take(&mut call.args[1]);
+    let key = lock.clone();
     let mut value = Some(value);
     let mut pending = None;
     // A plain SET reads nothing and answers OK once its write is durable: it may share a flush
@@ -159,7 +163,7 @@ fn set_with(call: &Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcome {
     let grouped = !options.nx && !options.xx && !options.get;
     // The key's type, looked up once at the start (the exec holds the key's lock after).
     let mut existing = None;
-    on_key_grouped(call.db(), &key.clone(), grouped, move |view, input| {
+    on_key_grouped(call.db(), lock, grouped, move |view, input| {
         match input {
             Input::Start => {
                 existing = key_type(view, &key);
@@ -226,7 +230,7 @@ fn getset(call: &mut Call<'_>) -> Outcome {
 fn getdel(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
     let mut pending = None;
-    on_key(call.db(), &key.clone(), move |view, input| match input {
+    on_key(call.db(), key.clone(), move |view, input| match input {
         Input::Start => read_string(&key),
         Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
             Ok(Some(value)) => write_then(
@@ -563,7 +567,7 @@ where
 {
     let key = call.args[1].clone();
     let mut pending = None;
-    on_key(call.db(), &key.clone(), move |view, input| {
+    on_key(call.db(), key.clone(), move |view, input| {
         let old = match input {
             Input::Start => return read_string(&key),
             Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {

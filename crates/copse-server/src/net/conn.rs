@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use super::access;
 use copse::exec::ExecRequest;
 
-use crate::cmd::{collect, dispatch, Combine, Dispatched, Outcome, Queued};
+use crate::cmd::{answered, collect, dispatch, Combine, Dispatched, Outcome, Queued, ReplySize};
 use crate::config::{
     CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
     UNAUTHENTICATED_ARGS_MAX, UNAUTHENTICATED_BULK_BYTES_MAX,
@@ -57,6 +57,7 @@ const FINAL_REPLY_WRITE_MS: u64 = 1_000;
 /// A reply on its way, in request order.
 enum Slot {
     Ready(Reply),
+    WaitingOne(futures::channel::oneshot::Receiver<Reply>),
     Waiting(Vec<futures::channel::oneshot::Receiver<Reply>>, Combine),
 }
 
@@ -139,6 +140,10 @@ async fn connection_loop(
     // Where the parse of a request that is still arriving stopped.
     let mut parse_state = ParseState::default();
     let auth_timeout_secs = server.config.auth_timeout_secs;
+    // Kept from wave to wave, so that a wave allocates none of its bookkeeping.
+    let mut wave = Vec::new();
+    let mut pending = Pending { slots: VecDeque::new(), reserved_bytes: 0 };
+    let mut outbox = Outbox::new(server.db.shard_count());
     loop {
         let authenticated_before = conn.authenticated;
         if conn.authenticated {
@@ -159,7 +164,6 @@ async fn connection_loop(
                 bulk_bytes_max: UNAUTHENTICATED_BULK_BYTES_MAX,
             }),
         };
-        let mut wave = Vec::new();
         let mut consumed_total = 0;
         let mut protocol_error = None;
         loop {
@@ -230,42 +234,27 @@ async fn connection_loop(
         // without ever reading must not outlive it by filling its socket.
         let write_deadline = auth_deadline_at(unauthenticated_since, auth_timeout_secs);
         let writer = &mut Writer { stream, deadline: write_deadline };
-        let budget = server.config.client_pending_reply_bytes_max;
-        let mut pending = Pending { slots: VecDeque::with_capacity(wave.len()), reserved_bytes: 0 };
+        debug_assert!(pending.slots.is_empty() && pending.reserved_bytes == 0);
         let mut close = false;
-        let mut outbox = Outbox::new(server.db.shard_count());
-        for args in wave {
+        for args in wave.drain(..) {
             let Dispatched { outcome, reply_size } = dispatch(server, conn, args);
             match outcome {
                 Outcome::Reply(reply) => pending.push(Slot::Ready(reply), conn.protocol, 0),
-                Outcome::Execs { queued, answers, combine } => {
-                    // Backpressure: this command runs only once the replies before it leave
-                    // room for the most its own can be, so a client that does not read makes
-                    // the server hold at most the budget (or one command's reply) for it. The
-                    // bound on values is read again after each wait: a write queued meanwhile
-                    // may have raised it.
-                    let reply_bytes_reserved = loop {
-                        let reserved = reply_size.reserved_bytes(
-                            server.value_bytes_bound.load(Ordering::Acquire),
-                            server.settings.client_output_bytes_max.load(Ordering::Relaxed),
-                        );
-                        let keep = budget.saturating_sub(reserved);
-                        if pending.reserved_bytes <= keep {
-                            break reserved;
-                        }
-                        server.stats.reply_backpressure_waits.fetch_add(1, Ordering::Relaxed);
-                        outbox.send(server).await;
-                        let until = Drain::UntilReserved(keep);
-                        if let Some(end) =
-                            drain(server, writer, &mut pending, &mut out, shutdown, until).await?
-                        {
-                            return Ok(end);
-                        }
+                execs @ (Outcome::Exec { .. } | Outcome::Execs { .. }) => {
+                    let room = make_room(
+                        server,
+                        writer,
+                        &mut pending,
+                        &mut out,
+                        shutdown,
+                        &mut outbox,
+                        reply_size,
+                    );
+                    let reply_bytes_reserved = match room.await? {
+                        Ok(reserved) => reserved,
+                        Err(end) => return Ok(end),
                     };
-                    for queued in queued {
-                        outbox.push(queued);
-                    }
-                    let slot = Slot::Waiting(answers, combine);
+                    let slot = outbox.queue(execs);
                     pending.push(slot, conn.protocol, reply_bytes_reserved);
                 }
                 Outcome::AfterPending(future) => {
@@ -307,6 +296,38 @@ async fn connection_loop(
     }
 }
 
+/// Backpressure: a command runs only once the replies before it leave room for the most its own
+/// can be, so a client that does not read makes the server hold at most the budget (or one
+/// command's reply) for it. The bound on values is read again after each wait: a write queued
+/// meanwhile may have raised it. Returns the bytes reserved, or how the connection ends.
+async fn make_room(
+    server: &Server,
+    writer: &mut Writer<'_>,
+    pending: &mut Pending,
+    out: &mut Vec<u8>,
+    shutdown: &mut watch::Receiver<bool>,
+    outbox: &mut Outbox,
+    reply_size: ReplySize,
+) -> std::io::Result<Result<usize, End>> {
+    let budget = server.config.client_pending_reply_bytes_max;
+    loop {
+        let reserved = reply_size.reserved_bytes(
+            server.value_bytes_bound.load(Ordering::Acquire),
+            server.settings.client_output_bytes_max.load(Ordering::Relaxed),
+        );
+        let keep = budget.saturating_sub(reserved);
+        if pending.reserved_bytes <= keep {
+            return Ok(Ok(reserved));
+        }
+        server.stats.reply_backpressure_waits.fetch_add(1, Ordering::Relaxed);
+        outbox.send(server).await;
+        let until = Drain::UntilReserved(keep);
+        if let Some(end) = drain(server, writer, pending, out, shutdown, until).await? {
+            return Ok(Err(end));
+        }
+    }
+}
+
 /// The execs of a wave not yet sent, per shard, in the order their commands were dispatched.
 /// They go out together, one message per shard (`Db::exec_many_async`), before the connection
 /// waits for any answer: a wave of pipelined commands crosses to each shard once, not once per
@@ -322,6 +343,25 @@ impl Outbox {
 
     fn push(&mut self, queued: Queued) {
         self.by_shard[queued.shard as usize].push(queued.request);
+    }
+
+    /// Queues the execs of a command; returns the slot its reply waits in.
+    fn queue(&mut self, execs: Outcome) -> Slot {
+        match execs {
+            Outcome::Exec { queued, answer } => {
+                self.push(queued);
+                Slot::WaitingOne(answer)
+            }
+            Outcome::Execs { queued, answers, combine } => {
+                for queued in queued {
+                    self.push(queued);
+                }
+                Slot::Waiting(answers, combine)
+            }
+            Outcome::Reply(_) | Outcome::AfterPending(_) | Outcome::Close(_) => {
+                unreachable!("only a command's execs are queued")
+            }
+        }
     }
 
     async fn send(&mut self, server: &Server) {
@@ -384,6 +424,7 @@ async fn drain(
         let Some((slot, protocol, reserved_bytes)) = pending.slots.pop_front() else { break };
         let reply = match slot {
             Slot::Ready(reply) => reply,
+            Slot::WaitingOne(answer) => answered(answer).await,
             Slot::Waiting(answers, combine) => collect(answers, combine).await,
         };
         pending.reserved_bytes -= reserved_bytes;

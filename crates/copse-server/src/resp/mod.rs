@@ -27,4 +27,4 @@ pub mod parse;
 pub use encode::{encode_reply, format_double, Protocol, Reply};
 #[cfg(any(test, feature = "testing"))]
 pub use parse::parse_command;
-pub use parse::{parse_command_resumed, ParseLimits, ParseState, Parsed};
+pub use parse::{parse_command_resumed, Args, ParseLimits, ParseState, Parsed};

@@ -59,11 +59,18 @@ pub struct UnauthenticatedLimits {
     pub bulk_bytes_max: usize,
 }
 
+/// A request's arguments, the command's name first. Most commands have at most three (GET k,
+/// SET k v), held in place: parsing a request allocates only its arguments' bytes.
+pub type Args = smallvec::SmallVec<[Vec<u8>; ARGS_INLINE]>;
+
+/// Arguments an `Args` holds without allocating a list for them.
+pub const ARGS_INLINE: usize = 3;
+
 /// The outcome of parsing the start of a connection's buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Parsed {
     /// One complete request; `consumed` bytes of the buffer belong to it.
-    Command { args: Vec<Vec<u8>>, consumed: usize },
+    Command { args: Args, consumed: usize },
     /// Bytes that form no command (an empty inline line, `*0`, `*-1`, `*-10`): skip `consumed`,
     /// no reply.
     Skip { consumed: usize },
@@ -229,7 +236,7 @@ fn parse_multibulk(
     let consumed = state.next_bulk_at;
     // The whole request is in `buf` now, so `count` is bounded by bytes received, not by a
     // claim: copy the arguments, re-reading only their short, already checked headers.
-    let mut args = Vec::with_capacity(count);
+    let mut args = Args::with_capacity(count);
     let mut position = args_start;
     while args.len() < count {
         let mut fresh = ParseState { line_scanned: position, ..ParseState::default() };
@@ -403,7 +410,7 @@ fn parse_inline(
     if args.is_empty() {
         return Ok(Parsed::Skip { consumed });
     }
-    Ok(Parsed::Command { args, consumed })
+    Ok(Parsed::Command { args: Args::from_vec(args), consumed })
 }
 
 /// Splits an inline request into arguments with the rules of Redis's `sdssplitargs`:
@@ -593,7 +600,7 @@ mod tests {
             loop {
                 match parse_command(&pending, limits)? {
                     Parsed::Command { args, consumed } => {
-                        commands.push(args);
+                        commands.push(args.into_vec());
                         pending.drain(..consumed);
                     }
                     Parsed::Skip { consumed } => {
@@ -711,7 +718,7 @@ mod tests {
         let at_limit = encode_multibulk(&[vec![b'a'; 16]]);
         assert_eq!(
             parse_command(&at_limit, &limits),
-            Ok(Parsed::Command { args: vec![vec![b'a'; 16]], consumed: at_limit.len() })
+            Ok(Parsed::Command { args: Args::from_vec(vec![vec![b'a'; 16]]), consumed: at_limit.len() })
         );
         let over_limit = encode_multibulk(&[vec![b'a'; 17]]);
         assert_eq!(parse_command(&over_limit, &limits), Err(ProtocolError::InvalidBulkLength));
@@ -739,7 +746,7 @@ mod tests {
         let request = encode_multibulk(&at_limit);
         assert_eq!(
             parse_command(&request, &limits),
-            Ok(Parsed::Command { args: at_limit, consumed: request.len() })
+            Ok(Parsed::Command { args: Args::from_vec(at_limit), consumed: request.len() })
         );
         // Refused as soon as the header line is in, with Redis's texts.
         assert_eq!(
@@ -818,11 +825,11 @@ mod tests {
         assert_eq!(
             outcomes,
             vec![
-                Parsed::Command { args: vec![b"PING".to_vec()], consumed: 14 },
-                Parsed::Command { args: vec![b"ECHO".to_vec(), b"a b".to_vec()], consumed: 12 },
+                Parsed::Command { args: smallvec::smallvec![b"PING".to_vec()], consumed: 14 },
+                Parsed::Command { args: smallvec::smallvec![b"ECHO".to_vec(), b"a b".to_vec()], consumed: 12 },
                 Parsed::Skip { consumed: 4 },
                 Parsed::Skip { consumed: 2 },
-                Parsed::Command { args: vec![b"GET".to_vec(), b"k".to_vec()], consumed: 20 },
+                Parsed::Command { args: smallvec::smallvec![b"GET".to_vec(), b"k".to_vec()], consumed: 20 },
             ]
         );
         assert_eq!(position, buf.len());
@@ -1015,7 +1022,7 @@ mod tests {
                 }
                 match parse_command_resumed(&stream[start..received], &limits, &mut state) {
                     Ok(Parsed::Command { args, consumed }) => {
-                        commands.push(args);
+                        commands.push(args.into_vec());
                         start += consumed;
                     }
                     Ok(Parsed::Skip { consumed }) => start += consumed,
@@ -1149,7 +1156,7 @@ mod tests {
             }
             let mut buf = request.clone();
             buf.extend_from_slice(&trailing);
-            prop_assert_eq!(parse(&buf), Ok(Parsed::Command { args, consumed: request.len() }));
+            prop_assert_eq!(parse(&buf), Ok(Parsed::Command { args: Args::from_vec(args), consumed: request.len() }));
         }
 
         #[test]
@@ -1203,7 +1210,7 @@ mod tests {
                 line.extend_from_slice(b"\" ");
             }
             line.extend_from_slice(b"\r\n");
-            prop_assert_eq!(parse(&line), Ok(Parsed::Command { args, consumed: line.len() }));
+            prop_assert_eq!(parse(&line), Ok(Parsed::Command { args: Args::from_vec(args), consumed: line.len() }));
         }
     }
 }
