@@ -156,6 +156,9 @@ pub struct NativeEngine {
     scrub: Option<scrub::Scrub>,
 
     recovery: RecoveryStats,
+    /// An in-page record being encoded (`write::place`), kept between records so that placing
+    /// one allocates nothing; a record that must wait for its page takes it along.
+    record_scratch: Vec<u8>,
 }
 
 impl NativeEngine {
@@ -188,6 +191,7 @@ impl NativeEngine {
             recovered_parts: Vec::new(),
             scans: Scans::new(),
             scrub: None,
+            record_scratch: Vec::new(),
             recovery: RecoveryStats::default(),
         };
         engine.recover(progress)?;

@@ -385,7 +385,9 @@ impl NativeEngine {
             let (file, offset) = self.slabs.slot_position(loc);
             self.io.queue(IoKind::Write, file, offset, buf, IoPurpose::DirectWrite(write));
         } else {
-            let mut record = vec![0u8; bytes];
+            let mut record = std::mem::take(&mut self.record_scratch);
+            record.clear();
+            record.resize(bytes, 0);
             encode_record(&mut record, layout, self.shard_id, loc, kind, seq, aux, key, value);
             self.place_in_pages(record, write);
         }
@@ -401,8 +403,10 @@ impl NativeEngine {
         let mut missing = false;
         // Pages found are pinned until the record is in them: a page imaged as zeros for the
         // slot's second page must not evict its first.
-        let mut pinned = Vec::with_capacity(2);
-        for number in span.page_numbers() {
+        // An in-page slot spans one page or two: pinned pages fit in place, no allocation.
+        assert!(span.pages <= 2, "an in-page slot spans {} pages", span.pages);
+        let mut pinned: [Option<PageKey>; 2] = [None; 2];
+        for (index, number) in span.page_numbers().enumerate() {
             let page = (loc.class(), number);
             // A page of the open block that gets a record is no longer fresh, however its image
             // is found (cached, being read, or zeros): once it may be written, a later miss
@@ -421,10 +425,10 @@ impl NativeEngine {
                 self.pages.cache.insert(page, &[0u8; PAGE_BYTES]);
             }
             self.pages.cache.pin(page);
-            pinned.push(page);
+            pinned[index] = Some(page);
         }
         if missing {
-            for page in pinned {
+            for page in pinned.into_iter().flatten() {
                 self.pages.cache.unpin(page);
             }
             self.wait_slot(loc, PageWaiter::Place { write, record });
@@ -451,9 +455,11 @@ impl NativeEngine {
             self.writes.rides_page_write(write);
         }
         assert_eq!(written, slot_bytes);
-        for page in pinned {
+        for page in pinned.into_iter().flatten() {
             self.pages.cache.unpin(page);
         }
+        // The buffer serves the next record.
+        self.record_scratch = record;
     }
 
     /// Invariant 1, checked where a record is about to be encoded over the bytes `old` of the
