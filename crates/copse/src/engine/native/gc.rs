@@ -33,6 +33,7 @@ use super::format::{decode_slot, Loc, RecordKind, SizeClass, Slot, CLASS_COUNT};
 use super::index::Entry;
 use super::placement::{AppendClass, Placement};
 use super::seqs::key_hash;
+use super::slabs::Appender;
 use super::write::{Effect, MoveCause};
 use super::{IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, IoCompletion, IoKind};
@@ -413,7 +414,8 @@ impl NativeEngine {
         if !self.gc_still_live(from, &key, seq, tombstone) {
             return Ok(());
         }
-        let (new_slot, overwritten) = self.allocate(SizeClass::get(class), None)?;
+        let (new_slot, overwritten) =
+            self.allocate(SizeClass::get(class), None, Appender::Mover)?;
         let loc = Loc::new(class, new_slot, 0);
         let bytes = super::format::record_bytes(key.len(), value.len()) as u64;
         self.seqs.flight_begin(&key);

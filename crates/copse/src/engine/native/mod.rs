@@ -222,7 +222,7 @@ impl NativeEngine {
         let class =
             format::SizeClass::for_record(format::record_bytes(0, format::LIVE_DIGEST_BYTES));
         let watermark = self.seqs.durable_watermark();
-        let (slot, overwritten) = self.allocate(class, None)?;
+        let (slot, overwritten) = self.allocate(class, None, slabs::Appender::Foreground)?;
         let seq = self.seqs.take();
         let loc = Loc::new(class.id, slot, 0);
         let write = self.writes.add(loc, overwritten, Effect::Watermark);

@@ -308,7 +308,8 @@ impl AppendClass {
 
     /// Whether the collector should run: opening one more block would take the blocks in use
     /// (all but the free ones) most of the way (`GC_START_FRACTION_OF_CEILING_ROOM`) to
-    /// `space_amplification_max` times the live slots. The file
+    /// `space_amplification_max` times the live slots, and past `GC_ROOM_BLOCKS_MIN` blocks more
+    /// than the live slots (a class of a few blocks gets that much room). The file
     /// grows only when no block is free, so it stays within the ceiling plus one growth step.
     pub(super) fn wants_collection(&self, space_amplification_max: f64) -> bool {
         self.slots_past_start(space_amplification_max) > 0
@@ -320,7 +321,10 @@ impl AppendClass {
         let occupied = (self.blocks.len() - self.free_blocks.len()) as u64 + 1;
         let start = 1.0
             + crate::limits::GC_START_FRACTION_OF_CEILING_ROOM * (space_amplification_max - 1.0);
-        let past = (occupied * self.slots_per_block) as f64 - start * self.used_slots as f64;
+        let room_min =
+            (self.used_slots + crate::limits::GC_ROOM_BLOCKS_MIN * self.slots_per_block) as f64;
+        let start_slots = (start * self.used_slots as f64).max(room_min);
+        let past = (occupied * self.slots_per_block) as f64 - start_slots;
         past.max(0.0).ceil() as u64
     }
 
@@ -533,6 +537,29 @@ mod tests {
         assert!(append.wants_collection(1.5));
         assert!(!append.wants_collection(4.0));
         assert!(append.wants_collection(2.2), "starts short of the ceiling");
+    }
+
+    #[test]
+    fn a_class_of_few_live_slots_keeps_room_for_an_open_block_and_a_dead_one() {
+        let mut append = AppendClass::new(class(), 1, 0, 0);
+        for _ in 0..16 * 2 {
+            append.take();
+        }
+        for slot in (0..16 * 2).filter(|slot| slot % 2 == 0) {
+            append.release(slot, None);
+        }
+        // 16 live slots in two blocks: 1.5 times them is under two blocks, but a collection
+        // would only move live slots from block to block, round after round.
+        assert!(!append.wants_collection(1.5));
+        // Three more blocks filled, two of them then three-quarters dead: 40 live slots in
+        // five blocks, six with the next one opened, past the live slots plus the room.
+        for _ in 0..16 * 3 {
+            append.take();
+        }
+        for slot in (16 * 2..16 * 4).filter(|slot| slot % 4 != 0) {
+            append.release(slot, None);
+        }
+        assert!(append.wants_collection(1.5), "past the room: the blocks in use exceed it");
     }
 
     #[test]
