@@ -20,8 +20,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// mimalloc rather than glibc's malloc: the server allocates on its network threads and frees
 /// on the shard threads (and back), which glibc serves through arena locks and consolidation
-/// (~19% of the server's CPU per GET in the profile of docs/hot-path.md); mimalloc frees a
-/// block to its owning thread's page with no lock. It serves everything this binary runs,
+/// (~19% of the server's CPU per GET in the profile of docs/benchmarks.md, step 1); mimalloc
+/// frees a block to its owning thread's page with no lock. It serves everything this binary runs,
 /// `bench` included (RocksDB's C++ allocations keep the C library's malloc).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
