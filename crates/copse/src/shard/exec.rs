@@ -437,13 +437,7 @@ impl ExecTable {
     fn write_groups(&mut self, engine: &mut Gate) {
         for group in self.groups.values_mut().filter(|group| group.write.is_none()) {
             group.closed = true;
-            let ops = std::mem::take(&mut group.overlay)
-                .into_iter()
-                .map(|(key, value)| match value {
-                    Some(value) => BatchOp::Put { key, value },
-                    None => BatchOp::Delete { key },
-                })
-                .collect();
+            let ops = overlay_ops(std::mem::take(&mut group.overlay));
             group.write = Some(match issue_write(ops, engine) {
                 State::Writing(pending) => GroupWrite::Pending(pending),
                 State::Ready(StepInput::Written(result)) => GroupWrite::Done(result),
@@ -545,9 +539,11 @@ impl ExecTable {
                 group
             }
         };
-        // The group's batch with this write in it, measured without building it.
+        // The group's batch with this write in it, measured without building it. The ops move
+        // into the overlay (a SET's value is not copied); a write that does not fit is rebuilt
+        // from it, which keeps what the ops meant: each key's last value.
         let mut mine = Overlay::new();
-        apply(&mut mine, ops.iter().cloned());
+        apply(&mut mine, ops);
         let mut ops_after = group.overlay.len();
         let mut bytes_after = group.batch_bytes;
         for (key, value) in &mine {
@@ -563,7 +559,7 @@ impl ExecTable {
         if !fits {
             // Too much for one batch: this exec writes alone once the group is done.
             group.closed = true;
-            running.state = State::Deferred(ops);
+            running.state = State::Deferred(overlay_ops(mine));
             return;
         }
         group.overlay.append(&mut mine);
@@ -774,6 +770,17 @@ enum Advance {
     Finished,
     /// It wrote last (`write_last` chose its state).
     Grouped,
+}
+
+/// The writes an overlay holds, as batch operations in key order.
+fn overlay_ops(overlay: Overlay) -> Vec<BatchOp> {
+    overlay
+        .into_iter()
+        .map(|(key, value)| match value {
+            Some(value) => BatchOp::Put { key, value },
+            None => BatchOp::Delete { key },
+        })
+        .collect()
 }
 
 /// Applies `ops` to a group's writes: each key keeps its last value.
