@@ -23,8 +23,9 @@ pub enum Protocol {
 /// A reply to a command, independent of the protocol it is sent in.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
-    /// `+OK`: a short status line.
-    Simple(String),
+    /// `+OK`: a short status line, almost always a fixed word (OK, PONG), held without an
+    /// allocation.
+    Simple(std::borrow::Cow<'static, str>),
     /// The full error text including its code, e.g. "ERR unknown command" or "WRONGTYPE ...".
     Error(String),
     Integer(i64),
@@ -50,7 +51,7 @@ pub enum Reply {
 impl Reply {
     /// `+OK`.
     pub fn ok() -> Reply {
-        Reply::Simple("OK".to_owned())
+        Reply::Simple("OK".into())
     }
 
     /// An error reply; `text` includes its code, e.g. `Reply::error("ERR syntax error")`.
