@@ -351,6 +351,9 @@ impl Sim {
                 placements: self.placements.clone(),
                 append_block_pages: self.append_block_pages,
                 space_amplification_max: self.space_amplification_max,
+                // Collections all the time in these small stores: the collector's safety is what is
+                // tested, not its pace (`limits::GC_ROOM_BLOCKS_MIN` in a store).
+                gc_room_blocks_min: 0,
                 poisoned: self.poisoned.clone(),
             };
             let device = Box::new(self.disk.device(self.durability));
@@ -1623,6 +1626,7 @@ fn a_failed_batch_replay_fails_the_open() {
             placements: vec![Placement::InPlace; CLASS_COUNT],
             append_block_pages: 1,
             space_amplification_max: 1.5,
+            gc_room_blocks_min: 0,
             poisoned: Default::default(),
         };
         let mut engine = NativeEngine::open(Box::new(disk.device(durability)), config(), None)
@@ -1758,6 +1762,7 @@ fn one_shard_config(placement: Placement, growth_pages: u64) -> EngineConfig {
             .collect(),
         append_block_pages: 1,
         space_amplification_max: 1.2,
+        gc_room_blocks_min: 0,
         poisoned: Default::default(),
     }
 }

@@ -26,7 +26,9 @@ use super::placement::{Placement, PlacementDecision, PlacementSetting, PLACED_CL
 use super::{EngineKind, ShardEngine};
 use crate::device::{BlockDevice, Storage};
 use crate::error::OpenError;
-use crate::limits::{CACHE_PAGES_PER_SHARD_MIN, PAGE_BYTES, SHARDS_MAX, SLAB_GROWTH_BYTES_MIN};
+use crate::limits::{
+    CACHE_PAGES_PER_SHARD_MIN, GC_ROOM_BLOCKS_MIN, PAGE_BYTES, SHARDS_MAX, SLAB_GROWTH_BYTES_MIN,
+};
 
 /// Opens (recovers) one shard's engine; runs on the shard's own thread.
 pub type EngineOpener = Box<dyn FnOnce() -> Result<Box<dyn ShardEngine>, OpenError> + Send>;
@@ -124,6 +126,7 @@ impl StoreSetup {
                     placements: self.placements.clone(),
                     append_block_pages: self.append_block_pages,
                     space_amplification_max: self.space_amplification_max,
+                    gc_room_blocks_min: GC_ROOM_BLOCKS_MIN,
                     poisoned: self.poisoned.clone(),
                 };
                 let storage = self.storage.clone();

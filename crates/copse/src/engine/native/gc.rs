@@ -91,6 +91,8 @@ pub(super) struct Collector {
     block_pages: u32,
     /// The collector keeps an append class's file under this many times its live slots.
     space_amplification_max: f64,
+    /// `EngineConfig::gc_room_blocks_min`.
+    room_blocks_min: u64,
     /// Block accounting of each class in append placement (once its file is open).
     append: Vec<Option<AppendClass>>,
     /// The collection under way, if any.
@@ -108,12 +110,14 @@ impl Collector {
         placements: Vec<Placement>,
         block_pages: u32,
         space_amplification_max: f64,
+        room_blocks_min: u64,
     ) -> Collector {
         assert_eq!(placements.len(), CLASS_COUNT);
         Collector {
             placements,
             block_pages: block_pages.max(1),
             space_amplification_max,
+            room_blocks_min,
             append: (0..CLASS_COUNT).map(|_| None).collect(),
             run: None,
             moves_in_flight: 0,
@@ -171,16 +175,16 @@ impl Collector {
     /// the start of collection (and one block). Returns the class and its victims.
     fn pick_victims(&mut self, appended: usize) -> Option<(u8, Vec<u32>)> {
         self.wanted = false;
-        let ratio = self.space_amplification_max;
+        let (ratio, room) = (self.space_amplification_max, self.room_blocks_min);
         for (class, append) in self.append.iter_mut().enumerate() {
             let Some(append) = append.as_mut() else { continue };
-            if !append.wants_collection(ratio) {
+            if !append.wants_collection(ratio, room) {
                 continue;
             }
             // What this round's pace asks for, and at least what the class stands past the
             // start: a small round may start a collection while a burst is under way.
             let wanted_slots = (GC_FREE_PER_APPENDED * appended as u64)
-                .max(append.slots_past_start(ratio))
+                .max(append.slots_past_start(ratio, room))
                 .max(append.slots_per_block());
             let mut blocks = Vec::new();
             let mut dead_slots = 0;
@@ -526,7 +530,7 @@ mod tests {
     /// later one, while the file grows past its ceiling.
     #[test]
     fn clustering_moves_in_flight_do_not_hold_a_collection_open() {
-        let mut collector = Collector::new(vec![Placement::Append; CLASS_COUNT], 4, 1.5);
+        let mut collector = Collector::new(vec![Placement::Append; CLASS_COUNT], 4, 1.5, 0);
         collector.move_started(MoveCause::Collect);
         collector.move_started(MoveCause::Cluster);
         collector.move_started(MoveCause::Cluster);

@@ -99,6 +99,10 @@ pub struct EngineConfig {
     /// The collector keeps an append class's file under this many times its live slots (plus
     /// a growth step: docs/placement.md).
     pub space_amplification_max: f64,
+    /// The least room, in blocks, the collector leaves an append class past its live slots:
+    /// `limits::GC_ROOM_BLOCKS_MIN` in a store; the simulator sets 0 so that its small stores
+    /// collect all the time (what it tests is the collector's safety, not its pace).
+    pub gc_room_blocks_min: u64,
     /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     pub poisoned: Arc<AtomicBool>,
 }
@@ -183,6 +187,7 @@ impl NativeEngine {
                 config.placements,
                 config.append_block_pages,
                 config.space_amplification_max,
+                config.gc_room_blocks_min,
             ),
             clusters: cluster::Clusters::new(),
             index: Index::default(),

@@ -308,21 +308,21 @@ impl AppendClass {
 
     /// Whether the collector should run: opening one more block would take the blocks in use
     /// (all but the free ones) most of the way (`GC_START_FRACTION_OF_CEILING_ROOM`) to
-    /// `space_amplification_max` times the live slots, and past `GC_ROOM_BLOCKS_MIN` blocks more
-    /// than the live slots (a class of a few blocks gets that much room). The file
+    /// `space_amplification_max` times the live slots, and past `room_blocks_min` blocks more
+    /// than the live slots (`limits::GC_ROOM_BLOCKS_MIN` in a store: a class of a few blocks
+    /// gets that much room). The file
     /// grows only when no block is free, so it stays within the ceiling plus one growth step.
-    pub(super) fn wants_collection(&self, space_amplification_max: f64) -> bool {
-        self.slots_past_start(space_amplification_max) > 0
+    pub(super) fn wants_collection(&self, space_amplification_max: f64, room_blocks_min: u64) -> bool {
+        self.slots_past_start(space_amplification_max, room_blocks_min) > 0
     }
 
     /// How many slots the blocks in use, with one more opened, stand past the point where
     /// collection starts (0 if short of it): what a collection must free at least to get back.
-    pub(super) fn slots_past_start(&self, space_amplification_max: f64) -> u64 {
+    pub(super) fn slots_past_start(&self, space_amplification_max: f64, room_blocks_min: u64) -> u64 {
         let occupied = (self.blocks.len() - self.free_blocks.len()) as u64 + 1;
         let start = 1.0
             + crate::limits::GC_START_FRACTION_OF_CEILING_ROOM * (space_amplification_max - 1.0);
-        let room_min =
-            (self.used_slots + crate::limits::GC_ROOM_BLOCKS_MIN * self.slots_per_block) as f64;
+        let room_min = (self.used_slots + room_blocks_min * self.slots_per_block) as f64;
         let start_slots = (start * self.used_slots as f64).max(room_min);
         let past = (occupied * self.slots_per_block) as f64 - start_slots;
         past.max(0.0).ceil() as u64
@@ -528,15 +528,15 @@ mod tests {
         for _ in 0..16 * 8 {
             append.take();
         }
-        assert!(!append.wants_collection(1.5), "no dead slots: a new block keeps the ratio");
+        assert!(!append.wants_collection(1.5, 0), "no dead slots: a new block keeps the ratio");
         for slot in 0..16 * 4 {
             if slot % 16 != 0 {
                 append.release(slot, None);
             }
         }
-        assert!(append.wants_collection(1.5));
-        assert!(!append.wants_collection(4.0));
-        assert!(append.wants_collection(2.2), "starts short of the ceiling");
+        assert!(append.wants_collection(1.5, 0));
+        assert!(!append.wants_collection(4.0, 0));
+        assert!(append.wants_collection(2.2, 0), "starts short of the ceiling");
     }
 
     #[test]
@@ -550,7 +550,9 @@ mod tests {
         }
         // 16 live slots in two blocks: 1.5 times them is under two blocks, but a collection
         // would only move live slots from block to block, round after round.
-        assert!(!append.wants_collection(1.5));
+        let room = crate::limits::GC_ROOM_BLOCKS_MIN;
+        assert!(!append.wants_collection(1.5, room));
+        assert!(append.wants_collection(1.5, 0), "the ceiling alone would start a collection");
         // Three more blocks filled, two of them then three-quarters dead: 40 live slots in
         // five blocks, six with the next one opened, past the live slots plus the room.
         for _ in 0..16 * 3 {
@@ -559,7 +561,7 @@ mod tests {
         for slot in (16 * 2..16 * 4).filter(|slot| slot % 4 != 0) {
             append.release(slot, None);
         }
-        assert!(append.wants_collection(1.5), "past the room: the blocks in use exceed it");
+        assert!(append.wants_collection(1.5, room), "past the room: the blocks in use exceed it");
     }
 
     #[test]
