@@ -162,15 +162,8 @@ impl Plan {
     where
         F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
     {
-        self.add_exec(shard, keys, step, false);
-    }
-
-    fn add_exec<F>(&mut self, shard: u32, keys: Vec<Vec<u8>>, step: F, joins_write_groups: bool)
-    where
-        F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
-    {
         let (answer, receiver) = oneshot::channel();
-        let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups });
+        let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: false });
         self.queued.push(Queued { shard, request: ExecRequest { locks: keys, exec } });
         self.answers.push(receiver);
     }

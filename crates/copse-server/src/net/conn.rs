@@ -54,6 +54,9 @@ const SHUTDOWN_WRITE_GRACE_MS: u64 = 2_000;
 /// a client that does not read must not hold its task, its descriptor or a shutdown.
 const FINAL_REPLY_WRITE_MS: u64 = 1_000;
 
+/// Commands a connection's wave lists keep room for between waves (`connection_loop`).
+const WAVE_COMMANDS_KEPT: usize = 64;
+
 /// A reply on its way, in request order.
 enum Slot {
     Ready(Reply),
@@ -234,7 +237,7 @@ async fn connection_loop(
         // without ever reading must not outlive it by filling its socket.
         let write_deadline = auth_deadline_at(unauthenticated_since, auth_timeout_secs);
         let writer = &mut Writer { stream, deadline: write_deadline };
-        debug_assert!(pending.slots.is_empty() && pending.reserved_bytes == 0);
+        assert!(pending.slots.is_empty() && pending.reserved_bytes == 0, "a wave left replies");
         let mut close = false;
         for args in wave.drain(..) {
             let Dispatched { outcome, reply_size } = dispatch(server, conn, args);
@@ -282,6 +285,10 @@ async fn connection_loop(
             return Ok(end);
         }
         write_out(server, writer, &mut out, shutdown).await?;
+        // A deep pipeline's lists shrink back: an idle connection keeps a few KiB, not the most
+        // a wave ever needed.
+        wave.shrink_to(WAVE_COMMANDS_KEPT);
+        pending.slots.shrink_to(WAVE_COMMANDS_KEPT);
         if close {
             return Ok(End::Done);
         }

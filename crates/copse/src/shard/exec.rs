@@ -727,7 +727,10 @@ impl ExecTable {
             match queue.front() {
                 None => {
                     let queue = self.queues.remove(&lock).expect("a held lock has a queue");
-                    if self.spare_queues.len() < SPARE_QUEUES_MAX {
+                    // A hot key's long queue is let go: the spares stay a few KiB.
+                    if self.spare_queues.len() < SPARE_QUEUES_MAX
+                        && queue.capacity() <= SPARE_QUEUE_CAPACITY_MAX
+                    {
                         self.spare_queues.push(queue);
                     }
                 }
@@ -752,8 +755,10 @@ impl ExecTable {
 }
 
 /// Emptied lock queues an `ExecTable` keeps for reuse: enough for every exec of a full wave of
-/// pipelined commands from many connections, a few KiB at most.
+/// pipelined commands from many connections, and only short ones (at most
+/// `SPARE_QUEUES_MAX` × `SPARE_QUEUE_CAPACITY_MAX` × 8 bytes = 16 KiB kept).
 const SPARE_QUEUES_MAX: usize = 256;
+const SPARE_QUEUE_CAPACITY_MAX: usize = 8;
 
 /// The identity of a lock key in the lock tables: its 64-bit hash. Keys whose hashes collide
 /// share one lock: their execs run one after another, and a write group may hold writes of both

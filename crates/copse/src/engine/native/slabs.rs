@@ -255,8 +255,8 @@ impl Slabs {
 
 /// Who takes an appended slot. The collector paces itself on what the foreground appends
 /// (`Collector::count_appended`); its own moves must not count, or each collection would ask
-/// the next for more than the writes used, moving ever livelier victims: measured 22 moves per
-/// SET with 2,048 live 1 KiB records per shard before (docs/benchmarks.md, 2026-11-27).
+/// the next for more than the writes used, moving ever livelier victims (2,048 live 1 KiB
+/// records per shard: 3 to 22 moves per SET counted, 2.6 to 3 not; docs/benchmarks.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Appender {
     /// A write of the store's users (or its own records: batches, watermarks).
