@@ -11,6 +11,8 @@
 //! 1. Execs holding a common lock key run one at a time, in the order they reached the shard:
 //!    an exec starts only when it is first in the queue of every one of its lock keys. Since the
 //!    shard thread sees arrivals in one order, no exec waits for a later one (no deadlock).
+//!    A lock is held by its key's 64-bit hash (`lock_id`): keys whose hashes collide share one
+//!    lock, which runs their execs one at a time too (less concurrency, the same guarantees).
 //! 2. An exec keeps its locks until it is done, and a write step resumes it only once the write is
 //!    durable (the engine answers writes then). So an exec that reads after earlier execs on its
 //!    keys sees their writes, and a reader behind a writer sees the write only once it is durable:
