@@ -172,7 +172,9 @@ impl Collector {
 
     /// Picks victims in a class that wants a collection, enough to free `GC_FREE_PER_APPENDED`
     /// times what this round appended (`appended`), and at least what the class stands past
-    /// the start of collection (and one block). Returns the class and its victims.
+    /// the start of collection. Returns the class and its victims. (No block's worth at least:
+    /// in a class of a few dozen blocks that took livelier victims than the pace needed, 3.1
+    /// moves per SET against 2.4 with 2,048 live 1 KiB records per shard.)
     fn pick_victims(&mut self, appended: usize) -> Option<(u8, Vec<u32>)> {
         self.wanted = false;
         let (ratio, room) = (self.space_amplification_max, self.room_blocks_min);
@@ -183,9 +185,8 @@ impl Collector {
             }
             // What this round's pace asks for, and at least what the class stands past the
             // start: a small round may start a collection while a burst is under way.
-            let wanted_slots = (GC_FREE_PER_APPENDED * appended as u64)
-                .max(append.slots_past_start(ratio, room))
-                .max(append.slots_per_block());
+            let wanted_slots =
+                (GC_FREE_PER_APPENDED * appended as u64).max(append.slots_past_start(ratio, room));
             let mut blocks = Vec::new();
             let mut dead_slots = 0;
             while dead_slots < wanted_slots && blocks.len() < GC_VICTIMS_PER_RUN_MAX {
