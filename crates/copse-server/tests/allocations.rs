@@ -47,9 +47,11 @@ static GLOBAL: CountingCalls = CountingCalls;
 /// the engine's answer channel, the results list), the value read, and per wave the message
 /// to each shard and the lists the shard and the engine keep for a round.
 const GET_ALLOCATIONS_MAX: f64 = 14.0;
-/// What a SET of a 1 KiB value allocates, collector included (20.2 measured, from 173: most of
-/// that was the collector churning a store of a few blocks, `GC_ROOM_BLOCKS_MIN`).
-const SET_ALLOCATIONS_MAX: f64 = 23.0;
+/// What a SET of a 1 KiB value allocates, collector included (20.2 measured on a quiet machine,
+/// 22.8 on a loaded one: when the collector's rounds fall depends on the threads' scheduling;
+/// from 173 before, most of that the collector churning a store of a few blocks,
+/// `GC_ROOM_BLOCKS_MIN`).
+const SET_ALLOCATIONS_MAX: f64 = 26.0;
 
 const KEYS: usize = 512;
 const VALUE_BYTES: usize = 1024;
