@@ -585,15 +585,16 @@ def test_placement_flags_make_an_appending_store_that_collects_and_keeps_its_lay
     server = make_server("--placement", "append", "--space-amplification-max", "1.2")
     client = server.client()
     values = {}
-    # Each round overwrites every key in a random order, so that no block dies whole (a block
-    # whose records all died is reused without the collector's help, docs/placement.md).
-    # Enough of them that every shard's writes pass the room the collector leaves a class of a
-    # few blocks (`GC_ROOM_BLOCKS_MIN`, 256 KiB blocks).
+    # Each round writes keys drawn at random (some several times, some not at all), so that
+    # old blocks keep a few live records and do not die whole (a block whose records all died
+    # is reused without the collector's help, docs/placement.md). Enough of them that every
+    # shard's writes pass the room the collector leaves a class of a few blocks
+    # (`GC_ROOM_BLOCKS_MIN`, 256 KiB blocks).
     order = random.Random(7)
     keys = 8000
     for round_number in range(8):
         pipe = client.pipeline(transaction=False)
-        for key in order.sample(range(keys), keys):
+        for key in (order.randrange(keys) for _ in range(keys)):
             values[f"k{key}"] = f"{round_number}-{key}-".ljust(90, "v").encode()
             pipe.set(f"k{key}", values[f"k{key}"])
         pipe.execute()

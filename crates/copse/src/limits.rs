@@ -93,11 +93,13 @@ pub const GC_FREE_PER_APPENDED: u64 = 6;
 /// that a burst of writes meets a collection already under way).
 pub const GC_START_FRACTION_OF_CEILING_ROOM: f64 = 0.8;
 /// The least room, in blocks, an append class keeps besides its live slots before the collector
-/// starts, whatever the ceiling: the open block and one block to gather dead slots in. A class
-/// whose live data fills only a few blocks otherwise stands past the start for good and the
-/// collector churns its live records round after round (measured: 24 moves per SET with 256
-/// live 1 KiB records per shard, docs/benchmarks.md, 2026-11-27).
-pub const GC_ROOM_BLOCKS_MIN: u64 = 3;
+/// starts, whatever the ceiling. A class whose live data fills only a few blocks otherwise
+/// stands past the start for good and the collector churns its live records round after round
+/// (24 moves per SET with 256 live 1 KiB records per shard); and in a class of a dozen blocks,
+/// the deadest block is barely deader than the others when a tight start comes (2,048 live
+/// records per shard: 2.4 moves per SET with 3 blocks of room, 0.8 with 6, for 768 KiB more
+/// file per class and shard at most; docs/benchmarks.md, 2026-11-27).
+pub const GC_ROOM_BLOCKS_MIN: u64 = 6;
 
 /// Clustering (engine/native/cluster.rs, docs/placement.md): a scan's items of one append class
 /// are rewritten side by side when there are at least `CLUSTER_ITEMS_MIN` of them and they lay
