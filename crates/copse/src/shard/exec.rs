@@ -291,7 +291,8 @@ struct Part {
 
 struct Running {
     exec: Box<dyn Exec>,
-    locks: Vec<Vec<u8>>,
+    /// Its locks (`lock_id`), each once: the keys' bytes are not needed past arrival.
+    locks: smallvec::SmallVec<[u64; 2]>,
     blocked_by: usize,
     /// Stepped at least once (an exec started behind a write group starts while still blocked).
     started: bool,
@@ -354,17 +355,15 @@ impl ExecTable {
     pub fn arrive(&mut self, request: ExecRequest) {
         let id = self.next_id;
         self.next_id += 1;
-        let mut locks = request.locks;
-        if locks.len() > 1 {
-            // Keys whose ids collide are one lock: each queue holds an exec once.
-            locks.sort_unstable_by_key(|lock| lock_id(lock));
-            locks.dedup_by_key(|lock| lock_id(lock));
-        }
+        let mut locks: smallvec::SmallVec<[u64; 2]> =
+            request.locks.iter().map(|lock| lock_id(lock)).collect();
+        // Keys whose ids collide are one lock: each queue holds an exec once.
+        locks.sort_unstable();
+        locks.dedup();
         let mut blocked_by = 0;
-        for lock in &locks {
+        for &lock in &locks {
             let spare = &mut self.spare_queues;
-            let queue =
-                self.queues.entry(lock_id(lock)).or_insert_with(|| spare.pop().unwrap_or_default());
+            let queue = self.queues.entry(lock).or_insert_with(|| spare.pop().unwrap_or_default());
             if !queue.is_empty() {
                 blocked_by += 1;
             }
@@ -517,7 +516,7 @@ impl ExecTable {
             running.state = State::Ready(StepInput::Written(Err(err.into())));
             return;
         }
-        let lock = lock_id(&running.locks[0]);
+        let lock = running.locks[0];
         let group = match self.groups.entry(lock) {
             // The lock's holder: a group of one, which the execs behind it may join. Its write
             // passed `check_write`, so it fits the group's batch.
@@ -680,8 +679,7 @@ impl ExecTable {
         // may only write last or finish (`Exec::joins_write_groups`).
         let behind_group = running.blocked_by > 0;
         let overlay = if behind_group {
-            let lock = lock_id(&running.locks[0]);
-            let group = self.groups.get(&lock).expect("started behind a group");
+            let group = self.groups.get(&running.locks[0]).expect("started behind a group");
             Some(&group.overlay)
         } else {
             None
@@ -711,7 +709,7 @@ impl ExecTable {
     /// Releases a finished exec's locks; the next exec in each queue may start.
     fn release(&mut self, id: u64) {
         let running = self.running.remove(&id).expect("a finished exec is running");
-        for lock in running.locks.iter().map(|lock| lock_id(lock)) {
+        for lock in running.locks {
             let queue = self.queues.get_mut(&lock).expect("a held lock has a queue");
             let position = queue.iter().position(|&queued| queued == id);
             if position != Some(0) {
