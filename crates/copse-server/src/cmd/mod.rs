@@ -122,18 +122,8 @@ pub type Combine = Box<dyn FnOnce(Vec<Reply>) -> Reply>;
 /// What a handler decided.
 pub enum Outcome {
     Reply(Reply),
-    /// Queue this one exec now; its answer is the command's (most commands: one key). Kept apart
-    /// from `Execs` so that the hot path builds no vectors and no combining step.
-    Exec {
-        queued: Queued,
-        answer: oneshot::Receiver<Reply>,
-    },
-    /// Queue these execs now, in order; answer `combine` of their answers.
-    Execs {
-        queued: Vec<Queued>,
-        answers: Vec<oneshot::Receiver<Reply>>,
-        combine: Combine,
-    },
+    /// Queue these execs now, in order, and answer from them.
+    Execs(Execs),
     /// Run after every earlier reply of the connection is in.
     AfterPending(LocalBoxFuture<'static, Reply>),
     /// Answer, then close the connection (QUIT).
@@ -144,6 +134,15 @@ impl Outcome {
     pub fn error(text: impl Into<String>) -> Outcome {
         Outcome::Reply(Reply::Error(text.into()))
     }
+}
+
+/// A command's execs and how its answer comes from theirs.
+pub enum Execs {
+    /// One exec, whose answer is the command's (most commands: one key). Kept apart from
+    /// `Many` so that the hot path builds no vectors and no combining step.
+    One { queued: Queued, answer: oneshot::Receiver<Reply> },
+    /// Several, in order; the command answers `combine` of their answers.
+    Many { queued: Vec<Queued>, answers: Vec<oneshot::Receiver<Reply>>, combine: Combine },
 }
 
 /// Builds the execs of one command.
@@ -169,7 +168,7 @@ impl Plan {
     }
 
     pub fn finish(self, combine: Combine) -> Outcome {
-        Outcome::Execs { queued: self.queued, answers: self.answers, combine }
+        Outcome::Execs(Execs::Many { queued: self.queued, answers: self.answers, combine })
     }
 }
 
@@ -250,7 +249,7 @@ where
     let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: grouped });
     let shard = db.shard_of(&key);
     let request = ExecRequest { locks: vec![key], exec };
-    Outcome::Exec { queued: Queued { shard, request }, answer: receiver }
+    Outcome::Execs(Execs::One { queued: Queued { shard, request }, answer: receiver })
 }
 
 /// Groups argument positions by the shard of the key at each, keeping their order.
@@ -760,11 +759,11 @@ pub async fn run_outcome(db: &Db, outcome: Outcome) -> Reply {
     match outcome {
         Outcome::Reply(reply) | Outcome::Close(reply) => reply,
         Outcome::AfterPending(future) => future.await,
-        Outcome::Exec { queued, answer } => {
+        Outcome::Execs(Execs::One { queued, answer }) => {
             db.exec_async(queued.shard, queued.request.locks, queued.request.exec).await;
             answered(answer).await
         }
-        Outcome::Execs { queued, answers, combine } => {
+        Outcome::Execs(Execs::Many { queued, answers, combine }) => {
             for queued in queued {
                 db.exec_async(queued.shard, queued.request.locks, queued.request.exec).await;
             }

@@ -35,7 +35,9 @@ use tokio::sync::watch;
 use super::access;
 use copse::exec::ExecRequest;
 
-use crate::cmd::{answered, collect, dispatch, Combine, Dispatched, Outcome, Queued, ReplySize};
+use crate::cmd::{
+    answered, collect, dispatch, Combine, Dispatched, Execs, Outcome, Queued, ReplySize,
+};
 use crate::config::{
     CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
     UNAUTHENTICATED_ARGS_MAX, UNAUTHENTICATED_BULK_BYTES_MAX,
@@ -243,7 +245,7 @@ async fn connection_loop(
             let Dispatched { outcome, reply_size } = dispatch(server, conn, args);
             match outcome {
                 Outcome::Reply(reply) => pending.push(Slot::Ready(reply), conn.protocol, 0),
-                execs @ (Outcome::Exec { .. } | Outcome::Execs { .. }) => {
+                Outcome::Execs(execs) => {
                     let room = make_room(
                         server,
                         writer,
@@ -353,20 +355,17 @@ impl Outbox {
     }
 
     /// Queues the execs of a command; returns the slot its reply waits in.
-    fn queue(&mut self, execs: Outcome) -> Slot {
+    fn queue(&mut self, execs: Execs) -> Slot {
         match execs {
-            Outcome::Exec { queued, answer } => {
+            Execs::One { queued, answer } => {
                 self.push(queued);
                 Slot::WaitingOne(answer)
             }
-            Outcome::Execs { queued, answers, combine } => {
+            Execs::Many { queued, answers, combine } => {
                 for queued in queued {
                     self.push(queued);
                 }
                 Slot::Waiting(answers, combine)
-            }
-            Outcome::Reply(_) | Outcome::AfterPending(_) | Outcome::Close(_) => {
-                unreachable!("only a command's execs are queued")
             }
         }
     }
