@@ -310,8 +310,8 @@ impl AppendClass {
     /// (all but the free ones) most of the way (`GC_START_FRACTION_OF_CEILING_ROOM`) to
     /// `space_amplification_max` times the live slots, and past `room_blocks_min` blocks more
     /// than the live slots (`limits::GC_ROOM_BLOCKS_MIN` in a store: a class of a few blocks
-    /// gets that much room). The file
-    /// grows only when no block is free, so it stays within the ceiling plus one growth step.
+    /// gets that much room). The file grows only when no block is free, so it stays within the
+    /// ceiling plus one growth step.
     pub(super) fn wants_collection(&self, space_amplification_max: f64, room_blocks_min: u64) -> bool {
         self.slots_past_start(space_amplification_max, room_blocks_min) > 0
     }
