@@ -1909,6 +1909,58 @@ fn a_record_crossing_a_page_is_acknowledged_only_once_both_pages_are_written() {
     assert_eq!(shard.get(b"fill-2"), Some(value("FILL-TWO")));
 }
 
+/// A record whose checksums held once in the page cache is not checked again while its page's
+/// image stays the same (the cache's marks), but a page read again from the device is checked
+/// again: a bit flipped on the disk meanwhile is reported, never returned. A mark that outlived
+/// the reload (the frame reused for the same page with the marks of its earlier image) would
+/// return the flipped value (or, in this build, trip `decode_verified_slot`'s assertion).
+#[test]
+fn a_cached_record_checked_once_is_checked_again_when_its_page_is_read_again() {
+    copse::hash::make_deterministic();
+    fn config(_: &SimDisk) -> EngineConfig {
+        one_shard_config(Placement::InPlace, 8)
+    }
+    let disk = SimDisk::new(32);
+    let mut shard = Shard::open(&disk, config);
+    let value = make_value("checked once", 300);
+    let mut put = shard.put(b"victim", &value);
+    assert!(shard.turn_until(100, || matches!(put.try_recv(), Ok(Some(Ok(()))))));
+    // Checked, marked, then answered from the mark.
+    assert_eq!(shard.get(b"victim"), Some(value.clone()));
+    assert_eq!(shard.get(b"victim"), Some(value.clone()));
+    let (file, at) = disk
+        .file_names()
+        .into_iter()
+        .find_map(|name| {
+            let bytes = disk.read_file(&name).unwrap();
+            let at = bytes.windows(value.len()).position(|window| window == value)?;
+            Some((name, at))
+        })
+        .expect("the value is on the disk");
+    disk.flip_bit(&file, (at + 100) as u64, 5);
+    // The cached image is still what was written.
+    assert_eq!(shard.get(b"victim"), Some(value.clone()));
+    for attempt in 0..2 {
+        shard.engine.drop_clean_pages();
+        let (reply, mut rx) = oneshot::channel();
+        shard.engine.handle(Request::Get { key: b"victim".to_vec(), reply });
+        let mut answer = None;
+        assert!(shard.turn_until(1_000, || match rx.try_recv() {
+            Ok(Some(result)) => {
+                answer = Some(result);
+                true
+            }
+            _ => false,
+        }));
+        let answer = answer.unwrap();
+        assert!(
+            matches!(answer, Err(ReadError::Corrupt { .. })),
+            "attempt {attempt}: a get of the flipped record answered {:?}",
+            answer.map(|v| v.map(|v| v.len()))
+        );
+    }
+}
+
 /// The records of `key` in the shard's slab files (class, slot, header), read from the disk.
 fn records_of(
     disk: &SimDisk,

@@ -11,6 +11,13 @@
 //!   (docs/benchmarks.md, "The server's hot path").
 //! - The pool holds `capacity_frames` frames; it grows past that only when every frame is pinned,
 //!   and gives the extra frames back as soon as they are unpinned.
+//! - A frame's `verified` marks remember which records of its image passed their checksum: bit
+//!   `offset / VERIFIED_MARK_BYTES` stands for the record starting at `offset`, lying wholly in
+//!   the page. The marks are cleared whenever the image's bytes can change (`insert`,
+//!   `image_mut`), so a mark always describes the bytes as they are: checking such a record
+//!   again would compute the same checksums over the same bytes. The marks save that work on
+//!   cache hits, as a RocksDB block cache verifies a block when it is read from the file, not
+//!   on every hit; what comes from the device is verified before it is first returned.
 
 use std::collections::HashMap;
 
@@ -26,7 +33,18 @@ struct Frame {
     image: AlignedBuf,
     referenced: bool,
     pins: u32,
+    /// Records of the image verified since it last changed (module header).
+    verified: u64,
 }
+
+/// Bytes of a page each `verified` bit stands for. No slot is smaller, so no two records start
+/// under one bit.
+pub const VERIFIED_MARK_BYTES: usize = PAGE_BYTES / u64::BITS as usize;
+const _: () = assert!(VERIFIED_MARK_BYTES == 64);
+
+/// A cached page's frame, as `PageCache::find` gives it: valid until the cache next changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameId(u32);
 
 pub struct PageCache {
     map: HashMap<PageKey, u32, State>,
@@ -56,14 +74,14 @@ impl PageCache {
         self.map.contains_key(&page)
     }
 
-    /// The page's image, counting a hit or a miss.
-    pub fn lookup(&mut self, page: PageKey) -> Option<&[u8]> {
+    /// The frame of the page, counting a hit or a miss: one probe of the map for a reader that
+    /// then wants the image and its marks.
+    pub fn find(&mut self, page: PageKey) -> Option<FrameId> {
         match self.map.get(&page) {
             Some(&index) => {
                 self.hits += 1;
-                let frame = &mut self.frames[index as usize];
-                frame.referenced = true;
-                Some(&frame.image[..])
+                self.frames[index as usize].referenced = true;
+                Some(FrameId(index))
             }
             None => {
                 self.misses += 1;
@@ -72,11 +90,30 @@ impl PageCache {
         }
     }
 
-    /// The page's image for modification (no hit/miss accounting).
+    /// The image of a frame `find` gave (the cache has not changed since).
+    pub fn frame_image(&self, frame: FrameId) -> &[u8] {
+        &self.frames[frame.0 as usize].image[..]
+    }
+
+    /// Whether the record starting at `offset` of the frame's image, wholly inside it, passed
+    /// its checksum since the image last changed.
+    pub fn is_verified(&self, frame: FrameId, offset: usize) -> bool {
+        self.frames[frame.0 as usize].verified & verified_bit(offset) != 0
+    }
+
+    /// The record starting at `offset` of the frame's image, wholly inside it, passed its
+    /// checksum.
+    pub fn mark_verified(&mut self, frame: FrameId, offset: usize) {
+        self.frames[frame.0 as usize].verified |= verified_bit(offset);
+    }
+
+    /// The page's image for modification (no hit/miss accounting). Its records' marks go: the
+    /// caller may change any byte.
     pub fn image_mut(&mut self, page: PageKey) -> Option<&mut [u8]> {
         let index = *self.map.get(&page)?;
         let frame = &mut self.frames[index as usize];
         frame.referenced = true;
+        frame.verified = 0;
         Some(&mut frame.image[..])
     }
 
@@ -92,6 +129,7 @@ impl PageCache {
             let frame = &mut self.frames[index as usize];
             frame.image.copy_from_slice(bytes);
             frame.referenced = true;
+            frame.verified = 0;
             return;
         }
         let index = self.take_frame();
@@ -100,6 +138,7 @@ impl PageCache {
         frame.page = Some(page);
         frame.referenced = true;
         frame.pins = 0;
+        frame.verified = 0;
         self.map.insert(page, index);
     }
 
@@ -164,6 +203,7 @@ impl PageCache {
                 image: AlignedBuf::zeroed(PAGE_BYTES),
                 referenced: false,
                 pins: 0,
+                verified: 0,
             });
             return self.frames.len() as u32 - 1;
         }
@@ -195,6 +235,11 @@ impl PageCache {
     }
 }
 
+fn verified_bit(offset: usize) -> u64 {
+    assert!(offset < PAGE_BYTES, "a record's offset {offset} lies past its page");
+    1 << (offset / VERIFIED_MARK_BYTES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,10 +253,11 @@ mod tests {
         let mut cache = PageCache::new(2);
         cache.insert((0, 1), &page(1));
         cache.insert((0, 2), &page(2));
-        assert_eq!(cache.lookup((0, 1)).unwrap()[0], 1);
+        let frame = cache.find((0, 1)).unwrap();
+        assert_eq!(cache.frame_image(frame)[0], 1);
         cache.insert((0, 3), &page(3));
         assert_eq!(cache.len_pages(), 2);
-        assert!(cache.lookup((0, 99)).is_none());
+        assert!(cache.find((0, 99)).is_none());
         assert_eq!(cache.misses, 1);
         assert!(cache.contains((0, 3)));
     }
@@ -236,5 +282,30 @@ mod tests {
         assert_eq!(cache.image((2, 5)).unwrap()[100], 7);
         cache.image_mut((2, 5)).unwrap()[0] = 9;
         assert_eq!(cache.image((2, 5)).unwrap()[0], 9);
+    }
+
+    #[test]
+    fn a_record_s_mark_lasts_until_its_page_s_image_can_change() {
+        let mut cache = PageCache::new(2);
+        cache.insert((3, 1), &page(1));
+        let frame = cache.find((3, 1)).unwrap();
+        assert!(!cache.is_verified(frame, 1088));
+        cache.mark_verified(frame, 1088);
+        assert!(cache.is_verified(frame, 1088));
+        assert!(!cache.is_verified(frame, 0), "a mark stands for one record");
+        cache.image_mut((3, 1)).unwrap();
+        let frame = cache.find((3, 1)).unwrap();
+        assert!(!cache.is_verified(frame, 1088), "a modified image kept its marks");
+        cache.mark_verified(frame, 1088);
+        cache.insert((3, 1), &page(2));
+        let frame = cache.find((3, 1)).unwrap();
+        assert!(!cache.is_verified(frame, 1088), "a replaced image kept its marks");
+        cache.mark_verified(frame, 1088);
+        // Evicted, then read again: a new image, unverified.
+        cache.insert((3, 2), &page(3));
+        cache.insert((3, 3), &page(4));
+        cache.insert((3, 1), &page(2));
+        let frame = cache.find((3, 1)).unwrap();
+        assert!(!cache.is_verified(frame, 1088), "a reloaded image kept an old frame's marks");
     }
 }

@@ -763,6 +763,41 @@ pub fn decode_slot<'a>(
     Ok(Slot::Record { header: parsed, key, value })
 }
 
+/// `decode_slot` of a slot whose record passed it before, with the same bytes, layout, shard,
+/// location and slot size (the page cache's marks, `cache.rs`): the same answer, without
+/// computing the checksums again. Builds with `testing` or debug assertions also decode it in
+/// full and assert the answers agree: a mark that outlived a change of its bytes is an engine
+/// bug.
+pub fn decode_verified_slot<'a>(
+    bytes: &'a [u8],
+    layout: RecordLayout,
+    shard_id: u32,
+    loc: Loc,
+    slot_bytes: usize,
+) -> Result<Slot<'a>, SlotDefect> {
+    let known = parse_header(bytes)
+        .filter(|header| header.record_bytes() <= slot_bytes.min(bytes.len()))
+        .map(|header| {
+            let body = &bytes[RECORD_HEADER_BYTES..header.record_bytes()];
+            let (key, value) = body.split_at(header.key_bytes as usize);
+            Slot::Record { header, key, value }
+        });
+    if cfg!(any(debug_assertions, feature = "testing")) {
+        let checked = decode_slot(bytes, layout, shard_id, loc, slot_bytes);
+        assert!(
+            matches!((&known, &checked), (Some(a), Ok(b)) if a == b),
+            "shard {shard_id}: the record at {loc:?} was marked verified, but its bytes decode \
+             to {checked:?}"
+        );
+    }
+    // A mark stands only for a record that decoded, so `None` is a bug the assertion above
+    // shows in tests; a production build reports it as the full decode would.
+    match known {
+        Some(slot) => Ok(slot),
+        None => decode_slot(bytes, layout, shard_id, loc, slot_bytes),
+    }
+}
+
 /// What the byte at `at` of a slab file is, as far as checksums go. For fault injection, which
 /// must know whether a flipped bit can be detected at all and whose record it damages.
 ///

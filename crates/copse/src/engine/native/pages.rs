@@ -22,7 +22,7 @@
 
 use std::borrow::Cow;
 
-use super::cache::{PageCache, PageKey};
+use super::cache::{FrameId, PageCache, PageKey};
 use super::format::{Loc, SizeClass, SlotSpan};
 use super::index::Entry;
 use super::{IoPurpose, NativeEngine, WriteId};
@@ -31,6 +31,23 @@ use crate::engine::Reply;
 use crate::error::{ReadError, WriteError};
 use crate::hash::{HashMap, HashSet};
 use crate::limits::{PAGE_BYTES, READ_PAGES_PER_IO_MAX, WRITE_PAGES_PER_IO_MAX};
+
+/// An in-page slot's bytes from the page cache (`Pages::read_slot`).
+pub(super) struct CachedSlot<'a> {
+    pub(super) bytes: Cow<'a, [u8]>,
+    /// The record in these bytes passed its checksums since they last changed: what a check
+    /// of it would compute again is known (`PageCache`'s marks).
+    pub(super) verified: bool,
+    /// Where to mark it verified once checked; `None` for a slot crossing a page boundary.
+    pub(super) mark: Option<SlotMark>,
+}
+
+/// A record's place among the page cache's marks (`Pages::mark_verified`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SlotMark {
+    frame: FrameId,
+    offset: usize,
+}
 
 /// Who waits for a page image being read.
 pub(super) enum PageWaiter {
@@ -127,13 +144,29 @@ impl Pages {
         &mut self,
         class: SizeClass,
         span: SlotSpan,
-    ) -> Result<Cow<'_, [u8]>, PageKey> {
-        for number in span.page_numbers() {
-            if self.cache.lookup((class.id, number)).is_none() {
-                return Err((class.id, number));
-            }
+    ) -> Result<CachedSlot<'_>, PageKey> {
+        let first = self.cache.find((class.id, span.first_page)).ok_or((class.id, span.first_page))?;
+        if span.pages == 1 {
+            let slot_bytes = class.slot_bytes as usize;
+            let verified = self.cache.is_verified(first, span.offset);
+            let image = self.cache.frame_image(first);
+            return Ok(CachedSlot {
+                bytes: Cow::Borrowed(&image[span.offset..span.offset + slot_bytes]),
+                verified,
+                mark: Some(SlotMark { frame: first, offset: span.offset }),
+            });
         }
-        Ok(self.span_image(class, span).expect("every page was found"))
+        let second = (class.id, span.first_page + 1);
+        self.cache.find(second).ok_or(second)?;
+        let bytes = self.span_image(class, span).expect("every page was found");
+        // A crossing slot's bytes lie in two images that change apart: it has no mark.
+        Ok(CachedSlot { bytes, verified: false, mark: None })
+    }
+
+    /// Marks the slot `read_slot` gave as verified: its checksums held over its bytes as they
+    /// are (the cache has not changed since).
+    pub(super) fn mark_verified(&mut self, mark: SlotMark) {
+        self.cache.mark_verified(mark.frame, mark.offset);
     }
 
     /// The bytes of the in-page slot at `loc` from the cached images (no hit or miss counted),

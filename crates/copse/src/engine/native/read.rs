@@ -18,7 +18,9 @@
 use super::numbered::Numbered;
 use std::ops::Bound;
 
-use super::format::{decode_slot, Loc, RecordKind, RecordLayout, SizeClass, Slot};
+use super::format::{
+    decode_slot, decode_verified_slot, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect,
+};
 use super::index::Entry;
 use super::pages::{PageWaiter, Pages};
 use super::{IoPurpose, NativeEngine};
@@ -92,12 +94,27 @@ impl NativeEngine {
             file.frontier_page
         );
         let layout = file.layout;
-        let bytes = match self.pages.read_slot(class, span) {
-            Ok(bytes) => bytes,
+        let slot = match self.pages.read_slot(class, span) {
+            Ok(slot) => slot,
             Err(_) => return Resolved::NeedPages(Entry { loc, seq }, self.index.changes()),
         };
-        match verify_value(&bytes, layout, shard_id, loc, class.slot_bytes as usize, key, seq) {
-            Ok(value) => Resolved::Value(value),
+        let slot_bytes = class.slot_bytes as usize;
+        let decoded = if slot.verified {
+            decode_verified_slot(&slot.bytes, layout, shard_id, loc, slot_bytes)
+        } else {
+            decode_slot(&slot.bytes, layout, shard_id, loc, slot_bytes)
+        };
+        let checksums_held = !slot.verified && matches!(decoded, Ok(Slot::Record { .. }));
+        let mark = slot.mark;
+        match value_of(decoded, shard_id, loc, key, seq) {
+            Ok(value) => {
+                // Checked once, a cached record is not checked again on every hit while its
+                // page's image is unchanged (`PageCache`'s marks).
+                if let (true, Some(mark)) = (checksums_held, mark) {
+                    self.pages.mark_verified(mark);
+                }
+                Resolved::Value(value)
+            }
             Err(err) => Resolved::Failed(err),
         }
     }
@@ -356,7 +373,7 @@ impl NativeEngine {
 
 impl NativeEngine {
     /// `verify_value` of the slot bytes `bytes` read from this shard at `loc` (a direct read or
-    /// the scrub; `resolve` calls `verify_value` itself, holding the cache's page).
+    /// the scrub; `resolve` decodes the cache's image itself, through its marks).
     pub(super) fn verify_item(
         &self,
         bytes: &[u8],
@@ -388,12 +405,24 @@ fn verify_value(
     key: &[u8],
     seq: u64,
 ) -> Result<Vec<u8>, ReadError> {
+    value_of(decode_slot(bytes, layout, shard_id, loc, slot_bytes), shard_id, loc, key, seq)
+}
+
+/// The value of `key`'s record at `loc` as decoded, checked to be the put of that key with the
+/// seq the index expects (`seq`), or why it is not.
+fn value_of(
+    decoded: Result<Slot<'_>, SlotDefect>,
+    shard_id: u32,
+    loc: Loc,
+    key: &[u8],
+    seq: u64,
+) -> Result<Vec<u8>, ReadError> {
     let corrupt = |defect: String| ReadError::Corrupt {
         shard: shard_id,
         location: format!("{loc:?}"),
         defect,
     };
-    match decode_slot(bytes, layout, shard_id, loc, slot_bytes) {
+    match decoded {
         Ok(Slot::Record { header, key: stored_key, value }) => {
             if header.kind != RecordKind::Put {
                 return Err(corrupt(format!("indexed slot holds a {:?} record", header.kind)));
