@@ -1920,44 +1920,56 @@ fn a_cached_record_checked_once_is_checked_again_when_its_page_is_read_again() {
     fn config(_: &SimDisk) -> EngineConfig {
         one_shard_config(Placement::InPlace, 8)
     }
-    let disk = SimDisk::new(32);
-    let mut shard = Shard::open(&disk, config);
-    let value = make_value("checked once", 300);
-    let mut put = shard.put(b"victim", &value);
-    assert!(shard.turn_until(100, || matches!(put.try_recv(), Ok(Some(Ok(()))))));
-    // Checked, marked, then answered from the mark.
-    assert_eq!(shard.get(b"victim"), Some(value.clone()));
-    assert_eq!(shard.get(b"victim"), Some(value.clone()));
-    let (file, at) = disk
-        .file_names()
-        .into_iter()
-        .find_map(|name| {
-            let bytes = disk.read_file(&name).unwrap();
-            let at = bytes.windows(value.len()).position(|window| window == value)?;
-            Some((name, at))
-        })
-        .expect("the value is on the disk");
-    disk.flip_bit(&file, (at + 100) as u64, 5);
-    // The cached image is still what was written.
-    assert_eq!(shard.get(b"victim"), Some(value.clone()));
-    for attempt in 0..2 {
-        shard.engine.drop_clean_pages();
-        let (reply, mut rx) = oneshot::channel();
-        shard.engine.handle(Request::Get { key: b"victim".to_vec(), reply });
-        let mut answer = None;
-        assert!(shard.turn_until(1_000, || match rx.try_recv() {
-            Ok(Some(result)) => {
-                answer = Some(result);
-                true
-            }
-            _ => false,
-        }));
-        let answer = answer.unwrap();
-        assert!(
-            matches!(answer, Err(ReadError::Corrupt { .. })),
-            "attempt {attempt}: a get of the flipped record answered {:?}",
-            answer.map(|v| v.map(|v| v.len()))
-        );
+    // A record in one page, and one crossing from page 1 into page 2 (1,088-byte slots: slot 3
+    // crosses, as in `a_record_crossing_a_page_is_acknowledged_...`), flipped near its end.
+    for (case, fillers, value_bytes, pages) in
+        [("in one page", 0, 300, 1), ("crossing", 3, 1000, 2)]
+    {
+        let disk = SimDisk::new(32);
+        let mut shard = Shard::open(&disk, config);
+        for filler in 0..fillers {
+            let mut put = shard.put(format!("fill-{filler}").as_bytes(), &[b'f'; 1000]);
+            assert!(shard.turn_until(100, || matches!(put.try_recv(), Ok(Some(Ok(()))))));
+        }
+        let value = make_value(&format!("checked once, {case}"), value_bytes);
+        let mut put = shard.put(b"victim", &value);
+        assert!(shard.turn_until(100, || matches!(put.try_recv(), Ok(Some(Ok(()))))));
+        let (class, slot, _) = records_of(&disk, b"victim")[0];
+        assert_eq!(SizeClass::get(class).span(slot).pages, pages, "{case}");
+        // Checked, marked, then answered from the mark.
+        assert_eq!(shard.get(b"victim"), Some(value.clone()));
+        assert_eq!(shard.get(b"victim"), Some(value.clone()));
+        let (file, at) = disk
+            .file_names()
+            .into_iter()
+            .find_map(|name| {
+                let bytes = disk.read_file(&name).unwrap();
+                let at = bytes.windows(value.len()).position(|window| window == value)?;
+                Some((name, at))
+            })
+            .expect("the value is on the disk");
+        disk.flip_bit(&file, (at + value_bytes - 10) as u64, 5);
+        // The cached image is still what was written.
+        assert_eq!(shard.get(b"victim"), Some(value.clone()));
+        for attempt in 0..2 {
+            shard.engine.drop_clean_pages();
+            let (reply, mut rx) = oneshot::channel();
+            shard.engine.handle(Request::Get { key: b"victim".to_vec(), reply });
+            let mut answer = None;
+            assert!(shard.turn_until(1_000, || match rx.try_recv() {
+                Ok(Some(result)) => {
+                    answer = Some(result);
+                    true
+                }
+                _ => false,
+            }));
+            let answer = answer.unwrap();
+            assert!(
+                matches!(answer, Err(ReadError::Corrupt { .. })),
+                "{case}, attempt {attempt}: a get of the flipped record answered {:?}",
+                answer.map(|v| v.map(|v| v.len()))
+            );
+        }
     }
 }
 

@@ -332,6 +332,8 @@ pub struct ExecTable {
     groups: HashMap<u64, WriteGroup>,
     /// Execs that are not blocked; checked by `pump`.
     active: Vec<u64>,
+    /// An empty list kept for `pump`'s next pass (it holds the pass's unfinished execs).
+    spare_active: Vec<u64>,
     next_id: u64,
     /// Parts applied here, waiting until every participant applied theirs to be erased.
     to_forget: Vec<Arc<dyn Coordinator>>,
@@ -387,9 +389,10 @@ impl ExecTable {
         moved_any |= self.answer_groups(engine);
         loop {
             let mut moved = false;
-            let active = std::mem::take(&mut self.active);
-            let mut still_active = Vec::with_capacity(active.len());
-            for id in active {
+            let mut active = std::mem::take(&mut self.active);
+            // The list of the pass before, emptied: a pass allocates no list of its own.
+            let mut still_active = std::mem::take(&mut self.spare_active);
+            for id in active.drain(..) {
                 match self.advance(id, engine) {
                     Advance::Waiting => still_active.push(id),
                     Advance::Moved => {
@@ -413,6 +416,7 @@ impl ExecTable {
             // `release` may have activated blocked execs meanwhile.
             still_active.append(&mut self.active);
             self.active = still_active;
+            self.spare_active = active;
             self.hand_reads(engine);
             if !moved {
                 self.write_groups(engine);

@@ -13,9 +13,11 @@
 //!   and gives the extra frames back as soon as they are unpinned.
 //! - A frame's `verified` marks remember which records of its image passed their checksum: bit
 //!   `offset / VERIFIED_MARK_BYTES` stands for the record starting at `offset`, lying wholly in
-//!   the page. The marks are cleared whenever the image's bytes can change (`insert`,
-//!   `image_mut`), so a mark always describes the bytes as they are: checking such a record
-//!   again would compute the same checksums over the same bytes. The marks save that work on
+//!   the page, and `crossing_verified` for the one record starting in the page and ending in the
+//!   next (a packed class's slot crossing a page boundary). The marks are cleared whenever the
+//!   bytes they cover can change: a page's own marks by `insert` and `image_mut` of it, its
+//!   crossing mark by those of the next page too. So a mark always describes the bytes as they
+//!   are: checking such a record again would compute the same checksums over the same bytes. The marks save that work on
 //!   cache hits, as a RocksDB block cache verifies a block when it is read from the file, not
 //!   on every hit; what comes from the device is verified before it is first returned.
 
@@ -35,6 +37,8 @@ struct Frame {
     pins: u32,
     /// Records of the image verified since it last changed (module header).
     verified: u64,
+    /// The record crossing into the next page, verified since either image last changed.
+    crossing_verified: bool,
 }
 
 /// Bytes of a page each `verified` bit stands for. No slot is smaller, so no two records start
@@ -95,25 +99,48 @@ impl PageCache {
         &self.frames[frame.0 as usize].image[..]
     }
 
-    /// Whether the record starting at `offset` of the frame's image, wholly inside it, passed
-    /// its checksum since the image last changed.
-    pub fn is_verified(&self, frame: FrameId, offset: usize) -> bool {
-        self.frames[frame.0 as usize].verified & verified_bit(offset) != 0
+    /// Whether the record starting at `offset` of the frame's image passed its checksum since
+    /// the bytes it covers last changed: wholly inside the image, or if `crosses`, ending in the
+    /// next page's.
+    pub fn is_verified(&self, frame: FrameId, offset: usize, crosses: bool) -> bool {
+        let frame = &self.frames[frame.0 as usize];
+        if crosses {
+            frame.crossing_verified
+        } else {
+            frame.verified & verified_bit(offset) != 0
+        }
     }
 
-    /// The record starting at `offset` of the frame's image, wholly inside it, passed its
-    /// checksum.
-    pub fn mark_verified(&mut self, frame: FrameId, offset: usize) {
-        self.frames[frame.0 as usize].verified |= verified_bit(offset);
+    /// The record starting at `offset` of the frame's image (ending in the next page's if
+    /// `crosses`) passed its checksum.
+    pub fn mark_verified(&mut self, frame: FrameId, offset: usize, crosses: bool) {
+        let frame = &mut self.frames[frame.0 as usize];
+        if crosses {
+            frame.crossing_verified = true;
+        } else {
+            frame.verified |= verified_bit(offset);
+        }
+    }
+
+    /// The bytes of `page` may change: the marks of its records go, and the mark of the record
+    /// crossing into it from the page before.
+    fn forget_marks(&mut self, page: PageKey, index: u32) {
+        let frame = &mut self.frames[index as usize];
+        frame.verified = 0;
+        frame.crossing_verified = false;
+        let Some(before) = page.1.checked_sub(1) else { return };
+        if let Some(&index) = self.map.get(&(page.0, before)) {
+            self.frames[index as usize].crossing_verified = false;
+        }
     }
 
     /// The page's image for modification (no hit/miss accounting). Its records' marks go: the
     /// caller may change any byte.
     pub fn image_mut(&mut self, page: PageKey) -> Option<&mut [u8]> {
         let index = *self.map.get(&page)?;
+        self.forget_marks(page, index);
         let frame = &mut self.frames[index as usize];
         frame.referenced = true;
-        frame.verified = 0;
         Some(&mut frame.image[..])
     }
 
@@ -126,10 +153,10 @@ impl PageCache {
     pub fn insert(&mut self, page: PageKey, bytes: &[u8]) {
         assert_eq!(bytes.len(), PAGE_BYTES);
         if let Some(&index) = self.map.get(&page) {
+            self.forget_marks(page, index);
             let frame = &mut self.frames[index as usize];
             frame.image.copy_from_slice(bytes);
             frame.referenced = true;
-            frame.verified = 0;
             return;
         }
         let index = self.take_frame();
@@ -138,8 +165,8 @@ impl PageCache {
         frame.page = Some(page);
         frame.referenced = true;
         frame.pins = 0;
-        frame.verified = 0;
         self.map.insert(page, index);
+        self.forget_marks(page, index);
     }
 
     pub fn pin(&mut self, page: PageKey) {
@@ -204,6 +231,7 @@ impl PageCache {
                 referenced: false,
                 pins: 0,
                 verified: 0,
+                crossing_verified: false,
             });
             return self.frames.len() as u32 - 1;
         }
@@ -289,23 +317,53 @@ mod tests {
         let mut cache = PageCache::new(2);
         cache.insert((3, 1), &page(1));
         let frame = cache.find((3, 1)).unwrap();
-        assert!(!cache.is_verified(frame, 1088));
-        cache.mark_verified(frame, 1088);
-        assert!(cache.is_verified(frame, 1088));
-        assert!(!cache.is_verified(frame, 0), "a mark stands for one record");
+        assert!(!cache.is_verified(frame, 1088, false));
+        cache.mark_verified(frame, 1088, false);
+        assert!(cache.is_verified(frame, 1088, false));
+        assert!(!cache.is_verified(frame, 0, false), "a mark stands for one record");
         cache.image_mut((3, 1)).unwrap();
         let frame = cache.find((3, 1)).unwrap();
-        assert!(!cache.is_verified(frame, 1088), "a modified image kept its marks");
-        cache.mark_verified(frame, 1088);
+        assert!(!cache.is_verified(frame, 1088, false), "a modified image kept its marks");
+        cache.mark_verified(frame, 1088, false);
         cache.insert((3, 1), &page(2));
         let frame = cache.find((3, 1)).unwrap();
-        assert!(!cache.is_verified(frame, 1088), "a replaced image kept its marks");
-        cache.mark_verified(frame, 1088);
+        assert!(!cache.is_verified(frame, 1088, false), "a replaced image kept its marks");
+        cache.mark_verified(frame, 1088, false);
         // Evicted, then read again: a new image, unverified.
         cache.insert((3, 2), &page(3));
         cache.insert((3, 3), &page(4));
         cache.insert((3, 1), &page(2));
         let frame = cache.find((3, 1)).unwrap();
-        assert!(!cache.is_verified(frame, 1088), "a reloaded image kept an old frame's marks");
+        assert!(!cache.is_verified(frame, 1088, false), "a reloaded image kept an old frame's marks");
+    }
+
+    #[test]
+    fn a_crossing_record_s_mark_goes_when_either_of_its_pages_can_change() {
+        let mut cache = PageCache::new(4);
+        cache.insert((3, 1), &page(1));
+        cache.insert((3, 2), &page(2));
+        let mark = |cache: &mut PageCache| {
+            let frame = cache.find((3, 1)).unwrap();
+            cache.mark_verified(frame, 3264, true);
+            assert!(cache.is_verified(frame, 3264, true));
+            assert!(!cache.is_verified(frame, 3264, false), "the crossing mark is its own");
+        };
+        let marked = |cache: &mut PageCache| {
+            let frame = cache.find((3, 1)).unwrap();
+            cache.is_verified(frame, 3264, true)
+        };
+        mark(&mut cache);
+        cache.image_mut((3, 2)).unwrap();
+        assert!(!marked(&mut cache), "the next page was modified, the crossing mark stayed");
+        mark(&mut cache);
+        cache.insert((3, 2), &page(5));
+        assert!(!marked(&mut cache), "the next page was replaced, the crossing mark stayed");
+        mark(&mut cache);
+        cache.image_mut((3, 1)).unwrap();
+        assert!(!marked(&mut cache), "its own page was modified, the crossing mark stayed");
+        mark(&mut cache);
+        cache.insert((3, 3), &page(6));
+        cache.insert((4, 2), &page(7));
+        assert!(marked(&mut cache), "other pages' changes took the mark");
     }
 }

@@ -38,8 +38,8 @@ pub(super) struct CachedSlot<'a> {
     /// The record in these bytes passed its checksums since they last changed: what a check
     /// of it would compute again is known (`PageCache`'s marks).
     pub(super) verified: bool,
-    /// Where to mark it verified once checked; `None` for a slot crossing a page boundary.
-    pub(super) mark: Option<SlotMark>,
+    /// Where to mark it verified once checked.
+    pub(super) mark: SlotMark,
 }
 
 /// A record's place among the page cache's marks (`Pages::mark_verified`).
@@ -47,6 +47,8 @@ pub(super) struct CachedSlot<'a> {
 pub(super) struct SlotMark {
     frame: FrameId,
     offset: usize,
+    /// The slot crosses into the next page.
+    crosses: bool,
 }
 
 /// Who waits for a page image being read.
@@ -80,6 +82,8 @@ pub(super) struct Pages {
     /// caches such frees per thread then holds far more than the store uses
     /// (docs/benchmarks.md, "Flat combining").
     spare_buffers: Vec<AlignedBuf>,
+    /// Where `read_slot` joins the two parts of a slot crossing a page boundary.
+    crossing_scratch: Vec<u8>,
 }
 
 /// One-page I/O buffers a shard keeps for reuse: about a round's worth (a shard has no more
@@ -96,6 +100,7 @@ impl Pages {
             dirty: HashMap::default(),
             in_flight: HashSet::default(),
             spare_buffers: Vec::new(),
+            crossing_scratch: Vec::new(),
         }
     }
 
@@ -145,28 +150,31 @@ impl Pages {
         class: SizeClass,
         span: SlotSpan,
     ) -> Result<CachedSlot<'_>, PageKey> {
+        let slot_bytes = class.slot_bytes as usize;
         let first = self.cache.find((class.id, span.first_page)).ok_or((class.id, span.first_page))?;
-        if span.pages == 1 {
-            let slot_bytes = class.slot_bytes as usize;
-            let verified = self.cache.is_verified(first, span.offset);
+        let crosses = span.pages > 1;
+        let mark = SlotMark { frame: first, offset: span.offset, crosses };
+        let verified = self.cache.is_verified(first, span.offset, crosses);
+        if !crosses {
             let image = self.cache.frame_image(first);
-            return Ok(CachedSlot {
-                bytes: Cow::Borrowed(&image[span.offset..span.offset + slot_bytes]),
-                verified,
-                mark: Some(SlotMark { frame: first, offset: span.offset }),
-            });
+            let bytes = Cow::Borrowed(&image[span.offset..span.offset + slot_bytes]);
+            return Ok(CachedSlot { bytes, verified, mark });
         }
         let second = (class.id, span.first_page + 1);
-        self.cache.find(second).ok_or(second)?;
-        let bytes = self.span_image(class, span).expect("every page was found");
-        // A crossing slot's bytes lie in two images that change apart: it has no mark.
-        Ok(CachedSlot { bytes, verified: false, mark: None })
+        let second = self.cache.find(second).ok_or(second)?;
+        // The two parts joined in a buffer kept for the next crossing slot, not a new one.
+        let scratch = &mut self.crossing_scratch;
+        scratch.clear();
+        scratch.extend_from_slice(&self.cache.frame_image(first)[span.offset..]);
+        let rest = slot_bytes - (PAGE_BYTES - span.offset);
+        scratch.extend_from_slice(&self.cache.frame_image(second)[..rest]);
+        Ok(CachedSlot { bytes: Cow::Borrowed(&scratch[..]), verified, mark })
     }
 
     /// Marks the slot `read_slot` gave as verified: its checksums held over its bytes as they
     /// are (the cache has not changed since).
     pub(super) fn mark_verified(&mut self, mark: SlotMark) {
-        self.cache.mark_verified(mark.frame, mark.offset);
+        self.cache.mark_verified(mark.frame, mark.offset, mark.crosses);
     }
 
     /// The bytes of the in-page slot at `loc` from the cached images (no hit or miss counted),

@@ -110,7 +110,7 @@ impl NativeEngine {
             Ok(value) => {
                 // Checked once, a cached record is not checked again on every hit while its
                 // page's image is unchanged (`PageCache`'s marks).
-                if let (true, Some(mark)) = (checksums_held, mark) {
+                if checksums_held {
                     self.pages.mark_verified(mark);
                 }
                 Resolved::Value(value)
