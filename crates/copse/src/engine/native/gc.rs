@@ -343,8 +343,28 @@ impl NativeEngine {
                 // batch (`CompactIndex::entries` overlaps the lookups' cache misses): the
                 // liveness check of a whole block, not one lookup after another.
                 let mut records = Vec::new();
+                // Slots released since the block was filled hold stale copies: skipped before
+                // they are decoded or looked up (about half a victim's slots under overwrites).
+                let mut dead = Vec::new();
+                let block_first = append.released_slots(block, &mut dead);
                 for (slot, bytes) in info.slots_in_units(first_page, &completion.buf) {
                     let loc = Loc::new(class, slot, 0);
+                    let offset = slot - block_first;
+                    if dead[offset as usize / 64] & (1 << (offset % 64)) != 0 {
+                        // The index cannot point at a released slot (checked in test builds).
+                        if cfg!(any(debug_assertions, feature = "testing")) {
+                            if let Ok(Slot::Record { key, .. }) =
+                                decode_slot(bytes, layout, self.shard_id, loc, slot_bytes)
+                            {
+                                assert!(
+                                    self.index.get(key).is_none_or(|live| live.slot_only() != loc),
+                                    "shard {}: a released slot {loc:?} is its key's live record",
+                                    self.shard_id
+                                );
+                            }
+                        }
+                        continue;
+                    }
                     let Ok(Slot::Record { header, key, value }) =
                         decode_slot(bytes, layout, self.shard_id, loc, slot_bytes)
                     else {

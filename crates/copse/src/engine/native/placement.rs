@@ -172,6 +172,18 @@ impl AppendClass {
         block as u64 * self.slots_per_block
     }
 
+    /// The slots of `block` released with a stale copy's tag since the block was last opened:
+    /// dead until the block is reopened (a released slot is handed out again only then). As a
+    /// bitmap by offset from the block's first slot, which is returned.
+    pub(super) fn released_slots(&self, block: u32, dead: &mut Vec<u64>) -> u64 {
+        dead.clear();
+        dead.resize(self.slots_per_block.div_ceil(64) as usize, 0);
+        for &(offset, _) in &self.tags[block as usize].released {
+            dead[offset as usize / 64] |= 1 << (offset % 64);
+        }
+        self.first_slot(block)
+    }
+
     /// The pages of a block, [first, end).
     pub(super) fn pages_of(&self, block: u32) -> (u64, u64) {
         let first = self.class.page_of_slot(self.first_slot(block));
