@@ -17,9 +17,10 @@
 //!   next (a packed class's slot crossing a page boundary). The marks are cleared whenever the
 //!   bytes they cover can change: a page's own marks by `insert` and `image_mut` of it, its
 //!   crossing mark by those of the next page too. So a mark always describes the bytes as they
-//!   are: checking such a record again would compute the same checksums over the same bytes. The marks save that work on
-//!   cache hits, as a RocksDB block cache verifies a block when it is read from the file, not
-//!   on every hit; what comes from the device is verified before it is first returned.
+//!   are: checking such a record again would compute the same checksums over the same bytes.
+//!   The marks save that work on cache hits, as a RocksDB block cache verifies a block when it
+//!   is read from its file, not on every hit; what comes from the device is verified before it
+//!   is first returned (docs/durability.md, rule 9).
 
 use std::collections::HashMap;
 
