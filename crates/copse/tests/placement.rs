@@ -30,6 +30,18 @@ fn value(key: usize, version: usize) -> Vec<u8> {
     common::make_value(&format!("k{key}v{version}"), 100)
 }
 
+/// `count` key numbers below `keys`, drawn with replacement by xorshift from `state`.
+fn random_keys(state: &mut u64, count: usize, keys: usize) -> Vec<usize> {
+    (0..count)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            (*state % keys as u64) as usize
+        })
+        .collect()
+}
+
 /// Writes every key once, then overwrites random keys for `rounds` times the key count, many
 /// puts in flight at once; checks disk use against the ceiling after each round.
 #[test]
@@ -66,15 +78,7 @@ fn an_update_only_run_keeps_disk_use_under_the_space_ceiling() {
     let after_load = db.stats().unwrap();
     let mut worst_ratio: f64 = 0.0;
     for round in 0..ROUNDS {
-        let keys: Vec<usize> = (0..KEYS)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % KEYS as u64) as usize
-            })
-            .collect();
-        write_round(keys, &mut model);
+        write_round(random_keys(&mut state, KEYS, KEYS), &mut model);
         let stats = db.stats().unwrap();
         let class = stats
             .classes
@@ -235,15 +239,7 @@ fn a_small_store_s_collector_moves_less_than_a_record_per_overwrite() {
     write(&(0..KEYS).collect::<Vec<_>>(), 0);
     let moved_before = moved_slots(&db);
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let keys: Vec<usize> = (0..OVERWRITES)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % KEYS as u64) as usize
-        })
-        .collect();
-    write(&keys, 1);
+    write(&random_keys(&mut state, OVERWRITES, KEYS), 1);
     let moves_per_overwrite = (moved_slots(&db) - moved_before) as f64 / OVERWRITES as f64;
     println!("{moves_per_overwrite:.2} collector moves per overwrite");
     assert!(moves_per_overwrite < 1.0, "{moves_per_overwrite:.2} collector moves per overwrite");

@@ -165,9 +165,8 @@ impl Pages {
         // The two parts joined in a buffer kept for the next crossing slot, not a new one.
         let scratch = &mut self.crossing_scratch;
         scratch.clear();
-        scratch.extend_from_slice(&self.cache.frame_image(first)[span.offset..]);
-        let rest = slot_bytes - (PAGE_BYTES - span.offset);
-        scratch.extend_from_slice(&self.cache.frame_image(second)[..rest]);
+        let (head, tail) = (self.cache.frame_image(first), self.cache.frame_image(second));
+        join_crossing(head, tail, span.offset, slot_bytes, scratch);
         Ok(CachedSlot { bytes: Cow::Borrowed(&scratch[..]), verified, mark })
     }
 
@@ -192,8 +191,7 @@ impl Pages {
         }
         let second = self.cache.image((class.id, span.first_page + 1))?;
         let mut bytes = Vec::with_capacity(slot_bytes);
-        bytes.extend_from_slice(&first[span.offset..]);
-        bytes.extend_from_slice(&second[..slot_bytes - (PAGE_BYTES - span.offset)]);
+        join_crossing(first, second, span.offset, slot_bytes, &mut bytes);
         Some(Cow::Owned(bytes))
     }
 
@@ -281,6 +279,13 @@ impl Pages {
         assert!(was_in_flight, "a page write completed that was not in flight");
         self.cache.unpin(page);
     }
+}
+
+/// Appends to `out` the `slot_bytes` of a slot that starts at `offset` of the page image
+/// `first` and ends in the next page's, `second`.
+fn join_crossing(first: &[u8], second: &[u8], offset: usize, slot_bytes: usize, out: &mut Vec<u8>) {
+    out.extend_from_slice(&first[offset..]);
+    out.extend_from_slice(&second[..slot_bytes - (PAGE_BYTES - offset)]);
 }
 
 impl NativeEngine {

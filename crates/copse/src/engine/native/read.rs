@@ -19,7 +19,7 @@ use super::numbered::Numbered;
 use std::ops::Bound;
 
 use super::format::{
-    decode_slot, decode_verified_slot, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect,
+    decode_slot, decode_verified_slot, Loc, RecordKind, SizeClass, Slot, SlotDefect,
 };
 use super::index::Entry;
 use super::pages::{PageWaiter, Pages};
@@ -372,8 +372,9 @@ impl NativeEngine {
 }
 
 impl NativeEngine {
-    /// `verify_value` of the slot bytes `bytes` read from this shard at `loc` (a direct read or
-    /// the scrub; `resolve` decodes the cache's image itself, through its marks).
+    /// The value of `key` (which the index says carries `seq`) from the slot bytes `bytes` read
+    /// from this shard at `loc`, checked in full (a direct read or the scrub; `resolve` decodes
+    /// the cache's image itself, through its marks), or why it cannot be had.
     pub(super) fn verify_item(
         &self,
         bytes: &[u8],
@@ -382,30 +383,10 @@ impl NativeEngine {
         seq: u64,
     ) -> Result<Vec<u8>, ReadError> {
         let slot_bytes = SizeClass::get(loc.class()).slot_bytes as usize;
-        verify_value(
-            bytes,
-            self.slabs.layout_of(loc.class()),
-            self.shard_id,
-            loc,
-            slot_bytes,
-            key,
-            seq,
-        )
+        let layout = self.slabs.layout_of(loc.class());
+        let decoded = decode_slot(bytes, layout, self.shard_id, loc, slot_bytes);
+        value_of(decoded, self.shard_id, loc, key, seq)
     }
-}
-
-/// Decodes the record of `key` at `loc`, which the index says carries `seq`, and returns its
-/// value, or says why it cannot.
-fn verify_value(
-    bytes: &[u8],
-    layout: RecordLayout,
-    shard_id: u32,
-    loc: Loc,
-    slot_bytes: usize,
-    key: &[u8],
-    seq: u64,
-) -> Result<Vec<u8>, ReadError> {
-    value_of(decode_slot(bytes, layout, shard_id, loc, slot_bytes), shard_id, loc, key, seq)
 }
 
 /// The value of `key`'s record at `loc` as decoded, checked to be the put of that key with the

@@ -437,7 +437,7 @@ impl NativeEngine {
         let slot_bytes = class.slot_bytes as usize;
         assert!(record.len() <= slot_bytes);
         let old = self.pages.slot_image(loc).expect("every page of the slot is cached");
-        self.assert_not_live(loc, &old);
+        self.assert_not_live(loc, &old, "a record was placed over");
         let mut written = 0;
         for (index, number) in span.page_numbers().enumerate() {
             let page = (loc.class(), number);
@@ -463,22 +463,23 @@ impl NativeEngine {
     }
 
     /// Invariant 1, checked where a record is about to be encoded over the bytes `old` of the
-    /// in-page slot `loc`: they are not the live record of the key they name (the index points
-    /// there), nor a tombstone kept there. A violation is a bug that would lose an item.
+    /// in-page slot `loc` (and where the collector skips a slot as dead): they are not the live
+    /// record of the key they name (the index points there), nor a tombstone kept there. A
+    /// violation is a bug that would lose an item; `what` says what was about to happen.
     ///
     /// The index half of the check costs one index lookup per record written (6% of a shard's
     /// CPU under a SET load, docs/benchmarks.md), so it runs in debug builds and in every build
     /// with the `testing` feature (all tests, the simulator, the torture campaigns), not in a
     /// production build; the tombstone half is one hash probe and always runs.
-    fn assert_not_live(&self, loc: Loc, old: &[u8]) {
+    pub(super) fn assert_not_live(&self, loc: Loc, old: &[u8], what: &str) {
         let Some((kind, key)) = named_key(old, self.slabs.layout_of(loc.class())) else { return };
         let indexed = cfg!(any(debug_assertions, feature = "testing"))
             && self.index.get(key).is_some_and(|live| live.slot_only() == loc.slot_only());
         let kept = kind == RecordKind::Tombstone && self.seqs.guards_at(loc.slot_only(), key);
         assert!(
             !indexed && !kept,
-            "shard {}: a record was placed over the live {kind:?} record of a key at {loc:?} \
-             (indexed: {indexed}, a kept tombstone: {kept})",
+            "shard {}: {what} the live {kind:?} record of a key at {loc:?} (indexed: {indexed}, \
+             a kept tombstone: {kept})",
             self.shard_id
         );
     }
