@@ -104,13 +104,12 @@ impl NativeEngine {
         } else {
             decode_slot(&slot.bytes, layout, shard_id, loc, slot_bytes)
         };
-        let checksums_held = !slot.verified && matches!(decoded, Ok(Slot::Record { .. }));
-        let mark = slot.mark;
+        let (verified, mark) = (slot.verified, slot.mark);
         match value_of(decoded, shard_id, loc, key, seq) {
             Ok(value) => {
-                // Checked once, a cached record is not checked again on every hit while its
-                // page's image is unchanged (`PageCache`'s marks).
-                if checksums_held {
+                // Its checksums held (a value comes only from a record that decoded): not
+                // checked again on every hit while its page's image is unchanged.
+                if !verified {
                     self.pages.mark_verified(mark);
                 }
                 Resolved::Value(value)
