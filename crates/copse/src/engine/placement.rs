@@ -116,6 +116,10 @@ pub struct AppendFigures {
     pub gc_runs: u64,
     pub gc_blocks_freed: u64,
     pub gc_slots_moved: u64,
+    /// Of those, records whose key was rewritten or deleted after their victim was read and
+    /// before the copy was durable: written, then freed at once (`move_record` does not look a
+    /// collection's put up again).
+    pub gc_slots_moved_dead: u64,
     pub gc_bytes_moved: u64,
     pub gc_bytes_read: u64,
     /// Collections that ended with live slots left in the block.
@@ -136,6 +140,7 @@ impl AppendFigures {
         self.gc_runs += other.gc_runs;
         self.gc_blocks_freed += other.gc_blocks_freed;
         self.gc_slots_moved += other.gc_slots_moved;
+        self.gc_slots_moved_dead += other.gc_slots_moved_dead;
         self.gc_bytes_moved += other.gc_bytes_moved;
         self.gc_bytes_read += other.gc_bytes_read;
         self.gc_blocked += other.gc_blocked;
