@@ -68,6 +68,7 @@ pub use store::{Options, StorePlacement};
 pub mod exec {
     pub use crate::router::txn::AtomicExec;
     pub use crate::shard::exec::{
-        Exec, ExecRequest, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote,
+        lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, ReadOp, ReadResult, StepInput,
+        Vote,
     };
 }

@@ -58,7 +58,7 @@ fn hot_key_writes(joins: bool, count: usize) -> (Vec<usize>, u64) {
         .map(|index| {
             let ops = vec![put(b"hot", index.to_string().as_bytes())];
             let exec = SetLast { index, ops, joins, answer: answer.clone() };
-            ExecRequest { locks: vec![b"hot".to_vec()], exec: Box::new(exec) }
+            ExecRequest::new(&[b"hot"], Box::new(exec))
         })
         .collect();
     futures::executor::block_on(db.exec_many_async(db.shard_of(b"hot"), execs));
@@ -168,10 +168,8 @@ fn an_exec_behind_a_group_sees_the_group_s_writes_before_they_are_durable() {
         answer: answer.clone(),
     };
     let observer = Observer { seen, answer };
-    let execs: Vec<ExecRequest> = vec![
-        ExecRequest { locks: lock.clone(), exec: Box::new(first) },
-        ExecRequest { locks: lock, exec: Box::new(observer) },
-    ];
+    let execs: Vec<ExecRequest> =
+        vec![ExecRequest::new(&lock, Box::new(first)), ExecRequest::new(&lock, Box::new(observer))];
     futures::executor::block_on(db.exec_many_async(0, execs));
     let (has_a35, has_a3, first_keys, count) = sights.recv().unwrap();
     assert!(has_a35, "the group's put is visible to the exec behind it");
@@ -217,7 +215,7 @@ fn crash_run(seed: u64, crash_after: u64, durability: WriteDurability) -> Vec<St
         let ops = vec![put(&item(lock, "a"), &value), put(&item(lock, "b"), &value)];
         let exec = SetLast { index, ops, joins: true, answer: answer.clone() };
         execs.push(ExecRequest {
-            locks: vec![format!("hot{lock}").into_bytes()],
+            locks: copse::exec::lock_ids(&[format!("hot{lock}")]),
             exec: Box::new(exec),
         });
         // Several messages, so groups form, are written and crash at different points.
@@ -321,7 +319,7 @@ fn a_poisoned_store_answers_every_member_of_a_write_group() {
         .map(|index| {
             let ops = vec![put(b"hot", b"v")];
             let exec = SetLast { index, ops, joins: index > 1, answer: answer.clone() };
-            ExecRequest { locks: vec![b"hot".to_vec()], exec: Box::new(exec) }
+            ExecRequest::new(&[b"hot"], Box::new(exec))
         })
         .collect();
     futures::executor::block_on(db.exec_many_async(0, execs));
@@ -350,7 +348,7 @@ fn a_write_too_large_for_the_group_s_batch_is_written_alone_after_it() {
         .map(|(index, (key, value))| {
             let ops = vec![put(&key[..], value)];
             let exec = SetLast { index, ops, joins: true, answer: answer.clone() };
-            ExecRequest { locks: vec![b"lock".to_vec()], exec: Box::new(exec) }
+            ExecRequest::new(&[b"lock"], Box::new(exec))
         })
         .collect();
     futures::executor::block_on(db.exec_many_async(0, execs));

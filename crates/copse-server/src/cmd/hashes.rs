@@ -20,7 +20,7 @@ use copse::BatchOp;
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
-    answer, bound_ref, check_batch, exists_as, from_index, on_key, parse_f64, parse_i64,
+    answer, bound_ref, check_batch, exists_as, from_index, on_key, KeyTarget, parse_f64, parse_i64,
     read_items, unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER,
     SYNTAX,
 };
@@ -145,7 +145,7 @@ fn set_fields(
 ) -> Outcome {
     let key = call.args[1].clone();
     let mut pending = None;
-    on_key(call.db(), key.clone(), move |view, input| match input {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
             let exists = match hash_exists(view, &key) {
                 Ok(exists) => exists,
@@ -246,7 +246,7 @@ where
     let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut asked = 0..0;
     let mut reply_bytes = 0;
-    on_key(call.db(), key.clone(), move |view, input| {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
         match input {
             Input::Start => match hash_exists(view, &key) {
                 Ok(true) => {
@@ -336,7 +336,7 @@ fn hdel(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
     let fields = call.args[2..].to_vec();
     let mut pending = None;
-    on_key(call.db(), key.clone(), move |view, input| match input {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
             match hash_exists(view, &key) {
                 Ok(true) => {}
@@ -380,7 +380,7 @@ where
     let item = field_key(&key, &field);
     let mut exists = false;
     let mut pending = None;
-    on_key(call.db(), key.clone(), move |view, input| {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
         let old = match input {
             Input::Start => {
                 exists = match hash_exists(view, &key) {
@@ -505,7 +505,7 @@ fn hscan(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
     let mut fields: Vec<Vec<u8>> = Vec::new();
     let mut next = 0;
-    on_key(call.db(), key.clone(), move |view, input| match input {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
             match hash_exists(view, &key) {
                 Ok(true) => {}

@@ -12,7 +12,7 @@ use copse::BatchOp;
 use copse::Db;
 
 use super::{
-    by_shard, delete_ops, key_type, lowercase, on_key, pack_batches, parse_i64, unexpected, Call,
+    by_shard, delete_ops, key_type, lowercase, on_key, KeyTarget, pack_batches, parse_i64, unexpected, Call,
     Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
 };
 use crate::cmd::run_outcome;
@@ -74,7 +74,7 @@ fn expiry(call: &mut Call<'_>) -> Outcome {
 /// TTL and PTTL: keys never expire in copse, so -1 for an existing key, -2 for a missing one.
 fn ttl(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
-    on_key(call.db(), key.clone(), move |view, input| match input {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
             Next::Reply(Reply::Integer(if key_type(view, &key).is_some() { -1 } else { -2 }))
         }
@@ -156,7 +156,7 @@ fn exists(call: &mut Call<'_>) -> Outcome {
 
 fn type_of(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
-    on_key(call.db(), key.clone(), move |view, input| match input {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
             let name = key_type(view, &key).map_or("none", KeyType::name);
             Next::Reply(Reply::Simple(name.into()))

@@ -19,7 +19,9 @@ pub mod zsets;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use copse::exec::{Exec, ExecRequest, ExecStep, ExecView, ReadOp, ReadResult, StepInput, Vote};
+use copse::exec::{
+    lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, ReadOp, ReadResult, StepInput, Vote,
+};
 use copse::BatchOp;
 use copse::Db;
 use futures::channel::oneshot;
@@ -163,7 +165,7 @@ impl Plan {
     {
         let (answer, receiver) = oneshot::channel();
         let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: false });
-        self.queued.push(Queued { shard, request: ExecRequest { locks: keys, exec } });
+        self.queued.push(Queued { shard, request: ExecRequest::new(&keys, exec) });
         self.answers.push(receiver);
     }
 
@@ -227,12 +229,26 @@ impl Default for Plan {
     }
 }
 
-/// One exec on the shard of Redis key `key`, answering for the whole command.
-pub fn on_key<F>(db: &Db, key: Vec<u8>, step: F) -> Outcome
+/// Where `on_key` sends a key's exec: the key's shard and its lock. Built from a borrowed key
+/// before the program takes the key itself, so neither copies it.
+pub struct KeyTarget {
+    shard: u32,
+    locks: LockIds,
+}
+
+impl KeyTarget {
+    pub fn of(db: &Db, key: &[u8]) -> KeyTarget {
+        KeyTarget { shard: db.shard_of(key), locks: lock_ids(&[key]) }
+    }
+}
+
+/// One exec on the shard of one Redis key (`target`), holding its lock and answering for the
+/// whole command.
+pub fn on_key<F>(target: KeyTarget, step: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
 {
-    on_key_grouped(db, key, false, step)
+    on_key_grouped(target, false, step)
 }
 
 /// As `on_key`, for a program that may start behind the key's write group before it is
@@ -241,14 +257,14 @@ where
 /// and then answers `Next::WriteLast`, or answers an error that holds whatever the key holds
 /// (never one that tells what the key holds: NX, XX, GET and reads do not qualify).
 /// `grouped` false is `on_key`.
-pub fn on_key_grouped<F>(db: &Db, key: Vec<u8>, grouped: bool, step: F) -> Outcome
+pub fn on_key_grouped<F>(target: KeyTarget, grouped: bool, step: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
 {
     let (answer, receiver) = oneshot::channel();
     let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: grouped });
-    let shard = db.shard_of(&key);
-    let request = ExecRequest { locks: vec![key], exec };
+    let KeyTarget { shard, locks } = target;
+    let request = ExecRequest { locks, exec };
     Outcome::Execs(Execs::One { queued: Queued { shard, request }, answer: receiver })
 }
 
@@ -308,7 +324,7 @@ where
     F: FnMut(&ExecView<'_>, &[u8]) -> Reply + Send + 'static,
 {
     let key = call.args[1].clone();
-    on_key(call.db(), key.clone(), move |view, input| match input {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => Next::Reply(match exists_as(view, &key, ty) {
             Ok(_) => reply(view, &key),
             Err(error) => error,
@@ -341,7 +357,7 @@ where
     let mut asked = 0..0;
     // Every position costs at least a null reply.
     let mut reply_bytes = names.len() * VALUE_REPLY_OVERHEAD_BYTES;
-    on_key(call.db(), key.clone(), move |view, input| {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
         match input {
             Input::Start => {
                 if let Err(error) = exists_as(view, &key, ty) {
@@ -600,13 +616,21 @@ pub fn find(name: &str) -> Option<&'static Spec> {
     find_ignoring_case(name.as_bytes())
 }
 
-/// The command named `name` in any case (command names are ASCII), without lowercasing it into
-/// a new string first: this runs once per request.
+/// The command named `name` in any case (command names are ASCII), lowercased on the stack,
+/// not into a new string: this runs once per request.
 pub fn find_ignoring_case(name: &[u8]) -> Option<&'static Spec> {
+    let mut lowered = [0u8; COMMAND_NAME_BYTES_MAX];
+    // Longer than every command's name: no command.
+    let lowered = lowered.get_mut(..name.len())?;
+    for (to, from) in lowered.iter_mut().zip(name) {
+        *to = from.to_ascii_lowercase();
+    }
     let table = table();
-    let lowered = || name.iter().map(u8::to_ascii_lowercase);
-    table.binary_search_by(|spec| spec.name.bytes().cmp(lowered())).ok().map(|at| &table[at])
+    table.binary_search_by(|spec| spec.name.as_bytes().cmp(lowered)).ok().map(|at| &table[at])
 }
+
+/// Bytes in the longest command name of the table (checked by a test).
+const COMMAND_NAME_BYTES_MAX: usize = 32;
 
 /// Commands a client may run before AUTH when a password is set.
 const ALLOWED_BEFORE_AUTH: &[&str] = &["auth", "hello", "quit", "reset"];
@@ -760,12 +784,12 @@ pub async fn run_outcome(db: &Db, outcome: Outcome) -> Reply {
         Outcome::Reply(reply) | Outcome::Close(reply) => reply,
         Outcome::AfterPending(future) => future.await,
         Outcome::Execs(Execs::One { queued, answer }) => {
-            db.exec_async(queued.shard, queued.request.locks, queued.request.exec).await;
+            db.exec_many_async(queued.shard, vec![queued.request]).await;
             answered(answer).await
         }
         Outcome::Execs(Execs::Many { queued, answers, combine }) => {
             for queued in queued {
-                db.exec_async(queued.shard, queued.request.locks, queued.request.exec).await;
+                db.exec_many_async(queued.shard, vec![queued.request]).await;
             }
             collect(answers, combine).await
         }
@@ -792,6 +816,20 @@ pub async fn answered(answer: futures::channel::oneshot::Receiver<Reply>) -> Rep
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_command_is_found_in_any_case_and_nothing_longer_is() {
+        for spec in table() {
+            assert!(spec.name.len() <= COMMAND_NAME_BYTES_MAX, "{} is too long", spec.name);
+            let upper = spec.name.to_ascii_uppercase();
+            assert_eq!(find_ignoring_case(upper.as_bytes()).map(|found| found.name), Some(spec.name));
+            assert_eq!(find_ignoring_case(spec.name.as_bytes()).map(|found| found.name), Some(spec.name));
+        }
+        assert!(find_ignoring_case(b"").is_none());
+        assert!(find_ignoring_case(b"GETX").is_none());
+        assert!(find_ignoring_case(&[b'g'; COMMAND_NAME_BYTES_MAX + 1]).is_none());
+        assert!(find_ignoring_case(b"G\xc9T").is_none());
+    }
 
     #[test]
     fn integers_parse_as_redis_parses_them() {

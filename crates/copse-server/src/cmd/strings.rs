@@ -9,7 +9,7 @@ use copse::exec::{ExecView, ReadOp, ReadResult};
 use copse::BatchOp;
 
 use super::{
-    answer, by_shard, check_value, delete_ops, key_type, on_key, on_key_grouped, pack_batches,
+    answer, by_shard, check_value, delete_ops, key_type, on_key, KeyTarget, on_key_grouped, pack_batches,
     parse_f64,
     parse_i64, unexpected, value_of, Call, Input, Next, Outcome, Plan, Spec, NOT_FLOAT,
     NOT_INTEGER, SYNTAX, WRONGTYPE,
@@ -71,10 +71,9 @@ fn with_string<F>(call: &mut Call<'_>, mut done: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Option<Vec<u8>>) -> Next + Send + 'static,
 {
-    // The argument itself becomes the lock; the program keeps a copy to read with.
-    let lock = std::mem::take(&mut call.args[1]);
-    let key = lock.clone();
-    on_key(call.db(), lock, move |view, input| match input {
+    // Taken from the request, not copied: the program reads with it.
+    let key = std::mem::take(&mut call.args[1]);
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => read_string(&key),
         Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
             Ok(value) => done(view, value),
@@ -152,10 +151,10 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
     if let Err(reply) = check_value(&call.args[2]) {
         return Outcome::Reply(reply);
     }
-    // Taken from the request, not copied: the value and the key (the lock) are the arguments.
+    // Taken from the request, not copied: the value and the key are the arguments.
     let value = std::mem::take(&mut call.args[2]);
-    let lock = std::mem::take(&mut call.args[1]);
-    let key = lock.clone();
+    let key = std::mem::take(&mut call.args[1]);
+    let target = KeyTarget::of(call.db(), &key);
     let mut value = Some(value);
     let mut pending = None;
     // A plain SET reads nothing and answers OK once its write is durable: it may share a flush
@@ -163,7 +162,7 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
     let grouped = !options.nx && !options.xx && !options.get;
     // The key's type, looked up once at the start (the exec holds the key's lock after).
     let mut existing = None;
-    on_key_grouped(call.db(), lock, grouped, move |view, input| {
+    on_key_grouped(target, grouped, move |view, input| {
         match input {
             Input::Start => {
                 existing = key_type(view, &key);
@@ -230,7 +229,7 @@ fn getset(call: &mut Call<'_>) -> Outcome {
 fn getdel(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
     let mut pending = None;
-    on_key(call.db(), key.clone(), move |view, input| match input {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => read_string(&key),
         Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
             Ok(Some(value)) => write_then(
@@ -567,7 +566,7 @@ where
 {
     let key = call.args[1].clone();
     let mut pending = None;
-    on_key(call.db(), key.clone(), move |view, input| {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
         let old = match input {
             Input::Start => return read_string(&key),
             Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {

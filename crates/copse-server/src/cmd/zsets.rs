@@ -22,7 +22,7 @@ use copse::limits::{KEY_BYTES_MAX, WRITE_BATCH_OPS_MAX};
 use copse::BatchOp;
 
 use super::{
-    answer, bound_ref, check_batch, exists_as, from_index, on_key, parse_f64, parse_i64,
+    answer, bound_ref, check_batch, exists_as, from_index, on_key, KeyTarget, parse_f64, parse_i64,
     read_items, unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER,
     SYNTAX,
 };
@@ -357,7 +357,7 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
     let mut reads: Vec<Vec<u8>> = Vec::new();
     let mut exists = false;
     let mut pending = None;
-    on_key(call.db(), key.clone(), move |view, input| {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
         let old: HashMap<Vec<u8>, f64> = match input {
             Input::Start => {
                 exists = match zset_exists(view, &key) {
@@ -452,7 +452,7 @@ fn zrem(call: &mut Call<'_>) -> Outcome {
     let members = call.args[2..].to_vec();
     let mut reads: Vec<Vec<u8>> = Vec::new();
     let mut pending = None;
-    on_key(call.db(), key.clone(), move |view, input| match input {
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
             match zset_exists(view, &key) {
                 Ok(true) => {}

@@ -223,17 +223,32 @@ fn parse_multibulk(
             (count, args_start)
         }
     };
+    // A request walked from its first bulk in this call (the usual case: it arrived whole) has
+    // its arguments copied as the walk checks them, in one pass. Copies of a request that turns
+    // out incomplete are dropped; the calls that complete it resume the walk and copy in a
+    // second pass (below), so no byte is copied more than twice. Grown as bulks arrive, never
+    // sized by the claimed `count`.
+    let mut walked_args = (state.bulks_done == 0).then(Args::new);
     // Each pass either returns or completes a bulk of at least `$0\r\n\r\n`, so a huge claimed
     // `count` costs nothing beyond the bytes actually present.
     while state.bulks_done < count {
-        let Some(bulk_end) = read_bulk(buf, state.next_bulk_at, limits, state)? else {
+        let Some((data_start, bulk_end)) = read_bulk(buf, state.next_bulk_at, limits, state)?
+        else {
             return Ok(Parsed::Incomplete);
         };
+        if let Some(args) = walked_args.as_mut() {
+            let data = &buf[data_start..bulk_end - 2];
+            args.push(data.to_vec());
+            state.examined_bytes += data.len() as u64;
+        }
         state.bulks_done += 1;
         state.next_bulk_at = bulk_end;
         state.line_scanned = bulk_end;
     }
     let consumed = state.next_bulk_at;
+    if let Some(args) = walked_args {
+        return Ok(Parsed::Command { args, consumed });
+    }
     // The whole request is in `buf` now, so `count` is bounded by bytes received, not by a
     // claim: copy the arguments, re-reading only their short, already checked headers.
     let mut args = Args::with_capacity(count);
@@ -255,14 +270,14 @@ fn parse_multibulk(
     Ok(Parsed::Command { args, consumed })
 }
 
-/// Checks the bulk starting at `position`. Returns where it ends, or `None` when the buffer
-/// ends first.
+/// Checks the bulk starting at `position`. Returns where its data starts and where it ends, or
+/// `None` when the buffer ends first.
 fn read_bulk(
     buf: &[u8],
     position: usize,
     limits: &ParseLimits,
     state: &mut ParseState,
-) -> Result<Option<usize>, ProtocolError> {
+) -> Result<Option<(usize, usize)>, ProtocolError> {
     match buf.get(position) {
         None => return Ok(None),
         Some(b'$') => {}
@@ -290,7 +305,7 @@ fn read_bulk(
     if terminator != b"\r\n" {
         return Err(ProtocolError::BulkNotTerminated);
     }
-    Ok(Some(bulk_end))
+    Ok(Some((data_start, bulk_end)))
 }
 
 #[derive(Clone, Copy)]

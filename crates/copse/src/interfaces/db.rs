@@ -351,13 +351,13 @@ impl Db {
     /// closed the program is dropped unstarted, which its waiter sees as a closed channel.
     pub fn exec(&self, shard: u32, locks: Vec<Vec<u8>>, exec: Box<dyn Exec>) {
         assert!(shard < self.shard_count(), "exec sent to shard {shard} of {}", self.shard_count());
-        self.router().send_exec(shard, ExecRequest { locks, exec });
+        self.router().send_exec(shard, ExecRequest::new(&locks, exec));
     }
 
     /// As `exec`, awaiting room in the shard's queue instead of blocking the thread.
     pub async fn exec_async(&self, shard: u32, locks: Vec<Vec<u8>>, exec: Box<dyn Exec>) {
         assert!(shard < self.shard_count(), "exec sent to shard {shard} of {}", self.shard_count());
-        self.router().send_exec_async(shard, ExecRequest { locks, exec }).await;
+        self.router().send_exec_async(shard, ExecRequest::new(&locks, exec)).await;
     }
 
     /// As `exec_async` for several programs on one shard, queued in order as one message: a

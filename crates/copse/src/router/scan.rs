@@ -134,7 +134,7 @@ async fn send_to_shards<T>(
     let mut receivers = Vec::with_capacity(shards);
     for shard in 0..shards {
         let Some((exec, receiver)) = build(shard) else { continue };
-        let request = ExecRequest { locks: Vec::new(), exec };
+        let request = ExecRequest { locks: Default::default(), exec };
         if !router.send_exec_async(shard as u32, request).await {
             return Err(ReadError::Closed);
         }

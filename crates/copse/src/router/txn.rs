@@ -242,7 +242,7 @@ impl Coordination {
         for (part, vote) in parts.into_iter().zip(votes) {
             let (started, on_start) = oneshot::channel();
             let exec = Started { inner: (part.build)(vote), started: Some(started) };
-            let request = ExecRequest { locks: part.locks, exec: Box::new(exec) };
+            let request = ExecRequest::new(&part.locks, Box::new(exec));
             if !router.send_exec_async(part.shard, request).await || on_start.await.is_err() {
                 break;
             }

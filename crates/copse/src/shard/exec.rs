@@ -232,8 +232,29 @@ impl ExecView<'_> {
 
 /// An exec on its way to a shard.
 pub struct ExecRequest {
-    pub locks: Vec<Vec<u8>>,
+    /// Its lock keys as the lock tables hold them (`lock_id`), each once, in order: computed by
+    /// the sender, so that no copy of a key travels with the exec for its lock.
+    pub locks: LockIds,
     pub exec: Box<dyn Exec>,
+}
+
+/// The locks of an exec (`lock_id` of each key, sorted, each once).
+pub type LockIds = smallvec::SmallVec<[u64; 2]>;
+
+impl ExecRequest {
+    /// An exec holding the locks of `keys`.
+    pub fn new<K: AsRef<[u8]>>(keys: &[K], exec: Box<dyn Exec>) -> ExecRequest {
+        ExecRequest { locks: lock_ids(keys), exec }
+    }
+}
+
+/// The locks of `keys`, as `ExecRequest::locks` holds them.
+pub fn lock_ids<K: AsRef<[u8]>>(keys: &[K]) -> LockIds {
+    let mut locks: LockIds = keys.iter().map(|key| lock_id(key.as_ref())).collect();
+    // Keys whose ids collide are one lock: each queue holds an exec once.
+    locks.sort_unstable();
+    locks.dedup();
+    locks
 }
 
 enum PendingRead {
@@ -292,7 +313,7 @@ struct Part {
 struct Running {
     exec: Box<dyn Exec>,
     /// Its locks (`lock_id`), each once: the keys' bytes are not needed past arrival.
-    locks: smallvec::SmallVec<[u64; 2]>,
+    locks: LockIds,
     blocked_by: usize,
     /// Stepped at least once (an exec started behind a write group starts while still blocked).
     started: bool,
@@ -357,11 +378,8 @@ impl ExecTable {
     pub fn arrive(&mut self, request: ExecRequest) {
         let id = self.next_id;
         self.next_id += 1;
-        let mut locks: smallvec::SmallVec<[u64; 2]> =
-            request.locks.iter().map(|lock| lock_id(lock)).collect();
-        // Keys whose ids collide are one lock: each queue holds an exec once.
-        locks.sort_unstable();
-        locks.dedup();
+        let locks = request.locks;
+        debug_assert!(locks.windows(2).all(|pair| pair[0] < pair[1]), "lock ids sorted, once each");
         let mut blocked_by = 0;
         for &lock in &locks {
             let spare = &mut self.spare_queues;
