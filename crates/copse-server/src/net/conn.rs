@@ -373,7 +373,11 @@ impl Outbox {
     async fn send(&mut self, server: &Server) {
         for (shard, execs) in self.by_shard.iter_mut().enumerate() {
             if !execs.is_empty() {
-                server.db.exec_many_async(shard as u32, std::mem::take(execs)).await;
+                // The list goes to the shard; the next wave's starts with this one's room
+                // (up to what an idle connection keeps) instead of growing by doubling.
+                let room = execs.len().min(WAVE_COMMANDS_KEPT);
+                let execs = std::mem::replace(execs, Vec::with_capacity(room));
+                server.db.exec_many_async(shard as u32, execs).await;
             }
         }
     }

@@ -250,6 +250,12 @@ impl ExecRequest {
 
 /// The locks of `keys`, as `ExecRequest::locks` holds them.
 pub fn lock_ids<K: AsRef<[u8]>>(keys: &[K]) -> LockIds {
+    if let [key] = keys {
+        // Most commands hold one key: nothing to sort.
+        let mut locks = LockIds::new();
+        locks.push(lock_id(key.as_ref()));
+        return locks;
+    }
     let mut locks: LockIds = keys.iter().map(|key| lock_id(key.as_ref())).collect();
     // Keys whose ids collide are one lock: each queue holds an exec once.
     locks.sort_unstable();
@@ -341,7 +347,9 @@ enum GroupWrite {
 /// The shard's execs and their lock queues.
 #[derive(Default)]
 pub struct ExecTable {
-    running: HashMap<u64, Running>,
+    /// The execs that arrived and are not done, by id. An id is reused once its exec is
+    /// released, which removes it from every queue, group and list first.
+    running: slab::Slab<Running>,
     /// Per lock (`lock_id`), the execs holding or waiting for it, in arrival order (the first
     /// holds it; with a write group, its members are the first ones).
     queues: HashMap<u64, VecDeque<u64>>,
@@ -355,7 +363,6 @@ pub struct ExecTable {
     active: Vec<u64>,
     /// An empty list kept for `pump`'s next pass (it holds the pass's unfinished execs).
     spare_active: Vec<u64>,
-    next_id: u64,
     /// Parts applied here, waiting until every participant applied theirs to be erased.
     to_forget: Vec<Arc<dyn Coordinator>>,
     /// Reads the execs stepped in this pass of `pump` asked for, handed to the engine together
@@ -376,8 +383,7 @@ impl ExecTable {
     /// Takes an exec that reached the shard; it starts at the next `pump` if no earlier exec
     /// holds one of its lock keys.
     pub fn arrive(&mut self, request: ExecRequest) {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.running.vacant_key() as u64;
         let locks = request.locks;
         debug_assert!(locks.windows(2).all(|pair| pair[0] < pair[1]), "lock ids sorted, once each");
         let mut blocked_by = 0;
@@ -394,7 +400,8 @@ impl ExecTable {
             self.active.push(id);
         }
         let started = false;
-        self.running.insert(id, Running { exec: request.exec, locks, blocked_by, started, state });
+        let inserted = self.running.insert(Running { exec: request.exec, locks, blocked_by, started, state });
+        debug_assert_eq!(inserted as u64, id);
     }
 
     /// Runs every exec that can make progress until none can: collects answers the engine has
@@ -425,7 +432,7 @@ impl ExecTable {
                         moved = true;
                         // A group member waits with its group, not among the active; any
                         // other outcome of `write_last` is an ordinary state.
-                        if !matches!(self.running[&id].state, State::Grouped) {
+                        if !matches!(self.running[id as usize].state, State::Grouped) {
                             still_active.push(id);
                         }
                     }
@@ -451,7 +458,8 @@ impl ExecTable {
     /// Hands the reads asked for in this pass to the engine, in order, as runs of one kind.
     fn hand_reads(&mut self, engine: &mut Gate) {
         if !self.reads.is_empty() {
-            engine.handle_in_runs(std::mem::take(&mut self.reads));
+            // Drained, not taken: the list keeps its room for the next pass.
+            engine.handle_in_runs(self.reads.drain(..));
         }
     }
 
@@ -494,7 +502,7 @@ impl ExecTable {
         for (lock, result) in finished {
             let group = self.groups.remove(&lock).expect("a finished group");
             for id in group.members {
-                let running = self.running.get_mut(&id).expect("a group member is running");
+                let running = self.running.get_mut(id as usize).expect("a group member is running");
                 let view = ExecView { engine, overlay: None };
                 let step = running.exec.step(&view, StepInput::Written(result.clone()));
                 assert!(
@@ -517,7 +525,7 @@ impl ExecTable {
         }
         let queue = self.queues.get(&lock).expect("a group's lock has a queue");
         let Some(&next) = queue.get(group.members.len()) else { return };
-        let running = self.running.get_mut(&next).expect("a queued exec is running");
+        let running = self.running.get_mut(next as usize).expect("a queued exec is running");
         if running.started || running.locks.len() != 1 || !running.exec.joins_write_groups() {
             return;
         }
@@ -529,7 +537,7 @@ impl ExecTable {
     /// An exec's `WriteLast`: starts or joins its lock key's write group, or, for an exec of
     /// several locks, writes as `Write` does.
     fn write_last(&mut self, id: u64, ops: Vec<BatchOp>, engine: &mut Gate) {
-        let running = self.running.get_mut(&id).expect("a stepping exec is running");
+        let running = self.running.get_mut(id as usize).expect("a stepping exec is running");
         if running.locks.len() != 1 {
             running.state = issue_write(ops, engine);
             return;
@@ -611,7 +619,7 @@ impl ExecTable {
     }
 
     fn advance(&mut self, id: u64, engine: &mut Gate) -> Advance {
-        let running = self.running.get_mut(&id).expect("an active exec is running");
+        let running = self.running.get_mut(id as usize).expect("an active exec is running");
         let input = match &mut running.state {
             State::Blocked => unreachable!("a blocked exec is never active"),
             State::Grouped => unreachable!("a group member is answered with its group"),
@@ -730,7 +738,7 @@ impl ExecTable {
 
     /// Releases a finished exec's locks; the next exec in each queue may start.
     fn release(&mut self, id: u64) {
-        let running = self.running.remove(&id).expect("a finished exec is running");
+        let running = self.running.try_remove(id as usize).expect("a finished exec is running");
         for lock in running.locks {
             let queue = self.queues.get_mut(&lock).expect("a held lock has a queue");
             let position = queue.iter().position(|&queued| queued == id);
@@ -757,7 +765,7 @@ impl ExecTable {
                     }
                 }
                 Some(&next) => {
-                    let waiter = self.running.get_mut(&next).expect("a queued exec is running");
+                    let waiter = self.running.get_mut(next as usize).expect("a queued exec is running");
                     waiter.blocked_by -= 1;
                     if waiter.blocked_by == 0 {
                         match waiter.state {

@@ -81,7 +81,10 @@ impl Gate {
         let mut requests = requests.into_iter().peekable();
         while let Some(first) = requests.next() {
             let kind = first.kind();
-            let mut run = vec![first];
+            // Room for the rest at once (a pass's reads are usually one run of gets), rather
+            // than growing by doubling.
+            let mut run = Vec::with_capacity(requests.size_hint().0 + 1);
+            run.push(first);
             while let Some(next) = requests.next_if(|next| next.kind() == kind) {
                 run.push(next);
             }
