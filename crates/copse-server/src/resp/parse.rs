@@ -197,6 +197,21 @@ fn parse_multibulk(
     limits: &ParseLimits,
     state: &mut ParseState,
 ) -> Result<Parsed, ProtocolError> {
+    if state.multibulk.is_none() {
+        if let Some((args, consumed)) = parse_whole_multibulk(buf, limits) {
+            state.examined_bytes += consumed as u64;
+            return Ok(Parsed::Command { args, consumed });
+        }
+    }
+    walk_multibulk(buf, limits, state)
+}
+
+/// The general parse of a multibulk request, resumable (`ParseState`), for every input.
+fn walk_multibulk(
+    buf: &[u8],
+    limits: &ParseLimits,
+    state: &mut ParseState,
+) -> Result<Parsed, ProtocolError> {
     let (count, args_start) = match state.multibulk {
         Some(header) => header,
         None => {
@@ -268,6 +283,73 @@ fn parse_multibulk(
     // The copy reads the same bytes as the walk, so it must end at the same place.
     debug_assert_eq!(position, consumed);
     Ok(Parsed::Command { args, consumed })
+}
+
+/// The common case in one pass: a multibulk request that is all in `buf`, with short, plain
+/// header lines (digits only, no sign, no leading zero) and every count and length within the
+/// limits. Returns its arguments and length, or `None` for anything else (incomplete, an error,
+/// an unusual header), which the general walk then parses from the start and answers exactly
+/// as before: this path only ever accepts what that walk would accept, with the same result.
+fn parse_whole_multibulk(buf: &[u8], limits: &ParseLimits) -> Option<(Args, usize)> {
+    let line_max = limits.inline_bytes_max;
+    let (count, mut position) = plain_header(buf, 0, b'*', line_max)?;
+    let count_max = limits.unauthenticated.map_or(limits.multibulk_len_max, |tight| {
+        tight.multibulk_len_max.min(limits.multibulk_len_max)
+    });
+    let bulk_bytes_max = limits.unauthenticated.map_or(limits.bulk_bytes_max, |tight| {
+        tight.bulk_bytes_max.min(limits.bulk_bytes_max)
+    });
+    if count == 0 || count > count_max {
+        return None;
+    }
+    let mut args = Args::new();
+    for _ in 0..count {
+        let (length, data_start) = plain_header(buf, position, b'$', line_max)?;
+        if length > bulk_bytes_max {
+            return None;
+        }
+        let data_end = data_start.checked_add(length)?;
+        if buf.get(data_end..data_end.checked_add(2)?)? != b"\r\n" {
+            return None;
+        }
+        // Grown as bulks are found complete, never sized by the claimed count.
+        args.push(buf[data_start..data_end].to_vec());
+        position = data_end + 2;
+    }
+    Some((args, position))
+}
+
+/// Digits a plain header's number may have: below `usize::MAX` on every platform, and far
+/// under any `inline_bytes_max`.
+const PLAIN_HEADER_DIGITS_MAX: usize = 18;
+
+/// A header line `<type_byte><digits>\r\n` at `start` whose number is plain: 1 to
+/// `PLAIN_HEADER_DIGITS_MAX` digits, no sign, no leading zero unless it is `0`, its `\r` within
+/// `line_max` bytes of the type byte (as `read_header_line` requires). Returns the number and
+/// where the line ends; `None` for anything else, including an incomplete line.
+fn plain_header(buf: &[u8], start: usize, type_byte: u8, line_max: usize) -> Option<(usize, usize)> {
+    let line = buf.get(start..)?;
+    if line.first() != Some(&type_byte) {
+        return None;
+    }
+    let mut number = 0u64;
+    for (at, &byte) in line.iter().enumerate().skip(1) {
+        match byte {
+            b'0'..=b'9' if at <= PLAIN_HEADER_DIGITS_MAX => {
+                if at == 2 && number == 0 {
+                    // A leading zero: the general walk decides (it refuses it).
+                    return None;
+                }
+                number = number * 10 + u64::from(byte - b'0');
+            }
+            b'\r' if at > 1 && at <= line_max => {
+                let number = usize::try_from(number).ok()?;
+                return (line.get(at + 1) == Some(&b'\n')).then_some((number, start + at + 2));
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// Checks the bulk starting at `position`. Returns where its data starts and where it ends, or
@@ -567,6 +649,68 @@ fn hex_pair(high: u8, low: u8) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass parse accepts only what the general walk accepts, with the same arguments
+    /// and length: checked on well-formed requests, on every truncation of them, on single-byte
+    /// mutations and under tight limits.
+    #[test]
+    fn the_one_pass_parse_agrees_with_the_general_walk() {
+        // A small deterministic generator: the test needs spread, not quality.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |below: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % below as u64) as usize
+        };
+        let limit_sets = [
+            ParseLimits { multibulk_len_max: 1024, bulk_bytes_max: 512, inline_bytes_max: 64, unauthenticated: None },
+            ParseLimits { multibulk_len_max: 3, bulk_bytes_max: 512, inline_bytes_max: 2, unauthenticated: None },
+            ParseLimits {
+                multibulk_len_max: 1024,
+                bulk_bytes_max: 512,
+                inline_bytes_max: 64,
+                unauthenticated: Some(UnauthenticatedLimits { multibulk_len_max: 2, bulk_bytes_max: 4 }),
+            },
+        ];
+        let mut accepted = 0;
+        for _ in 0..3_000 {
+            let args: Vec<Vec<u8>> = (0..1 + next(5))
+                .map(|_| (0..next(20)).map(|_| next(256) as u8).collect())
+                .collect();
+            let request = encode_multibulk(&args);
+            let mut inputs = vec![request.clone()];
+            for end in 0..request.len() {
+                inputs.push(request[..end].to_vec());
+            }
+            // A leading zero or sign put in front of a count or a length keeps the framing.
+            for (at, &byte) in request.iter().enumerate() {
+                if byte == b'$' || byte == b'*' {
+                    for inserted in [b'0', b'-', b'+'] {
+                        let mut longer = request.clone();
+                        longer.insert(at + 1, inserted);
+                        inputs.push(longer);
+                    }
+                }
+            }
+            for _ in 0..20 {
+                let mut mutated = request.clone();
+                let at = next(mutated.len());
+                let bytes = [b'0', b'-', b'+', b'\r', b'\n', b'$', b'*', b'9', next(256) as u8];
+                mutated[at] = bytes[next(bytes.len())];
+                inputs.push(mutated);
+            }
+            for input in &inputs {
+                for limits in &limit_sets {
+                    let Some((args, consumed)) = parse_whole_multibulk(input, limits) else { continue };
+                    accepted += 1;
+                    let walked = walk_multibulk(input, limits, &mut ParseState::default());
+                    assert_eq!(walked, Ok(Parsed::Command { args, consumed }), "{input:?}");
+                }
+            }
+        }
+        assert!(accepted > 3_000, "the one-pass parse accepted only {accepted} requests");
+    }
     use proptest::prelude::*;
 
     /// Redis's defaults.
