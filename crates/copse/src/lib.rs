@@ -68,7 +68,7 @@ pub use store::{Options, StorePlacement};
 pub mod exec {
     pub use crate::router::txn::AtomicExec;
     pub use crate::shard::exec::{
-        lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, ReadOp, ReadResult, StepInput,
-        Vote,
+        lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, ReadOp, ReadOps, ReadResult,
+        ReadResults, StepInput, Vote,
     };
 }

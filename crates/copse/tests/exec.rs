@@ -21,7 +21,7 @@ struct Increment {
 impl Exec for Increment {
     fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
         match input {
-            StepInput::Start => ExecStep::Read(vec![ReadOp::Get(self.key.clone())]),
+            StepInput::Start => ExecStep::Read(smallvec::smallvec![ReadOp::Get(self.key.clone())]),
             StepInput::Read(Ok(mut results)) => {
                 let old = match results.pop() {
                     Some(ReadResult::Value(Some(bytes))) => {
@@ -101,9 +101,10 @@ struct Transfer {
 impl Exec for Transfer {
     fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
         match input {
-            StepInput::Start => {
-                ExecStep::Read(vec![ReadOp::Get(self.from.clone()), ReadOp::Get(self.to.clone())])
-            }
+            StepInput::Start => ExecStep::Read(smallvec::smallvec![
+                ReadOp::Get(self.from.clone()),
+                ReadOp::Get(self.to.clone())
+            ]),
             StepInput::Read(Ok(results)) => {
                 let parse = |result: &ReadResult| match result {
                     ReadResult::Value(Some(bytes)) => {
@@ -202,7 +203,7 @@ struct ScanBoth {
 impl Exec for ScanBoth {
     fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
         match input {
-            StepInput::Start => ExecStep::Read(vec![ReadOp::Scan {
+            StepInput::Start => ExecStep::Read(smallvec::smallvec![ReadOp::Scan {
                 start: Bound::Included(b"k2".to_vec()),
                 end: Bound::Excluded(b"k5".to_vec()),
                 limit: 10,

@@ -388,7 +388,7 @@ where
                     Err(error) => return Next::Reply(error),
                 };
                 if view.contains(&item) {
-                    return Next::Read(vec![ReadOp::Get(item.clone())]);
+                    return Next::Read(smallvec::smallvec![ReadOp::Get(item.clone())]);
                 }
                 None
             }

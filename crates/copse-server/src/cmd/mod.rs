@@ -20,7 +20,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use copse::exec::{
-    lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, ReadOp, ReadResult, StepInput, Vote,
+    lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, ReadOp, ReadOps, ReadResult,
+    ReadResults, StepInput, Vote,
 };
 use copse::BatchOp;
 use copse::Db;
@@ -39,13 +40,13 @@ pub const SYNTAX: &str = "ERR syntax error";
 /// What a command's exec program is told at each step (errors are answered for it).
 pub enum Input {
     Start,
-    Read(Vec<ReadResult>),
+    Read(ReadResults),
     Written,
 }
 
 /// What a command's exec program asks for next.
 pub enum Next {
-    Read(Vec<ReadOp>),
+    Read(ReadOps),
     Write(Vec<BatchOp>),
     /// The program's last write: once durable it answers (`Input::Written`) and is done. Its
     /// write may share a flush with the same key's next commands (`on_key_grouped`).

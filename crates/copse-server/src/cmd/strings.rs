@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use copse::exec::{ExecView, ReadOp, ReadResult};
+use copse::exec::{ExecView, ReadOp, ReadResults};
 use copse::BatchOp;
 
 use super::{
@@ -48,7 +48,7 @@ pub fn specs() -> Vec<Spec> {
 /// before the key's type. A string's read is then the key's one index lookup; the other types
 /// are looked up (no I/O) only when it finds nothing (`string_or_wrongtype`).
 fn read_string(key: &[u8]) -> Next {
-    Next::Read(vec![ReadOp::Get(meta_key(key, KeyType::String))])
+    Next::Read(smallvec::smallvec![ReadOp::Get(meta_key(key, KeyType::String))])
 }
 
 /// What `read_string` found: the string's value, None for a missing key, or WRONGTYPE for a key
@@ -56,7 +56,7 @@ fn read_string(key: &[u8]) -> Next {
 fn string_or_wrongtype(
     view: &ExecView<'_>,
     key: &[u8],
-    results: &mut Vec<ReadResult>,
+    results: &mut ReadResults,
 ) -> Result<Option<Vec<u8>>, Next> {
     match value_of(results.pop()) {
         Some(value) => Ok(Some(value)),
@@ -170,7 +170,7 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
                     return Next::Reply(Reply::error(WRONGTYPE));
                 }
                 if options.get && existing == Some(KeyType::String) {
-                    return Next::Read(vec![ReadOp::Get(meta_key(&key, KeyType::String))]);
+                    return Next::Read(smallvec::smallvec![ReadOp::Get(meta_key(&key, KeyType::String))]);
                 }
                 decide(view, &key, existing, None, &options, &kind, &mut value, &mut pending)
             }

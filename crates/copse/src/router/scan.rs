@@ -186,7 +186,7 @@ impl ReadRange {
 impl Exec for ReadRange {
     fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
         match input {
-            StepInput::Start => ExecStep::Read(vec![ReadOp::Scan {
+            StepInput::Start => ExecStep::Read(smallvec::smallvec![ReadOp::Scan {
                 start: self.start.clone(),
                 end: self.end.clone(),
                 limit: self.limit,

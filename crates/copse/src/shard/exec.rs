@@ -78,7 +78,7 @@ pub trait Exec: Send + 'static {
 /// What an exec asks for next.
 pub enum ExecStep {
     /// Reads, answered together (at most `EXEC_READS_MAX`).
-    Read(Vec<ReadOp>),
+    Read(ReadOps),
     /// One write: a single put or delete, or an all-or-nothing batch. Resumes once durable.
     Write(Vec<BatchOp>),
     /// As `Write`, and the exec's last: once resumed with `Written` it answers and returns
@@ -112,7 +112,7 @@ pub enum ReadResult {
 pub enum StepInput {
     Start,
     /// The results of a `Read` step, in the order asked; the first failure if any failed.
-    Read(Result<Vec<ReadResult>, ReadError>),
+    Read(Result<ReadResults, ReadError>),
     Written(Result<(), WriteError>),
 }
 
@@ -237,6 +237,11 @@ pub struct ExecRequest {
     pub locks: LockIds,
     pub exec: Box<dyn Exec>,
 }
+
+/// A step's reads, in place when one (a GET's): no list allocated for it.
+pub type ReadOps = smallvec::SmallVec<[ReadOp; 1]>;
+/// Their results, in the same order, in place when one.
+pub type ReadResults = smallvec::SmallVec<[ReadResult; 1]>;
 
 /// The locks of an exec (`lock_id` of each key, sorted, each once).
 pub type LockIds = smallvec::SmallVec<[u64; 2]>;
@@ -931,7 +936,7 @@ fn issue_prepare(mut vote: Vote, ops: Vec<BatchOp>, engine: &mut Gate) -> State 
 }
 
 /// Checks an exec's reads and queues them for the pass's end (`ExecTable::hand_reads`).
-fn issue_reads(reads: Vec<ReadOp>, queued: &mut Vec<Request>) -> State {
+fn issue_reads(reads: ReadOps, queued: &mut Vec<Request>) -> State {
     if reads.len() > EXEC_READS_MAX {
         return State::Ready(StepInput::Read(Err(ReadError::Input(InputError::TooManyReads {
             reads: reads.len(),
