@@ -197,10 +197,15 @@ fn parse_multibulk(
     limits: &ParseLimits,
     state: &mut ParseState,
 ) -> Result<Parsed, ProtocolError> {
+    // Tried once per request: a request still arriving has its header read by the walk, which
+    // then resumes it, so the bytes this copies and drops are at most those of the first call.
     if state.multibulk.is_none() {
-        if let Some((args, consumed)) = parse_whole_multibulk(buf, limits) {
-            state.examined_bytes += consumed as u64;
-            return Ok(Parsed::Command { args, consumed });
+        match parse_whole_multibulk(buf, limits) {
+            Ok((args, consumed)) => {
+                state.examined_bytes += consumed as u64;
+                return Ok(Parsed::Command { args, consumed });
+            }
+            Err(examined) => state.examined_bytes += examined as u64,
         }
     }
     walk_multibulk(buf, limits, state)
@@ -238,32 +243,17 @@ fn walk_multibulk(
             (count, args_start)
         }
     };
-    // A request walked from its first bulk in this call (the usual case: it arrived whole) has
-    // its arguments copied as the walk checks them, in one pass. Copies of a request that turns
-    // out incomplete are dropped; the calls that complete it resume the walk and copy in a
-    // second pass (below), so no byte is copied more than twice. Grown as bulks arrive, never
-    // sized by the claimed `count`.
-    let mut walked_args = (state.bulks_done == 0).then(Args::new);
     // Each pass either returns or completes a bulk of at least `$0\r\n\r\n`, so a huge claimed
     // `count` costs nothing beyond the bytes actually present.
     while state.bulks_done < count {
-        let Some((data_start, bulk_end)) = read_bulk(buf, state.next_bulk_at, limits, state)?
-        else {
+        let Some((_, bulk_end)) = read_bulk(buf, state.next_bulk_at, limits, state)? else {
             return Ok(Parsed::Incomplete);
         };
-        if let Some(args) = walked_args.as_mut() {
-            let data = &buf[data_start..bulk_end - 2];
-            args.push(data.to_vec());
-            state.examined_bytes += data.len() as u64;
-        }
         state.bulks_done += 1;
         state.next_bulk_at = bulk_end;
         state.line_scanned = bulk_end;
     }
     let consumed = state.next_bulk_at;
-    if let Some(args) = walked_args {
-        return Ok(Parsed::Command { args, consumed });
-    }
     // The whole request is in `buf` now, so `count` is bounded by bytes received, not by a
     // claim: copy the arguments, re-reading only their short, already checked headers.
     let mut args = Args::with_capacity(count);
@@ -287,12 +277,23 @@ fn walk_multibulk(
 
 /// The common case in one pass: a multibulk request that is all in `buf`, with short, plain
 /// header lines (digits only, no sign, no leading zero) and every count and length within the
-/// limits. Returns its arguments and length, or `None` for anything else (incomplete, an error,
-/// an unusual header), which the general walk then parses from the start and answers exactly
-/// as before: this path only ever accepts what that walk would accept, with the same result.
-fn parse_whole_multibulk(buf: &[u8], limits: &ParseLimits) -> Option<(Args, usize)> {
+/// limits. Returns its arguments and length; for anything else (incomplete, an error, an
+/// unusual header) the bytes it looked at, and the general walk then parses the request from
+/// the start and answers exactly as before: this path only ever accepts what that walk would
+/// accept, with the same result.
+fn parse_whole_multibulk(buf: &[u8], limits: &ParseLimits) -> Result<(Args, usize), usize> {
+    let mut position = 0;
+    match whole_multibulk_from(buf, limits, &mut position) {
+        Some(args) => Ok((args, position)),
+        None => Err(position),
+    }
+}
+
+/// `parse_whole_multibulk`, leaving `position` where it stopped.
+fn whole_multibulk_from(buf: &[u8], limits: &ParseLimits, position: &mut usize) -> Option<Args> {
     let line_max = limits.inline_bytes_max;
-    let (count, mut position) = plain_header(buf, 0, b'*', line_max)?;
+    let count;
+    (count, *position) = plain_header(buf, 0, b'*', line_max)?;
     let count_max = limits.unauthenticated.map_or(limits.multibulk_len_max, |tight| {
         tight.multibulk_len_max.min(limits.multibulk_len_max)
     });
@@ -304,7 +305,7 @@ fn parse_whole_multibulk(buf: &[u8], limits: &ParseLimits) -> Option<(Args, usiz
     }
     let mut args = Args::new();
     for _ in 0..count {
-        let (length, data_start) = plain_header(buf, position, b'$', line_max)?;
+        let (length, data_start) = plain_header(buf, *position, b'$', line_max)?;
         if length > bulk_bytes_max {
             return None;
         }
@@ -314,9 +315,9 @@ fn parse_whole_multibulk(buf: &[u8], limits: &ParseLimits) -> Option<(Args, usiz
         }
         // Grown as bulks are found complete, never sized by the claimed count.
         args.push(buf[data_start..data_end].to_vec());
-        position = data_end + 2;
+        *position = data_end + 2;
     }
-    Some((args, position))
+    Some(args)
 }
 
 /// Digits a plain header's number may have: below `usize::MAX` on every platform, and far
@@ -702,7 +703,7 @@ mod tests {
             }
             for input in &inputs {
                 for limits in &limit_sets {
-                    let Some((args, consumed)) = parse_whole_multibulk(input, limits) else { continue };
+                    let Ok((args, consumed)) = parse_whole_multibulk(input, limits) else { continue };
                     accepted += 1;
                     let walked = walk_multibulk(input, limits, &mut ParseState::default());
                     assert_eq!(walked, Ok(Parsed::Command { args, consumed }), "{input:?}");

@@ -390,7 +390,9 @@ impl ExecTable {
     pub fn arrive(&mut self, request: ExecRequest) {
         let id = self.running.vacant_key() as u64;
         let locks = request.locks;
-        debug_assert!(locks.windows(2).all(|pair| pair[0] < pair[1]), "lock ids sorted, once each");
+        // A lock listed twice would queue the exec behind itself, for ever (`lock_ids` makes
+        // them so; the field is public).
+        assert!(locks.windows(2).all(|pair| pair[0] < pair[1]), "lock ids sorted, once each");
         let mut blocked_by = 0;
         for &lock in &locks {
             let spare = &mut self.spare_queues;
