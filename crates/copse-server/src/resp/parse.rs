@@ -246,7 +246,7 @@ fn walk_multibulk(
     // Each pass either returns or completes a bulk of at least `$0\r\n\r\n`, so a huge claimed
     // `count` costs nothing beyond the bytes actually present.
     while state.bulks_done < count {
-        let Some((_, bulk_end)) = read_bulk(buf, state.next_bulk_at, limits, state)? else {
+        let Some(bulk_end) = read_bulk(buf, state.next_bulk_at, limits, state)? else {
             return Ok(Parsed::Incomplete);
         };
         state.bulks_done += 1;
@@ -353,14 +353,14 @@ fn plain_header(buf: &[u8], start: usize, type_byte: u8, line_max: usize) -> Opt
     None
 }
 
-/// Checks the bulk starting at `position`. Returns where its data starts and where it ends, or
-/// `None` when the buffer ends first.
+/// Checks the bulk starting at `position`. Returns where it ends, or `None` when the buffer
+/// ends first.
 fn read_bulk(
     buf: &[u8],
     position: usize,
     limits: &ParseLimits,
     state: &mut ParseState,
-) -> Result<Option<(usize, usize)>, ProtocolError> {
+) -> Result<Option<usize>, ProtocolError> {
     match buf.get(position) {
         None => return Ok(None),
         Some(b'$') => {}
@@ -388,7 +388,7 @@ fn read_bulk(
     if terminator != b"\r\n" {
         return Err(ProtocolError::BulkNotTerminated);
     }
-    Ok(Some((data_start, bulk_end)))
+    Ok(Some(bulk_end))
 }
 
 #[derive(Clone, Copy)]
@@ -650,6 +650,7 @@ fn hex_pair(high: u8, low: u8) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// The one-pass parse accepts only what the general walk accepts, with the same arguments
     /// and length: checked on well-formed requests, on every truncation of them, on single-byte
@@ -712,7 +713,6 @@ mod tests {
         }
         assert!(accepted > 3_000, "the one-pass parse accepted only {accepted} requests");
     }
-    use proptest::prelude::*;
 
     /// Redis's defaults.
     const REDIS_LIMITS: ParseLimits = ParseLimits {

@@ -345,12 +345,10 @@ impl NativeEngine {
                 let mut records = Vec::new();
                 // Slots released since the block was filled hold stale copies: skipped before
                 // they are decoded or looked up (about half a victim's slots under overwrites).
-                let mut dead = Vec::new();
-                let block_first = append.released_slots(block, &mut dead);
+                let released = append.released_slots(block);
                 for (slot, bytes) in info.slots_in_units(first_page, &completion.buf) {
                     let loc = Loc::new(class, slot, 0);
-                    let offset = slot - block_first;
-                    if dead[offset as usize / 64] & (1 << (offset % 64)) != 0 {
+                    if released.contains(slot) {
                         // A released slot is dead (its index half checked in test builds).
                         self.assert_not_live(loc, bytes, "the collector skipped as released");
                         continue;
@@ -470,11 +468,8 @@ impl NativeEngine {
         let append = self.collector.append(class).expect("an append class");
         let block = append.block_of(slot);
         assert!(append.is_collecting(block), "a move from a victim no longer collected");
-        let mut dead = Vec::new();
-        let first = append.released_slots(block, &mut dead);
-        let offset = slot - first;
         assert!(
-            dead[offset as usize / 64] & (1 << (offset % 64)) != 0,
+            append.released_slots(block).contains(slot),
             "shard {}: the collector would move a dead put at slot {slot} of class {class} \
              whose slot was never released",
             self.shard_id

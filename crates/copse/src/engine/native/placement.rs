@@ -106,6 +106,21 @@ pub(super) struct NextSlot {
     pub opens: Option<(u64, u64)>,
 }
 
+/// A block's released slots (`AppendClass::released_slots`), as a bitmap by offset from its
+/// first slot.
+pub(super) struct ReleasedSlots {
+    first_slot: u64,
+    bits: Vec<u64>,
+}
+
+impl ReleasedSlots {
+    /// Whether `slot` (of this block) was released.
+    pub(super) fn contains(&self, slot: u64) -> bool {
+        let offset = slot - self.first_slot;
+        self.bits[offset as usize / 64] & (1 << (offset % 64)) != 0
+    }
+}
+
 impl AppendClass {
     /// An append class over a file holding `slots_in_file` slots, of which the first `frontier`
     /// were handed out at some time; every one of those starts used, and recovery releases the
@@ -173,15 +188,13 @@ impl AppendClass {
     }
 
     /// The slots of `block` released with a stale copy's tag since the block was last opened:
-    /// dead until the block is reopened (a released slot is handed out again only then). As a
-    /// bitmap by offset from the block's first slot, which is returned.
-    pub(super) fn released_slots(&self, block: u32, dead: &mut Vec<u64>) -> u64 {
-        dead.clear();
-        dead.resize(self.slots_per_block.div_ceil(64) as usize, 0);
+    /// dead until the block is reopened (a released slot is handed out again only then).
+    pub(super) fn released_slots(&self, block: u32) -> ReleasedSlots {
+        let mut bits = vec![0u64; self.slots_per_block.div_ceil(64) as usize];
         for &(offset, _) in &self.tags[block as usize].released {
-            dead[offset as usize / 64] |= 1 << (offset % 64);
+            bits[offset as usize / 64] |= 1 << (offset % 64);
         }
-        self.first_slot(block)
+        ReleasedSlots { first_slot: self.first_slot(block), bits }
     }
 
     /// The pages of a block, [first, end).
