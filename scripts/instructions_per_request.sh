@@ -25,15 +25,25 @@ esac
 for tool in valgrind callgrind_control callgrind_annotate redis-benchmark redis-cli; do
     command -v "$tool" >/dev/null || { echo "instructions_per_request.sh: $tool is not installed" >&2; exit 2; }
 done
+# A server still on the port (an earlier count's valgrind takes seconds to exit) would be the one
+# measured, and a redis-benchmark left talking to a server that went away spins a core at 100%.
+if redis-cli -p "$port" ping >/dev/null 2>&1; then
+    echo "instructions_per_request.sh: something already answers on port $port" >&2
+    exit 2
+fi
 dir=$(mktemp -d)
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/out" \
     "$binary" --path "$dir/data" serve --port "$port" >"$dir/serve.log" 2>&1 &
 server=$!
-trap 'kill "$server" 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'pkill -f "redis-benchmark -p $port " 2>/dev/null; kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 120); do
     redis-cli -p "$port" ping >/dev/null 2>&1 && break
     sleep 0.5
 done
+redis-cli -p "$port" ping >/dev/null 2>&1 || {
+    echo "instructions_per_request.sh: the server did not answer on port $port" >&2
+    exit 1
+}
 bench() {
     redis-benchmark -p "$port" -t "$1" -d 1024 -c 50 -P "$2" -n "$3" -r 10000 -q >/dev/null
 }

@@ -88,6 +88,10 @@ pub const GC_MOVES_PER_ROUND_MAX: usize = 1024;
 /// Blocks one collection empties together at most; it takes enough to free this many times
 /// what the round that started it appended.
 pub const GC_VICTIMS_PER_RUN_MAX: usize = 64;
+/// Victim read buffers (one block each) a shard's collector keeps for its next collections, so
+/// a collection does not allocate and zero a block's worth of memory per victim (4% of the
+/// server's CPU under overwrites, docs/benchmarks.md). At 64-page blocks: 1 MiB per shard.
+pub const GC_READ_BUFFERS_KEPT: usize = 4;
 pub const GC_FREE_PER_APPENDED: u64 = 6;
 /// The collector starts this far into the room between live data and the space ceiling (so
 /// that a burst of writes meets a collection already under way).

@@ -265,6 +265,7 @@ struct Totals {
     gc_slots_moved: u64,
     /// Of those, records whose key was written after their victim was read (copied, then freed).
     gc_slots_moved_dead: u64,
+    gc_victims_quiet: u64,
     /// Records scans had put side by side (clustering), and the scans' items checked.
     cluster_slots_moved: u64,
     scanned_items_checked: u64,
@@ -816,6 +817,7 @@ impl Sim {
                 self.totals.gc_runs += class.append.gc_runs;
                 self.totals.gc_slots_moved += class.append.gc_slots_moved;
                 self.totals.gc_slots_moved_dead += class.append.gc_slots_moved_dead;
+                self.totals.gc_victims_quiet += class.append.gc_victims_quiet;
                 self.totals.cluster_slots_moved += class.append.cluster_slots_moved;
             }
         }
@@ -1439,6 +1441,7 @@ impl Totals {
         self.gc_runs += other.gc_runs;
         self.gc_slots_moved += other.gc_slots_moved;
         self.gc_slots_moved_dead += other.gc_slots_moved_dead;
+        self.gc_victims_quiet += other.gc_victims_quiet;
         self.cluster_slots_moved += other.cluster_slots_moved;
         self.scanned_items_checked += other.scanned_items_checked;
         self.crashes_during_gc += other.crashes_during_gc;
@@ -1489,6 +1492,14 @@ fn seeded_simulation_with_crashes_and_injected_faults_loses_and_returns_nothing_
         assert!(
             totals.append_seeds > 0 && totals.gc_slots_moved > 0,
             "no collection moved a record"
+        );
+        // Both ways of listing a victim's live records ran: from its released slots (a quiet
+        // victim) and by index lookups (a write into it was in flight when it was chosen).
+        assert!(
+            totals.gc_victims_quiet > 0 && totals.gc_victims_quiet < totals.gc_runs,
+            "{} of {} victims were quiet",
+            totals.gc_victims_quiet,
+            totals.gc_runs
         );
         assert!(totals.crashes_during_gc > 0, "no crash struck during a collection");
         assert!(totals.held_requests > 0, "no completion was held back");

@@ -41,7 +41,7 @@ use crate::engine::Reply;
 use crate::error::WriteError;
 use crate::limits::{
     GC_FREE_PER_APPENDED, GC_MOVES_PER_APPENDED_SLOT, GC_MOVES_PER_ROUND_MAX,
-    GC_MOVES_PER_ROUND_MIN, GC_VICTIMS_PER_RUN_MAX, PAGE_BYTES,
+    GC_MOVES_PER_ROUND_MIN, GC_READ_BUFFERS_KEPT, GC_VICTIMS_PER_RUN_MAX, PAGE_BYTES,
 };
 
 /// A record to move: out of a victim, or beside its neighbours (`cluster.rs`).
@@ -81,6 +81,15 @@ pub(super) struct GcRead {
     class: u8,
     block: u32,
     first_page: u64,
+    /// No write into the victim was in flight when it was chosen (none pending below the write
+    /// id the block was sealed at: `AppendClass::writes_below`; a sealed block's slots are
+    /// written only as erasures of batch, part, torn or corrupt records, none of which lists
+    /// as a put), and no batch under way held one of its slots for a member not yet written:
+    /// so its slots hold
+    /// what was last durably written there and no write changes them while it is read (a
+    /// sealed block gets no new slot handed out). Then a put in a slot not released is live,
+    /// with no index lookup (`gc_read_done`).
+    quiet: bool,
 }
 
 /// Where each class puts new records, and the collector of the append classes.
@@ -103,6 +112,10 @@ pub(super) struct Collector {
     wanted: bool,
     /// Slots appended this round (the collector's budget grows with them).
     appended_this_round: usize,
+    /// Buffers of victim reads done, for the next ones (at most `GC_READ_BUFFERS_KEPT`). A
+    /// read fills its buffer whole or fails (a short read is an error), so what an earlier
+    /// victim left in it is never taken for this one's records.
+    read_buffers: Vec<AlignedBuf>,
 }
 
 impl Collector {
@@ -123,6 +136,22 @@ impl Collector {
             moves_in_flight: 0,
             wanted: false,
             appended_this_round: 0,
+            read_buffers: Vec::new(),
+        }
+    }
+
+    /// A buffer for a victim read of `len_bytes`: a kept one of that length, else a new one.
+    fn read_buffer(&mut self, len_bytes: usize) -> AlignedBuf {
+        match self.read_buffers.iter().position(|buf| buf.len() == len_bytes) {
+            Some(at) => self.read_buffers.swap_remove(at),
+            None => AlignedBuf::zeroed(len_bytes),
+        }
+    }
+
+    /// A victim read's buffer is free again.
+    fn keep_read_buffer(&mut self, buf: AlignedBuf) {
+        if self.read_buffers.len() < GC_READ_BUFFERS_KEPT {
+            self.read_buffers.push(buf);
         }
     }
 
@@ -302,7 +331,9 @@ impl NativeEngine {
                 .next_multiple_of(unit_pages)
                 .min(end_page - first_page);
             if pages > 0 {
-                reads.push((block, first_page, pages));
+                let quiet = !self.writes.pending_below(append.writes_below(block))
+                    && !self.batch_slots_reserved_in(class, append.slots_of(block));
+                reads.push((block, first_page, pages, quiet));
             }
         }
         self.collector.run = Some(GcRun {
@@ -312,20 +343,21 @@ impl NativeEngine {
             found: Vec::new(),
             candidates: reads.is_empty().then(|| Vec::new().into_iter()),
         });
-        for (block, first_page, pages) in reads {
+        for (block, first_page, pages, quiet) in reads {
+            let buf = self.collector.read_buffer(pages as usize * PAGE_BYTES);
             self.io.queue(
                 IoKind::Read,
                 fid,
                 first_page * PAGE_BYTES as u64,
-                AlignedBuf::zeroed(pages as usize * PAGE_BYTES),
-                IoPurpose::GcRead(GcRead { class, block, first_page }),
+                buf,
+                IoPurpose::GcRead(GcRead { class, block, first_page, quiet }),
             );
         }
     }
 
     /// A victim was read: list what lives in it.
     pub(super) fn gc_read_done(&mut self, read: GcRead, completion: IoCompletion) {
-        let GcRead { class, block, first_page } = read;
+        let GcRead { class, block, first_page, quiet } = read;
         let Some(run) = self.collector.run.as_ref() else { return };
         assert!(run.class == class && run.blocks.contains(&block));
         let mut candidates = Vec::new();
@@ -339,6 +371,10 @@ impl NativeEngine {
                 let slot_bytes = info.slot_bytes as usize;
                 let append = self.collector.append_mut(class).expect("append");
                 append.figures.gc_bytes_read += completion.buf.len() as u64;
+                // A victim freed meanwhile (every slot released) may be open and written again:
+                // what the read found is then looked up (and `next_moves` drops it anyway).
+                let trust_released = quiet && append.is_collecting(block);
+                append.figures.gc_victims_quiet += u64::from(trust_released);
                 // Every record of the victim, then the index's entries of all their keys in one
                 // batch (`CompactIndex::entries` overlaps the lookups' cache misses): the
                 // liveness check of a whole block, not one lookup after another.
@@ -365,9 +401,31 @@ impl NativeEngine {
                     };
                     records.push((slot, loc, key, value, header.seq, tombstone));
                 }
-                let keys: Vec<&[u8]> = records.iter().map(|record| record.2).collect();
-                let mut entries = Vec::with_capacity(keys.len());
-                self.index.entries(&keys, &mut entries);
+                let mut entries = Vec::with_capacity(records.len());
+                if trust_released {
+                    // A put's slot is released (with its key's tag) when the put is superseded,
+                    // deleted, or lands under a newer write: a put of a quiet victim whose slot
+                    // was not released is what its key's index entry names, unless a write of
+                    // the key is in flight (a batch's member durable before the others is applied
+                    // with them), which is looked up. Checked in test builds. Tombstones need
+                    // only a look at their guards.
+                    for &(_, loc, key, _, seq, tombstone) in &records {
+                        let entry = if tombstone {
+                            None
+                        } else if self.seqs.in_flight(key) {
+                            self.index.entry(key)
+                        } else {
+                            if cfg!(any(debug_assertions, feature = "testing")) {
+                                self.assert_unreleased_put_live(loc, key, seq);
+                            }
+                            Some(Entry { loc, seq })
+                        };
+                        entries.push(entry);
+                    }
+                } else {
+                    let keys: Vec<&[u8]> = records.iter().map(|record| record.2).collect();
+                    self.index.entries(&keys, &mut entries);
+                }
                 for ((slot, loc, key, value, seq, tombstone), entry) in records.into_iter().zip(entries)
                 {
                     if self.gc_live_given(loc, key, seq, tombstone, entry) {
@@ -382,6 +440,7 @@ impl NativeEngine {
                 }
             }
         }
+        self.collector.keep_read_buffer(completion.buf);
         let run = self.collector.run.as_mut().expect("running");
         run.found.extend(candidates);
         run.reads_in_flight -= 1;
@@ -456,6 +515,18 @@ impl NativeEngine {
         self.place(write, loc, kind, seq, watermark, &key, &value);
         self.collector.move_started(cause);
         Ok(())
+    }
+
+    /// Test builds: a put in a quiet victim whose slot was not released, of a key with no
+    /// write in flight, is live.
+    fn assert_unreleased_put_live(&self, loc: Loc, key: &[u8], seq: u64) {
+        assert!(
+            self.gc_still_live(loc, key, seq, false),
+            "shard {}: the put of seq {seq} at {loc:?} in a quiet victim is dead, but its slot \
+             was never released (the index holds {:?})",
+            self.shard_id,
+            self.index.entry(key)
+        );
     }
 
     /// Test builds: a collection's put moved without a lookup (`move_record`) is either still

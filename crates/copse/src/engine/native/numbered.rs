@@ -36,6 +36,10 @@ impl<T> Numbered<T> {
         self.states.remove(&id)
     }
 
+    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
+        self.states.values()
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.states.is_empty()
     }

@@ -66,6 +66,10 @@ struct Block {
     blocked: bool,
     /// On the change queue.
     queued: bool,
+    /// Every write into the block since it was last opened was handed a write id below this
+    /// (set when it is sealed; 0 for a block sealed before the shard opened): the collector's
+    /// test that no write into a victim is in flight (`gc.rs`).
+    writes_below: u64,
 }
 
 /// The stale key hashes of one block's dead slots, by slot offset in the block. Kept per block,
@@ -185,6 +189,27 @@ impl AppendClass {
 
     fn first_slot(&self, block: u32) -> u64 {
         block as u64 * self.slots_per_block
+    }
+
+    /// The slots of `block`.
+    pub(super) fn slots_of(&self, block: u32) -> std::ops::Range<u64> {
+        self.first_slot(block)..self.first_slot(block) + self.slots_per_block
+    }
+
+    /// The open block, if any.
+    pub(super) fn open_block(&self) -> Option<u32> {
+        self.open.map(|(block, _)| block)
+    }
+
+    /// `block` was sealed when the next write id to be handed out was `next_write`.
+    pub(super) fn sealed_before_write(&mut self, block: u32, next_write: u64) {
+        assert!(!self.is_open(block), "block {block} is still open");
+        self.blocks[block as usize].writes_below = next_write;
+    }
+
+    /// Every write into `block` (sealed) has a write id below this.
+    pub(super) fn writes_below(&self, block: u32) -> u64 {
+        self.blocks[block as usize].writes_below
     }
 
     /// The slots of `block` released with a stale copy's tag since the block was last opened:

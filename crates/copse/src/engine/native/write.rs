@@ -203,6 +203,16 @@ impl Writes {
         done
     }
 
+    /// The id the next write will be handed.
+    pub(super) fn next_id(&self) -> WriteId {
+        self.next_id
+    }
+
+    /// Whether a write with an id below `id` is still pending (not durable, not failed).
+    pub(super) fn pending_below(&self, id: WriteId) -> bool {
+        self.pending.keys().next().is_some_and(|&oldest| oldest < id)
+    }
+
     /// Where a pending write puts its record.
     pub(super) fn loc_of(&self, write: WriteId) -> Loc {
         self.pending[&write].loc
