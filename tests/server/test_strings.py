@@ -26,6 +26,28 @@ def test_get_set_and_missing_key(rc):
     assert rc.exists("k") == 1
 
 
+def test_set_replaces_a_hash_or_sorted_set_whatever_else_the_store_holds(r):
+    """A plain SET looks the key's type up only while its shard may hold a hash or sorted set
+    (some key starts with a field or member tag); in a store of strings alone it writes with no
+    lookup. Either way the key ends a string, listed once, with nothing of its old value left."""
+    assert r.set("s", "1") and r.set("s", "2")
+    assert r.hset("h", "f", "v") == 1
+    assert r.set("h", "x") and r.type("h") == b"string" and r.get("h") == b"x"
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        r.hget("h", "f")
+    assert r.zadd("z", {"m": 1}) == 1
+    assert r.set("z", "y") and r.type("z") == b"string"
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        r.zscore("z", "m")
+    # Emptied collections are gone, so the store again holds only strings.
+    assert r.hset("g", "f", "v") == 1 and r.hdel("g", "f") == 1 and r.exists("g") == 0
+    assert r.zadd("o", {"m": 1}) == 1 and r.zrem("o", "m") == 1 and r.exists("o") == 0
+    for key in ("g", "o", "s"):
+        assert r.set(key, "v") and r.type(key) == b"string"
+    assert sorted(r.keys("*")) == [b"g", b"h", b"o", b"s", b"z"]
+    assert r.dbsize() == 5
+
+
 def test_set_nx_and_xx(rc):
     assert rc.set("k", "v1", xx=True) is None
     assert rc.exists("k") == 0, "SET XX must not create the key"

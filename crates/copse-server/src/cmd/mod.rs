@@ -286,9 +286,22 @@ pub fn by_shard(db: &Db, keys: &[Vec<u8>]) -> Vec<(u32, Vec<usize>)> {
     order.into_iter().map(|shard| (shard, groups.remove(&shard).expect("grouped"))).collect()
 }
 
-/// The type of Redis key `key` as the shard's index knows it (no I/O).
+/// The type of Redis key `key` as the shard's index knows it (no I/O). One lookup while the
+/// shard holds no hash or sorted set (`may_hold_collections`), else one per type until found.
 pub fn key_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
+    if !may_hold_collections(view) {
+        return view.contains(&keyspace::meta_key(key, KeyType::String)).then_some(KeyType::String);
+    }
     KeyType::ALL.into_iter().find(|ty| view.contains(&keyspace::meta_key(key, *ty)))
+}
+
+/// Whether any key of the shard may be a hash or a sorted set, with no lookup. Every hash or
+/// sorted set has at least one field or member item, whose item key starts with its tag: the
+/// command that removes the last one deletes the meta item in the same batch (HDEL, ZREM and
+/// the like), and one that writes a meta item writes an item with it. So a shard with no key
+/// starting with either tag holds only strings.
+pub fn may_hold_collections(view: &ExecView<'_>) -> bool {
+    view.has_keys_starting_with(keyspace::TAG_FIELD) || view.has_keys_starting_with(keyspace::TAG_ZSET)
 }
 
 /// Whether `key` holds a `ty` (false: no such key), or WRONGTYPE for a key of another type.

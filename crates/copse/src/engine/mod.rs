@@ -484,9 +484,33 @@ pub trait ShardEngine: Send {
     fn index_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>>;
     /// Live keys in the range, counting no further than `limit`. No I/O.
     fn count_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize;
+    /// Whether a live key starts with `byte`. No I/O; the native engine answers from a count per
+    /// first byte, with no lookup.
+    fn has_keys_starting_with(&self, byte: u8) -> bool {
+        let (start, end) = first_byte_range(&byte);
+        self.count_keys(start, end, 1) > 0
+    }
     /// The parts recovery found when the engine opened and that are not forgotten yet (see
     /// `part.rs`), each with the state on the device. Asked once, right after open.
     fn recovered_parts(&self) -> Vec<part::PartRecord>;
     /// Finishes all outstanding work and makes it durable.
     fn close(&mut self) -> Result<(), WriteError>;
+}
+
+/// The range of keys whose first byte is `*byte`.
+pub(crate) fn first_byte_range(byte: &u8) -> (Bound<&[u8]>, Bound<&'static [u8]>) {
+    const NEXT: [[u8; 1]; 256] = {
+        let mut next = [[0u8; 1]; 256];
+        let mut at = 0;
+        while at < 255 {
+            next[at] = [at as u8 + 1];
+            at += 1;
+        }
+        next
+    };
+    let end = match *byte {
+        u8::MAX => Bound::Unbounded,
+        below => Bound::Excluded(&NEXT[below as usize][..]),
+    };
+    (Bound::Included(std::slice::from_ref(byte)), end)
 }

@@ -176,6 +176,15 @@ impl ExecView<'_> {
         }
     }
 
+    /// Whether a live key starts with `byte` (no I/O; the native engine does no lookup).
+    pub fn has_keys_starting_with(&self, byte: u8) -> bool {
+        let (start, end) = crate::engine::first_byte_range(&byte);
+        match self.overlay.filter(|overlay| overlay.range::<[u8], _>((start, end)).next().is_some()) {
+            Some(_) => self.count(start, end, 1) > 0,
+            None => self.engine.has_keys_starting_with(byte),
+        }
+    }
+
     /// Up to `limit` keys of the range, in order (keys only: no I/O).
     pub fn keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>> {
         let Some(overlay) = self.overlay.filter(|_| !is_empty_range(start, end)) else {

@@ -521,6 +521,15 @@ impl ShardEngine for Gate {
             .collect()
     }
 
+    fn has_keys_starting_with(&self, byte: u8) -> bool {
+        let (start, end) = crate::engine::first_byte_range(&byte);
+        if self.overlay_range(start, end).is_empty() {
+            self.engine.has_keys_starting_with(byte)
+        } else {
+            self.count_keys(start, end, 1) > 0
+        }
+    }
+
     fn count_keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize {
         let overlay = self.overlay_range(start, end);
         if overlay.is_empty() {

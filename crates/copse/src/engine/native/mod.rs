@@ -466,6 +466,10 @@ impl ShardEngine for NativeEngine {
         self.index.contains(key)
     }
 
+    fn has_keys_starting_with(&self, byte: u8) -> bool {
+        self.index.has_first_byte(byte)
+    }
+
     /// Up to `limit` indexed keys of the range, in order. No I/O.
     fn index_keys(
         &self,

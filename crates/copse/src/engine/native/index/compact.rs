@@ -79,6 +79,14 @@ pub struct CompactIndex {
     /// An entry's value being encoded before it is spliced in, kept between updates: one
     /// allocation per update less on the write path (`update_value`).
     value_scratch: Vec<u8>,
+    /// Keys by their first byte (the empty key last), so "does any key start with this byte"
+    /// costs no lookup (`has_first_byte`): what the Redis layer asks before every plain SET.
+    keys_by_first_byte: Box<[u64; 257]>,
+}
+
+/// The `keys_by_first_byte` counter of `key`.
+fn first_byte_bucket(key: &[u8]) -> usize {
+    key.first().map_or(256, |&byte| byte as usize)
 }
 
 impl Default for CompactIndex {
@@ -108,6 +116,7 @@ impl CompactIndex {
             seed: new_seed(),
             changes: 0,
             value_scratch: Vec::new(),
+            keys_by_first_byte: Box::new([0; 257]),
         }
     }
 
@@ -132,6 +141,7 @@ impl CompactIndex {
                 blocks.push((std::mem::replace(&mut fence, next_fence), full.finish()));
             }
             writer.push(key, entry);
+            self.keys_by_first_byte[first_byte_bucket(key)] += 1;
             items += 1;
         }
         blocks.push((fence, writer.finish()));
@@ -211,6 +221,7 @@ impl CompactIndex {
         assert!(old.is_none(), "the directory missed a key of block {block}");
         self.slot_insert(hash, block);
         self.items += 1;
+        self.keys_by_first_byte[first_byte_bucket(key)] += 1;
         self.split_if_full(block);
         None
     }
@@ -248,6 +259,7 @@ impl CompactIndex {
         assert_eq!(old, Some(entry));
         self.slot_move(hash, block, None);
         self.items -= 1;
+        self.keys_by_first_byte[first_byte_bucket(key)] -= 1;
         self.merge_if_small(block, key);
         if self.slots.len() > SLOTS_MIN && self.items * 4 < self.slots.len() {
             self.rebuild_slots(self.items);
@@ -257,6 +269,11 @@ impl CompactIndex {
 
     pub fn len(&self) -> usize {
         self.items
+    }
+
+    /// Whether a key starting with `byte` is indexed. No lookup: a count per first byte.
+    pub fn has_first_byte(&self, byte: u8) -> bool {
+        self.keys_by_first_byte[byte as usize] > 0
     }
 
     pub fn is_empty(&self) -> bool {
@@ -751,6 +768,10 @@ mod tests {
             digest.add(key, entry.seq);
         }
         assert_eq!(index.digest(), digest);
+        for byte in 0..=u8::MAX {
+            let expected = model.keys().any(|key| key.first() == Some(&byte));
+            assert_eq!(index.has_first_byte(byte), expected, "keys starting with {byte:#04x}");
+        }
         assert!(index.slots_used * 8 <= index.slots.len() * 7);
         let total: u64 = index.blocks.iter().map(|b| b.len() as u64).sum();
         assert_eq!(total, index.block_bytes_total);
@@ -826,6 +847,10 @@ mod tests {
                         prop_assert_eq!(index.entry(&key), model.get(&key).copied());
                         prop_assert_eq!(index.contains(&key), model.contains_key(&key));
                         prop_assert_eq!(index.get(&key), model.get(&key).map(|e| e.loc));
+                        if let Some(&byte) = key.first() {
+                            let expected = model.keys().any(|k| k.first() == Some(&byte));
+                            prop_assert_eq!(index.has_first_byte(byte), expected);
+                        }
                     }
                     Op::Range(a, s, b, e, limit) => {
                         let (start, end) = (bound(a, &s), bound(b, &e));
