@@ -315,6 +315,7 @@ impl CompactIndex {
             + (self.slots.capacity() * size_of::<u32>()) as u64
             + self.fences.len() as u64 * FENCE_ENTRY_BYTES_ESTIMATE
             + self.fence_key_bytes
+            + size_of::<[u64; 257]>() as u64
     }
 
     /// The block holding `key` and its entry: one hash, probes from the home slot, and a search
