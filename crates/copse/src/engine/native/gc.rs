@@ -81,11 +81,9 @@ pub(super) struct GcRead {
     class: u8,
     block: u32,
     first_page: u64,
-    /// No write into the victim was in flight when it was chosen (none pending below the write
-    /// id the block was sealed at: `AppendClass::writes_below`; a sealed block's slots are
-    /// written only as erasures of batch, part, torn or corrupt records, none of which lists
-    /// as a put), and no batch under way held one of its slots for a member not yet written:
-    /// so its slots hold
+    /// No write into the victim was in flight when it was chosen (none pending below the
+    /// highest write id ever placed into it, plus one: `AppendClass::writes_below`), and no
+    /// batch under way held one of its slots for a member not yet written: so its slots hold
     /// what was last durably written there and no write changes them while it is read (a
     /// sealed block gets no new slot handed out). Then a put in a slot not released is live,
     /// with no index lookup (`gc_read_done`).

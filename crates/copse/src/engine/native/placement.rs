@@ -66,9 +66,9 @@ struct Block {
     blocked: bool,
     /// On the change queue.
     queued: bool,
-    /// Every write into the block since it was last opened was handed a write id below this
-    /// (set when it is sealed; 0 for a block sealed before the shard opened): the collector's
-    /// test that no write into a victim is in flight (`gc.rs`).
+    /// Every write placed into the block this session has a write id below this (`wrote`;
+    /// ids only grow, so it only grows): the collector's test that no write into a victim is in
+    /// flight (`gc.rs`).
     writes_below: u64,
 }
 
@@ -196,18 +196,14 @@ impl AppendClass {
         self.first_slot(block)..self.first_slot(block) + self.slots_per_block
     }
 
-    /// The open block, if any.
-    pub(super) fn open_block(&self) -> Option<u32> {
-        self.open.map(|(block, _)| block)
+    /// Write `write` puts a record into `slot`.
+    pub(super) fn wrote(&mut self, slot: u64, write: u64) {
+        let block = self.block_of(slot) as usize;
+        let state = &mut self.blocks[block];
+        state.writes_below = state.writes_below.max(write + 1);
     }
 
-    /// `block` was sealed when the next write id to be handed out was `next_write`.
-    pub(super) fn sealed_before_write(&mut self, block: u32, next_write: u64) {
-        assert!(!self.is_open(block), "block {block} is still open");
-        self.blocks[block as usize].writes_below = next_write;
-    }
-
-    /// Every write into `block` (sealed) has a write id below this.
+    /// Every write ever placed into `block` has a write id below this.
     pub(super) fn writes_below(&self, block: u32) -> u64 {
         self.blocks[block as usize].writes_below
     }

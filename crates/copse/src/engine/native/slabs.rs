@@ -316,14 +316,8 @@ impl NativeEngine {
         let file = self.slabs.open_file(class.id);
         let append = self.collector.append_mut(class.id).expect("an append class");
         append.cover(class.slots_in_file(file.file_bytes));
-        let open_before = append.open_block();
         let (slot, tag) = append.take();
         assert_eq!(slot, next.slot);
-        if let Some(sealed) = open_before.filter(|_| next.opens.is_some()) {
-            // Every slot of the sealed block was handed out, each to a write added right after
-            // its allocation (or held by a batch for a member: `batch_slots_reserved_in`).
-            append.sealed_before_write(sealed, self.writes.next_id());
-        }
         if let Some(pages) = next.opens {
             file.fresh_pages = pages;
         }
