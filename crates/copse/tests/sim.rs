@@ -265,7 +265,6 @@ struct Totals {
     gc_slots_moved: u64,
     /// Of those, records whose key was written after their victim was read (copied, then freed).
     gc_slots_moved_dead: u64,
-    gc_victims_quiet: u64,
     /// Records scans had put side by side (clustering), and the scans' items checked.
     cluster_slots_moved: u64,
     scanned_items_checked: u64,
@@ -817,7 +816,6 @@ impl Sim {
                 self.totals.gc_runs += class.append.gc_runs;
                 self.totals.gc_slots_moved += class.append.gc_slots_moved;
                 self.totals.gc_slots_moved_dead += class.append.gc_slots_moved_dead;
-                self.totals.gc_victims_quiet += class.append.gc_victims_quiet;
                 self.totals.cluster_slots_moved += class.append.cluster_slots_moved;
             }
         }
@@ -1441,7 +1439,6 @@ impl Totals {
         self.gc_runs += other.gc_runs;
         self.gc_slots_moved += other.gc_slots_moved;
         self.gc_slots_moved_dead += other.gc_slots_moved_dead;
-        self.gc_victims_quiet += other.gc_victims_quiet;
         self.cluster_slots_moved += other.cluster_slots_moved;
         self.scanned_items_checked += other.scanned_items_checked;
         self.crashes_during_gc += other.crashes_during_gc;
@@ -1492,14 +1489,6 @@ fn seeded_simulation_with_crashes_and_injected_faults_loses_and_returns_nothing_
         assert!(
             totals.append_seeds > 0 && totals.gc_slots_moved > 0,
             "no collection moved a record"
-        );
-        // Both ways of listing a victim's live records ran: from its released slots (a quiet
-        // victim) and by index lookups (a write into it was in flight when it was chosen).
-        assert!(
-            totals.gc_victims_quiet > 0 && totals.gc_victims_quiet < totals.gc_runs,
-            "{} of {} victims were quiet",
-            totals.gc_victims_quiet,
-            totals.gc_runs
         );
         assert!(totals.crashes_during_gc > 0, "no crash struck during a collection");
         assert!(totals.held_requests > 0, "no completion was held back");
@@ -1615,21 +1604,6 @@ fn a_reopened_block_never_zeroes_a_page_that_got_a_record() {
     let totals = replay_cleanly(9188);
     assert_eq!(totals.append_seeds, 1, "seed 9188 no longer appends");
     assert!(totals.gc_runs > 0, "seed 9188 no longer collects, so no block is reopened");
-}
-
-/// Found by the torture run's simulator (seed 50845, rot after a clean close; 2 seeds of
-/// 100,000 failed), against a first version of the quiet-victim listing (docs/placement.md): a
-/// block took the write id at its sealing as the bound of every write into it, but a batch's
-/// member is written after the batch record, into a slot it took before the block was sealed.
-/// The member's write was pending above the bound and the batch no longer held the slot, so the
-/// victim counted as quiet, and the stale put its read still showed in that slot was listed live
-/// (test builds assert each put listed so is what the index holds). A block now keeps the
-/// highest write id ever placed into it.
-#[test]
-fn a_victim_with_a_batch_member_still_landing_is_not_quiet() {
-    let totals = replay_cleanly(50845);
-    assert_eq!(totals.append_seeds, 1, "seed 50845 no longer appends");
-    assert!(totals.gc_victims_quiet > 0, "seed 50845 no longer lists a quiet victim");
 }
 
 /// Runs one seed (a regression test's) and asserts it breaks no rule; returns its figures.

@@ -122,9 +122,6 @@ pub struct AppendFigures {
     pub gc_slots_moved_dead: u64,
     pub gc_bytes_moved: u64,
     pub gc_bytes_read: u64,
-    /// Victims quiet when chosen (no write into them in flight), whose live puts were known
-    /// from their released slots with no index lookup; the others' records were looked up.
-    pub gc_victims_quiet: u64,
     /// Collections that ended with live slots left in the block.
     pub gc_blocked: u64,
     /// Scans whose scattered items were queued to be rewritten side by side (clustering).
@@ -146,7 +143,6 @@ impl AppendFigures {
         self.gc_slots_moved_dead += other.gc_slots_moved_dead;
         self.gc_bytes_moved += other.gc_bytes_moved;
         self.gc_bytes_read += other.gc_bytes_read;
-        self.gc_victims_quiet += other.gc_victims_quiet;
         self.gc_blocked += other.gc_blocked;
         self.cluster_runs += other.cluster_runs;
         self.cluster_slots_moved += other.cluster_slots_moved;

@@ -120,15 +120,6 @@ impl NativeEngine {
         Ok(slots)
     }
 
-    /// Whether a batch under way holds a slot of `class` within `slots` that its member is not
-    /// yet written to (members get their slots before the batch record is written, so that a
-    /// batch that cannot get them fails whole, and are written once the record is durable).
-    pub(super) fn batch_slots_reserved_in(&self, class: u8, slots: std::ops::Range<u64>) -> bool {
-        self.batches.values().any(|state| {
-            state.slots.iter().any(|(loc, _)| loc.class() == class && slots.contains(&loc.slot()))
-        })
-    }
-
     fn hold_batch_keys(&mut self, ops: &[BatchOp]) -> Vec<u64> {
         let held: Vec<u64> = ops.iter().map(|op| key_hash(op.key())).collect();
         for &hash in &held {

@@ -81,13 +81,6 @@ pub(super) struct GcRead {
     class: u8,
     block: u32,
     first_page: u64,
-    /// No write into the victim was in flight when it was chosen (none pending below the
-    /// highest write id ever placed into it, plus one: `AppendClass::writes_below`), and no
-    /// batch under way held one of its slots for a member not yet written: so its slots hold
-    /// what was last durably written there and no write changes them while it is read (a
-    /// sealed block gets no new slot handed out). Then a put in a slot not released is live,
-    /// with no index lookup (`gc_read_done`).
-    quiet: bool,
 }
 
 /// Where each class puts new records, and the collector of the append classes.
@@ -329,9 +322,7 @@ impl NativeEngine {
                 .next_multiple_of(unit_pages)
                 .min(end_page - first_page);
             if pages > 0 {
-                let quiet = !self.writes.pending_below(append.writes_below(block))
-                    && !self.batch_slots_reserved_in(class, append.slots_of(block));
-                reads.push((block, first_page, pages, quiet));
+                reads.push((block, first_page, pages));
             }
         }
         self.collector.run = Some(GcRun {
@@ -341,21 +332,21 @@ impl NativeEngine {
             found: Vec::new(),
             candidates: reads.is_empty().then(|| Vec::new().into_iter()),
         });
-        for (block, first_page, pages, quiet) in reads {
+        for (block, first_page, pages) in reads {
             let buf = self.collector.read_buffer(pages as usize * PAGE_BYTES);
             self.io.queue(
                 IoKind::Read,
                 fid,
                 first_page * PAGE_BYTES as u64,
                 buf,
-                IoPurpose::GcRead(GcRead { class, block, first_page, quiet }),
+                IoPurpose::GcRead(GcRead { class, block, first_page }),
             );
         }
     }
 
     /// A victim was read: list what lives in it.
     pub(super) fn gc_read_done(&mut self, read: GcRead, completion: IoCompletion) {
-        let GcRead { class, block, first_page, quiet } = read;
+        let GcRead { class, block, first_page } = read;
         let Some(run) = self.collector.run.as_ref() else { return };
         assert!(run.class == class && run.blocks.contains(&block));
         let mut candidates = Vec::new();
@@ -369,10 +360,6 @@ impl NativeEngine {
                 let slot_bytes = info.slot_bytes as usize;
                 let append = self.collector.append_mut(class).expect("append");
                 append.figures.gc_bytes_read += completion.buf.len() as u64;
-                // A victim freed meanwhile (every slot released) may be open and written again:
-                // what the read found is then looked up (and `next_moves` drops it anyway).
-                let trust_released = quiet && append.is_collecting(block);
-                append.figures.gc_victims_quiet += u64::from(trust_released);
                 // Every record of the victim, then the index's entries of all their keys in one
                 // batch (`CompactIndex::entries` overlaps the lookups' cache misses): the
                 // liveness check of a whole block, not one lookup after another.
@@ -399,31 +386,9 @@ impl NativeEngine {
                     };
                     records.push((slot, loc, key, value, header.seq, tombstone));
                 }
-                let mut entries = Vec::with_capacity(records.len());
-                if trust_released {
-                    // A put's slot is released (with its key's tag) when the put is superseded,
-                    // deleted, or lands under a newer write: a put of a quiet victim whose slot
-                    // was not released is what its key's index entry names, unless a write of
-                    // the key is in flight (a batch's member durable before the others is applied
-                    // with them), which is looked up. Checked in test builds. Tombstones need
-                    // only a look at their guards.
-                    for &(_, loc, key, _, seq, tombstone) in &records {
-                        let entry = if tombstone {
-                            None
-                        } else if self.seqs.in_flight(key) {
-                            self.index.entry(key)
-                        } else {
-                            if cfg!(any(debug_assertions, feature = "testing")) {
-                                self.assert_unreleased_put_live(loc, key, seq);
-                            }
-                            Some(Entry { loc, seq })
-                        };
-                        entries.push(entry);
-                    }
-                } else {
-                    let keys: Vec<&[u8]> = records.iter().map(|record| record.2).collect();
-                    self.index.entries(&keys, &mut entries);
-                }
+                let keys: Vec<&[u8]> = records.iter().map(|record| record.2).collect();
+                let mut entries = Vec::with_capacity(keys.len());
+                self.index.entries(&keys, &mut entries);
                 for ((slot, loc, key, value, seq, tombstone), entry) in records.into_iter().zip(entries)
                 {
                     if self.gc_live_given(loc, key, seq, tombstone, entry) {
@@ -513,18 +478,6 @@ impl NativeEngine {
         self.place(write, loc, kind, seq, watermark, &key, &value);
         self.collector.move_started(cause);
         Ok(())
-    }
-
-    /// Test builds: a put in a quiet victim whose slot was not released, of a key with no
-    /// write in flight, is live.
-    fn assert_unreleased_put_live(&self, loc: Loc, key: &[u8], seq: u64) {
-        assert!(
-            self.gc_still_live(loc, key, seq, false),
-            "shard {}: the put of seq {seq} at {loc:?} in a quiet victim is dead, but its slot \
-             was never released (the index holds {:?})",
-            self.shard_id,
-            self.index.entry(key)
-        );
     }
 
     /// Test builds: a collection's put moved without a lookup (`move_record`) is either still

@@ -36,10 +36,6 @@ impl<T> Numbered<T> {
         self.states.remove(&id)
     }
 
-    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
-        self.states.values()
-    }
-
     pub(super) fn is_empty(&self) -> bool {
         self.states.is_empty()
     }

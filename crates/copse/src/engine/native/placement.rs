@@ -66,10 +66,6 @@ struct Block {
     blocked: bool,
     /// On the change queue.
     queued: bool,
-    /// Every write placed into the block this session has a write id below this (`wrote`;
-    /// ids only grow, so it only grows): the collector's test that no write into a victim is in
-    /// flight (`gc.rs`).
-    writes_below: u64,
 }
 
 /// The stale key hashes of one block's dead slots, by slot offset in the block. Kept per block,
@@ -189,23 +185,6 @@ impl AppendClass {
 
     fn first_slot(&self, block: u32) -> u64 {
         block as u64 * self.slots_per_block
-    }
-
-    /// The slots of `block`.
-    pub(super) fn slots_of(&self, block: u32) -> std::ops::Range<u64> {
-        self.first_slot(block)..self.first_slot(block) + self.slots_per_block
-    }
-
-    /// Write `write` puts a record into `slot`.
-    pub(super) fn wrote(&mut self, slot: u64, write: u64) {
-        let block = self.block_of(slot) as usize;
-        let state = &mut self.blocks[block];
-        state.writes_below = state.writes_below.max(write + 1);
-    }
-
-    /// Every write ever placed into `block` has a write id below this.
-    pub(super) fn writes_below(&self, block: u32) -> u64 {
-        self.blocks[block as usize].writes_below
     }
 
     /// The slots of `block` released with a stale copy's tag since the block was last opened:

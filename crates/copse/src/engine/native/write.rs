@@ -203,11 +203,6 @@ impl Writes {
         done
     }
 
-    /// Whether a write with an id below `id` is still pending (not durable, not failed).
-    pub(super) fn pending_below(&self, id: WriteId) -> bool {
-        self.pending.keys().next().is_some_and(|&oldest| oldest < id)
-    }
-
     /// Where a pending write puts its record.
     pub(super) fn loc_of(&self, write: WriteId) -> Loc {
         self.pending[&write].loc
@@ -369,9 +364,6 @@ impl NativeEngine {
         value: &[u8],
     ) {
         let class = SizeClass::get(loc.class());
-        if let Some(append) = self.collector.append_mut(loc.class()) {
-            append.wrote(loc.slot(), write);
-        }
         let bytes = record_bytes(key.len(), value.len());
         let layout = self.slabs.layout_of(loc.class());
         if class.is_multi_page() {
