@@ -35,7 +35,9 @@ dir=$(mktemp -d)
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/out" \
     "$binary" --path "$dir/data" serve --port "$port" >"$dir/serve.log" 2>&1 &
 server=$!
-trap 'pkill -f "redis-benchmark -p $port " 2>/dev/null; kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$dir"' EXIT
+# Every command in the trap ends in `|| true`: under `set -e` the first that fails (pkill finding
+# nothing) would end the trap and leave the server running (three were found idle hours later).
+trap 'pkill -f "redis-benchmark -p $port " 2>/dev/null || true; kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 120); do
     redis-cli -p "$port" ping >/dev/null 2>&1 && break
     sleep 0.5
