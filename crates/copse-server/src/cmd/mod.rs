@@ -286,13 +286,22 @@ pub fn by_shard(db: &Db, keys: &[Vec<u8>]) -> Vec<(u32, Vec<usize>)> {
     order.into_iter().map(|shard| (shard, groups.remove(&shard).expect("grouped"))).collect()
 }
 
-/// The type of Redis key `key` as the shard's index knows it (no I/O). One lookup while the
-/// shard holds no hash or sorted set (`may_hold_collections`), else one per type until found.
+/// The type of Redis key `key` as the shard's index knows it (no I/O): one lookup for a string,
+/// and no more while the shard holds no hash or sorted set (`collection_type`).
 pub fn key_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
-    if !may_hold_collections(view) {
-        return view.contains(&keyspace::meta_key(key, KeyType::String)).then_some(KeyType::String);
+    if view.contains(&keyspace::meta_key(key, KeyType::String)) {
+        return Some(KeyType::String);
     }
-    KeyType::ALL.into_iter().find(|ty| view.contains(&keyspace::meta_key(key, *ty)))
+    collection_type(view, key)
+}
+
+/// Whether `key` is a hash or a sorted set, and which: no lookup at all in a shard that holds
+/// neither (`may_hold_collections`).
+pub fn collection_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
+    if !may_hold_collections(view) {
+        return None;
+    }
+    [KeyType::Hash, KeyType::ZSet].into_iter().find(|ty| view.contains(&keyspace::meta_key(key, *ty)))
 }
 
 /// Whether any key of the shard may be a hash or a sorted set, with no lookup. Every hash or

@@ -9,7 +9,7 @@ use copse::exec::{ExecView, ReadOp, ReadResults};
 use copse::BatchOp;
 
 use super::{
-    answer, by_shard, check_value, delete_ops, key_type, on_key, KeyTarget, on_key_grouped, pack_batches,
+    answer, by_shard, check_value, collection_type, delete_ops, key_type, on_key, KeyTarget, on_key_grouped, pack_batches,
     parse_f64,
     parse_i64, unexpected, value_of, Call, Input, Next, Outcome, Plan, Spec, NOT_FLOAT,
     NOT_INTEGER, SYNTAX, WRONGTYPE,
@@ -167,11 +167,7 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
             Input::Start => {
                 // A plain SET needs the key's type only to delete a hash's or sorted set's
                 // items: in a shard that holds none, no lookup at all (one of ~4 per SET).
-                existing = if grouped && !super::may_hold_collections(view) {
-                    None
-                } else {
-                    key_type(view, &key)
-                };
+                existing = if grouped { collection_type(view, &key) } else { key_type(view, &key) };
                 if options.get && existing.is_some_and(|ty| ty != KeyType::String) {
                     return Next::Reply(Reply::error(WRONGTYPE));
                 }
