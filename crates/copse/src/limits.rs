@@ -56,6 +56,12 @@ pub const EXEC_WRITE_GROUP_MEMBERS_MAX: usize = 4_096;
 /// while one runs starts the next rather than waiting for it to end (docs/durability.md).
 pub const FLUSHES_IN_FLIGHT_MAX: usize = 2;
 
+/// While a background flush is in flight, a shard's dirty pages wait for it to end (one write
+/// and one flush then carry what arrived meanwhile) until they carry this many writes; from
+/// there on they go at once, so a large group still overlaps the flush (docs/durability.md,
+/// "Writes held behind a flush").
+pub const WRITES_HELD_BEHIND_FLUSH_MAX: usize = 64;
+
 /// Reads one step of an exec program may ask for (MGET's keys of one shard, say).
 pub const EXEC_READS_MAX: usize = 10_000;
 

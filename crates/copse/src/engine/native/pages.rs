@@ -73,6 +73,8 @@ pub(super) struct Pages {
     companions: HashMap<PageKey, Vec<PageKey>>,
     /// Pages with modifications not yet submitted, and the writes those modifications carry.
     dirty: HashMap<PageKey, Vec<WriteId>>,
+    /// The writes `dirty` carries, over all its pages (a write spanning two pages counts twice).
+    dirty_writes: usize,
     /// Pages with a write in flight (invariant 3).
     in_flight: HashSet<PageKey>,
     /// One-page buffers of reads and writes that completed, kept for the next ones (up to
@@ -98,6 +100,7 @@ impl Pages {
             loading: HashMap::default(),
             companions: HashMap::default(),
             dirty: HashMap::default(),
+            dirty_writes: 0,
             in_flight: HashSet::default(),
             spare_buffers: Vec::new(),
             crossing_scratch: Vec::new(),
@@ -226,6 +229,7 @@ impl Pages {
     /// A modification of `page` carried by `write` was made in its cached image: the page
     /// joins the next round's writes (pinned until written).
     pub(super) fn mark_dirty(&mut self, page: PageKey, write: WriteId) {
+        self.dirty_writes += 1;
         match self.dirty.get_mut(&page) {
             Some(writes) => writes.push(write),
             None => {
@@ -259,7 +263,14 @@ impl Pages {
 
     /// Takes the writes a dirty page's modifications carry (the page stays pinned).
     pub(super) fn take_dirty(&mut self, page: PageKey) -> Vec<WriteId> {
-        self.dirty.remove(&page).expect("listed as dirty")
+        let writes = self.dirty.remove(&page).expect("listed as dirty");
+        self.dirty_writes -= writes.len();
+        writes
+    }
+
+    /// The writes the dirty pages carry (a write spanning two pages counts twice).
+    pub(super) fn dirty_writes(&self) -> usize {
+        self.dirty_writes
     }
 
     /// A write of `page` is being queued. Invariant 3: it has no other write in flight.
