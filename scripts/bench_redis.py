@@ -11,7 +11,8 @@ Each run also reads the server's CPU time (utime + stime of /proc/PID/stat) befo
 and reports the server's CPU microseconds per request beside its throughput.
 
 `--copse-baseline REV` adds copse built at git revision REV (a worktree under target/, built
-there) to the alternation, as `copse@REV`, to compare two builds of the server in one run;
+there) to the alternation, as `copse@REV`, to compare two builds of the server in one run (the two swap places every other repeat, so
+neither always runs first);
 `--no-redis` leaves the Redis servers out. `--tests`, `--pipelines`, `--clients` and
 `--value-bytes` choose the cases.
 
@@ -167,8 +168,13 @@ def main():
             # Every server gets the same keys first, so GETs find values everywhere.
             run_benchmark(server, "set", 16, max(args.keyspace * 2, 1000), args.keyspace, **shape)
         for repeat in range(args.repeats):
+            # The two copse builds swap places every other repeat: the one run first has been
+            # seen to gain or lose a few percent for it alone (docs/benchmarks.md).
+            order = list(servers)
+            if args.copse_baseline and repeat % 2 == 1:
+                order[0], order[1] = order[1], order[0]
             for test, pipeline in cases:
-                for server in servers:
+                for server in order:
                     result = run_benchmark(server, test, pipeline, args.requests, args.keyspace, **shape)
                     results.setdefault((server.name, test, pipeline), []).append(result)
                     print(f"repeat {repeat + 1} {server.name:18} {test.upper():3} P{pipeline:<2} "
