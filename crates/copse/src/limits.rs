@@ -65,9 +65,16 @@ pub const WRITES_HELD_BEHIND_FLUSH_MAX: usize = 64;
 /// Reads one step of an exec program may ask for (MGET's keys of one shard, say).
 pub const EXEC_READS_MAX: usize = 10_000;
 
-/// Slab files grow by this fraction of their size (at least `SLAB_GROWTH_BYTES_MIN`), so growth
-/// is rare and each growth is one fallocate.
+/// Slab files grow by this fraction of their size (at least `SLAB_GROWTH_BYTES_MIN`, at most
+/// `SLAB_GROWTH_BYTES_MAX`), so growth is rare and each growth is one fallocate and one
+/// zero-fill.
 pub const SLAB_GROWTH_BYTES_MIN: u64 = 1024 * 1024;
+/// The most a slab file grows by at once. A growth writes zeros over the new space before it
+/// returns (`device::files::grow_file`), on the shard's thread: 32 MiB take ~15 ms on this
+/// machine's disk (docs/durability.md, "Growing a file").
+pub const SLAB_GROWTH_BYTES_MAX: u64 = 32 * 1024 * 1024;
+/// The buffer of zeros a growth writes from, one write of at most this many bytes at a time.
+pub const GROW_ZERO_FILL_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 pub const SLAB_GROWTH_DIVISOR: u64 = 8;
 
 /// Consecutive dirty pages of a file are written with one I/O of at most this many pages.

@@ -230,6 +230,14 @@ pub struct DeviceStats {
 }
 
 impl DeviceStats {
+    /// Counts the zeros a file's growth wrote (`files::grow_file`), in writes of at most
+    /// `GROW_ZERO_FILL_CHUNK_BYTES`.
+    pub(crate) fn count_zero_fill(&mut self, bytes: u64) {
+        let chunk = crate::limits::GROW_ZERO_FILL_CHUNK_BYTES as u64;
+        self.writes += bytes.div_ceil(chunk);
+        self.bytes_written += bytes;
+    }
+
     /// Counts one request of `kind` that moved `bytes` successfully.
     pub(crate) fn count_done(&mut self, kind: IoKind, bytes: u64) {
         match kind {

@@ -456,7 +456,10 @@ impl BlockDevice for UringDevice {
     }
 
     fn grow_file(&mut self, file: FileId, len_bytes: u64) -> Result<(), DeviceError> {
-        files::grow_observed(&self.files, file, len_bytes, self.observer.as_deref())
+        let zeroed = files::grow_observed(&self.files, file, len_bytes, self.observer.as_deref())?;
+        // The zeros are device writes like any other (the write amplification counts them).
+        self.stats.count_zero_fill(zeroed);
+        Ok(())
     }
 
     /// Malformed requests complete with `BadRequest` (returned by the next `reap`). On `Err` (the
@@ -808,7 +811,9 @@ mod tests {
             assert_eq!(&completion.buf[..], &page(p as u8, 1)[..], "page {p}");
         }
         let stats = device.stats();
-        assert_eq!((stats.writes, stats.reads), (pages, pages));
+        // The growth's zero-fill (200 pages: one write) counts as a write too.
+        assert_eq!((stats.writes, stats.reads), (pages + 1, pages));
+        assert_eq!(stats.bytes_written, 2 * pages * PAGE_BYTES as u64);
         assert_eq!(stats.bytes_read, pages * PAGE_BYTES as u64);
     }
 

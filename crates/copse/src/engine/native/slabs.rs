@@ -32,7 +32,9 @@ use super::write::{Effect, ErasedRecord};
 use super::{IoPurpose, NativeEngine};
 use crate::device::{AlignedBuf, BlockDevice, DeviceError, FaultPoint, FileId, IoKind, IoRequest};
 use crate::error::WriteError;
-use crate::limits::{FREE_SLOTS_IN_MEMORY_MAX, PAGE_BYTES, SLAB_GROWTH_DIVISOR};
+use crate::limits::{
+    FREE_SLOTS_IN_MEMORY_MAX, PAGE_BYTES, SLAB_GROWTH_BYTES_MAX, SLAB_GROWTH_DIVISOR,
+};
 
 /// A slab file of one class.
 pub(super) struct ClassFile {
@@ -208,7 +210,9 @@ impl Slabs {
         if slot < class.slots_in_file(file.file_bytes) {
             return Ok(());
         }
-        let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR).max(growth_bytes_min);
+        let growth = (file.file_bytes / SLAB_GROWTH_DIVISOR)
+            .min(SLAB_GROWTH_BYTES_MAX)
+            .max(growth_bytes_min);
         // Whole units: a partial one holds no slot.
         let wanted =
             class.whole_units_file_bytes((file.file_bytes + growth).max(class.file_bytes_for_slots(slots)));
