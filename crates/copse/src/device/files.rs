@@ -274,7 +274,7 @@ pub(crate) fn file_len_bytes(file: &File, name: &str) -> Result<u64, DeviceError
 /// changes the file's extent map, so every fdatasync after such writes also writes the inode
 /// (ext4 without a journal writes it synchronously; with one, it commits a transaction). A
 /// store that is loading writes only into new space: that made each flush two dependent device
-/// writes, and loads 15-45% slower on this machine (docs/benchmarks.md, "Growing a file").
+/// writes, and loads 16-54% slower on this machine (docs/benchmarks.md, "Growing a file").
 /// Written zeros make the later writes plain overwrites, at the cost of writing the new space
 /// twice, sequentially, once.
 pub(crate) fn grow_file(file: &File, name: &str, len_bytes: u64) -> Result<u64, DeviceError> {
@@ -317,11 +317,19 @@ pub(crate) fn grow_file(file: &File, name: &str, len_bytes: u64) -> Result<u64, 
     Ok(zeroed)
 }
 
-/// Writes zeros over `[start, end)` of `file` (page-aligned offsets, an O_DIRECT file: the
-/// buffer is page-aligned too); returns the bytes written.
+/// Writes zeros over `[start, end)` of `file` (an O_DIRECT file: the buffer is page-aligned,
+/// and so is `end`); returns the bytes written. A `start` inside a page (a file left short by
+/// something else) begins at the next page: the part of a page already there is never
+/// overwritten, and its tail reads as zeros either way.
 fn zero_fill(file: &File, name: &str, start: u64, end: u64) -> Result<u64, DeviceError> {
     use std::os::unix::fs::FileExt;
-    let zeros = AlignedBuf::zeroed(GROW_ZERO_FILL_CHUNK_BYTES);
+    let start = start.next_multiple_of(PAGE_BYTES as u64);
+    if start >= end {
+        return Ok(0);
+    }
+    let chunk_bytes =
+        usize::try_from(end - start).unwrap_or(usize::MAX).min(GROW_ZERO_FILL_CHUNK_BYTES);
+    let zeros = AlignedBuf::zeroed(chunk_bytes);
     let mut at = start;
     while at < end {
         let len = usize::try_from(end - at).unwrap_or(usize::MAX).min(zeros.len());
