@@ -476,20 +476,23 @@ pub(crate) fn open_observed(
     Ok(id)
 }
 
-/// `grow_file` of a file of the table, telling `observer` of the size made durable; returns the
-/// bytes of zeros written.
+/// `grow_file` of a file of the table, telling `observer` of the size made durable and counting
+/// the zeros it wrote in `stats` (device writes like any other: the write amplification counts
+/// them).
 pub(crate) fn grow_observed(
     table: &[OpenFile],
     file: FileId,
     len_bytes: u64,
     observer: Option<&dyn super::IoObserver>,
-) -> Result<u64, DeviceError> {
+    stats: &mut super::DeviceStats,
+) -> Result<(), DeviceError> {
     let open = lookup(table, file)?;
     let zeroed = grow_file(&open.file, &open.name, len_bytes)?;
+    stats.count_zero_fill(zeroed);
     if let Some(observer) = observer {
         observer.file_grown(&open.name, len_bytes);
     }
-    Ok(zeroed)
+    Ok(())
 }
 
 /// Looks up a file id for the non-I/O calls (`grow_file`, `file_len_bytes`).

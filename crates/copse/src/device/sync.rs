@@ -106,10 +106,13 @@ impl BlockDevice for SyncDevice {
     }
 
     fn grow_file(&mut self, file: FileId, len_bytes: u64) -> Result<(), DeviceError> {
-        let zeroed = files::grow_observed(&self.files, file, len_bytes, self.observer.as_deref())?;
-        // The zeros are device writes like any other (the write amplification counts them).
-        self.stats.count_zero_fill(zeroed);
-        Ok(())
+        files::grow_observed(
+            &self.files,
+            file,
+            len_bytes,
+            self.observer.as_deref(),
+            &mut self.stats,
+        )
     }
 
     fn submit(&mut self, requests: Vec<IoRequest>) -> Result<(), DeviceError> {
