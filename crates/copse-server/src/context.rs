@@ -35,6 +35,12 @@ pub struct Stats {
     /// Bytes the request parser examined (searched for line ends, or copied): about the bytes
     /// received, however finely requests were split (`resp::ParseState`).
     pub parser_examined_bytes: AtomicU64,
+    /// Orphan records the collector's last pass found (`cmd/orphans.rs`).
+    pub orphan_records_seen: AtomicU64,
+    /// Element items of dead collection versions the collector deleted.
+    pub orphan_elements_deleted: AtomicU64,
+    /// Orphan records the collector finished (all their dead elements deleted).
+    pub orphan_keys_collected: AtomicU64,
 }
 
 /// Settings CONFIG SET may change while the server runs.

@@ -8,14 +8,28 @@
 //! exec can change all of them atomically.
 //!
 //! ```text
-//! meta     'm' scan_hash(K):u64be K type      -> string: the value; hash, zset: empty
-//! field    'h' len(K):u32be K scan_hash(F):u64be F   -> the field's value
-//! member   'z' len(K):u32be K 'm' M           -> score: f64 bits, u64be
-//! by score 'z' len(K):u32be K 's' sortable(score):u64be M   -> empty
+//! meta     'm' scan_hash(K):u64be K type      -> string: the value; hash, zset: CollectionMeta
+//! field    'h' len(K)+8:u32be K version:u64be scan_hash(F):u64be F   -> the field's value
+//! member   'z' len(K)+8:u32be K version:u64be 'm' M                  -> score: f64 bits, u64be
+//! by score 'z' len(K)+8:u32be K version:u64be 's' sortable(score):u64be M   -> empty
+//! orphans  'o' len(K):u32be K                 -> empty: K has elements of dead versions
 //! ```
+//!
+//! A collection's elements are keyed by its *id*, `K version` (`collection_id`): the version
+//! lives in the meta item's value, so deleting or overwriting a collection of any size deletes
+//! its meta item and writes its orphan record, two small items; the elements of the old version
+//! are invisible at once (nothing reads a version the meta item does not name) and the orphan
+//! collector (`cmd/orphans.rs`) deletes them in bounded batches.
 //!
 //! Meta items and fields are ordered by a 64-bit hash (`scan_hash`) so that a SCAN or HSCAN cursor
 //! is a plain integer, as Redis clients expect: the cursor is the hash to continue from.
+//!
+//! Invariants:
+//! - A live collection's elements are exactly the element items under its id; no other version
+//!   of the key has elements unless the key has an orphan record (written in the batch that made
+//!   that version dead, deleted only with that version's last element).
+//! - A new collection's version has no element items when it is chosen (`version_is_unused`),
+//!   so it never adopts a dead version's elements.
 
 use std::ops::Bound;
 
@@ -25,8 +39,13 @@ use copse::limits::KEY_BYTES_MAX;
 /// (0xff) sorts after every other item, so FLUSHALL and SCAN never meet it.
 pub const MARKER_KEY: &[u8] = b"\xffcopse:redis-keyspace";
 pub const MARKER_MAGIC: &[u8; 4] = b"CRKS";
-/// Version of this encoding. History: 1 (copse 0.1, first version).
-pub const KEYSPACE_FORMAT_VERSION: u32 = 1;
+/// Version of this encoding. History: 1 (copse 0.1, first version); 2 (2026-11-27: collections
+/// carry a version, an element count and an expiry in their meta item; elements are keyed by
+/// the collection's id; orphan records). A store in version 1 is upgraded at open
+/// (`cmd/upgrade.rs`).
+pub const KEYSPACE_FORMAT_VERSION: u32 = 2;
+/// The previous version, which `copse serve` upgrades at open.
+pub const KEYSPACE_FORMAT_VERSION_UPGRADABLE: u32 = 1;
 
 pub fn marker_value() -> Vec<u8> {
     let mut out = MARKER_MAGIC.to_vec();
@@ -46,17 +65,23 @@ pub fn marker_version(value: &[u8]) -> Option<u32> {
 pub const TAG_META: u8 = b'm';
 pub const TAG_FIELD: u8 = b'h';
 pub const TAG_ZSET: u8 = b'z';
+pub const TAG_ORPHANS: u8 = b'o';
 /// Sub-tags of a sorted set's items. persisted: never renumber
 pub const ZSET_MEMBER: u8 = b'm';
 pub const ZSET_SCORE: u8 = b's';
 
 /// Bytes the meta item adds around a Redis key: tag, hash, type.
 pub const META_OVERHEAD_BYTES: usize = 1 + 8 + 1;
-/// Bytes a field item adds around key and field: tag, key length, field hash.
-pub const FIELD_OVERHEAD_BYTES: usize = 1 + 4 + 8;
-/// Bytes the larger of a member's two items adds around key and member: tag, key length,
-/// sub-tag, sortable score.
-pub const MEMBER_OVERHEAD_BYTES: usize = 1 + 4 + 1 + 8;
+/// Bytes a collection's id adds to its Redis key: the version.
+pub const VERSION_BYTES: usize = 8;
+/// Bytes a field item adds around key and field: tag, id length, version, field hash.
+pub const FIELD_OVERHEAD_BYTES: usize = 1 + 4 + VERSION_BYTES + 8;
+/// Bytes the larger of a member's two items adds around key and member: tag, id length,
+/// version, sub-tag, sortable score.
+pub const MEMBER_OVERHEAD_BYTES: usize = 1 + 4 + VERSION_BYTES + 1 + 8;
+/// The version of every collection upgraded from format 1 (`cmd/upgrade.rs`). New collections
+/// take versions from the clock (`new_version`), which are never 0.
+pub const UPGRADED_VERSION: u64 = 0;
 /// The longest Redis key copse stores (its meta item must fit an item key).
 pub const REDIS_KEY_BYTES_MAX: usize = KEY_BYTES_MAX - META_OVERHEAD_BYTES;
 
@@ -121,6 +146,138 @@ pub fn decode_meta(item: &[u8]) -> Option<(u64, &[u8], KeyType)> {
     let hash = u64::from_be_bytes(item[1..9].try_into().ok()?);
     let ty = KeyType::from_byte(item[item.len() - 1])?;
     Some((hash, &item[9..item.len() - 1], ty))
+}
+
+/// Bit of `CollectionMeta`'s flags byte: an expiry deadline follows. persisted: never renumber
+const META_FLAG_DEADLINE: u8 = 1;
+/// A collection meta value's bytes without and with a deadline.
+pub const COLLECTION_META_BYTES: usize = 8 + 8 + 1;
+pub const COLLECTION_META_DEADLINE_BYTES: usize = COLLECTION_META_BYTES + 8;
+
+/// The value of a hash's or sorted set's meta item:
+/// `version:u64be count:u64be flags:u8 [deadline_ms:u64be if flags & 1]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollectionMeta {
+    /// Keys the collection's elements (`collection_id`).
+    pub version: u64,
+    /// Elements: fields of a hash, members of a sorted set. Never 0 in a stored meta item (the
+    /// command that removes the last element deletes the meta item).
+    pub count: u64,
+    /// Unix time in milliseconds at which the key expires, if it does.
+    pub deadline_ms: Option<u64>,
+}
+
+impl CollectionMeta {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(COLLECTION_META_DEADLINE_BYTES);
+        out.extend_from_slice(&self.version.to_be_bytes());
+        out.extend_from_slice(&self.count.to_be_bytes());
+        match self.deadline_ms {
+            None => out.push(0),
+            Some(deadline) => {
+                out.push(META_FLAG_DEADLINE);
+                out.extend_from_slice(&deadline.to_be_bytes());
+            }
+        }
+        out
+    }
+
+    /// None for bytes that are not a meta value this version writes (unknown flags, a wrong
+    /// length, or format 1's empty value).
+    pub fn decode(bytes: &[u8]) -> Option<CollectionMeta> {
+        let flags = *bytes.get(16)?;
+        let deadline_ms = match (flags, bytes.len()) {
+            (0, COLLECTION_META_BYTES) => None,
+            (META_FLAG_DEADLINE, COLLECTION_META_DEADLINE_BYTES) => {
+                Some(u64::from_be_bytes(bytes[17..25].try_into().ok()?))
+            }
+            _ => return None,
+        };
+        Some(CollectionMeta {
+            version: u64::from_be_bytes(bytes[0..8].try_into().ok()?),
+            count: u64::from_be_bytes(bytes[8..16].try_into().ok()?),
+            deadline_ms,
+        })
+    }
+}
+
+/// The id that keys a collection's elements: the Redis key, then its version. Element item
+/// keys carry the id's length, so the elements of two ids never interleave.
+pub fn collection_id(key: &[u8], version: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + VERSION_BYTES);
+    out.extend_from_slice(key);
+    out.extend_from_slice(&version.to_be_bytes());
+    out
+}
+
+/// The version of a collection id.
+pub fn id_version(id: &[u8]) -> u64 {
+    let at = id.len() - VERSION_BYTES;
+    u64::from_be_bytes(id[at..].try_into().expect("an id ends with its version"))
+}
+
+/// A version for a new collection: the clock in microseconds, and past every version this
+/// process handed out before. (Uniqueness per key is checked by `version_is_unused`; the clock
+/// only makes a clash unlikely.)
+pub fn new_version() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |elapsed| elapsed.as_micros() as u64)
+        .max(1);
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now_us.max(last + 1);
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+/// The orphan record of Redis key `key`: present while elements of a dead version of `key`
+/// may remain.
+pub fn orphans_key(key: &[u8]) -> Vec<u8> {
+    sub_prefix(TAG_ORPHANS, key, 0)
+}
+
+/// Every orphan record.
+pub fn orphans_range() -> KeyRange {
+    (Bound::Included(vec![TAG_ORPHANS]), Bound::Excluded(vec![TAG_ORPHANS + 1]))
+}
+
+/// The Redis key an orphan record names.
+pub fn decode_orphans(item: &[u8]) -> Option<&[u8]> {
+    if item.first() != Some(&TAG_ORPHANS) {
+        return None;
+    }
+    let len = u32::from_be_bytes(item.get(1..5)?.try_into().ok()?) as usize;
+    (item.len() == 5 + len).then(|| &item[5..])
+}
+
+/// The element items of every version of `key` with tag `tag` (`TAG_FIELD` or `TAG_ZSET`).
+pub fn all_versions_range(tag: u8, key: &[u8]) -> KeyRange {
+    let mut prefix = Vec::with_capacity(5 + key.len());
+    prefix.push(tag);
+    prefix.extend_from_slice(&((key.len() + VERSION_BYTES) as u32).to_be_bytes());
+    prefix.extend_from_slice(key);
+    let end = prefix_end(&prefix);
+    (Bound::Included(prefix), end)
+}
+
+/// The element items of one id with tag `tag`.
+pub fn id_range(tag: u8, id: &[u8]) -> KeyRange {
+    let prefix = sub_prefix(tag, id, 0);
+    let end = prefix_end(&prefix);
+    (Bound::Included(prefix), end)
+}
+
+/// Format 1's element items of `key` with tag `tag` (no version), for the upgrade.
+pub fn v1_elements_range(tag: u8, key: &[u8]) -> KeyRange {
+    let prefix = sub_prefix(tag, key, 0);
+    let end = prefix_end(&prefix);
+    (Bound::Included(prefix), end)
 }
 
 fn sub_prefix(tag: u8, key: &[u8], extra: usize) -> Vec<u8> {
@@ -284,6 +441,70 @@ mod tests {
             bytes("7a 00 00 00 05 62 6f 61 72 64 73 c0 04 00 00 00 00 00 00 61 6e 6e")
         );
         assert_eq!(encode_score(2.5), bytes("40 04 00 00 00 00 00 00"));
+        // Version 2: collections are keyed by their id (key and version).
+        let version = 0x0006_6136_bdc2_0000;
+        let meta = CollectionMeta { version, count: 1, deadline_ms: None };
+        assert_eq!(meta.encode(), bytes("00 06 61 36 bd c2 00 00 00 00 00 00 00 00 00 01 00"));
+        assert_eq!(
+            field_key(&collection_id(b"user:1", version), b"name"),
+            bytes(
+                "68 00 00 00 0e 75 73 65 72 3a 31 00 06 61 36 bd c2 00 00 06 1a a7 66 e1 25 3b \
+                 eb 6e 61 6d 65"
+            )
+        );
+        assert_eq!(orphans_key(b"user:1"), bytes("6f 00 00 00 06 75 73 65 72 3a 31"));
+        let board = collection_id(b"board", 1);
+        assert_eq!(
+            member_key(&board, b"ann"),
+            bytes("7a 00 00 00 0d 62 6f 61 72 64 00 00 00 00 00 00 00 01 6d 61 6e 6e")
+        );
+        assert_eq!(
+            score_key(&board, 2.5, b"ann"),
+            bytes(
+                "7a 00 00 00 0d 62 6f 61 72 64 00 00 00 00 00 00 00 01 73 c0 04 00 00 00 00 00 \
+                 00 61 6e 6e"
+            )
+        );
+    }
+
+    #[test]
+    fn collection_meta_round_trips_and_refuses_what_it_does_not_know() {
+        for meta in [
+            CollectionMeta { version: 0, count: 1, deadline_ms: None },
+            CollectionMeta { version: u64::MAX, count: 3, deadline_ms: Some(1_795_737_600_000) },
+        ] {
+            assert_eq!(CollectionMeta::decode(&meta.encode()), Some(meta));
+        }
+        let plain = CollectionMeta { version: 5, count: 2, deadline_ms: None }.encode();
+        assert_eq!(CollectionMeta::decode(&[]), None, "format 1's empty meta value");
+        let mut unknown_flag = plain.clone();
+        unknown_flag[16] = 2;
+        assert_eq!(CollectionMeta::decode(&unknown_flag), None);
+        let mut missing_deadline = plain.clone();
+        missing_deadline[16] = 1;
+        assert_eq!(CollectionMeta::decode(&missing_deadline), None);
+        assert_eq!(CollectionMeta::decode(&plain[..16]), None);
+    }
+
+    #[test]
+    fn versions_of_one_key_are_one_range_and_never_meet_format_1() {
+        let id = collection_id(b"k", 42);
+        assert_eq!(id_version(&id), 42);
+        let field = field_key(&id, b"f");
+        assert_eq!(field[6..14], 42u64.to_be_bytes(), "the version follows the key");
+        let within = |range: &KeyRange, item: &[u8]| {
+            matches!(&range.0, Bound::Included(s) if item >= &s[..])
+                && matches!(&range.1, Bound::Excluded(e) if item < &e[..])
+        };
+        assert!(within(&all_versions_range(TAG_FIELD, b"k"), &field));
+        assert!(within(&id_range(TAG_FIELD, &id), &field));
+        assert!(!within(&id_range(TAG_FIELD, &collection_id(b"k", 43)), &field));
+        // A longer key's elements, and format 1's, are outside.
+        assert!(!within(&all_versions_range(TAG_FIELD, b"k"), &field_key(&collection_id(b"kk", 42), b"f")));
+        assert!(!within(&all_versions_range(TAG_FIELD, b"k"), &field_key(b"k", b"f")));
+        assert!(!within(&v1_elements_range(TAG_FIELD, b"k"), &field));
+        assert_eq!(decode_orphans(&orphans_key(b"k")), Some(&b"k"[..]));
+        assert!(new_version() < new_version(), "versions a process hands out increase");
     }
 
     #[test]

@@ -1,42 +1,40 @@
-//! Hash commands. A hash is its meta item (empty value) plus one item per field, so HSET of one
-//! field of a large hash writes one small item, never the whole hash.
+//! Hash commands. A hash is its meta item (version, field count, expiry) plus one item per field
+//! under the hash's id, so HSET of one field of a large hash writes one small item (and the meta
+//! item when the count changes), never the whole hash.
 //!
 //! Invariants:
-//! - A hash exists iff its meta item exists, and then it has at least one field: the meta item is
-//!   written in the same batch as the first field and deleted in the same batch as the last.
-//! - A hash has at most `HASH_FIELDS_MAX` fields, so DEL of the whole hash fits one batch.
+//! - A hash exists iff its meta item exists, and then it has `count` ≥ 1 fields under its id: the
+//!   meta item is written in the same batch as every change of the field count, and deleted in
+//!   the same batch as the last field.
+//! - A hash has no field limit: DEL deletes the meta item and writes an orphan record (two
+//!   items), and the orphan collector deletes the fields (`cmd/orphans.rs`).
 //! - Each command writes at most one batch, so it happens whole or not at all; every limit is
 //!   checked before that batch, and a refused command changes nothing.
-//! - Whatever the item keys tell (HEXISTS, HLEN, HKEYS, HSCAN NOVALUES) is answered from the
-//!   shard's index with no I/O; values are read only where they are needed.
+//! - Whatever the meta item and the item keys tell (HEXISTS, HLEN, HKEYS, HSCAN NOVALUES) is
+//!   answered from them with no other read; values are read only where they are needed.
 //! - Field order (HGETALL, HKEYS, HVALS, HSCAN) is by field scan hash, not insertion order.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
 use copse::exec::{ExecView, ReadOp};
-use copse::limits::{KEY_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+use copse::limits::KEY_BYTES_MAX;
 use copse::BatchOp;
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
-    answer, bound_ref, check_batch, exists_as, from_index, on_key, KeyTarget, parse_f64, parse_i64,
-    read_items, unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER,
-    SYNTAX,
+    answer, bound_ref, check_batch, from_index, on_collection, parse_f64, parse_i64, read_items,
+    unexpected, value_of, Call, Coll, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX,
 };
 use crate::keyspace::{
-    decode_field, field_key, fields_from, fields_range, meta_key, KeyType, FIELD_OVERHEAD_BYTES,
+    decode_field, field_key, fields_from, fields_range, KeyType, FIELD_OVERHEAD_BYTES,
 };
 use crate::resp::{format_double, Reply};
 
-/// Fields one hash may hold: DEL deletes every field and the meta item in one atomic batch, which
-/// must fit `WRITE_BATCH_OPS_MAX` operations (one spare).
-pub const HASH_FIELDS_MAX: usize = WRITE_BATCH_OPS_MAX - 2;
 /// The largest field value: a new hash writes its first field and its meta item in one batch
 /// record, which must fit copse's largest value, so a field leaves room for that record's
 /// framing and the meta item (at most 2 × (7 + 1024) + 4 bytes; 4 KiB is kept).
 pub const FIELD_VALUE_BYTES_MAX: usize = copse::limits::VALUE_BYTES_MAX - 4096;
-const _: () = assert!(HASH_FIELDS_MAX < WRITE_BATCH_OPS_MAX, "DEL: every field and the meta item");
 
 pub fn specs() -> Vec<Spec> {
     let spec = |name, arity, flags, summary, handler| {
@@ -64,16 +62,6 @@ pub fn specs() -> Vec<Spec> {
     ]
 }
 
-fn hash_exists(view: &ExecView<'_>, key: &[u8]) -> Result<bool, Reply> {
-    exists_as(view, key, KeyType::Hash)
-}
-
-/// Fields of hash `key`, from the index.
-fn field_count(view: &ExecView<'_>, key: &[u8]) -> usize {
-    let (start, end) = fields_range(key);
-    view.count(bound_ref(&start), bound_ref(&end), usize::MAX)
-}
-
 /// Refuses a field whose item key would not fit copse's keys.
 fn check_field(key: &[u8], field: &[u8]) -> Result<(), Reply> {
     if key.len() + field.len() + FIELD_OVERHEAD_BYTES > KEY_BYTES_MAX {
@@ -83,16 +71,6 @@ fn check_field(key: &[u8], field: &[u8]) -> Result<(), Reply> {
             field.len(),
             key.len(),
             KEY_BYTES_MAX - FIELD_OVERHEAD_BYTES
-        )));
-    }
-    Ok(())
-}
-
-/// Refuses a hash that would grow past `HASH_FIELDS_MAX`.
-fn check_field_count(count: usize) -> Result<(), Reply> {
-    if count > HASH_FIELDS_MAX {
-        return Err(Reply::Error(format!(
-            "ERR a hash holds at most {HASH_FIELDS_MAX} fields in copse; nothing was changed"
         )));
     }
     Ok(())
@@ -143,21 +121,13 @@ fn set_fields(
     only_new: bool,
     done: fn(usize) -> Reply,
 ) -> Outcome {
-    let key = call.args[1].clone();
     let mut pending = None;
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
+    on_collection(call, KeyType::Hash, move |view, input, coll| match input {
         Input::Start => {
-            let exists = match hash_exists(view, &key) {
-                Ok(exists) => exists,
-                Err(error) => return Next::Reply(error),
-            };
             let mut ops = Vec::with_capacity(pairs.len() + 1);
-            if !exists {
-                ops.push(BatchOp::Put { key: meta_key(&key, KeyType::Hash), value: Vec::new() });
-            }
             let mut added = 0;
             for (field, value) in std::mem::take(&mut pairs) {
-                let item = field_key(&key, &field);
+                let item = field_key(&coll.id, &field);
                 if !view.contains(&item) {
                     added += 1;
                 } else if only_new {
@@ -165,8 +135,8 @@ fn set_fields(
                 }
                 ops.push(BatchOp::Put { key: item, value });
             }
-            let before = if exists && added > 0 { field_count(view, &key) } else { 0 };
-            if let Err(error) = check_field_count(before + added).and_then(|()| check_batch(&ops)) {
+            ops.extend(coll.meta_ops(coll.count() + added));
+            if let Err(error) = check_batch(&ops) {
                 return Next::Reply(error);
             }
             pending = Some(done(added));
@@ -239,26 +209,24 @@ where
     F: FnMut(Vec<(Vec<u8>, Vec<u8>)>) -> Reply + Send + 'static,
 {
     use std::sync::atomic::Ordering;
-    let key = call.args[1].clone();
     let reply_bytes_max = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     let value_bytes_bound = call.server.value_bytes_bound.clone();
     let mut items: Vec<Vec<u8>> = Vec::new();
     let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut asked = 0..0;
     let mut reply_bytes = 0;
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
+    on_collection(call, KeyType::Hash, move |view, input, coll| {
         match input {
-            Input::Start => match hash_exists(view, &key) {
-                Ok(true) => {
-                    let (start, end) = fields_range(&key);
-                    items = view.keys(bound_ref(&start), bound_ref(&end), usize::MAX);
+            Input::Start => {
+                if !coll.exists() {
+                    return Next::Reply(reply(Vec::new()));
                 }
-                Ok(false) => return Next::Reply(reply(Vec::new())),
-                Err(error) => return Next::Reply(error),
-            },
+                let (start, end) = fields_range(&coll.id);
+                items = view.keys(bound_ref(&start), bound_ref(&end), usize::MAX);
+            }
             Input::Read(results) => {
                 for (item, result) in items[asked.clone()].iter().zip(results) {
-                    let Some((_, field)) = decode_field(item, key.len()) else {
+                    let Some((_, field)) = decode_field(item, coll.id.len()) else {
                         return unexpected();
                     };
                     // A field the index lists is there: the exec holds the hash's lock.
@@ -304,49 +272,46 @@ fn hvals(call: &mut Call<'_>) -> Outcome {
 /// The field names of hash `key`'s items in `[start, end)`, up to `limit`, from the index.
 fn field_names(
     view: &ExecView<'_>,
-    key: &[u8],
+    id: &[u8],
     range: &(Bound<Vec<u8>>, Bound<Vec<u8>>),
     limit: usize,
 ) -> Vec<(u64, Vec<u8>)> {
     view.keys(bound_ref(&range.0), bound_ref(&range.1), limit)
         .iter()
-        .filter_map(|item| decode_field(item, key.len()).map(|(hash, f)| (hash, f.to_vec())))
+        .filter_map(|item| decode_field(item, id.len()).map(|(hash, f)| (hash, f.to_vec())))
         .collect()
 }
 
 fn hkeys(call: &mut Call<'_>) -> Outcome {
-    from_index(call, KeyType::Hash, |view, key| {
-        let names = field_names(view, key, &fields_range(key), usize::MAX);
+    from_index(call, KeyType::Hash, |view, coll| {
+        let names = field_names(view, &coll.id, &fields_range(&coll.id), usize::MAX);
         Reply::Array(names.into_iter().map(|(_, field)| Reply::Bulk(field)).collect())
     })
 }
 
 fn hexists(call: &mut Call<'_>) -> Outcome {
     let field = call.args[2].clone();
-    from_index(call, KeyType::Hash, move |view, key| {
-        Reply::Integer(view.contains(&field_key(key, &field)) as i64)
+    from_index(call, KeyType::Hash, move |view, coll| {
+        Reply::Integer(view.contains(&field_key(&coll.id, &field)) as i64)
     })
 }
 
 fn hlen(call: &mut Call<'_>) -> Outcome {
-    from_index(call, KeyType::Hash, |view, key| Reply::Integer(field_count(view, key) as i64))
+    from_index(call, KeyType::Hash, |_, coll| Reply::Integer(coll.count() as i64))
 }
 
 fn hdel(call: &mut Call<'_>) -> Outcome {
-    let key = call.args[1].clone();
     let fields = call.args[2..].to_vec();
     let mut pending = None;
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
+    on_collection(call, KeyType::Hash, move |view, input, coll| match input {
         Input::Start => {
-            match hash_exists(view, &key) {
-                Ok(true) => {}
-                Ok(false) => return Next::Reply(Reply::Integer(0)),
-                Err(error) => return Next::Reply(error),
+            if !coll.exists() {
+                return Next::Reply(Reply::Integer(0));
             }
             let mut ops: Vec<BatchOp> = Vec::new();
             let mut seen = HashSet::new();
             for field in &fields {
-                let item = field_key(&key, field);
+                let item = field_key(&coll.id, field);
                 if seen.insert(&field[..]) && view.contains(&item) {
                     ops.push(BatchOp::Delete { key: item });
                 }
@@ -355,9 +320,7 @@ fn hdel(call: &mut Call<'_>) -> Outcome {
             if deleted == 0 {
                 return Next::Reply(Reply::Integer(0));
             }
-            if field_count(view, &key) == deleted {
-                ops.push(BatchOp::Delete { key: meta_key(&key, KeyType::Hash) });
-            }
+            ops.extend(coll.meta_ops(coll.count().saturating_sub(deleted)));
             pending = Some(Reply::Integer(deleted as i64));
             Next::Write(ops)
         }
@@ -372,21 +335,16 @@ fn modify_field<F>(call: &Call<'_>, mut change: F) -> Outcome
 where
     F: FnMut(Option<Vec<u8>>) -> Result<(Vec<u8>, Reply), Reply> + Send + 'static,
 {
-    let key = call.args[1].clone();
     let field = call.args[2].clone();
-    if let Err(error) = check_field(&key, &field) {
+    if let Err(error) = check_field(&call.args[1], &field) {
         return Outcome::Reply(error);
     }
-    let item = field_key(&key, &field);
-    let mut exists = false;
+    let mut item = Vec::new();
     let mut pending = None;
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
+    on_collection(call, KeyType::Hash, move |view, input, coll: &mut Coll| {
         let old = match input {
             Input::Start => {
-                exists = match hash_exists(view, &key) {
-                    Ok(exists) => exists,
-                    Err(error) => return Next::Reply(error),
-                };
+                item = field_key(&coll.id, &field);
                 if view.contains(&item) {
                     return Next::Read(smallvec::smallvec![ReadOp::Get(item.clone())]);
                 }
@@ -404,14 +362,8 @@ where
             Err(error) => return Next::Reply(error),
         };
         let mut ops = Vec::with_capacity(2);
-        if !exists {
-            ops.push(BatchOp::Put { key: meta_key(&key, KeyType::Hash), value: Vec::new() });
-        } else if is_new {
-            if let Err(error) = check_field_count(field_count(view, &key) + 1) {
-                return Next::Reply(error);
-            }
-        }
         ops.push(BatchOp::Put { key: item.clone(), value });
+        ops.extend(coll.meta_ops(coll.count() + is_new as usize));
         pending = Some(reply);
         Next::Write(ops)
     })
@@ -502,22 +454,20 @@ fn hscan(call: &mut Call<'_>) -> Outcome {
     };
     // Redis answers a missing key before looking at the options: so does this, in the exec.
     let options = scan_options(call);
-    let key = call.args[1].clone();
     let mut fields: Vec<Vec<u8>> = Vec::new();
     let mut next = 0;
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
+    on_collection(call, KeyType::Hash, move |view, input, coll| match input {
         Input::Start => {
-            match hash_exists(view, &key) {
-                Ok(true) => {}
-                Ok(false) => return Next::Reply(scan_reply(0, Vec::new())),
-                Err(error) => return Next::Reply(error),
+            if !coll.exists() {
+                return Next::Reply(scan_reply(0, Vec::new()));
             }
             let options = match &options {
                 Ok(options) => options,
                 Err(error) => return Next::Reply(error.clone()),
             };
             // One more than asked: its hash is the next cursor.
-            let mut names = field_names(view, &key, &fields_from(&key, cursor), options.count + 1);
+            let mut names =
+                field_names(view, &coll.id, &fields_from(&coll.id, cursor), options.count + 1);
             next = if names.len() > options.count { names.pop().map_or(0, |(h, _)| h) } else { 0 };
             fields = names
                 .into_iter()
@@ -534,7 +484,7 @@ fn hscan(call: &mut Call<'_>) -> Outcome {
             if fields.is_empty() {
                 return Next::Reply(scan_reply(next, Vec::new()));
             }
-            Next::Read(fields.iter().map(|field| ReadOp::Get(field_key(&key, field))).collect())
+            Next::Read(fields.iter().map(|field| ReadOp::Get(field_key(&coll.id, field))).collect())
         }
         Input::Read(results) => {
             let mut flat = Vec::with_capacity(2 * fields.len());
@@ -563,16 +513,11 @@ mod tests {
         let key = b"user:1";
         let longest = vec![b'f'; KEY_BYTES_MAX - FIELD_OVERHEAD_BYTES - key.len()];
         assert!(check_field(key, &longest).is_ok());
-        assert_eq!(field_key(key, &longest).len(), KEY_BYTES_MAX);
+        let id = crate::keyspace::collection_id(key, 7);
+        assert_eq!(field_key(&id, &longest).len(), KEY_BYTES_MAX);
         let longer = vec![b'f'; longest.len() + 1];
         assert!(
             matches!(check_field(key, &longer), Err(Reply::Error(text)) if text.starts_with("ERR "))
         );
-    }
-
-    #[test]
-    fn a_hash_may_hold_exactly_hash_fields_max_fields() {
-        assert!(check_field_count(HASH_FIELDS_MAX).is_ok());
-        assert!(check_field_count(HASH_FIELDS_MAX + 1).is_err());
     }
 }

@@ -102,7 +102,7 @@ fn del(call: &mut Call<'_>) -> Outcome {
                 for key in &group {
                     if let Some(ty) = key_type(view, key) {
                         deleted += 1;
-                        per_key.push(delete_ops(view, key, ty));
+                        per_key.push(delete_ops(key, ty));
                     }
                 }
                 batches = pack_batches(per_key);

@@ -12,8 +12,10 @@
 
 pub mod hashes;
 pub mod keys;
+pub mod orphans;
 pub mod server;
 pub mod strings;
+pub mod upgrade;
 pub mod zsets;
 
 use std::collections::HashMap;
@@ -340,18 +342,125 @@ pub fn check_batch(ops: &[BatchOp]) -> Result<(), Reply> {
     }
 }
 
-/// A command on a `ty` key answered from the index alone; `reply` also runs for a missing key,
-/// whose ranges are empty.
-pub fn from_index<F>(call: &Call<'_>, ty: KeyType, mut reply: F) -> Outcome
+/// What a collection command knows of its key once its meta item is read: the Redis key, its
+/// meta item (None: the key does not exist), and the id its elements are keyed by (for a
+/// missing key, a fresh version's, under which no element exists).
+pub struct Coll {
+    pub key: Vec<u8>,
+    pub ty: KeyType,
+    pub meta: Option<keyspace::CollectionMeta>,
+    pub id: Vec<u8>,
+}
+
+impl Coll {
+    /// Elements (0 for a missing key).
+    pub fn count(&self) -> usize {
+        self.meta.map_or(0, |meta| meta.count as usize)
+    }
+
+    pub fn exists(&self) -> bool {
+        self.meta.is_some()
+    }
+
+    /// The writes that leave the collection with `count` elements: its meta item with the new
+    /// count (created with this id's version if the key is new), or deleted at 0. The caller
+    /// writes or deletes the elements themselves in the same batch.
+    pub fn meta_ops(&self, count: usize) -> Option<BatchOp> {
+        let key = keyspace::meta_key(&self.key, self.ty);
+        if count == 0 {
+            return self.exists().then_some(BatchOp::Delete { key });
+        }
+        if self.count() == count && self.exists() {
+            return None;
+        }
+        let meta = keyspace::CollectionMeta {
+            version: keyspace::id_version(&self.id),
+            count: count as u64,
+            deadline_ms: self.meta.and_then(|meta| meta.deadline_ms),
+        };
+        Some(BatchOp::Put { key, value: meta.encode() })
+    }
+}
+
+/// Whether no element item of any type is keyed by `key` at `version`: a new collection may
+/// take it (keyspace.rs, invariant 2).
+pub fn version_is_unused(view: &ExecView<'_>, key: &[u8], version: u64) -> bool {
+    let id = keyspace::collection_id(key, version);
+    [keyspace::TAG_FIELD, keyspace::TAG_ZSET].into_iter().all(|tag| {
+        let (start, end) = keyspace::id_range(tag, &id);
+        view.count(bound_ref(&start), bound_ref(&end), 1) == 0
+    })
+}
+
+/// A fresh version for a new collection of `key`, under which no element exists.
+fn unused_version(view: &ExecView<'_>, key: &[u8]) -> u64 {
+    loop {
+        let version = keyspace::new_version();
+        if version_is_unused(view, key, version) {
+            return version;
+        }
+    }
+}
+
+/// One exec on the shard of collection `key` of type `ty`, as `on_key`, whose program starts
+/// once the key's meta item is read: `step` gets `Input::Start` with the `Coll` filled in (a
+/// key of another type is answered WRONGTYPE before that), then the program's own inputs.
+pub fn on_collection<F>(call: &Call<'_>, ty: KeyType, mut step: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, &[u8]) -> Reply + Send + 'static,
+    F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
 {
     let key = call.args[1].clone();
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
-        Input::Start => Next::Reply(match exists_as(view, &key, ty) {
-            Ok(_) => reply(view, &key),
-            Err(error) => error,
-        }),
+    let target = KeyTarget::of(call.db(), &key);
+    let mut key = Some(key);
+    let mut coll: Option<Coll> = None;
+    on_key(target, move |view, input| {
+        if let Some(coll) = coll.as_mut() {
+            return step(view, input, coll);
+        }
+        let meta = match input {
+            Input::Start => {
+                let key = key.as_ref().expect("the key is taken once the meta item is known");
+                match exists_as(view, key, ty) {
+                    Err(error) => return Next::Reply(error),
+                    Ok(true) => {
+                        return Next::Read(smallvec::smallvec![ReadOp::Get(keyspace::meta_key(
+                            key, ty
+                        ))])
+                    }
+                    Ok(false) => None,
+                }
+            }
+            Input::Read(mut results) => match value_of(results.pop()) {
+                Some(value) => match keyspace::CollectionMeta::decode(&value) {
+                    Some(meta) => Some(meta),
+                    None => return Next::Reply(Reply::error(CORRUPT_META)),
+                },
+                None => return unexpected(),
+            },
+            Input::Written => return unexpected(),
+        };
+        let key = key.take().expect("the meta item is read once");
+        let version = match meta {
+            Some(meta) => meta.version,
+            None => unused_version(view, &key),
+        };
+        let id = keyspace::collection_id(&key, version);
+        let coll = coll.insert(Coll { key, ty, meta, id });
+        step(view, Input::Start, coll)
+    })
+}
+
+/// A meta item whose value is not a collection's: never written by this version.
+pub const CORRUPT_META: &str = "ERR internal error: a collection's meta item is not readable";
+
+/// A command on a `ty` key answered from its meta item and the index (no element read); `reply`
+/// also runs for a missing key, whose id has no elements.
+pub fn from_index<F>(call: &Call<'_>, ty: KeyType, mut reply: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, &Coll) -> Reply + Send + 'static,
+{
+    on_collection(call, ty, move |view, input, coll| match input {
+        Input::Start => Next::Reply(reply(view, coll)),
         _ => unexpected(),
     })
 }
@@ -371,7 +480,6 @@ where
     F: FnMut(Vec<Option<Vec<u8>>>) -> Reply + Send + 'static,
 {
     use std::sync::atomic::Ordering;
-    let key = call.args[1].clone();
     let reply_bytes_max = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     let value_bytes_bound = call.server.value_bytes_bound.clone();
     // Distinct names that exist, in the order they are read, with the positions each fills.
@@ -380,19 +488,16 @@ where
     let mut asked = 0..0;
     // Every position costs at least a null reply.
     let mut reply_bytes = names.len() * VALUE_REPLY_OVERHEAD_BYTES;
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
+    on_collection(call, ty, move |view, input, coll| {
         match input {
             Input::Start => {
-                if let Err(error) = exists_as(view, &key, ty) {
-                    return Next::Reply(error);
-                }
                 let mut positions: HashMap<&[u8], usize> = HashMap::new();
                 for name in &names {
                     *positions.entry(&name[..]).or_default() += 1;
                 }
                 let mut seen = std::collections::HashSet::new();
                 for name in &names {
-                    if seen.insert(&name[..]) && view.contains(&item_key(&key, name)) {
+                    if seen.insert(&name[..]) && view.contains(&item_key(&coll.id, name)) {
                         reads.push((name.clone(), positions[&name[..]]));
                     }
                 }
@@ -439,29 +544,19 @@ where
         Next::Read(
             reads[asked.clone()]
                 .iter()
-                .map(|(name, _)| ReadOp::Get(item_key(&key, name)))
+                .map(|(name, _)| ReadOp::Get(item_key(&coll.id, name)))
                 .collect(),
         )
     })
 }
 
-/// Deletes of every item of Redis key `key` of type `ty`: its meta item and, for a hash or a
-/// sorted set, each field or member (found in the index, no I/O).
-pub fn delete_ops(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Vec<BatchOp> {
+/// The writes that delete Redis key `key` of type `ty`: its meta item, and for a hash or a sorted
+/// set its orphan record, so that the orphan collector deletes the elements of the version that
+/// dies here (`cmd/orphans.rs`). Two small items whatever the collection holds; no I/O.
+pub fn delete_ops(key: &[u8], ty: KeyType) -> Vec<BatchOp> {
     let mut ops = vec![BatchOp::Delete { key: keyspace::meta_key(key, ty) }];
-    let ranges = match ty {
-        KeyType::String => vec![],
-        KeyType::Hash => vec![keyspace::fields_range(key)],
-        KeyType::ZSet => {
-            let prefix = keyspace::scores_prefix(key);
-            let scores = (std::ops::Bound::Included(prefix.clone()), keyspace::prefix_end(&prefix));
-            vec![keyspace::members_range(key), scores]
-        }
-    };
-    for (start, end) in ranges {
-        for item in view.keys(bound_ref(&start), bound_ref(&end), usize::MAX) {
-            ops.push(BatchOp::Delete { key: item });
-        }
+    if ty != KeyType::String {
+        ops.push(BatchOp::Put { key: keyspace::orphans_key(key), value: Vec::new() });
     }
     ops
 }

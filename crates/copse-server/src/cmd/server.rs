@@ -635,6 +635,12 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                         );
                     }
                 }
+                line("orphan_records_seen", &stats.orphan_records_seen.load(Ordering::Relaxed));
+                line(
+                    "orphan_elements_deleted",
+                    &stats.orphan_elements_deleted.load(Ordering::Relaxed),
+                );
+                line("orphan_keys_collected", &stats.orphan_keys_collected.load(Ordering::Relaxed));
                 line("scrub_in_progress", &u8::from(server.db.scrub_running()));
                 match server.db.last_scrub() {
                     None => line("last_scrub_status", &"never"),

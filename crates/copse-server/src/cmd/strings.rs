@@ -85,16 +85,11 @@ where
 
 /// Writes `value` as string `key`, replacing whatever type the key held, then answers `reply`.
 /// `existing` is the key's type as the exec found it (`key_type`).
-fn put_string(
-    view: &ExecView<'_>,
-    key: &[u8],
-    existing: Option<KeyType>,
-    value: Vec<u8>,
-) -> Vec<BatchOp> {
+fn put_string(key: &[u8], existing: Option<KeyType>, value: Vec<u8>) -> Vec<BatchOp> {
     let mut ops = Vec::new();
     if let Some(ty) = existing {
         if ty != KeyType::String {
-            ops = delete_ops(view, key, ty);
+            ops = delete_ops(key, ty);
         }
     }
     ops.push(BatchOp::Put { key: meta_key(key, KeyType::String), value });
@@ -174,11 +169,11 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
                 if options.get && existing == Some(KeyType::String) {
                     return Next::Read(smallvec::smallvec![ReadOp::Get(meta_key(&key, KeyType::String))]);
                 }
-                decide(view, &key, existing, None, &options, &kind, &mut value, &mut pending)
+                decide(&key, existing, None, &options, &kind, &mut value, &mut pending)
             }
             Input::Read(mut results) => {
                 let old = value_of(results.pop());
-                decide(view, &key, existing, old, &options, &kind, &mut value, &mut pending)
+                decide(&key, existing, old, &options, &kind, &mut value, &mut pending)
             }
             Input::Written => answer(&mut pending),
         }
@@ -187,7 +182,6 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
 
 #[allow(clippy::too_many_arguments)]
 fn decide(
-    view: &ExecView<'_>,
     key: &[u8],
     existing: Option<KeyType>,
     old: Option<Vec<u8>>,
@@ -209,9 +203,10 @@ fn decide(
         return Next::Reply(skipped);
     }
     let Some(value) = value.take() else { return unexpected() };
-    let ops = put_string(view, key, existing, value);
-    // Replacing a hash or sorted set deletes its items in the same atomic batch as the new
-    // value; a value too large to share that batch is refused, changing nothing.
+    let ops = put_string(key, existing, value);
+    // Replacing a hash or sorted set deletes its meta item and writes its orphan record in the
+    // same atomic batch as the new value; a value too large to share that batch is refused,
+    // changing nothing.
     if let Err(reply) = super::check_batch(&ops) {
         return Next::Reply(reply);
     }
@@ -509,7 +504,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
                         }
                         let ops: Vec<BatchOp> = group
                             .into_iter()
-                            .flat_map(|(key, value)| put_string(view, &key, key_type(view, &key), value))
+                            .flat_map(|(key, value)| put_string(&key, key_type(view, &key), value))
                             .collect();
                         Next::Prepare(vote, ops)
                     }
@@ -535,7 +530,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
                 let per_key: Vec<_> =
                     group
                         .into_iter()
-                        .map(|(key, value)| put_string(view, &key, key_type(view, &key), value))
+                        .map(|(key, value)| put_string(&key, key_type(view, &key), value))
                         .collect();
                 if let Some(reply) = per_key.iter().find_map(|ops| super::check_batch(ops).err()) {
                     return Next::Reply(reply);

@@ -1,14 +1,17 @@
-//! Sorted set commands. A sorted set is its meta item (empty value) plus two items per member:
-//! the member item (member -> score) answers ZSCORE with one read, and the by-score item (score
-//! and member in its key, empty value) keeps members in score order in the index, so ranges and
-//! ranks (ZRANGE, ZRANGEBYSCORE, ZRANK, ZCOUNT, ZCARD) are answered with no I/O.
+//! Sorted set commands. A sorted set is its meta item (version, member count, expiry) plus two
+//! items per member under the set's id: the member item (member -> score) answers ZSCORE with one
+//! read, and the by-score item (score and member in its key, empty value) keeps members in score
+//! order in the index, so ranges and ranks (ZRANGE, ZRANGEBYSCORE, ZRANK, ZCOUNT) are answered
+//! with no read beyond the meta item, and ZCARD from the meta item alone.
 //!
 //! Invariants:
-//! - A sorted set exists iff its meta item exists, and then it has at least one member: the meta
-//!   item is written in the same batch as the first member and deleted with the last.
+//! - A sorted set exists iff its meta item exists, and then it has `count` ≥ 1 members under its
+//!   id: the meta item is written in the same batch as every change of the member count, and
+//!   deleted with the last member.
 //! - A member item and its by-score item are written and deleted in the same batch, and the
 //!   member item's value is the score in the by-score item's key.
-//! - A sorted set has at most `ZSET_MEMBERS_MAX` members, so DEL of the whole set fits one batch.
+//! - A sorted set has no member limit: DEL deletes the meta item and writes an orphan record, and
+//!   the orphan collector deletes the members (`cmd/orphans.rs`).
 //! - Each command writes at most one batch; every limit is checked before it, and a refused
 //!   command changes nothing.
 //! - No score is NaN, and -0 is stored as 0 (the by-score order cannot tell them apart, so the
@@ -18,25 +21,19 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
 use copse::exec::{ExecView, ReadOp};
-use copse::limits::{KEY_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+use copse::limits::KEY_BYTES_MAX;
 use copse::BatchOp;
 
 use super::{
-    answer, bound_ref, check_batch, exists_as, from_index, on_key, KeyTarget, parse_f64, parse_i64,
-    read_items, unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER,
-    SYNTAX,
+    answer, bound_ref, check_batch, from_index, on_collection, parse_f64, parse_i64, read_items,
+    unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX,
 };
 use crate::keyspace::{
-    decode_score, decode_score_value, encode_score, member_key, members_range, meta_key, score_key,
-    scores_prefix, sortable_score, KeyRange, KeyType, MEMBER_OVERHEAD_BYTES,
+    decode_score, decode_score_value, encode_score, member_key, score_key, scores_prefix,
+    sortable_score, KeyRange, KeyType, MEMBER_OVERHEAD_BYTES,
 };
 use crate::resp::{Protocol, Reply};
 
-/// Members one sorted set may hold: DEL deletes two items per member and the meta item in one
-/// atomic batch, which must fit `WRITE_BATCH_OPS_MAX` operations (with a spare).
-pub const ZSET_MEMBERS_MAX: usize = WRITE_BATCH_OPS_MAX / 2 - 2;
-const _: () =
-    assert!(2 * ZSET_MEMBERS_MAX < WRITE_BATCH_OPS_MAX, "DEL: two items a member, and meta");
 
 const MIN_MAX_NOT_FLOAT: &str = "ERR min or max is not a float";
 const SCORE_NAN: &str = "ERR resulting score is not a number (NaN)";
@@ -71,18 +68,9 @@ pub fn specs() -> Vec<Spec> {
     ]
 }
 
-fn zset_exists(view: &ExecView<'_>, key: &[u8]) -> Result<bool, Reply> {
-    exists_as(view, key, KeyType::ZSet)
-}
-
-fn member_count(view: &ExecView<'_>, key: &[u8]) -> usize {
-    let (start, end) = members_range(key);
-    view.count(bound_ref(&start), bound_ref(&end), usize::MAX)
-}
-
-/// Every by-score item of `key`.
-fn all_scores(key: &[u8]) -> KeyRange {
-    let prefix = scores_prefix(key);
+/// Every by-score item of the set with id `id`.
+fn all_scores(id: &[u8]) -> KeyRange {
+    let prefix = scores_prefix(id);
     let end = crate::keyspace::prefix_end(&prefix);
     (Bound::Included(prefix), end)
 }
@@ -90,13 +78,13 @@ fn all_scores(key: &[u8]) -> KeyRange {
 /// (score, member) of the by-score items in `range`, up to `limit`, in score order.
 fn by_score(
     view: &ExecView<'_>,
-    key: &[u8],
+    id: &[u8],
     range: &KeyRange,
     limit: usize,
 ) -> Vec<(f64, Vec<u8>)> {
     view.keys(bound_ref(&range.0), bound_ref(&range.1), limit)
         .iter()
-        .filter_map(|item| decode_score(item, key.len()).map(|(s, m)| (s, m.to_vec())))
+        .filter_map(|item| decode_score(item, id.len()).map(|(s, m)| (s, m.to_vec())))
         .collect()
 }
 
@@ -154,12 +142,12 @@ impl ScoreRange {
         self.min > self.max || (self.min == self.max && (self.min_exclusive || self.max_exclusive))
     }
 
-    /// The by-score items of `key` in this range (not empty).
-    fn items(&self, key: &[u8]) -> KeyRange {
+    /// The by-score items of the set with id `id` in this range (not empty).
+    fn items(&self, id: &[u8]) -> KeyRange {
         // Every by-score item of score s starts with position(s), and every item of a higher
         // score is at or after position(s) + 1 (as an integer: sortable(+inf) < u64::MAX).
         let position = |score: f64, after: bool| {
-            let mut out = scores_prefix(key);
+            let mut out = scores_prefix(id);
             let sortable = u64::from_be_bytes(sortable_score(score));
             out.extend_from_slice(&(sortable + after as u64).to_be_bytes());
             out
@@ -228,18 +216,18 @@ fn zmscore(call: &mut Call<'_>) -> Outcome {
 }
 
 fn zcard(call: &mut Call<'_>) -> Outcome {
-    from_index(call, KeyType::ZSet, |view, key| Reply::Integer(member_count(view, key) as i64))
+    from_index(call, KeyType::ZSet, |_, coll| Reply::Integer(coll.count() as i64))
 }
 
 fn zcount(call: &mut Call<'_>) -> Outcome {
     let Some(range) = ScoreRange::parse(&call.args[2], &call.args[3]) else {
         return Outcome::error(MIN_MAX_NOT_FLOAT);
     };
-    from_index(call, KeyType::ZSet, move |view, key| {
+    from_index(call, KeyType::ZSet, move |view, coll| {
         if range.is_empty() {
             return Reply::Integer(0);
         }
-        let (start, end) = range.items(key);
+        let (start, end) = range.items(&coll.id);
         Reply::Integer(view.count(bound_ref(&start), bound_ref(&end), usize::MAX) as i64)
     })
 }
@@ -346,49 +334,47 @@ fn apply_adds(
 /// ZADD and ZINCRBY: reads the old scores of members that exist, applies the pairs, and writes
 /// every changed member (its member item, and its by-score item moved) in one batch.
 fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>) -> Outcome {
-    let key = call.args[1].clone();
     for (_, member) in &pairs {
-        if let Err(error) = check_member(&key, member) {
+        if let Err(error) = check_member(&call.args[1], member) {
             return Outcome::Reply(error);
         }
     }
     let blocked = if options.incr { Reply::Null } else { Reply::Integer(0) };
     // Distinct members that exist, in the order they are read.
     let mut reads: Vec<Vec<u8>> = Vec::new();
-    let mut exists = false;
+    // Members read so far, and the ones of the step in flight (`EXEC_READS_MAX` per step).
+    let mut read_scores: HashMap<Vec<u8>, f64> = HashMap::new();
+    let mut asked = 0..0;
     let mut pending = None;
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
+    on_collection(call, KeyType::ZSet, move |view, input, coll| {
+        let id = &coll.id;
         let old: HashMap<Vec<u8>, f64> = match input {
             Input::Start => {
-                exists = match zset_exists(view, &key) {
-                    Ok(exists) => exists,
-                    Err(error) => return Next::Reply(error),
-                };
-                if !exists && options.xx {
+                if !coll.exists() && options.xx {
                     return Next::Reply(blocked.clone());
                 }
                 let mut seen = HashSet::new();
                 for (_, member) in &pairs {
-                    if seen.insert(&member[..]) && view.contains(&member_key(&key, member)) {
+                    if seen.insert(&member[..]) && view.contains(&member_key(id, member)) {
                         reads.push(member.clone());
                     }
                 }
                 if !reads.is_empty() {
-                    return Next::Read(
-                        reads.iter().map(|member| ReadOp::Get(member_key(&key, member))).collect(),
-                    );
+                    return read_chunk(id, &reads, &mut asked);
                 }
                 HashMap::new()
             }
             Input::Read(results) => {
-                let mut old = HashMap::with_capacity(reads.len());
-                for (member, result) in std::mem::take(&mut reads).into_iter().zip(results) {
+                for (member, result) in reads[asked.clone()].iter().zip(results) {
                     match value_of(Some(result)).as_deref().and_then(decode_score_value) {
-                        Some(score) => old.insert(member, score),
+                        Some(score) => read_scores.insert(member.clone(), score),
                         None => return unexpected(),
                     };
                 }
-                old
+                if asked.end < reads.len() {
+                    return read_chunk(id, &reads, &mut asked);
+                }
+                std::mem::take(&mut read_scores)
             }
             Input::Written => return answer(&mut pending),
         };
@@ -406,19 +392,7 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
         } else {
             Reply::Integer((added + if options.ch { updated } else { 0 }) as i64)
         };
-        if added > 0 {
-            let before = if exists { member_count(view, &key) } else { 0 };
-            if before + added > ZSET_MEMBERS_MAX {
-                return Next::Reply(Reply::Error(format!(
-                    "ERR a sorted set holds at most {ZSET_MEMBERS_MAX} members in copse; \
-                     nothing was changed"
-                )));
-            }
-        }
         let mut ops = Vec::new();
-        if !exists && added > 0 {
-            ops.push(BatchOp::Put { key: meta_key(&key, KeyType::ZSet), value: Vec::new() });
-        }
         let mut seen = HashSet::new();
         for (_, member) in &pairs {
             if !seen.insert(&member[..]) {
@@ -431,14 +405,15 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
                 continue;
             }
             if let Some(before) = before {
-                ops.push(BatchOp::Delete { key: score_key(&key, before, member) });
+                ops.push(BatchOp::Delete { key: score_key(id, before, member) });
             }
-            ops.push(BatchOp::Put { key: member_key(&key, member), value: encode_score(new) });
-            ops.push(BatchOp::Put { key: score_key(&key, new, member), value: Vec::new() });
+            ops.push(BatchOp::Put { key: member_key(id, member), value: encode_score(new) });
+            ops.push(BatchOp::Put { key: score_key(id, new, member), value: Vec::new() });
         }
         if ops.is_empty() {
             return Next::Reply(reply);
         }
+        ops.extend(coll.meta_ops(coll.count() + added));
         if let Err(error) = check_batch(&ops) {
             return Next::Reply(error);
         }
@@ -447,41 +422,50 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
     })
 }
 
+/// The next step's reads of member items of `reads` after `asked`, at most `EXEC_READS_MAX`.
+fn read_chunk(id: &[u8], reads: &[Vec<u8>], asked: &mut std::ops::Range<usize>) -> Next {
+    *asked = asked.end..(asked.end + copse::limits::EXEC_READS_MAX).min(reads.len());
+    Next::Read(reads[asked.clone()].iter().map(|member| ReadOp::Get(member_key(id, member))).collect())
+}
+
 fn zrem(call: &mut Call<'_>) -> Outcome {
-    let key = call.args[1].clone();
     let members = call.args[2..].to_vec();
     let mut reads: Vec<Vec<u8>> = Vec::new();
+    let mut asked = 0..0;
+    let mut ops = Vec::new();
     let mut pending = None;
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
+    on_collection(call, KeyType::ZSet, move |view, input, coll| match input {
         Input::Start => {
-            match zset_exists(view, &key) {
-                Ok(true) => {}
-                Ok(false) => return Next::Reply(Reply::Integer(0)),
-                Err(error) => return Next::Reply(error),
+            if !coll.exists() {
+                return Next::Reply(Reply::Integer(0));
             }
             let mut seen = HashSet::new();
             for member in &members {
-                if seen.insert(&member[..]) && view.contains(&member_key(&key, member)) {
+                if seen.insert(&member[..]) && view.contains(&member_key(&coll.id, member)) {
                     reads.push(member.clone());
                 }
             }
             if reads.is_empty() {
                 return Next::Reply(Reply::Integer(0));
             }
-            Next::Read(reads.iter().map(|member| ReadOp::Get(member_key(&key, member))).collect())
+            read_chunk(&coll.id, &reads, &mut asked)
         }
         Input::Read(results) => {
-            let mut ops = Vec::with_capacity(2 * reads.len() + 1);
-            for (member, result) in reads.iter().zip(results) {
+            for (member, result) in reads[asked.clone()].iter().zip(results) {
                 let Some(score) = value_of(Some(result)).as_deref().and_then(decode_score_value)
                 else {
                     return unexpected();
                 };
-                ops.push(BatchOp::Delete { key: member_key(&key, member) });
-                ops.push(BatchOp::Delete { key: score_key(&key, score, member) });
+                ops.push(BatchOp::Delete { key: member_key(&coll.id, member) });
+                ops.push(BatchOp::Delete { key: score_key(&coll.id, score, member) });
             }
-            if member_count(view, &key) == reads.len() {
-                ops.push(BatchOp::Delete { key: meta_key(&key, KeyType::ZSet) });
+            if asked.end < reads.len() {
+                return read_chunk(&coll.id, &reads, &mut asked);
+            }
+            let mut ops = std::mem::take(&mut ops);
+            ops.extend(coll.meta_ops(coll.count().saturating_sub(reads.len())));
+            if let Err(error) = check_batch(&ops) {
+                return Next::Reply(error);
             }
             pending = Some(Reply::Integer(reads.len() as i64));
             Next::Write(ops)
@@ -576,17 +560,18 @@ fn parse_range(
 }
 
 /// The (score, member) pairs a range query selects, from the index alone.
-fn run_range(view: &ExecView<'_>, key: &[u8], query: &RangeQuery) -> Vec<(f64, Vec<u8>)> {
+fn run_range(view: &ExecView<'_>, coll: &super::Coll, query: &RangeQuery) -> Vec<(f64, Vec<u8>)> {
+    let id = &coll.id;
     match query.by {
         RangeBy::Rank(start, stop) => {
-            let len = member_count(view, key);
+            let len = coll.count();
             let Some((first, last)) = rank_window(start, stop, len) else {
                 return Vec::new();
             };
             // Reverse ranks count from the highest score: map them to ascending positions.
             let (low, high) =
                 if query.reverse { (len - 1 - last, len - 1 - first) } else { (first, last) };
-            let mut items = by_score(view, key, &all_scores(key), high + 1);
+            let mut items = by_score(view, id, &all_scores(id), high + 1);
             items.drain(..low.min(items.len()));
             if query.reverse {
                 items.reverse();
@@ -604,7 +589,7 @@ fn run_range(view: &ExecView<'_>, key: &[u8], query: &RangeQuery) -> Vec<(f64, V
             } else {
                 usize::MAX
             };
-            let mut items = by_score(view, key, &range.items(key), fetch);
+            let mut items = by_score(view, id, &range.items(id), fetch);
             if query.reverse {
                 items.reverse();
             }
@@ -646,8 +631,8 @@ fn range_command(call: &Call<'_>, kind: Option<RangeKind>, reverse: Option<bool>
         Err(error) => return Outcome::Reply(error),
     };
     let protocol = call.conn.protocol;
-    from_index(call, KeyType::ZSet, move |view, key| {
-        range_reply(run_range(view, key, &query), query.with_scores, protocol)
+    from_index(call, KeyType::ZSet, move |view, coll| {
+        range_reply(run_range(view, coll, &query), query.with_scores, protocol)
     })
 }
 
@@ -668,7 +653,7 @@ fn zrevrangebyscore(call: &mut Call<'_>) -> Outcome {
 }
 
 /// ZRANK and ZREVRANK [WITHSCORE]: the member's position among the by-score items, found in the
-/// index (no I/O; a walk over the set, which `ZSET_MEMBERS_MAX` keeps short).
+/// index (no read beyond the meta item; a walk over the set's by-score items up to the member).
 fn rank_command(call: &Call<'_>, reverse: bool) -> Outcome {
     if call.args.len() > 4 {
         let name = call.word(0);
@@ -681,11 +666,11 @@ fn rank_command(call: &Call<'_>, reverse: bool) -> Outcome {
     let member = call.args[2].clone();
     // Redis answers a RESP2 client asking WITHSCORE a null array.
     let missing = if with_score { Reply::NullArray } else { Reply::Null };
-    from_index(call, KeyType::ZSet, move |view, key| {
-        if !view.contains(&member_key(key, &member)) {
+    from_index(call, KeyType::ZSet, move |view, coll| {
+        if !view.contains(&member_key(&coll.id, &member)) {
             return missing.clone();
         }
-        let items = by_score(view, key, &all_scores(key), usize::MAX);
+        let items = by_score(view, &coll.id, &all_scores(&coll.id), usize::MAX);
         let Some(at) = items.iter().position(|(_, m)| *m == member) else {
             return missing.clone();
         };

@@ -40,11 +40,22 @@ use crate::fds;
 /// gets the marker; a store with items but no marker (written through the embedded API or the
 /// CLI) or with another version is refused, so the server never misreads foreign items.
 fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeError> {
-    use crate::keyspace::{marker_value, marker_version, KEYSPACE_FORMAT_VERSION, MARKER_KEY};
+    use crate::keyspace::{
+        marker_value, marker_version, KEYSPACE_FORMAT_VERSION, KEYSPACE_FORMAT_VERSION_UPGRADABLE,
+        MARKER_KEY,
+    };
     let path = config.path.display().to_string();
     match db.get(MARKER_KEY).map_err(|err| ServeError::Store(err.to_string()))? {
         Some(value) => match marker_version(&value) {
             Some(KEYSPACE_FORMAT_VERSION) => Ok(()),
+            Some(KEYSPACE_FORMAT_VERSION_UPGRADABLE) => {
+                tracing::info!(%path, "upgrading the Redis key space from format version {KEYSPACE_FORMAT_VERSION_UPGRADABLE} to {KEYSPACE_FORMAT_VERSION}");
+                let moved = futures::executor::block_on(crate::cmd::upgrade::upgrade_collections(db))
+                    .map_err(|err| ServeError::Keyspace(format!("upgrading the key space of the store at {path}: {err}")))?;
+                db.put(MARKER_KEY, &marker_value()).map_err(|err| ServeError::Store(err.to_string()))?;
+                tracing::info!(%path, collections = moved, "key space upgraded");
+                Ok(())
+            }
             Some(version) => Err(ServeError::Keyspace(format!(
                 "store at {path} holds Redis key space format version {version}; this build reads version {KEYSPACE_FORMAT_VERSION}"
             ))),
@@ -283,7 +294,10 @@ fn run_main(
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    runtime.block_on(async {
+    // The orphan collector (cmd/orphans.rs) runs beside the accept loop and stops with it.
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async {
+        tokio::task::spawn_local(crate::cmd::orphans::run(server.clone()));
         let listener = tokio::net::TcpListener::from_std(listener).map_err(ServeError::Runtime)?;
         if let Some(metrics_listener) = metrics_listener {
             let metrics_listener =
@@ -315,6 +329,7 @@ fn run_main(
         }
         Ok::<(), ServeError>(())
     })?;
+    drop(local);
     drop(runtime);
     tracing::info!("stopped accepting; finishing in-flight commands");
     server.shutting_down.store(true, Ordering::Release);

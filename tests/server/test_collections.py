@@ -1,0 +1,154 @@
+"""Collections of any size (key space format 2, docs/format/redis-keyspace.md): a hash or sorted
+set carries a version, a count and an expiry in its meta item; DEL, an overwrite or a type
+change deletes the meta item and writes an orphan record (two small items); the orphan
+collector deletes the dead elements in the background and resumes after a crash.
+
+`INFO copse` shows the collector: `orphan_records_seen` (records its last pass found),
+`orphan_elements_deleted`, `orphan_keys_collected`; `items` counts every item in the store.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+# More elements than one atomic batch (10,000 items) could delete: format 1 refused these.
+LARGE = 25_000
+# How long the collector may take over the elements of one test (it deletes 1,000 per batch).
+COLLECT_TIMEOUT_S = 60
+
+
+def info_copse(client: redis.Redis) -> dict:
+    return client.info("copse")
+
+
+def store_items(client: redis.Redis) -> int:
+    return int(info_copse(client)["items"])
+
+
+def wait_collected(client: redis.Redis, items_expected: int) -> dict:
+    """Waits until the collector has no orphan record left and the store holds
+    `items_expected` items; returns INFO copse then."""
+    deadline = time.monotonic() + COLLECT_TIMEOUT_S
+    while True:
+        info = info_copse(client)
+        if int(info["orphan_records_seen"]) == 0 and int(info["items"]) == items_expected:
+            return info
+        assert time.monotonic() < deadline, f"the collector did not finish: {info}"
+        time.sleep(0.05)
+
+
+def fill_hash(client: redis.Redis, key, fields: int, prefix="f") -> None:
+    pipe = client.pipeline(transaction=False)
+    for start in range(0, fields, 2_000):
+        mapping = {f"{prefix}{i}": f"v{i}" for i in range(start, min(start + 2_000, fields))}
+        pipe.hset(key, mapping=mapping)
+    pipe.execute()
+
+
+def fill_zset(client: redis.Redis, key, members: int) -> None:
+    pipe = client.pipeline(transaction=False)
+    for start in range(0, members, 2_000):
+        pipe.zadd(key, {f"m{i}": i for i in range(start, min(start + 2_000, members))})
+    pipe.execute()
+
+
+def test_a_hash_grows_past_what_one_batch_could_delete(r):
+    baseline = store_items(r)
+    fill_hash(r, "h", LARGE)
+    assert r.hlen("h") == LARGE
+    assert r.hget("h", f"f{LARGE - 1}") == f"v{LARGE - 1}".encode()
+    assert r.hexists("h", "f0") is True
+    assert len(r.hkeys("h")) == LARGE
+    assert r.hset("h", "f0", "changed") == 0, "an existing field changes the count by nothing"
+    assert r.hlen("h") == LARGE
+    assert r.hdel("h", "f0", "f1", "missing") == 2
+    assert r.hlen("h") == LARGE - 2
+    assert r.hincrby("h", "counter", 5) == 5
+    assert r.hlen("h") == LARGE - 1
+    # One meta item and the fields.
+    assert store_items(r) == baseline + 1 + LARGE - 1
+    assert r.delete("h") == 1
+    assert r.exists("h") == 0 and r.hlen("h") == 0 and r.hgetall("h") == {}
+    info = wait_collected(r, baseline)
+    assert int(info["orphan_elements_deleted"]) >= LARGE - 1
+
+
+def test_a_sorted_set_grows_past_what_one_batch_could_delete(r):
+    baseline = store_items(r)
+    fill_zset(r, "z", LARGE)
+    assert r.zcard("z") == LARGE
+    assert r.zrange("z", 0, 2) == [b"m0", b"m1", b"m2"]
+    assert r.zrevrank("z", "m0") == LARGE - 1
+    assert r.zrank("z", f"m{LARGE - 1}") == LARGE - 1
+    assert r.zcount("z", 100, 199) == 100
+    assert r.zscore("z", "m7") == 7.0
+    assert r.zrem("z", "m0", "m1", "nope") == 2
+    assert r.zcard("z") == LARGE - 2
+    assert r.zadd("z", {"m2": -1}) == 0, "a new score is no new member"
+    assert r.zcard("z") == LARGE - 2 and r.zrange("z", 0, 0) == [b"m2"]
+    # Two items per member, and the meta item.
+    assert store_items(r) == baseline + 1 + 2 * (LARGE - 2)
+    assert r.delete("z") == 1
+    assert r.zcard("z") == 0 and r.zrange("z", 0, -1) == []
+    wait_collected(r, baseline)
+
+
+def test_a_recreated_key_never_sees_its_dead_elements(r):
+    """A new hash or set under a deleted key's name starts empty at once, while the collector may
+    still be deleting the old elements; the collector never deletes the new ones."""
+    baseline = store_items(r)
+    fill_hash(r, "k", 5_000)
+    assert r.delete("k") == 1
+    assert r.hset("k", "fresh", "1") == 1
+    assert r.hgetall("k") == {b"fresh": b"1"}
+    assert r.hlen("k") == 1
+    # Overwritten by another type, then by a hash again, before anything was collected.
+    assert r.set("k", "string now") is True
+    assert r.get("k") == b"string now"
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        r.hget("k", "fresh")
+    assert r.delete("k") == 1
+    assert r.zadd("k", {"a": 1}) == 1
+    assert r.zrange("k", 0, -1, withscores=True) == [(b"a", 1.0)]
+    # After the collector: the live set is whole, and nothing else is left.
+    wait_collected(r, baseline + 3)
+    assert r.zrange("k", 0, -1, withscores=True) == [(b"a", 1.0)]
+    assert r.zcard("k") == 1
+
+
+def test_set_over_a_large_hash_is_one_small_write(r):
+    baseline = store_items(r)
+    fill_hash(r, "h", LARGE)
+    before = int(info_copse(r)["user_bytes_written"])
+    assert r.set("h", "v") is True
+    after = int(info_copse(r)["user_bytes_written"])
+    # The collector may have started deleting meanwhile: each of its deletes is one key's bytes.
+    # What the SET itself writes is a few dozen bytes; deleting the fields at once would be
+    # hundreds of kilobytes in this one batch.
+    assert r.get("h") == b"v"
+    assert r.type("h") == b"string"
+    wait_collected(r, baseline + 1)
+    assert after - before < 128 * 1024, (before, after)
+
+
+def test_the_collector_resumes_after_a_kill(make_server):
+    server = make_server()
+    client = server.client()
+    fill_hash(client, "big", LARGE)
+    fill_zset(client, "bigz", LARGE)
+    client.set("keep", "1")
+    client.hset("other", "f", "v")
+    assert client.delete("big", "bigz") == 2
+    server.kill()
+    server.restart()
+    client = server.client()
+    assert client.exists("big", "bigz") == 0
+    assert client.hlen("big") == 0 and client.zcard("bigz") == 0
+    # keep, and other's meta item and field.
+    wait_collected(client, 3 + 1)
+    assert client.get("keep") == b"1"
+    assert client.hgetall("other") == {b"f": b"v"}
+    client.close()
