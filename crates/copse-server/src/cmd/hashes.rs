@@ -321,6 +321,9 @@ fn hdel(call: &mut Call<'_>) -> Outcome {
                 return Next::Reply(Reply::Integer(0));
             }
             ops.extend(coll.meta_ops(coll.count().saturating_sub(deleted)));
+            if let Err(error) = check_batch(&ops) {
+                return Next::Reply(error);
+            }
             pending = Some(Reply::Integer(deleted as i64));
             Next::Write(ops)
         }

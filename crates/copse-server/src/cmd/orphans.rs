@@ -37,8 +37,11 @@ pub const ORPHAN_IDLE_POLL_MS: u64 = 100;
 
 /// Runs the collector until the runtime that polls it stops.
 pub async fn run(server: Arc<Server>) {
+    // Per shard, the last orphan record listed: the next pass goes on after it, so records the
+    // collector cannot finish (an exec that fails) never hide the ones behind them.
+    let mut cursors: Vec<Option<Vec<u8>>> = vec![None; server.db.shard_count() as usize];
     loop {
-        let keys = match orphan_keys(&server.db).await {
+        let keys = match orphan_keys(&server.db, &mut cursors).await {
             Ok(keys) => keys,
             Err(error) => {
                 tracing::warn!(?error, "the orphan collector could not list orphan records");
@@ -81,15 +84,20 @@ async fn collect_key(server: &Server, key: &[u8]) {
     }
 }
 
-/// The Redis keys named by orphan records, up to `ORPHAN_RECORDS_PER_PASS` per shard.
-async fn orphan_keys(db: &Db) -> Result<Vec<Vec<u8>>, Reply> {
+/// The Redis keys named by orphan records, up to `ORPHAN_RECORDS_PER_PASS` per shard after the
+/// shard's cursor; a shard whose records ran out starts from its first one next time.
+async fn orphan_keys(db: &Db, cursors: &mut [Option<Vec<u8>>]) -> Result<Vec<Vec<u8>>, Reply> {
     let mut plan = Plan::new();
-    for shard in 0..db.shard_count() {
-        plan.add(shard, vec![], move |view, input| match input {
+    for (shard, cursor) in cursors.iter().enumerate() {
+        let cursor = cursor.clone();
+        plan.add(shard as u32, vec![], move |view, input| match input {
             Input::Start => {
                 let (start, end) = keyspace::orphans_range();
-                let items =
-                    view.keys(bound_ref(&start), bound_ref(&end), ORPHAN_RECORDS_PER_PASS);
+                let start = match &cursor {
+                    Some(after) => Bound::Excluded(&after[..]),
+                    None => bound_ref(&start),
+                };
+                let items = view.keys(start, bound_ref(&end), ORPHAN_RECORDS_PER_PASS);
                 Next::Reply(Reply::Array(items.into_iter().map(Reply::Bulk).collect()))
             }
             _ => unexpected(),
@@ -98,12 +106,17 @@ async fn orphan_keys(db: &Db) -> Result<Vec<Vec<u8>>, Reply> {
     let mut keys = Vec::new();
     match run_outcome(db, plan.finish(Box::new(Reply::Array))).await {
         Reply::Array(pages) => {
-            for page in pages {
+            for (page, cursor) in pages.into_iter().zip(cursors.iter_mut()) {
                 let Reply::Array(items) = page else { return Err(page) };
+                let full = items.len() == ORPHAN_RECORDS_PER_PASS;
+                *cursor = None;
                 for item in items {
                     if let Reply::Bulk(item) = item {
                         if let Some(key) = keyspace::decode_orphans(&item) {
                             keys.push(key.to_vec());
+                        }
+                        if full {
+                            *cursor = Some(item);
                         }
                     }
                 }

@@ -8,12 +8,19 @@
 //! are the same in both formats. The marker is rewritten last.
 //!
 //! Invariants:
+//! - Nothing is written unless every element fits format 2's keys (8 bytes longer): a first pass
+//!   over the element items of every shard refuses the store before the first write.
+//! - No two keys' elements meet. Format 2's items of key `A` at version 0 have the bytes of format
+//!   1's items of key `A ++ 00×8`, so a shard's collections are moved longest key first: when `A`
+//!   moves, every longer key has moved, and keys of `A`'s length or shorter have format 1 ranges
+//!   whose length field differs from `A`'s id's.
 //! - Restartable: a crash leaves the marker at version 1, every collection either done (its meta
 //!   value decodes) or with its elements split between the old keys and the new id, which the
-//!   next open goes on moving. No element is in both (one batch writes one and deletes the other),
-//!   and the two key ranges cannot meet: format 1's carry the key's length, the new ones the id's.
+//!   next open goes on moving (in the same order). No element is in both: one batch writes one
+//!   and deletes the other.
 //! - The new count is counted from the new id's items once no old item is left.
 
+use std::collections::VecDeque;
 use std::ops::Bound;
 
 use copse::exec::ReadOp;
@@ -27,44 +34,73 @@ use crate::keyspace::{
 };
 use crate::resp::Reply;
 
-/// Elements one upgrade exec moves at most.
-pub const UPGRADE_ELEMENTS_PER_BATCH: usize = 256;
-/// Meta items listed per step of the walk over a shard's keys.
-const UPGRADE_KEYS_PER_STEP: usize = 1_000;
+/// Sorted set elements one upgrade exec moves at most (re-keyed, no read).
+pub const UPGRADE_MEMBERS_PER_BATCH: usize = 256;
+/// Hash fields one upgrade exec reads and moves at most: their values are held in memory (up to
+/// 16 MiB each) and written in as many batches as they need.
+pub const UPGRADE_FIELDS_PER_STEP: usize = 32;
+/// Items listed per step of the walks over a shard's keys.
+const UPGRADE_KEYS_PER_STEP: usize = 10_000;
 
 /// Moves every collection of the store to the current format. Returns the collections moved.
 pub async fn upgrade_collections(db: &Db) -> Result<u64, String> {
+    // Refuse before any write a store with an element format 2 cannot key.
+    for shard in 0..db.shard_count() {
+        for tag in [keyspace::TAG_FIELD, keyspace::TAG_ZSET] {
+            let (start, end) = (vec![tag], vec![tag + 1]);
+            let mut after = None;
+            while let Some(items) = list_items(db, shard, &start, &end, after.take()).await? {
+                if let Some(long) =
+                    items.iter().find(|item| item.len() + keyspace::VERSION_BYTES > KEY_BYTES_MAX)
+                {
+                    return Err(too_long(long));
+                }
+                after = items.last().cloned();
+            }
+        }
+    }
     let mut moved = 0;
     for shard in 0..db.shard_count() {
-        let mut after: Option<Vec<u8>> = None;
-        loop {
-            let metas = list_metas(db, shard, after.clone()).await?;
-            let Some(last) = metas.last().cloned() else { break };
-            for meta in metas {
-                if let Some((_, key, ty)) = decode_meta(&meta) {
+        let mut collections = Vec::new();
+        let (start, end) = (keyspace::meta_scan_start(0), keyspace::meta_scan_end());
+        let mut after = None;
+        while let Some(metas) = list_items(db, shard, &start, &end, after.take()).await? {
+            for meta in &metas {
+                if let Some((_, key, ty)) = decode_meta(meta) {
                     if ty != KeyType::String {
-                        upgrade_key(db, key, ty).await?;
-                        moved += 1;
+                        collections.push((key.to_vec(), ty));
                     }
                 }
             }
-            after = Some(last);
+            after = metas.last().cloned();
+        }
+        // Longest key first (module invariant 2); ties in key order, so a restart repeats it.
+        collections.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        for (key, ty) in collections {
+            upgrade_key(db, &key, ty).await?;
+            moved += 1;
         }
     }
     Ok(moved)
 }
 
-/// Up to `UPGRADE_KEYS_PER_STEP` meta items of `shard` after `after`.
-async fn list_metas(db: &Db, shard: u32, after: Option<Vec<u8>>) -> Result<Vec<Vec<u8>>, String> {
+/// Up to `UPGRADE_KEYS_PER_STEP` item keys of `shard` in `[start, end)` after `after`, or None
+/// when there are none.
+async fn list_items(
+    db: &Db,
+    shard: u32,
+    start: &[u8],
+    end: &[u8],
+    after: Option<Vec<u8>>,
+) -> Result<Option<Vec<Vec<u8>>>, String> {
+    let (first, end) = (start.to_vec(), end.to_vec());
     let mut plan = Plan::new();
     plan.add(shard, vec![], move |view, input| match input {
         Input::Start => {
-            let first = keyspace::meta_scan_start(0);
             let start = match &after {
                 Some(after) => Bound::Excluded(&after[..]),
                 None => Bound::Included(&first[..]),
             };
-            let end = keyspace::meta_scan_end();
             let items = view.keys(start, Bound::Excluded(&end), UPGRADE_KEYS_PER_STEP);
             Next::Reply(Reply::Array(items.into_iter().map(Reply::Bulk).collect()))
         }
@@ -72,16 +108,19 @@ async fn list_metas(db: &Db, shard: u32, after: Option<Vec<u8>>) -> Result<Vec<V
     });
     match run_outcome(db, plan.finish(Box::new(Reply::Array))).await {
         Reply::Array(mut pages) => match pages.pop() {
-            Some(Reply::Array(items)) => Ok(items
-                .into_iter()
-                .filter_map(|item| match item {
-                    Reply::Bulk(item) => Some(item),
-                    _ => None,
-                })
-                .collect()),
-            other => Err(format!("listing meta items: {other:?}")),
+            Some(Reply::Array(items)) => {
+                let items: Vec<Vec<u8>> = items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Reply::Bulk(item) => Some(item),
+                        _ => None,
+                    })
+                    .collect();
+                Ok((!items.is_empty()).then_some(items))
+            }
+            other => Err(format!("listing items: {other:?}")),
         },
-        other => Err(format!("listing meta items: {other:?}")),
+        other => Err(format!("listing items: {other:?}")),
     }
 }
 
@@ -107,6 +146,7 @@ fn upgrade_step(db: &Db, key: Vec<u8>, ty: KeyType) -> super::Outcome {
     let target = KeyTarget::of(db, &key);
     let id = collection_id(&key, UPGRADED_VERSION);
     let mut fields: Vec<Vec<u8>> = Vec::new();
+    let mut batches: VecDeque<Vec<BatchOp>> = VecDeque::new();
     let mut done = 0;
     super::on_key(target, move |view, input| match input {
         Input::Start => Next::Read(smallvec::smallvec![ReadOp::Get(keyspace::meta_key(&key, ty))]),
@@ -124,8 +164,7 @@ fn upgrade_step(db: &Db, key: Vec<u8>, ty: KeyType) -> super::Outcome {
             match ty {
                 KeyType::Hash => {
                     let (start, end) = keyspace::v1_elements_range(keyspace::TAG_FIELD, &key);
-                    fields =
-                        view.keys(bound_ref(&start), bound_ref(&end), UPGRADE_ELEMENTS_PER_BATCH);
+                    fields = view.keys(bound_ref(&start), bound_ref(&end), UPGRADE_FIELDS_PER_STEP);
                     if fields.is_empty() {
                         return finish(view, &key, &id, ty, &mut done);
                     }
@@ -137,7 +176,7 @@ fn upgrade_step(db: &Db, key: Vec<u8>, ty: KeyType) -> super::Outcome {
                     let items = view.keys(
                         Bound::Included(&prefix[..]),
                         bound_ref(&end),
-                        UPGRADE_ELEMENTS_PER_BATCH,
+                        UPGRADE_MEMBERS_PER_BATCH,
                     );
                     if items.is_empty() {
                         return finish(view, &key, &id, ty, &mut done);
@@ -147,12 +186,15 @@ fn upgrade_step(db: &Db, key: Vec<u8>, ty: KeyType) -> super::Outcome {
                         let Some((score, member)) = decode_score(&item, key.len()) else {
                             return unexpected();
                         };
-                        if score_key(&id, score, member).len() > KEY_BYTES_MAX {
-                            return Next::Reply(too_long(&key));
-                        }
                         ops.push(BatchOp::Delete { key: member_key(&key, member) });
-                        ops.push(BatchOp::Put { key: member_key(&id, member), value: encode_score(score) });
-                        ops.push(BatchOp::Put { key: score_key(&id, score, member), value: Vec::new() });
+                        ops.push(BatchOp::Put {
+                            key: member_key(&id, member),
+                            value: encode_score(score),
+                        });
+                        ops.push(BatchOp::Put {
+                            key: score_key(&id, score, member),
+                            value: Vec::new(),
+                        });
                         ops.push(BatchOp::Delete { key: item });
                     }
                     Next::Write(ops)
@@ -160,39 +202,45 @@ fn upgrade_step(db: &Db, key: Vec<u8>, ty: KeyType) -> super::Outcome {
             }
         }
         Input::Read(results) => {
-            // The values of format 1 fields: write as many as one batch holds.
-            let mut ops = Vec::with_capacity(2 * fields.len());
+            // The values of format 1 fields, moved in as many batches as they need (each field
+            // moves whole: its new item and the old one's delete share a batch).
+            let mut ops = Vec::new();
             let mut bytes = 0;
             for (item, result) in std::mem::take(&mut fields).into_iter().zip(results) {
                 let Some(value) = value_of(Some(result)) else { return unexpected() };
                 let Some((_, field)) = decode_field(&item, key.len()) else { return unexpected() };
                 let new = field_key(&id, field);
-                if new.len() > KEY_BYTES_MAX {
-                    return Next::Reply(too_long(&key));
-                }
                 let size = 2 * (new.len() + item.len()) + value.len() + 64;
                 if !ops.is_empty() && bytes + size > copse::limits::WRITE_BATCH_BYTES_MAX {
-                    break;
+                    batches.push_back(std::mem::take(&mut ops));
+                    bytes = 0;
                 }
                 bytes += size;
                 ops.push(BatchOp::Put { key: new, value });
                 ops.push(BatchOp::Delete { key: item });
             }
-            Next::Write(ops)
+            batches.push_back(ops);
+            Next::Write(batches.pop_front().unwrap_or_default())
         }
-        Input::Written => Next::Reply(Reply::Integer(done)),
+        Input::Written => match batches.pop_front() {
+            Some(batch) => Next::Write(batch),
+            None => Next::Reply(Reply::Integer(done)),
+        },
     })
 }
 
-/// A format 1 element whose key and name are too long for format 2's element keys (which carry
-/// the version: 8 bytes more).
-fn too_long(key: &[u8]) -> Reply {
-    Reply::Error(format!(
-        "ERR collection {:?} has a field or member too long for key space format 2 (key and name \
-         together at most {} bytes for a hash); shorten it with a build of format 1 first",
-        String::from_utf8_lossy(key),
-        KEY_BYTES_MAX - keyspace::FIELD_OVERHEAD_BYTES
-    ))
+/// Refusal of a store holding a format 1 element item (`item`) too long for format 2's keys,
+/// which carry the version (8 bytes more). Found before anything is written.
+fn too_long(item: &[u8]) -> String {
+    format!(
+        "an element item of {} bytes ({:?}) is too long for key space format 2 (a hash's key and \
+         field together at most {} bytes, a sorted set's key and member {}); nothing was changed: \
+         shorten it with a build of format 1 first",
+        item.len(),
+        String::from_utf8_lossy(&item[..item.len().min(64)]),
+        KEY_BYTES_MAX - keyspace::FIELD_OVERHEAD_BYTES,
+        KEY_BYTES_MAX - keyspace::MEMBER_OVERHEAD_BYTES
+    )
 }
 
 /// No format 1 element is left: the meta item gets its value, counted from the new id.

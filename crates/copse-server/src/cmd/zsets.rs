@@ -652,8 +652,8 @@ fn zrevrangebyscore(call: &mut Call<'_>) -> Outcome {
     range_command(call, Some(RangeKind::Score), Some(true))
 }
 
-/// ZRANK and ZREVRANK [WITHSCORE]: the member's position among the by-score items, found in the
-/// index (no read beyond the meta item; a walk over the set's by-score items up to the member).
+/// ZRANK and ZREVRANK [WITHSCORE]: the member's score from its member item, then its position: the
+/// by-score items before its own, counted in the index (a walk over them, nothing copied).
 fn rank_command(call: &Call<'_>, reverse: bool) -> Outcome {
     if call.args.len() > 4 {
         let name = call.word(0);
@@ -666,20 +666,30 @@ fn rank_command(call: &Call<'_>, reverse: bool) -> Outcome {
     let member = call.args[2].clone();
     // Redis answers a RESP2 client asking WITHSCORE a null array.
     let missing = if with_score { Reply::NullArray } else { Reply::Null };
-    from_index(call, KeyType::ZSet, move |view, coll| {
-        if !view.contains(&member_key(&coll.id, &member)) {
-            return missing.clone();
+    on_collection(call, KeyType::ZSet, move |view, input, coll| match input {
+        Input::Start => {
+            if !view.contains(&member_key(&coll.id, &member)) {
+                return Next::Reply(missing.clone());
+            }
+            Next::Read(smallvec::smallvec![ReadOp::Get(member_key(&coll.id, &member))])
         }
-        let items = by_score(view, &coll.id, &all_scores(&coll.id), usize::MAX);
-        let Some(at) = items.iter().position(|(_, m)| *m == member) else {
-            return missing.clone();
-        };
-        let rank = if reverse { items.len() - 1 - at } else { at } as i64;
-        if with_score {
-            Reply::Array(vec![Reply::Integer(rank), Reply::Double(items[at].0)])
-        } else {
-            Reply::Integer(rank)
+        Input::Read(mut results) => {
+            let Some(score) = value_of(results.pop()).as_deref().and_then(decode_score_value)
+            else {
+                return unexpected();
+            };
+            // The members before it in score order: counted in the index, none copied.
+            let (start, _) = all_scores(&coll.id);
+            let at = score_key(&coll.id, score, &member);
+            let below = view.count(bound_ref(&start), Bound::Excluded(&at[..]), usize::MAX);
+            let rank = if reverse { coll.count().saturating_sub(1 + below) } else { below } as i64;
+            Next::Reply(if with_score {
+                Reply::Array(vec![Reply::Integer(rank), Reply::Double(score)])
+            } else {
+                Reply::Integer(rank)
+            })
         }
+        Input::Written => unexpected(),
     })
 }
 

@@ -1,0 +1,135 @@
+//! The upgrade of a key space of format 1 at open (`cmd/upgrade.rs`), on stores built item by
+//! item through the embedded API in format 1's layout (one shard, so the API's routing and the
+//! server's agree). The frozen fixture `tests/fixtures/redis-keyspace-v1` covers a real server's
+//! store; these cover what it does not hold: keys whose format 2 items would meet another key's
+//! format 1 items, and an element too long for format 2.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use copse_server::keyspace::{self, KeyType};
+use copse_server::ServerConfig;
+
+/// Format 1's marker value.
+fn marker_v1() -> Vec<u8> {
+    let mut value = keyspace::MARKER_MAGIC.to_vec();
+    value.extend_from_slice(&1u32.to_le_bytes());
+    value
+}
+
+/// A hash of format 1: its key, and (field, value) pairs.
+type HashItems<'a> = (&'a [u8], Vec<(&'a [u8], &'a [u8])>);
+/// A sorted set of format 1: its key, and (member, score) pairs.
+type ZSetItems<'a> = (&'a [u8], Vec<(&'a [u8], f64)>);
+
+fn options() -> copse::Options {
+    copse::Options { shards: 1, ..copse::Options::default() }
+}
+
+/// Writes a format 1 store: hashes `(key, [(field, value)])` and sorted sets
+/// `(key, [(member, score)])`. Format 1's element keys are format 2's with the Redis key in
+/// place of the id.
+fn write_v1_store(path: &Path, hashes: &[HashItems<'_>], zsets: &[ZSetItems<'_>]) {
+    let db = copse::Db::open(path, options()).unwrap();
+    db.put(keyspace::MARKER_KEY, &marker_v1()).unwrap();
+    for (key, fields) in hashes {
+        db.put(&keyspace::meta_key(key, KeyType::Hash), b"").unwrap();
+        for (field, value) in fields {
+            db.put(&keyspace::field_key(key, field), value).unwrap();
+        }
+    }
+    for (key, members) in zsets {
+        db.put(&keyspace::meta_key(key, KeyType::ZSet), b"").unwrap();
+        for (member, score) in members {
+            db.put(&keyspace::member_key(key, member), &keyspace::encode_score(*score)).unwrap();
+            db.put(&keyspace::score_key(key, *score, member), b"").unwrap();
+        }
+    }
+    db.close().unwrap();
+}
+
+fn config(path: &Path) -> ServerConfig {
+    ServerConfig {
+        path: path.to_path_buf(),
+        port: 0,
+        threads: 1,
+        shards: 1,
+        cache_mb: 8,
+        ..ServerConfig::default()
+    }
+}
+
+/// Sends one command and returns the raw reply lines up to `lines`.
+fn ask(stream: &mut BufReader<TcpStream>, args: &[&[u8]], lines: usize) -> Vec<String> {
+    let mut request = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        request.extend_from_slice(arg);
+        request.extend_from_slice(b"\r\n");
+    }
+    stream.get_mut().write_all(&request).unwrap();
+    (0..lines)
+        .map(|_| {
+            let mut line = String::new();
+            stream.read_line(&mut line).unwrap();
+            line.trim_end().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn keys_whose_new_items_would_meet_older_ones_upgrade_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    // Format 2's items of "a" at version 0 have the bytes of format 1's items of "a" ++ 00×8.
+    let long: &[u8] = b"a\0\0\0\0\0\0\0\0";
+    write_v1_store(
+        &store,
+        &[
+            (b"a", vec![(b"f", b"short"), (b"g", b"1")]),
+            (long, vec![(b"f", b"long"), (b"h", b"2")]),
+        ],
+        &[(b"z", vec![(b"m", 1.0), (b"n", 2.0)]), (b"z\0\0\0\0\0\0\0\0", vec![(b"m", 5.0)])],
+    );
+    for open in 0..2 {
+        let running = copse_server::start(config(&store)).unwrap();
+        let stream = TcpStream::connect(running.local_addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut stream = BufReader::new(stream);
+        assert_eq!(ask(&mut stream, &[b"HLEN", b"a"], 1), [":2"], "open {open}");
+        assert_eq!(ask(&mut stream, &[b"HGET", b"a", b"f"], 2), ["$5", "short"]);
+        assert_eq!(ask(&mut stream, &[b"HGET", b"a", b"h"], 1), ["$-1"]);
+        assert_eq!(ask(&mut stream, &[b"HLEN", long], 1), [":2"]);
+        assert_eq!(ask(&mut stream, &[b"HGET", long, b"f"], 2), ["$4", "long"]);
+        assert_eq!(ask(&mut stream, &[b"HGET", long, b"g"], 1), ["$-1"]);
+        assert_eq!(ask(&mut stream, &[b"ZCARD", b"z"], 1), [":2"]);
+        assert_eq!(
+            ask(&mut stream, &[b"ZRANGE", b"z", b"0", b"-1", b"WITHSCORES"], 9),
+            ["*4", "$1", "m", "$1", "1", "$1", "n", "$1", "2"]
+        );
+        assert_eq!(
+            ask(&mut stream, &[b"ZRANGE", b"z\0\0\0\0\0\0\0\0", b"0", b"-1", b"WITHSCORES"], 5),
+            ["*2", "$1", "m", "$1", "5"]
+        );
+        drop(stream);
+        running.stop().unwrap();
+    }
+}
+
+#[test]
+fn an_element_too_long_for_format_2_refuses_the_store_before_any_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let field = vec![b'f'; copse::limits::KEY_BYTES_MAX - 13 - 1];
+    write_v1_store(&store, &[(b"ok", vec![(b"x", b"1")]), (b"k", vec![(&field[..], b"v")])], &[]);
+    let error = copse_server::start(config(&store)).err().expect("the store is refused");
+    assert!(error.to_string().contains("too long for key space format 2"), "{error}");
+    // Nothing was written: the store still reads as format 1, item for item.
+    let db = copse::Db::open(&store, options()).unwrap();
+    assert_eq!(db.get(keyspace::MARKER_KEY).unwrap(), Some(marker_v1()));
+    assert_eq!(db.get(&keyspace::meta_key(b"ok", KeyType::Hash)).unwrap(), Some(Vec::new()));
+    assert_eq!(db.get(&keyspace::field_key(b"ok", b"x")).unwrap(), Some(b"1".to_vec()));
+    db.close().unwrap();
+}
