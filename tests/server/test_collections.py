@@ -165,3 +165,82 @@ def test_the_collector_resumes_after_a_kill(make_server):
     # marker.
     wait_collected(client, 3 * (1 + 3 + 3) + 1)
     client.close()
+
+
+def test_one_key_s_writes_from_many_clients_lose_nothing(server):
+    """Writes to one hash and one sorted set from many clients share flushes (a write group,
+    docs/format/redis-keyspace.md): every increment counts, HSETNX lets exactly one client win,
+    and the counts in the meta items match the elements."""
+    import threading
+
+    clients = [server.client() for _ in range(16)]
+    clients[0].flushall()
+    wins = []
+
+    def work(client, n):
+        pipe = client.pipeline(transaction=False)
+        for i in range(200):
+            pipe.hincrby("h", "counter", 1)
+            pipe.zincrby("z", 1, "member")
+            pipe.hset("h", f"c{n}-{i}", i)
+            pipe.zadd("z", {f"m{n}-{i}": i})
+        pipe.execute()
+        wins.append(client.hsetnx("h", "winner", n))
+
+    threads = [threading.Thread(target=work, args=(c, n)) for n, c in enumerate(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    checker = clients[0]
+    assert checker.hget("h", "counter") == b"3200"
+    assert checker.zscore("z", "member") == 3200.0
+    assert sorted(wins) == [False] * 15 + [True]
+    assert checker.hlen("h") == 1 + 16 * 200 + 1 == len(checker.hkeys("h"))
+    assert checker.zcard("z") == 1 + 16 * 200 == len(checker.zrange("z", 0, -1))
+    for client in clients:
+        client.close()
+
+
+def test_acknowledged_writes_to_one_hash_survive_a_kill(make_server):
+    """kill -9 while 8 clients increment one field and add fields to one hash (write groups):
+    after the restart every acknowledged increment and field is there, and no more than were
+    sent."""
+    import threading
+
+    server = make_server()
+    acked = [0] * 8
+    fields = [[] for _ in range(8)]
+    stop = threading.Event()
+
+    def work(n):
+        client = server.client(socket_timeout=20)
+        i = 0
+        try:
+            while not stop.is_set():
+                client.hincrby("h", "counter", 1)
+                acked[n] += 1
+                client.hset("h", f"f{n}-{i}", i)
+                fields[n].append(f"f{n}-{i}")
+                i += 1
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    server.kill()
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    server.restart()
+    client = server.client()
+    counter = int(client.hget("h", "counter") or 0)
+    assert sum(acked) <= counter <= sum(acked) + 8, (counter, sum(acked))
+    present = set(client.hkeys("h"))
+    for names in fields:
+        for name in names:
+            assert name.encode() in present, name
+    assert client.hlen("h") == len(present)
+    client.close()

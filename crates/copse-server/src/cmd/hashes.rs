@@ -23,7 +23,7 @@ use copse::BatchOp;
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
-    answer, bound_ref, check_batch, from_index, on_collection, parse_f64, parse_i64, read_items,
+    answer, bound_ref, check_batch, from_index, on_collection, on_collection_grouped, parse_f64, parse_i64, read_items,
     unexpected, value_of, Call, Coll, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX,
 };
 use crate::keyspace::{
@@ -122,7 +122,7 @@ fn set_fields(
     done: fn(usize) -> Reply,
 ) -> Outcome {
     let mut pending = None;
-    on_collection(call, KeyType::Hash, move |view, input, coll| match input {
+    on_collection_grouped(call, KeyType::Hash, move |view, input, coll| match input {
         Input::Start => {
             let mut ops = Vec::with_capacity(pairs.len() + 1);
             let mut added = 0;
@@ -303,7 +303,7 @@ fn hlen(call: &mut Call<'_>) -> Outcome {
 fn hdel(call: &mut Call<'_>) -> Outcome {
     let fields = call.args[2..].to_vec();
     let mut pending = None;
-    on_collection(call, KeyType::Hash, move |view, input, coll| match input {
+    on_collection_grouped(call, KeyType::Hash, move |view, input, coll| match input {
         Input::Start => {
             if !coll.exists() {
                 return Next::Reply(Reply::Integer(0));
@@ -344,7 +344,7 @@ where
     }
     let mut item = Vec::new();
     let mut pending = None;
-    on_collection(call, KeyType::Hash, move |view, input, coll: &mut Coll| {
+    on_collection_grouped(call, KeyType::Hash, move |view, input, coll: &mut Coll| {
         let old = match input {
             Input::Start => {
                 item = field_key(&coll.id, &field);

@@ -66,6 +66,9 @@ struct CommandExec<F> {
     answer: Option<oneshot::Sender<Reply>>,
     /// `Exec::joins_write_groups`: set only by `on_key_grouped`, whose callers keep its promise.
     joins_write_groups: bool,
+    /// An answer decided behind a write group, held until the group is durable (it may tell
+    /// what the group wrote): sent once the empty last write that stands for it is answered.
+    held: Option<Reply>,
 }
 
 impl<F> Exec for CommandExec<F>
@@ -76,15 +79,27 @@ where
         let input = match input {
             StepInput::Start => Input::Start,
             StepInput::Read(Ok(results)) => Input::Read(results),
-            StepInput::Written(Ok(())) => Input::Written,
+            StepInput::Written(Ok(())) => match self.held.take() {
+                Some(reply) => return self.finish(reply),
+                None => Input::Written,
+            },
             StepInput::Read(Err(err)) => return self.finish(read_error(&err)),
             StepInput::Written(Err(err)) => return self.finish(write_error(&err)),
         };
+        let behind_group = self.joins_write_groups && view.behind_write_group();
         match (self.step)(view, input) {
             Next::Read(reads) => ExecStep::Read(reads),
+            // A program that joins write groups writes once, as its last step (`on_key_grouped`):
+            // so its write may start a group, or join the one it runs behind.
+            Next::Write(ops) if self.joins_write_groups => ExecStep::WriteLast(ops),
             Next::Write(ops) => ExecStep::Write(ops),
             Next::WriteLast(ops) => ExecStep::WriteLast(ops),
             Next::Prepare(vote, ops) => ExecStep::Prepare { vote, ops },
+            Next::Reply(reply) if behind_group => {
+                // What it saw includes the group's writes: answered once they are durable.
+                self.held = Some(reply);
+                ExecStep::WriteLast(Vec::new())
+            }
             Next::Reply(reply) => self.finish(reply),
         }
     }
@@ -167,7 +182,7 @@ impl Plan {
         F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
     {
         let (answer, receiver) = oneshot::channel();
-        let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: false });
+        let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: false, held: None });
         self.queued.push(Queued { shard, request: ExecRequest::new(&keys, exec) });
         self.answers.push(receiver);
     }
@@ -202,7 +217,7 @@ impl AtomicPlan {
             locks: keys,
             build: Box::new(move |vote| {
                 let exec =
-                    CommandExec { step: make(vote), answer: Some(answer), joins_write_groups: false };
+                    CommandExec { step: make(vote), answer: Some(answer), joins_write_groups: false, held: None };
                 Box::new(exec) as Box<dyn Exec>
             }),
         });
@@ -256,16 +271,17 @@ where
 
 /// As `on_key`, for a program that may start behind the key's write group before it is
 /// durable (`copse::exec::Exec::joins_write_groups`), and so shares a flush with the commands
-/// on the key before it. The program must keep that promise: its first step asks the view only
-/// and then answers `Next::WriteLast`, or answers an error that holds whatever the key holds
-/// (never one that tells what the key holds: NX, XX, GET and reads do not qualify).
-/// `grouped` false is `on_key`.
+/// on the key before it. The program must keep that promise: it asks the view and reads single
+/// items (`ReadOp::Get`) only, and writes at most once (`Next::Write` or `Next::WriteLast`),
+/// as its last step. Behind a group, an answer it gives without writing is held until the group
+/// is durable (an empty last write stands for it), so it never tells what a write a crash could
+/// take back did. `grouped` false is `on_key`.
 pub fn on_key_grouped<F>(target: KeyTarget, grouped: bool, step: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
 {
     let (answer, receiver) = oneshot::channel();
-    let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: grouped });
+    let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: grouped, held: None });
     let KeyTarget { shard, locks } = target;
     let request = ExecRequest { locks, exec };
     Outcome::Execs(Execs::One { queued: Queued { shard, request }, answer: receiver })
@@ -405,7 +421,24 @@ fn unused_version(view: &ExecView<'_>, key: &[u8]) -> u64 {
 /// One exec on the shard of collection `key` of type `ty`, as `on_key`, whose program starts
 /// once the key's meta item is read: `step` gets `Input::Start` with the `Coll` filled in (a
 /// key of another type is answered WRONGTYPE before that), then the program's own inputs.
-pub fn on_collection<F>(call: &Call<'_>, ty: KeyType, mut step: F) -> Outcome
+pub fn on_collection<F>(call: &Call<'_>, ty: KeyType, step: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
+{
+    collection_exec(call, ty, false, step)
+}
+
+/// `on_collection` for a command that writes the collection once, as its last step: it may
+/// start behind the key's write group and share its flush (`on_key_grouped`), so a run of
+/// writes to one hash or sorted set costs one flush, not one each.
+pub fn on_collection_grouped<F>(call: &Call<'_>, ty: KeyType, step: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
+{
+    collection_exec(call, ty, true, step)
+}
+
+fn collection_exec<F>(call: &Call<'_>, ty: KeyType, grouped: bool, mut step: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
 {
@@ -413,7 +446,7 @@ where
     let target = KeyTarget::of(call.db(), &key);
     let mut key = Some(key);
     let mut coll: Option<Coll> = None;
-    on_key(target, move |view, input| {
+    on_key_grouped(target, grouped, move |view, input| {
         if let Some(coll) = coll.as_mut() {
             return step(view, input, coll);
         }

@@ -25,7 +25,7 @@ use copse::limits::KEY_BYTES_MAX;
 use copse::BatchOp;
 
 use super::{
-    answer, bound_ref, check_batch, from_index, on_collection, parse_f64, parse_i64, read_items,
+    answer, bound_ref, check_batch, from_index, on_collection, on_collection_grouped, parse_f64, parse_i64, read_items,
     unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX,
 };
 use crate::keyspace::{
@@ -346,7 +346,7 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
     let mut read_scores: HashMap<Vec<u8>, f64> = HashMap::new();
     let mut asked = 0..0;
     let mut pending = None;
-    on_collection(call, KeyType::ZSet, move |view, input, coll| {
+    on_collection_grouped(call, KeyType::ZSet, move |view, input, coll| {
         let id = &coll.id;
         let old: HashMap<Vec<u8>, f64> = match input {
             Input::Start => {
@@ -434,7 +434,7 @@ fn zrem(call: &mut Call<'_>) -> Outcome {
     let mut asked = 0..0;
     let mut ops = Vec::new();
     let mut pending = None;
-    on_collection(call, KeyType::ZSet, move |view, input, coll| match input {
+    on_collection_grouped(call, KeyType::ZSet, move |view, input, coll| match input {
         Input::Start => {
             if !coll.exists() {
                 return Next::Reply(Reply::Integer(0));

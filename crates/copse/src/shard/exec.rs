@@ -28,9 +28,13 @@
 //!
 //! 5. Group commit (a hot key): an exec whose last step is its one write says so
 //!    (`ExecStep::WriteLast`). If the exec behind it in its lock key's queue joins write groups
-//!    (`Exec::joins_write_groups`: it asks only index questions, then writes last), that exec
-//!    starts at once, before the write is durable, seeing the group's writes through its view,
-//!    and its write joins the group's. The group's writes go to the engine as one all-or-nothing
+//!    (`Exec::joins_write_groups`: it may ask index questions and point reads, then writes
+//!    last), that exec starts at once, before the write is durable, seeing the group's writes
+//!    through its view and its reads (a key the group wrote is read from the group's writes,
+//!    any other from the engine, whose value no exec outside the group can change while the
+//!    group holds the lock), and its write joins the group's. A joiner whose reads outlast the
+//!    group's turn (the group was handed to the engine meanwhile) writes alone after the group
+//!    is done, as one that does not fit. The group's writes go to the engine as one all-or-nothing
 //!    write at the end of the pump, and every member is answered, in queue order, once it is
 //!    durable: one flush for a run of SETs of one key. Members keep their locks until then, so
 //!    nothing outside the group sees its writes before they are durable (invariant 2 holds);
@@ -67,9 +71,11 @@ pub trait Exec: Send + 'static {
     fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep;
 
     /// Whether the program may start behind a write group (invariant 5) before the group is
-    /// durable. A program that says yes promises that its `Start` step asks the view only, then
-    /// returns `WriteLast`, or `Done` having answered something that holds whatever its keys
-    /// hold (an input error); anything else is a bug the shard stops on.
+    /// durable. A program that says yes promises that, started behind a group
+    /// (`ExecView::behind_write_group`), it asks the view and reads with `ReadOp::Get` only,
+    /// then returns `WriteLast` (an empty one if it has nothing to write: it is then answered
+    /// once the group is durable), or `Done` having answered something that holds whatever its
+    /// keys hold (an input error); anything else is a bug the shard stops on.
     fn joins_write_groups(&self) -> bool {
         false
     }
@@ -169,6 +175,12 @@ pub struct ExecView<'a> {
 type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 impl ExecView<'_> {
+    /// Whether the exec runs behind a write group that is not yet durable (invariant 5): what
+    /// it sees includes the group's writes, so it must not answer before they are durable.
+    pub fn behind_write_group(&self) -> bool {
+        self.overlay.is_some()
+    }
+
     pub fn contains(&self, key: &[u8]) -> bool {
         match self.overlay.and_then(|overlay| overlay.get(key)) {
             Some(value) => value.is_some(),
@@ -179,10 +191,16 @@ impl ExecView<'_> {
     /// Whether a live key starts with `byte` (no I/O; the native engine does no lookup).
     pub fn has_keys_starting_with(&self, byte: u8) -> bool {
         let (start, end) = crate::engine::first_byte_range(&byte);
-        match self.overlay.filter(|overlay| overlay.range::<[u8], _>((start, end)).next().is_some()) {
-            Some(_) => self.count(start, end, 1) > 0,
-            None => self.engine.has_keys_starting_with(byte),
+        let Some(overlay) = self.overlay else { return self.engine.has_keys_starting_with(byte) };
+        let mut changed = overlay.range::<[u8], _>((start, end)).peekable();
+        if changed.peek().is_none() {
+            return self.engine.has_keys_starting_with(byte);
         }
+        // A key the group puts is one (no count over the group's writes, which grow with it).
+        if changed.any(|(_, value)| value.is_some()) {
+            return true;
+        }
+        self.count(start, end, 1) > 0
     }
 
     /// Up to `limit` keys of the range, in order (keys only: no I/O).
@@ -338,6 +356,9 @@ struct Running {
     /// Stepped at least once (an exec started behind a write group starts while still blocked).
     started: bool,
     state: State,
+    /// Started behind a write group whose write failed: it saw writes that never became
+    /// durable, so its own write is refused with that error (invariant 5).
+    saw_failed_group: Option<WriteError>,
 }
 
 /// Consecutive last writes on one lock key, made durable by one write (invariant 5).
@@ -416,7 +437,14 @@ impl ExecTable {
             self.active.push(id);
         }
         let started = false;
-        let inserted = self.running.insert(Running { exec: request.exec, locks, blocked_by, started, state });
+        let inserted = self.running.insert(Running {
+            exec: request.exec,
+            locks,
+            blocked_by,
+            started,
+            state,
+            saw_failed_group: None,
+        });
         debug_assert_eq!(inserted as u64, id);
     }
 
@@ -517,6 +545,16 @@ impl ExecTable {
         let answered = !finished.is_empty();
         for (lock, result) in finished {
             let group = self.groups.remove(&lock).expect("a finished group");
+            if let Err(err) = &result {
+                // The exec started behind the group, if any, saw its writes (invariant 5).
+                let queue = self.queues.get(&lock).expect("a group's lock has a queue");
+                if let Some(&next) = queue.get(group.members.len()) {
+                    let running = self.running.get_mut(next as usize).expect("a queued exec is running");
+                    if running.started {
+                        running.saw_failed_group = Some(err.clone());
+                    }
+                }
+            }
             for id in group.members {
                 let running = self.running.get_mut(id as usize).expect("a group member is running");
                 let view = ExecView { engine, overlay: None };
@@ -554,6 +592,10 @@ impl ExecTable {
     /// several locks, writes as `Write` does.
     fn write_last(&mut self, id: u64, ops: Vec<BatchOp>, engine: &mut Gate) {
         let running = self.running.get_mut(id as usize).expect("a stepping exec is running");
+        if let Some(err) = running.saw_failed_group.take() {
+            running.state = State::Ready(StepInput::Written(Err(err)));
+            return;
+        }
         if running.locks.len() != 1 {
             running.state = issue_write(ops, engine);
             return;
@@ -579,10 +621,16 @@ impl ExecTable {
             Entry::Occupied(occupied) => {
                 let group = occupied.into_mut();
                 assert!(
-                    !group.closed && running.blocked_by > 0,
+                    running.blocked_by > 0,
                     "shard {}: a write group was joined by an exec it did not start",
                     engine.shard_id()
                 );
+                if group.closed {
+                    // Its reads outlasted the group's turn: it writes alone after the group
+                    // (invariant 5), having seen the group's writes, which are durable by then.
+                    running.state = State::Deferred(ops);
+                    return;
+                }
                 group
             }
         };
@@ -636,6 +684,15 @@ impl ExecTable {
 
     fn advance(&mut self, id: u64, engine: &mut Gate) -> Advance {
         let running = self.running.get_mut(id as usize).expect("an active exec is running");
+        // Started behind a group that was handed to the engine: the group's writes are no longer
+        // in its overlay, and not yet in the engine's index. It waits, its reads answered or
+        // not, until the group is durable and the lock is its own (invariant 5).
+        if running.started && running.blocked_by > 0 && !matches!(running.state, State::Grouped) {
+            let handed = self.groups.get(&running.locks[0]).is_some_and(|group| group.write.is_some());
+            if handed {
+                return Advance::Waiting;
+            }
+        }
         let input = match &mut running.state {
             State::Blocked => unreachable!("a blocked exec is never active"),
             State::Grouped => unreachable!("a group member is answered with its group"),
@@ -643,7 +700,10 @@ impl ExecTable {
             State::Deferred(ops) => {
                 // The group before it is done and it holds the lock: its own write now.
                 let ops = std::mem::take(ops);
-                running.state = issue_write(ops, engine);
+                running.state = match running.saw_failed_group.take() {
+                    Some(err) => State::Ready(StepInput::Written(Err(err))),
+                    None => issue_write(ops, engine),
+                };
                 return Advance::Moved;
             }
             State::Ready(_) => {
@@ -734,13 +794,22 @@ impl ExecTable {
         running.started = true;
         if behind_group {
             assert!(
-                matches!(step, ExecStep::WriteLast(_) | ExecStep::Done),
-                "shard {}: an exec started behind a write group asked for more than a last write",
+                match &step {
+                    ExecStep::WriteLast(_) | ExecStep::Done => true,
+                    ExecStep::Read(reads) => reads.iter().all(|read| matches!(read, ReadOp::Get(_))),
+                    _ => false,
+                },
+                "shard {}: an exec started behind a write group asked for more than point reads \
+                 and a last write",
                 engine.shard_id()
             );
         }
         running.state = match step {
             ExecStep::Done => return Advance::Finished,
+            ExecStep::Read(reads) if behind_group => {
+                let group = self.groups.get(&running.locks[0]).expect("started behind a group");
+                issue_reads_over(reads, &group.overlay, &mut self.reads)
+            }
             ExecStep::Read(reads) => issue_reads(reads, &mut self.reads),
             ExecStep::Write(ops) => issue_write(ops, engine),
             ExecStep::WriteLast(ops) => {
@@ -785,9 +854,11 @@ impl ExecTable {
                     waiter.blocked_by -= 1;
                     if waiter.blocked_by == 0 {
                         match waiter.state {
-                            // A later member of the group being answered, or the exec
-                            // that writes after it (already among the active).
+                            // A later member of the group being answered, the exec that
+                            // writes after it, or one started behind the group still reading
+                            // (each already among the active or answered with the group).
                             State::Grouped | State::Deferred(_) => {}
+                            _ if waiter.started => {}
                             _ => {
                                 waiter.state = State::Ready(StepInput::Start);
                                 self.active.push(next);
@@ -982,6 +1053,47 @@ fn issue_reads(reads: ReadOps, queued: &mut Vec<Request>) -> State {
         }
     }
     let results = pending.iter().map(|_| None).collect();
+    State::Reading { pending, results }
+}
+
+/// `issue_reads` for an exec behind a write group: a key the group wrote is answered from the
+/// group's writes at once; the others are read from the engine (point reads only, invariant 5).
+fn issue_reads_over(reads: ReadOps, overlay: &Overlay, queued: &mut Vec<Request>) -> State {
+    if !reads.iter().any(|read| matches!(read, ReadOp::Get(key) if overlay.contains_key(key))) {
+        return issue_reads(reads, queued);
+    }
+    // Per read, its value from the group's writes, or None: read from the engine.
+    let mut from_group = Vec::with_capacity(reads.len());
+    let mut from_engine = ReadOps::new();
+    for read in reads {
+        match read {
+            ReadOp::Get(key) if overlay.contains_key(&key) => {
+                from_group.push(Some(overlay[&key].clone()));
+            }
+            read => {
+                from_group.push(None);
+                from_engine.push(read);
+            }
+        }
+    }
+    let (mut pending_engine, mut results_engine) = match issue_reads(from_engine, queued) {
+        State::Reading { pending, results } => (pending.into_iter(), results.into_iter()),
+        refused => return refused,
+    };
+    let mut pending = smallvec::SmallVec::with_capacity(from_group.len());
+    let mut results = Vec::with_capacity(from_group.len());
+    for value in from_group {
+        match value {
+            Some(value) => {
+                pending.push(None);
+                results.push(Some(ReadResult::Value(value)));
+            }
+            None => {
+                pending.push(pending_engine.next().expect("one pending read per engine read"));
+                results.push(results_engine.next().expect("one result per engine read"));
+            }
+        }
+    }
     State::Reading { pending, results }
 }
 
