@@ -2,6 +2,8 @@
 //! acknowledged write durable, serves the metrics page, and refuses a store it did not write.
 //! (Every command is tested with redis-py against the `copse serve` binary in tests/server/.)
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 
@@ -20,13 +22,7 @@ fn config(path: &std::path::Path) -> ServerConfig {
 
 /// Sends one command as a multibulk request and reads one reply line (and a bulk's body).
 fn command(stream: &mut BufReader<TcpStream>, args: &[&[u8]]) -> String {
-    let mut request = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        request.extend_from_slice(arg);
-        request.extend_from_slice(b"\r\n");
-    }
-    stream.get_mut().write_all(&request).unwrap();
+    stream.get_mut().write_all(&common::encode_request(args)).unwrap();
     let mut line = String::new();
     stream.read_line(&mut line).unwrap();
     if let Some(length) = line.strip_prefix('$') {

@@ -4,6 +4,8 @@
 //! store; these cover what it does not hold: keys whose format 2 items would meet another key's
 //! format 1 items, and an element too long for format 2.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -63,13 +65,7 @@ fn config(path: &Path) -> ServerConfig {
 
 /// Sends one command and returns the raw reply lines up to `lines`.
 fn ask(stream: &mut BufReader<TcpStream>, args: &[&[u8]], lines: usize) -> Vec<String> {
-    let mut request = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        request.extend_from_slice(arg);
-        request.extend_from_slice(b"\r\n");
-    }
-    stream.get_mut().write_all(&request).unwrap();
+    stream.get_mut().write_all(&common::encode_request(args)).unwrap();
     (0..lines)
         .map(|_| {
             let mut line = String::new();
