@@ -13,6 +13,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use copse_server::resp::encode_request;
 use copse_server::ServerConfig;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
@@ -61,15 +62,6 @@ const WAVES: usize = 400;
 
 fn key(i: usize) -> String {
     format!("key:{i:020}")
-}
-
-fn request(args: &[&[u8]], out: &mut Vec<u8>) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
 }
 
 /// Reads until `expected` bytes of replies arrived, into `buffer` (sized beforehand).
@@ -122,8 +114,8 @@ fn a_cached_get_and_a_set_allocate_at_most_a_few_times() {
     for first in (0..KEYS).step_by(PIPELINE) {
         let (mut set_wave, mut get_wave) = (Vec::new(), Vec::new());
         for i in first..first + PIPELINE {
-            request(&[b"SET", key(i).as_bytes(), &value], &mut set_wave);
-            request(&[b"GET", key(i).as_bytes()], &mut get_wave);
+            encode_request::<&[u8]>(&[b"SET", key(i).as_bytes(), &value], &mut set_wave);
+            encode_request::<&[u8]>(&[b"GET", key(i).as_bytes()], &mut get_wave);
         }
         sets.push(set_wave);
         gets.push(get_wave);

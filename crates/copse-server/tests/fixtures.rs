@@ -80,12 +80,8 @@ impl Client {
 
     /// Sends one command as a multibulk request and reads its reply.
     fn call(&mut self, args: &[&[u8]]) -> Reply {
-        let mut request = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-            request.extend_from_slice(arg);
-            request.extend_from_slice(b"\r\n");
-        }
+        let mut request = Vec::new();
+        copse_server::resp::encode_request(args, &mut request);
         self.stream.get_mut().write_all(&request).unwrap();
         self.read_reply()
     }

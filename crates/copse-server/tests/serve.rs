@@ -2,8 +2,6 @@
 //! acknowledged write durable, serves the metrics page, and refuses a store it did not write.
 //! (Every command is tested with redis-py against the `copse serve` binary in tests/server/.)
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 
@@ -22,7 +20,9 @@ fn config(path: &std::path::Path) -> ServerConfig {
 
 /// Sends one command as a multibulk request and reads one reply line (and a bulk's body).
 fn command(stream: &mut BufReader<TcpStream>, args: &[&[u8]]) -> String {
-    stream.get_mut().write_all(&common::encode_request(args)).unwrap();
+    let mut request = Vec::new();
+    copse_server::resp::encode_request(args, &mut request);
+    stream.get_mut().write_all(&request).unwrap();
     let mut line = String::new();
     stream.read_line(&mut line).unwrap();
     if let Some(length) = line.strip_prefix('$') {

@@ -4,8 +4,6 @@
 //! store; these cover what it does not hold: keys whose format 2 items would meet another key's
 //! format 1 items, and an element too long for format 2.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -65,7 +63,9 @@ fn config(path: &Path) -> ServerConfig {
 
 /// Sends one command and returns the raw reply lines up to `lines`.
 fn ask(stream: &mut BufReader<TcpStream>, args: &[&[u8]], lines: usize) -> Vec<String> {
-    stream.get_mut().write_all(&common::encode_request(args)).unwrap();
+    let mut request = Vec::new();
+    copse_server::resp::encode_request(args, &mut request);
+    stream.get_mut().write_all(&request).unwrap();
     (0..lines)
         .map(|_| {
             let mut line = String::new();

@@ -60,6 +60,15 @@ impl Reply {
     }
 }
 
+/// Appends `args` as one multibulk request, as a client sends it (the parser's input): for the
+/// tools and tests that play the client.
+pub fn encode_request<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
+    push_length_line(out, b'*', args.len());
+    for arg in args {
+        push_bulk(out, arg.as_ref());
+    }
+}
+
 /// Appends the encoding of `reply` to `out`.
 pub fn encode_reply(reply: &Reply, protocol: Protocol, out: &mut Vec<u8>) {
     match reply {

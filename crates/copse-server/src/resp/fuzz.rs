@@ -56,12 +56,8 @@ pub fn parse_request(data: &[u8]) {
                     "a strict prefix of {end} bytes of a {consumed}-byte request is not incomplete"
                 );
             }
-            let mut encoded = format!("*{}\r\n", args.len()).into_bytes();
-            for arg in &args {
-                encoded.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-                encoded.extend_from_slice(arg);
-                encoded.extend_from_slice(b"\r\n");
-            }
+            let mut encoded = Vec::new();
+            super::encode_request(&args, &mut encoded);
             // Before authentication only multibulk requests have the tight bounds (an inline one
             // is bounded by its line), so an inline request's arguments may not fit them.
             let reencode_limits = ParseLimits { unauthenticated: None, ..limits };

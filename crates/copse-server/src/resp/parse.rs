@@ -739,12 +739,8 @@ mod tests {
     }
 
     fn encode_multibulk(args: &[Vec<u8>]) -> Vec<u8> {
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-            out.extend_from_slice(arg);
-            out.extend_from_slice(b"\r\n");
-        }
+        let mut out = Vec::new();
+        crate::resp::encode_request(args, &mut out);
         out
     }
 
