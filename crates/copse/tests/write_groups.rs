@@ -186,61 +186,128 @@ fn an_exec_behind_a_group_sees_the_group_s_writes_before_they_are_durable() {
     db.close().unwrap();
 }
 
-/// Hot keys on the simulated device, crashed at device operation `crash_after`: writes of
-/// `LOCKS` lock keys, each writing two items with the same value, queued all at once. Returns
-/// the violations found after recovery.
-fn crash_run(seed: u64, crash_after: u64, durability: WriteDurability) -> Vec<String> {
-    const LOCKS: usize = 3;
-    const WRITES: usize = 240;
-    let options = Options {
+/// Lock keys and execs of a crash run.
+const CRASH_LOCKS: usize = 3;
+const CRASH_WRITES: usize = 240;
+
+/// The lock key exec `index` of a crash run takes (interleaved, so groups of several keys form
+/// in one pump).
+fn crash_lock(index: usize) -> usize {
+    (index * 7 + index / 5) % CRASH_LOCKS
+}
+
+/// The execs of a crash run's lock `lock`, in queue order.
+fn crash_writes_of(lock: usize) -> Vec<usize> {
+    (0..CRASH_WRITES).filter(|&index| crash_lock(index) == lock).collect()
+}
+
+fn crash_options(durability: WriteDurability) -> Options {
+    Options {
         shards: 1,
         cache_bytes: 2 << 20,
         durability,
         show_progress: false,
         ..Options::default()
-    };
+    }
+}
+
+/// Opens a store on a fresh simulated disk of `seed` set to crash after `crash_after` device
+/// operations; None if the open itself did not survive.
+fn open_crashing(
+    seed: u64,
+    crash_after: u64,
+    durability: WriteDurability,
+) -> Option<(SimDisk, Db)> {
     let disk = SimDisk::new(seed);
-    let Ok(db) = Db::open_with_storage(Arc::new(disk.storage(durability)), options.clone()) else {
-        return Vec::new();
-    };
+    let db = Db::open_with_storage(Arc::new(disk.storage(durability)), crash_options(durability))
+        .ok()?;
     disk.crash_after_ops(crash_after);
-    let item = |lock: usize, side: &str| format!("hot{lock}:{side}").into_bytes();
-    let (answer, answers) = mpsc::channel();
-    let mut lock_of = Vec::new();
-    let mut execs: Vec<ExecRequest> = Vec::new();
-    for index in 0..WRITES {
-        let lock = (index * 7 + index / 5) % LOCKS;
-        lock_of.push(lock);
-        let value = format!("w{index}").into_bytes();
-        let ops = vec![put(&item(lock, "a"), &value), put(&item(lock, "b"), &value)];
-        let exec = SetLast { index, ops, joins: true, answer: answer.clone() };
-        execs.push(ExecRequest {
-            locks: copse::exec::lock_ids(&[format!("hot{lock}")]),
-            exec: Box::new(exec),
-        });
-        // Several messages, so groups form, are written and crash at different points.
-        if execs.len() == 40 {
-            futures::executor::block_on(db.exec_many_async(0, std::mem::take(&mut execs)));
+    Some((disk, db))
+}
+
+/// Queues `execs` on shard 0 in messages of 40, so that groups form, are written and crash at
+/// different points.
+fn queue_in_messages(db: &Db, execs: impl IntoIterator<Item = ExecRequest>) {
+    let mut message = Vec::new();
+    for exec in execs {
+        message.push(exec);
+        if message.len() == 40 {
+            futures::executor::block_on(db.exec_many_async(0, std::mem::take(&mut message)));
         }
     }
-    futures::executor::block_on(db.exec_many_async(0, execs));
-    drop(answer);
-    let mut acked = vec![false; WRITES];
-    let mut answered_per_lock: Vec<Vec<usize>> = vec![Vec::new(); LOCKS];
-    for (index, result) in answers.iter() {
-        acked[index] = result.is_ok();
-        answered_per_lock[lock_of[index]].push(index);
-    }
+    futures::executor::block_on(db.exec_many_async(0, message));
+}
+
+/// Closes the crashed store and opens what the disk kept, as recovery after a power cut.
+fn reopen_after_crash(db: Db, disk: SimDisk, durability: WriteDurability) -> Result<Db, String> {
     let _ = db.close();
     drop(db);
-    let mut violations = Vec::new();
     let disk = disk.restart();
-    let db = match Db::open_with_storage(Arc::new(disk.storage(durability)), options) {
+    Db::open_with_storage(Arc::new(disk.storage(durability)), crash_options(durability))
+        .map_err(|err| format!("reopen failed: {err}"))
+}
+
+/// Runs `run(seed, crash_after, durability)` over the seeds of the environment
+/// (`COPSE_WRITE_GROUP_CRASH_SEED_START`, `COPSE_WRITE_GROUP_CRASH_RUNS`; `make torture` runs
+/// many more): seed `n` crashes after device operation `n % CRASH_OPS_SPAN` (a run does fewer,
+/// so every operation is a crash point), under a durability mode drawn from the seed. Fails with
+/// every violation found.
+fn run_crash_seeds(run: fn(u64, u64, WriteDurability) -> Vec<String>) {
+    let start = common::env_u64("COPSE_WRITE_GROUP_CRASH_SEED_START", 0);
+    let runs = common::env_u64("COPSE_WRITE_GROUP_CRASH_RUNS", CRASH_RUNS_DEFAULT);
+    let mut violations = Vec::new();
+    for seed in start..start + runs {
+        let crash_after = seed % CRASH_OPS_SPAN;
+        let durability = if (seed / CRASH_OPS_SPAN).is_multiple_of(2) {
+            WriteDurability::FlushPerRound
+        } else {
+            WriteDurability::Dsync
+        };
+        for violation in run(seed, crash_after, durability) {
+            violations.push(format!(
+                "seed {seed}: crash after {crash_after} ops, {durability:?}: {violation}"
+            ));
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// Hot keys on the simulated device, crashed at device operation `crash_after`: writes of
+/// `CRASH_LOCKS` lock keys, each writing two items with the same value, queued in messages of 40. Returns
+/// the violations found after recovery.
+fn crash_run(seed: u64, crash_after: u64, durability: WriteDurability) -> Vec<String> {
+    let Some((disk, db)) = open_crashing(seed, crash_after, durability) else {
+        return Vec::new();
+    };
+    let item = |lock: usize, side: &str| format!("hot{lock}:{side}").into_bytes();
+    let (answer, answers) = mpsc::channel();
+    queue_in_messages(
+        &db,
+        (0..CRASH_WRITES).map(|index| {
+            let lock = crash_lock(index);
+            let value = format!("w{index}").into_bytes();
+            let ops = vec![put(&item(lock, "a"), &value), put(&item(lock, "b"), &value)];
+            let exec = SetLast { index, ops, joins: true, answer: answer.clone() };
+            ExecRequest {
+                locks: copse::exec::lock_ids(&[format!("hot{lock}")]),
+                exec: Box::new(exec),
+            }
+        }),
+    );
+    drop(answer);
+    let mut acked = vec![false; CRASH_WRITES];
+    let mut answered_per_lock: Vec<Vec<usize>> = vec![Vec::new(); CRASH_LOCKS];
+    for (index, result) in answers.iter() {
+        acked[index] = result.is_ok();
+        answered_per_lock[crash_lock(index)].push(index);
+    }
+    let mut violations = Vec::new();
+    let db = match reopen_after_crash(db, disk, durability) {
         Ok(db) => db,
-        Err(err) => return vec![format!("reopen failed: {err}")],
+        Err(err) => return vec![err],
     };
     for (lock, answered) in answered_per_lock.iter().enumerate() {
-        let writes: Vec<usize> = (0..WRITES).filter(|&index| lock_of[index] == lock).collect();
+        let writes = crash_writes_of(lock);
         if *answered != writes {
             violations.push(format!("lock {lock}: answered in order {answered:?}"));
         }
@@ -274,32 +341,13 @@ fn crash_run(seed: u64, crash_after: u64, durability: WriteDurability) -> Vec<St
     violations
 }
 
-/// Runs of `a_crash_leaves_each_write_group_whole...` (`COPSE_WRITE_GROUP_CRASH_RUNS`;
-/// `make torture` runs many more), from seed `COPSE_WRITE_GROUP_CRASH_SEED_START`. Seed `n`
-/// crashes after device operation `n % CRASH_OPS_SPAN` (a run does fewer, so every operation is
-/// a crash point), under a durability mode and on a simulated disk drawn from the seed.
+/// Crash runs of both kinds (`run_crash_seeds`): 80 by default.
 const CRASH_RUNS_DEFAULT: u64 = 80;
 const CRASH_OPS_SPAN: u64 = 120;
 
 #[test]
 fn a_crash_leaves_each_write_group_whole_and_every_acknowledged_write() {
-    let start = common::env_u64("COPSE_WRITE_GROUP_CRASH_SEED_START", 0);
-    let runs = common::env_u64("COPSE_WRITE_GROUP_CRASH_RUNS", CRASH_RUNS_DEFAULT);
-    let mut violations = Vec::new();
-    for seed in start..start + runs {
-        let crash_after = seed % CRASH_OPS_SPAN;
-        let durability = if (seed / CRASH_OPS_SPAN).is_multiple_of(2) {
-            WriteDurability::FlushPerRound
-        } else {
-            WriteDurability::Dsync
-        };
-        for violation in crash_run(seed, crash_after, durability) {
-            violations.push(format!(
-                "seed {seed}: crash after {crash_after} ops, {durability:?}: {violation}"
-            ));
-        }
-    }
-    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    run_crash_seeds(crash_run);
 }
 
 #[test]
@@ -475,7 +523,7 @@ impl Exec for Bump {
     }
 }
 
-/// Read-modify-writes of `LOCKS` counters on the simulated device, crashed at device operation
+/// Read-modify-writes of `CRASH_LOCKS` counters on the simulated device, crashed at device operation
 /// `crash_after`: every acknowledged increment of a counter wrote the value after the one before
 /// it (none lost, none read from a write a crash took back), the acknowledged ones are a prefix,
 /// and after recovery each counter holds at least its acknowledged count and at most the
@@ -485,49 +533,31 @@ fn crash_run_read_modify_write(
     crash_after: u64,
     durability: WriteDurability,
 ) -> Vec<String> {
-    const LOCKS: usize = 3;
-    const WRITES: usize = 240;
-    let options = Options {
-        shards: 1,
-        cache_bytes: 2 << 20,
-        durability,
-        show_progress: false,
-        ..Options::default()
-    };
-    let disk = SimDisk::new(seed);
-    let Ok(db) = Db::open_with_storage(Arc::new(disk.storage(durability)), options.clone()) else {
+    let Some((disk, db)) = open_crashing(seed, crash_after, durability) else {
         return Vec::new();
     };
-    disk.crash_after_ops(crash_after);
     let key = |lock: usize| format!("counter{lock}").into_bytes();
     let (answer, answers) = mpsc::channel();
-    let mut lock_of = Vec::new();
-    let mut execs: Vec<ExecRequest> = Vec::new();
-    for index in 0..WRITES {
-        let lock = (index * 7 + index / 5) % LOCKS;
-        lock_of.push(lock);
-        let exec = Bump { index, key: key(lock), wrote: 0, answer: answer.clone() };
-        execs.push(ExecRequest::new(&[&key(lock)], Box::new(exec)));
-        if execs.len() == 40 {
-            futures::executor::block_on(db.exec_many_async(0, std::mem::take(&mut execs)));
-        }
-    }
-    futures::executor::block_on(db.exec_many_async(0, execs));
+    queue_in_messages(
+        &db,
+        (0..CRASH_WRITES).map(|index| {
+            let key = key(crash_lock(index));
+            let exec = Bump { index, key: key.clone(), wrote: 0, answer: answer.clone() };
+            ExecRequest::new(&[&key], Box::new(exec))
+        }),
+    );
     drop(answer);
-    let mut outcome: Vec<Option<Result<u64, String>>> = vec![None; WRITES];
+    let mut outcome: Vec<Option<Result<u64, String>>> = vec![None; CRASH_WRITES];
     for (index, result) in answers.iter() {
         outcome[index] = Some(result);
     }
-    let _ = db.close();
-    drop(db);
     let mut violations = Vec::new();
-    let disk = disk.restart();
-    let db = match Db::open_with_storage(Arc::new(disk.storage(durability)), options) {
+    let db = match reopen_after_crash(db, disk, durability) {
         Ok(db) => db,
-        Err(err) => return vec![format!("reopen failed: {err}")],
+        Err(err) => return vec![err],
     };
-    for lock in 0..LOCKS {
-        let writes: Vec<usize> = (0..WRITES).filter(|&index| lock_of[index] == lock).collect();
+    for lock in 0..CRASH_LOCKS {
+        let writes = crash_writes_of(lock);
         let acked: Vec<u64> = writes
             .iter()
             .map_while(|&index| outcome[index].as_ref().and_then(|result| result.as_ref().ok()))
@@ -557,25 +587,9 @@ fn crash_run_read_modify_write(
     violations
 }
 
-/// `crash_run_read_modify_write` over crash points and both durability modes (seeds as for
-/// `a_crash_leaves_each_write_group_whole...`, with the same environment variables).
+/// `crash_run_read_modify_write` over crash points and both durability modes
+/// (`run_crash_seeds`).
 #[test]
 fn a_crash_loses_no_acknowledged_read_modify_write_of_a_group() {
-    let start = common::env_u64("COPSE_WRITE_GROUP_CRASH_SEED_START", 0);
-    let runs = common::env_u64("COPSE_WRITE_GROUP_CRASH_RUNS", CRASH_RUNS_DEFAULT);
-    let mut violations = Vec::new();
-    for seed in start..start + runs {
-        let crash_after = seed % CRASH_OPS_SPAN;
-        let durability = if (seed / CRASH_OPS_SPAN).is_multiple_of(2) {
-            WriteDurability::FlushPerRound
-        } else {
-            WriteDurability::Dsync
-        };
-        for violation in crash_run_read_modify_write(seed, crash_after, durability) {
-            violations.push(format!(
-                "seed {seed}: crash after {crash_after} ops, {durability:?}: {violation}"
-            ));
-        }
-    }
-    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    run_crash_seeds(crash_run_read_modify_write);
 }
