@@ -242,11 +242,6 @@ pub fn orphans_key(key: &[u8]) -> Vec<u8> {
     sub_prefix(TAG_ORPHANS, key, 0)
 }
 
-/// Every orphan record.
-pub fn orphans_range() -> KeyRange {
-    (Bound::Included(vec![TAG_ORPHANS]), Bound::Excluded(vec![TAG_ORPHANS + 1]))
-}
-
 /// The Redis key an orphan record names.
 pub fn decode_orphans(item: &[u8]) -> Option<&[u8]> {
     if item.first() != Some(&TAG_ORPHANS) {
@@ -266,16 +261,10 @@ pub fn all_versions_range(tag: u8, key: &[u8]) -> KeyRange {
     (Bound::Included(prefix), end)
 }
 
-/// The element items of one id with tag `tag`.
-pub fn id_range(tag: u8, id: &[u8]) -> KeyRange {
-    let prefix = sub_prefix(tag, id, 0);
-    let end = prefix_end(&prefix);
-    (Bound::Included(prefix), end)
-}
-
-/// Format 1's element items of `key` with tag `tag` (no version), for the upgrade.
-pub fn v1_elements_range(tag: u8, key: &[u8]) -> KeyRange {
-    let prefix = sub_prefix(tag, key, 0);
+/// The element items with tag `tag` under `owner`: a collection's id, or, in format 1 (which
+/// the upgrade reads), its Redis key.
+pub fn id_range(tag: u8, owner: &[u8]) -> KeyRange {
+    let prefix = sub_prefix(tag, owner, 0);
     let end = prefix_end(&prefix);
     (Bound::Included(prefix), end)
 }
@@ -310,11 +299,9 @@ pub fn field_key(key: &[u8], field: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Every field item of hash `key`.
-pub fn fields_range(key: &[u8]) -> KeyRange {
-    let prefix = sub_prefix(TAG_FIELD, key, 0);
-    let end = prefix_end(&prefix);
-    (Bound::Included(prefix), end)
+/// Every field item of the hash with id `id`.
+pub fn fields_range(id: &[u8]) -> KeyRange {
+    id_range(TAG_FIELD, id)
 }
 
 /// The field items of hash `key` from HSCAN cursor `cursor` on.
@@ -500,9 +487,10 @@ mod tests {
         assert!(within(&id_range(TAG_FIELD, &id), &field));
         assert!(!within(&id_range(TAG_FIELD, &collection_id(b"k", 43)), &field));
         // A longer key's elements, and format 1's, are outside.
-        assert!(!within(&all_versions_range(TAG_FIELD, b"k"), &field_key(&collection_id(b"kk", 42), b"f")));
+        let longer = field_key(&collection_id(b"kk", 42), b"f");
+        assert!(!within(&all_versions_range(TAG_FIELD, b"k"), &longer));
         assert!(!within(&all_versions_range(TAG_FIELD, b"k"), &field_key(b"k", b"f")));
-        assert!(!within(&v1_elements_range(TAG_FIELD, b"k"), &field));
+        assert!(!within(&id_range(TAG_FIELD, b"k"), &field), "format 1's fields of k");
         assert_eq!(decode_orphans(&orphans_key(b"k")), Some(&b"k"[..]));
         assert!(new_version() < new_version(), "versions a process hands out increase");
     }

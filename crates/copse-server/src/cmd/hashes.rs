@@ -23,8 +23,9 @@ use copse::BatchOp;
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
-    answer, bound_ref, check_batch, from_index, on_collection, on_collection_grouped, parse_f64, parse_i64, read_items,
-    unexpected, value_of, Call, Coll, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX,
+    answer, bound_ref, check_batch, from_index, on_collection, on_collection_grouped, parse_f64,
+    parse_i64, read_items, unexpected, value_of, Call, Coll, Input, Next, Outcome, Spec, NOT_FLOAT,
+    NOT_INTEGER, SYNTAX,
 };
 use crate::keyspace::{
     decode_field, field_key, fields_from, fields_range, KeyType, FIELD_OVERHEAD_BYTES,

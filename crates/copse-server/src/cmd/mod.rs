@@ -19,6 +19,7 @@ pub mod upgrade;
 pub mod zsets;
 
 use std::collections::HashMap;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use copse::exec::{
@@ -110,6 +111,10 @@ where
 }
 
 impl<F> CommandExec<F> {
+    fn new(step: F, answer: oneshot::Sender<Reply>, joins_write_groups: bool) -> CommandExec<F> {
+        CommandExec { step, answer: Some(answer), joins_write_groups, held: None }
+    }
+
     fn finish(&mut self, reply: Reply) -> ExecStep {
         if let Some(answer) = self.answer.take() {
             let _ = answer.send(reply);
@@ -182,7 +187,7 @@ impl Plan {
         F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
     {
         let (answer, receiver) = oneshot::channel();
-        let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: false, held: None });
+        let exec = Box::new(CommandExec::new(step, answer, false));
         self.queued.push(Queued { shard, request: ExecRequest::new(&keys, exec) });
         self.answers.push(receiver);
     }
@@ -216,8 +221,7 @@ impl AtomicPlan {
             shard,
             locks: keys,
             build: Box::new(move |vote| {
-                let exec =
-                    CommandExec { step: make(vote), answer: Some(answer), joins_write_groups: false, held: None };
+                let exec = CommandExec::new(make(vote), answer, false);
                 Box::new(exec) as Box<dyn Exec>
             }),
         });
@@ -281,7 +285,7 @@ where
     F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
 {
     let (answer, receiver) = oneshot::channel();
-    let exec = Box::new(CommandExec { step, answer: Some(answer), joins_write_groups: grouped, held: None });
+    let exec = Box::new(CommandExec::new(step, answer, grouped));
     let KeyTarget { shard, locks } = target;
     let request = ExecRequest { locks, exec };
     Outcome::Execs(Execs::One { queued: Queued { shard, request }, answer: receiver })
@@ -400,7 +404,7 @@ impl Coll {
 
 /// Whether no element item of any type is keyed by `key` at `version`: a new collection may
 /// take it (keyspace.rs, invariant 2).
-pub fn version_is_unused(view: &ExecView<'_>, key: &[u8], version: u64) -> bool {
+fn version_is_unused(view: &ExecView<'_>, key: &[u8], version: u64) -> bool {
     let id = keyspace::collection_id(key, version);
     [keyspace::TAG_FIELD, keyspace::TAG_ZSET].into_iter().all(|tag| {
         let (start, end) = keyspace::id_range(tag, &id);
@@ -945,6 +949,44 @@ fn unknown_command(args: &[Vec<u8>]) -> String {
 
 /// Queues the execs of `outcome` and waits for its answer (for commands that run other
 /// commands' plans, and for tests).
+/// Up to `limit` item keys of `shard` in `[start, end)`, after `after` when given: one step of a
+/// walk over a shard's index (no I/O, no key locks) that resumes where the last one stopped.
+pub async fn shard_keys(
+    db: &Db,
+    shard: u32,
+    (start, end): (&[u8], &[u8]),
+    after: Option<Vec<u8>>,
+    limit: usize,
+) -> Result<Vec<Vec<u8>>, Reply> {
+    let (first, end) = (start.to_vec(), end.to_vec());
+    let mut plan = Plan::new();
+    plan.add(shard, vec![], move |view, input| match input {
+        Input::Start => {
+            let start = match &after {
+                Some(after) => Bound::Excluded(&after[..]),
+                None => Bound::Included(&first[..]),
+            };
+            let items = view.keys(start, Bound::Excluded(&end), limit);
+            Next::Reply(Reply::Array(items.into_iter().map(Reply::Bulk).collect()))
+        }
+        _ => unexpected(),
+    });
+    match run_outcome(db, plan.finish(Box::new(Reply::Array))).await {
+        Reply::Array(mut pages) => match pages.pop() {
+            Some(Reply::Array(items)) => Ok(items
+                .into_iter()
+                .filter_map(|item| match item {
+                    Reply::Bulk(item) => Some(item),
+                    _ => None,
+                })
+                .collect()),
+            Some(other) => Err(other),
+            None => Ok(Vec::new()),
+        },
+        other => Err(other),
+    }
+}
+
 pub async fn run_outcome(db: &Db, outcome: Outcome) -> Reply {
     match outcome {
         Outcome::Reply(reply) | Outcome::Close(reply) => reply,

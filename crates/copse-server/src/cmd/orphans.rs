@@ -23,9 +23,9 @@ use std::time::Duration;
 use copse::exec::{ExecView, ReadOp};
 use copse::{BatchOp, Db};
 
-use super::{bound_ref, run_outcome, unexpected, value_of, Input, KeyTarget, Next, Plan};
+use super::{bound_ref, run_outcome, shard_keys, value_of, Input, KeyTarget, Next};
 use crate::context::Server;
-use crate::keyspace::{self, CollectionMeta, KeyType, TAG_FIELD, TAG_ZSET};
+use crate::keyspace::{self, CollectionMeta, KeyType, TAG_FIELD, TAG_ORPHANS, TAG_ZSET};
 use crate::resp::Reply;
 
 /// Element items one collector exec deletes at most (one write batch).
@@ -87,44 +87,19 @@ async fn collect_key(server: &Server, key: &[u8]) {
 /// The Redis keys named by orphan records, up to `ORPHAN_RECORDS_PER_PASS` per shard after the
 /// shard's cursor; a shard whose records ran out starts from its first one next time.
 async fn orphan_keys(db: &Db, cursors: &mut [Option<Vec<u8>>]) -> Result<Vec<Vec<u8>>, Reply> {
-    let mut plan = Plan::new();
-    for (shard, cursor) in cursors.iter().enumerate() {
-        let cursor = cursor.clone();
-        plan.add(shard as u32, vec![], move |view, input| match input {
-            Input::Start => {
-                let (start, end) = keyspace::orphans_range();
-                let start = match &cursor {
-                    Some(after) => Bound::Excluded(&after[..]),
-                    None => bound_ref(&start),
-                };
-                let items = view.keys(start, bound_ref(&end), ORPHAN_RECORDS_PER_PASS);
-                Next::Reply(Reply::Array(items.into_iter().map(Reply::Bulk).collect()))
-            }
-            _ => unexpected(),
-        });
-    }
+    // Every orphan record: its tag, and nothing else starts with it.
+    let range: (&[u8], &[u8]) = (&[TAG_ORPHANS], &[TAG_ORPHANS + 1]);
     let mut keys = Vec::new();
-    match run_outcome(db, plan.finish(Box::new(Reply::Array))).await {
-        Reply::Array(pages) => {
-            for (page, cursor) in pages.into_iter().zip(cursors.iter_mut()) {
-                let Reply::Array(items) = page else { return Err(page) };
-                let full = items.len() == ORPHAN_RECORDS_PER_PASS;
-                *cursor = None;
-                for item in items {
-                    if let Reply::Bulk(item) = item {
-                        if let Some(key) = keyspace::decode_orphans(&item) {
-                            keys.push(key.to_vec());
-                        }
-                        if full {
-                            *cursor = Some(item);
-                        }
-                    }
-                }
-            }
-            Ok(keys)
+    for (shard, cursor) in cursors.iter_mut().enumerate() {
+        let items =
+            shard_keys(db, shard as u32, range, cursor.take(), ORPHAN_RECORDS_PER_PASS).await?;
+        if items.len() == ORPHAN_RECORDS_PER_PASS {
+            *cursor = items.last().cloned();
         }
-        other => Err(other),
+        let named = items.iter().filter_map(|item| keyspace::decode_orphans(item));
+        keys.extend(named.map(<[u8]>::to_vec));
     }
+    Ok(keys)
 }
 
 /// The element ranges of `key` that hold dead versions: every version of each element tag,
@@ -155,14 +130,16 @@ fn dead_ranges(key: &[u8], live: Option<(KeyType, &[u8])>) -> Vec<keyspace::KeyR
 }
 
 /// Up to `limit` dead element items of `key`.
-fn dead_items(view: &ExecView<'_>, key: &[u8], live: Option<(KeyType, &[u8])>, limit: usize) -> Vec<Vec<u8>> {
+fn dead_items(
+    view: &ExecView<'_>,
+    key: &[u8],
+    live: Option<(KeyType, &[u8])>,
+    limit: usize,
+) -> Vec<Vec<u8>> {
     let mut items = Vec::new();
     for (start, end) in dead_ranges(key, live) {
         if items.len() >= limit {
             break;
-        }
-        if matches!((&start, &end), (Bound::Included(s), Bound::Excluded(e)) if s >= e) {
-            continue;
         }
         items.extend(view.keys(bound_ref(&start), bound_ref(&end), limit - items.len()));
     }
@@ -179,14 +156,17 @@ fn collect_once(db: &Db, key: Vec<u8>) -> super::Outcome {
             Input::Start => {
                 live_ty = super::collection_type(view, &key);
                 if let Some(ty) = live_ty {
-                    return Next::Read(smallvec::smallvec![ReadOp::Get(keyspace::meta_key(&key, ty))]);
+                    let meta = keyspace::meta_key(&key, ty);
+                    return Next::Read(smallvec::smallvec![ReadOp::Get(meta)]);
                 }
                 None
             }
-            Input::Read(mut results) => match value_of(results.pop()).as_deref().map(CollectionMeta::decode) {
-                Some(Some(meta)) => Some(meta),
-                _ => return Next::Reply(Reply::error(super::CORRUPT_META)),
-            },
+            Input::Read(mut results) => {
+                match value_of(results.pop()).as_deref().and_then(CollectionMeta::decode) {
+                    Some(meta) => Some(meta),
+                    None => return Next::Reply(Reply::error(super::CORRUPT_META)),
+                }
+            }
             Input::Written => return super::answer(&mut answer),
         };
         let id = live.map(|meta| keyspace::collection_id(&key, meta.version));

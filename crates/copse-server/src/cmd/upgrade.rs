@@ -27,7 +27,7 @@ use copse::exec::ReadOp;
 use copse::limits::KEY_BYTES_MAX;
 use copse::{BatchOp, Db};
 
-use super::{bound_ref, run_outcome, unexpected, value_of, Input, KeyTarget, Next, Plan};
+use super::{bound_ref, run_outcome, unexpected, value_of, Input, KeyTarget, Next};
 use crate::keyspace::{
     self, collection_id, decode_field, decode_meta, decode_score, encode_score, field_key,
     member_key, score_key, CollectionMeta, KeyType, UPGRADED_VERSION,
@@ -49,7 +49,7 @@ pub async fn upgrade_collections(db: &Db) -> Result<u64, String> {
         for tag in [keyspace::TAG_FIELD, keyspace::TAG_ZSET] {
             let (start, end) = (vec![tag], vec![tag + 1]);
             let mut after = None;
-            while let Some(items) = list_items(db, shard, &start, &end, after.take()).await? {
+            while let Some(items) = list_items(db, shard, (&start, &end), after.take()).await? {
                 if let Some(long) =
                     items.iter().find(|item| item.len() + keyspace::VERSION_BYTES > KEY_BYTES_MAX)
                 {
@@ -64,7 +64,7 @@ pub async fn upgrade_collections(db: &Db) -> Result<u64, String> {
         let mut collections = Vec::new();
         let (start, end) = (keyspace::meta_scan_start(0), keyspace::meta_scan_end());
         let mut after = None;
-        while let Some(metas) = list_items(db, shard, &start, &end, after.take()).await? {
+        while let Some(metas) = list_items(db, shard, (&start, &end), after.take()).await? {
             for meta in &metas {
                 if let Some((_, key, ty)) = decode_meta(meta) {
                     if ty != KeyType::String {
@@ -84,44 +84,17 @@ pub async fn upgrade_collections(db: &Db) -> Result<u64, String> {
     Ok(moved)
 }
 
-/// Up to `UPGRADE_KEYS_PER_STEP` item keys of `shard` in `[start, end)` after `after`, or None
-/// when there are none.
+/// One step of a walk over `shard`'s keys in `[start, end)` (`shard_keys`), or None at its end.
 async fn list_items(
     db: &Db,
     shard: u32,
-    start: &[u8],
-    end: &[u8],
+    range: (&[u8], &[u8]),
     after: Option<Vec<u8>>,
 ) -> Result<Option<Vec<Vec<u8>>>, String> {
-    let (first, end) = (start.to_vec(), end.to_vec());
-    let mut plan = Plan::new();
-    plan.add(shard, vec![], move |view, input| match input {
-        Input::Start => {
-            let start = match &after {
-                Some(after) => Bound::Excluded(&after[..]),
-                None => Bound::Included(&first[..]),
-            };
-            let items = view.keys(start, Bound::Excluded(&end), UPGRADE_KEYS_PER_STEP);
-            Next::Reply(Reply::Array(items.into_iter().map(Reply::Bulk).collect()))
-        }
-        _ => unexpected(),
-    });
-    match run_outcome(db, plan.finish(Box::new(Reply::Array))).await {
-        Reply::Array(mut pages) => match pages.pop() {
-            Some(Reply::Array(items)) => {
-                let items: Vec<Vec<u8>> = items
-                    .into_iter()
-                    .filter_map(|item| match item {
-                        Reply::Bulk(item) => Some(item),
-                        _ => None,
-                    })
-                    .collect();
-                Ok((!items.is_empty()).then_some(items))
-            }
-            other => Err(format!("listing items: {other:?}")),
-        },
-        other => Err(format!("listing items: {other:?}")),
-    }
+    let items = super::shard_keys(db, shard, range, after, UPGRADE_KEYS_PER_STEP)
+        .await
+        .map_err(|reply| format!("listing items: {reply:?}"))?;
+    Ok((!items.is_empty()).then_some(items))
 }
 
 /// Moves one collection, a batch per exec, until its meta item holds a current value.
@@ -163,7 +136,8 @@ fn upgrade_step(db: &Db, key: Vec<u8>, ty: KeyType) -> super::Outcome {
             }
             match ty {
                 KeyType::Hash => {
-                    let (start, end) = keyspace::v1_elements_range(keyspace::TAG_FIELD, &key);
+                    // Format 1 keyed the fields by the Redis key where format 2 has the id.
+                    let (start, end) = keyspace::fields_range(&key);
                     fields = view.keys(bound_ref(&start), bound_ref(&end), UPGRADE_FIELDS_PER_STEP);
                     if fields.is_empty() {
                         return finish(view, &key, &id, ty, &mut done);
@@ -244,7 +218,13 @@ fn too_long(item: &[u8]) -> String {
 }
 
 /// No format 1 element is left: the meta item gets its value, counted from the new id.
-fn finish(view: &copse::exec::ExecView<'_>, key: &[u8], id: &[u8], ty: KeyType, done: &mut i64) -> Next {
+fn finish(
+    view: &copse::exec::ExecView<'_>,
+    key: &[u8],
+    id: &[u8],
+    ty: KeyType,
+    done: &mut i64,
+) -> Next {
     let (start, end) = match ty {
         KeyType::Hash => keyspace::fields_range(id),
         _ => keyspace::members_range(id),

@@ -25,8 +25,9 @@ use copse::limits::KEY_BYTES_MAX;
 use copse::BatchOp;
 
 use super::{
-    answer, bound_ref, check_batch, from_index, on_collection, on_collection_grouped, parse_f64, parse_i64, read_items,
-    unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX,
+    answer, bound_ref, check_batch, from_index, on_collection, on_collection_grouped, parse_f64,
+    parse_i64, read_items, unexpected, value_of, Call, Input, Next, Outcome, Spec, NOT_FLOAT,
+    NOT_INTEGER, SYNTAX,
 };
 use crate::keyspace::{
     decode_score, decode_score_value, encode_score, member_key, score_key, scores_prefix,
@@ -425,7 +426,8 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
 /// The next step's reads of member items of `reads` after `asked`, at most `EXEC_READS_MAX`.
 fn read_chunk(id: &[u8], reads: &[Vec<u8>], asked: &mut std::ops::Range<usize>) -> Next {
     *asked = asked.end..(asked.end + copse::limits::EXEC_READS_MAX).min(reads.len());
-    Next::Read(reads[asked.clone()].iter().map(|member| ReadOp::Get(member_key(id, member))).collect())
+    let members = &reads[asked.clone()];
+    Next::Read(members.iter().map(|member| ReadOp::Get(member_key(id, member))).collect())
 }
 
 fn zrem(call: &mut Call<'_>) -> Outcome {

@@ -49,10 +49,18 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
         Some(value) => match marker_version(&value) {
             Some(KEYSPACE_FORMAT_VERSION) => Ok(()),
             Some(KEYSPACE_FORMAT_VERSION_UPGRADABLE) => {
-                tracing::info!(%path, "upgrading the Redis key space from format version {KEYSPACE_FORMAT_VERSION_UPGRADABLE} to {KEYSPACE_FORMAT_VERSION}");
-                let moved = futures::executor::block_on(crate::cmd::upgrade::upgrade_collections(db))
-                    .map_err(|err| ServeError::Keyspace(format!("upgrading the key space of the store at {path}: {err}")))?;
-                db.put(MARKER_KEY, &marker_value()).map_err(|err| ServeError::Store(err.to_string()))?;
+                tracing::info!(
+                    %path,
+                    from = KEYSPACE_FORMAT_VERSION_UPGRADABLE,
+                    to = KEYSPACE_FORMAT_VERSION,
+                    "upgrading the Redis key space"
+                );
+                let upgrade = crate::cmd::upgrade::upgrade_collections(db);
+                let moved = futures::executor::block_on(upgrade).map_err(|err| {
+                    ServeError::Keyspace(format!("upgrading the key space of the store at {path}: {err}"))
+                })?;
+                let marked = db.put(MARKER_KEY, &marker_value());
+                marked.map_err(|err| ServeError::Store(err.to_string()))?;
                 tracing::info!(%path, collections = moved, "key space upgraded");
                 Ok(())
             }

@@ -62,6 +62,7 @@ impl Reply {
 
 /// Appends `args` as one multibulk request, as a client sends it (the parser's input): for the
 /// tools and tests that play the client.
+#[cfg(any(test, feature = "testing"))]
 pub fn encode_request<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
     push_length_line(out, b'*', args.len());
     for arg in args {

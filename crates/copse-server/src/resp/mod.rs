@@ -24,7 +24,9 @@ pub mod encode;
 pub mod fuzz;
 pub mod parse;
 
-pub use encode::{encode_reply, encode_request, format_double, Protocol, Reply};
+#[cfg(any(test, feature = "testing"))]
+pub use encode::encode_request;
+pub use encode::{encode_reply, format_double, Protocol, Reply};
 #[cfg(any(test, feature = "testing"))]
 pub use parse::parse_command;
 pub use parse::{parse_command_resumed, Args, ParseLimits, ParseState, Parsed};

@@ -33,13 +33,14 @@
 //!    through its view and its reads (a key the group wrote is read from the group's writes,
 //!    any other from the engine, whose value no exec outside the group can change while the
 //!    group holds the lock), and its write joins the group's. A joiner whose reads outlast the
-//!    group's turn (the group was handed to the engine meanwhile) writes alone after the group
-//!    is done, as one that does not fit. The group's writes go to the engine as one all-or-nothing
-//!    write at the end of the pump, and every member is answered, in queue order, once it is
-//!    durable: one flush for a run of SETs of one key. Members keep their locks until then, so
-//!    nothing outside the group sees its writes before they are durable (invariant 2 holds);
-//!    a crash leaves all of the group's writes or none. Only single-key execs group; a member
-//!    whose write does not fit the group's batch limits is written alone after it.
+//!    group's turn (the group was handed to the engine meanwhile) waits until the group is
+//!    durable, then writes as the next group's first. The group's writes go to the engine as
+//!    one all-or-nothing write at the end of the pump, and every member is answered, in queue
+//!    order, once it is durable: one flush for a run of SETs of one key. Members keep their
+//!    locks until then, so nothing outside the group sees its writes before they are durable
+//!    (invariant 2 holds); a crash leaves all of the group's writes or none. Only single-key
+//!    execs group; a member whose write does not fit the group's batch limits is written alone
+//!    after it.
 //!
 //! Plain requests (`Db::put`, `Db::get`, ...) take no locks: they are ordered with execs only by
 //! arrival at the engine. A key space is used either through execs or through plain requests.
@@ -549,9 +550,10 @@ impl ExecTable {
                 // The exec started behind the group, if any, saw its writes (invariant 5).
                 let queue = self.queues.get(&lock).expect("a group's lock has a queue");
                 if let Some(&next) = queue.get(group.members.len()) {
-                    let running = self.running.get_mut(next as usize).expect("a queued exec is running");
-                    if running.started {
-                        running.saw_failed_group = Some(err.clone());
+                    let joiner =
+                        self.running.get_mut(next as usize).expect("a queued exec is running");
+                    if joiner.started {
+                        joiner.saw_failed_group = Some(err.clone());
                     }
                 }
             }
@@ -620,17 +622,13 @@ impl ExecTable {
             }
             Entry::Occupied(occupied) => {
                 let group = occupied.into_mut();
+                // A joiner whose reads outlast the group's turn never gets here while the
+                // group is closed: `advance` holds it until the group is durable and gone.
                 assert!(
-                    running.blocked_by > 0,
+                    !group.closed && running.blocked_by > 0,
                     "shard {}: a write group was joined by an exec it did not start",
                     engine.shard_id()
                 );
-                if group.closed {
-                    // Its reads outlasted the group's turn: it writes alone after the group
-                    // (invariant 5), having seen the group's writes, which are durable by then.
-                    running.state = State::Deferred(ops);
-                    return;
-                }
                 group
             }
         };
@@ -688,8 +686,8 @@ impl ExecTable {
         // in its overlay, and not yet in the engine's index. It waits, its reads answered or
         // not, until the group is durable and the lock is its own (invariant 5).
         if running.started && running.blocked_by > 0 && !matches!(running.state, State::Grouped) {
-            let handed = self.groups.get(&running.locks[0]).is_some_and(|group| group.write.is_some());
-            if handed {
+            let group = self.groups.get(&running.locks[0]);
+            if group.is_some_and(|group| group.write.is_some()) {
                 return Advance::Waiting;
             }
         }
@@ -796,7 +794,9 @@ impl ExecTable {
             assert!(
                 match &step {
                     ExecStep::WriteLast(_) | ExecStep::Done => true,
-                    ExecStep::Read(reads) => reads.iter().all(|read| matches!(read, ReadOp::Get(_))),
+                    ExecStep::Read(reads) => {
+                        reads.iter().all(|read| matches!(read, ReadOp::Get(_)))
+                    }
                     _ => false,
                 },
                 "shard {}: an exec started behind a write group asked for more than point reads \

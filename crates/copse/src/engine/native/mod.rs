@@ -500,9 +500,10 @@ impl ShardEngine for NativeEngine {
     /// while a background flush runs, which is I/O in flight: `schedule_page_writes`), stashed
     /// completions are reaped, deferred frees find their chains free (a chain is busy only while
     /// its push or pop has I/O queued or in flight), a scrub or a collection issues its next
-    /// reads or moves (at least `GC_MOVES_PER_ROUND_MIN` a round), settles pass to the flush waiters once the
-    /// collector rests, and flush waiters wait only for writes in one of those states. So the
-    /// engine never waits on a timer: it is ready exactly when it is neither idle nor in I/O.
+    /// reads or moves (at least `GC_MOVES_PER_ROUND_MIN` a round), settles pass to the flush
+    /// waiters once the collector rests, and flush waiters wait only for writes in one of those
+    /// states. So the engine never waits on a timer: it is ready exactly when it is neither idle
+    /// nor in I/O.
     fn has_work_ready(&self) -> bool {
         !self.is_idle() && !self.has_io_in_flight()
     }
