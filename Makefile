@@ -29,6 +29,8 @@ ifneq ($(strip $(PYTHON_TEST_PACKAGES)),)
 	$(PYTHON) -m pip install --quiet $(PYTHON_TEST_PACKAGES)
 endif
 	@command -v redis-cli >/dev/null || (command -v apt-get >/dev/null && $(APT_UPDATE_ONCE) && apt-get install -y -qq redis-tools >/dev/null 2>&1) || echo "make: redis-cli not installed; its tests will be skipped"
+	@# redis-server: the oracle of the differential tests (tests/server/test_expiry.py), which fail without it.
+	@command -v redis-server >/dev/null || (command -v apt-get >/dev/null && $(APT_UPDATE_ONCE) && apt-get install -y -qq redis-server >/dev/null 2>&1) || echo "make: redis-server not installed; the differential tests will fail"
 
 # Release mode: the crash tests run many seeds each, and are slow unoptimised. The last line
 # totals every test binary's result (cargo's own last line is a doc-test run with no tests).

@@ -12,6 +12,7 @@ The binary is `$COPSE_BIN`, by default `<repo>/target/release/copse`
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -348,6 +349,11 @@ class Error(bytes):
     """An error reply read by RespReader (its text, without the leading '-')."""
 
 
+class Simple(bytes):
+    """A simple string reply read by RespReader (equal to its bytes; its type tells it from a
+    bulk string of the same bytes)."""
+
+
 class RespReader:
     """Reads replies from a raw socket, for tests that bypass client libraries.
 
@@ -389,7 +395,7 @@ class RespReader:
         line = self._line()
         kind, rest = line[:1], line[1:]
         if kind == b"+":
-            return rest
+            return Simple(rest)
         if kind == b"-":
             return Error(rest)
         if kind == b":":
@@ -491,3 +497,67 @@ def assert_store_checks(server) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert check.returncode == 0, f"copse check: exit {check.returncode}\n{check.stdout[-2000:]}{check.stderr[-2000:]}"
+
+
+class RedisOracle:
+    """A redis-server (installed by `make test-deps`) to compare copse's replies with: the
+    differential tests send both the same commands and compare the replies, errors included.
+    In memory only (no RDB, no AOF): it answers, it keeps nothing."""
+
+    def __init__(self, log_dir: Path):
+        self.binary = shutil.which("redis-server")
+        self.log_dir = Path(log_dir)
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RedisOracle":
+        if self.binary is None:
+            raise ServerFailed("redis-server is not installed: run `make test-deps`")
+        self.port = free_port()
+        log = open(self.log_dir / "redis-oracle.log", "wb")
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no"],
+            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(encode_command("PING"))
+                    if recv_until(sock).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise ServerFailed("redis-server did not start")
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            self.proc = None
+
+
+class Differential:
+    """One raw connection to copse and one to the oracle: `both(*args)` sends a command to each
+    and asserts the two replies are equal (types, bytes, error texts), then returns it."""
+
+    def __init__(self, copse_sock: socket.socket, oracle_sock: socket.socket):
+        self.copse = (copse_sock, RespReader(copse_sock))
+        self.oracle = (oracle_sock, RespReader(oracle_sock))
+
+    @staticmethod
+    def _call(side, args):
+        sock, reader = side
+        sock.sendall(encode_command(*args))
+        return reader.read()
+
+    def both(self, *args):
+        ours = self._call(self.copse, args)
+        theirs = self._call(self.oracle, args)
+        assert ours == theirs and type(ours) is type(theirs), (
+            f"{' '.join(map(str, args))}: copse answered {ours!r}, redis-server {theirs!r}")
+        return ours

@@ -41,6 +41,8 @@ pub struct Stats {
     pub orphan_elements_deleted: AtomicU64,
     /// Orphan records the collector finished (all their dead elements deleted).
     pub orphan_keys_collected: AtomicU64,
+    /// Keys active expiry deleted (`cmd/expiry.rs`): Redis's `expired_keys`.
+    pub expired_keys: AtomicU64,
 }
 
 /// Settings CONFIG SET may change while the server runs.
@@ -54,6 +56,9 @@ pub struct Settings {
     pub protected_mode: AtomicBool,
     /// Descriptors the server keeps for itself; CONFIG SET maxclients must leave them free.
     pub reserved_fds: u64,
+    /// Whether active expiry runs (`DEBUG SET-ACTIVE-EXPIRE`, as in Redis's own tests): off,
+    /// expired keys stay until a write deletes them, and still read as missing.
+    pub active_expire: AtomicBool,
 }
 
 /// What CLIENT LIST shows of one connection.

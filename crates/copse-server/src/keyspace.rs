@@ -13,7 +13,13 @@
 //! member   'z' len(K)+8:u32be K version:u64be 'm' M                  -> score: f64 bits, u64be
 //! by score 'z' len(K)+8:u32be K version:u64be 's' sortable(score):u64be M   -> empty
 //! orphans  'o' len(K):u32be K                 -> empty: K has elements of dead versions
+//! expiry   'e' len(K):u32be K deadline_ms:u64be -> empty: K expires at deadline_ms
+//! due      't' deadline_ms:u64be K            -> empty: the same expiry, in deadline order
 //! ```
+//!
+//! A key's expiry lives in item keys, not values, so every command learns whether its key
+//! expired from the index alone (no I/O), whatever the key's type; the due items are the
+//! per-shard expiry index that active expiry walks in deadline order (`cmd/expiry.rs`).
 //!
 //! A collection's elements are keyed by its *id*, `K version` (`collection_id`): the version
 //! lives in the meta item's value, so deleting or overwriting a collection of any size deletes
@@ -30,6 +36,9 @@
 //!   that version dead, deleted only with that version's last element).
 //! - A new collection's version has no element items when it is chosen (`version_is_unused`),
 //!   so it never adopts a dead version's elements.
+//! - A key has at most one expiry item, and it has one exactly when it has a due item with the
+//!   same deadline: both are written and deleted in one batch. An expiry item belongs to a key
+//!   whose meta item exists (a key's expiry is deleted with it).
 
 use std::ops::Bound;
 
@@ -42,10 +51,14 @@ pub const MARKER_MAGIC: &[u8; 4] = b"CRKS";
 /// Version of this encoding. History: 1 (copse 0.1, first version); 2 (2026-11-27: collections
 /// carry a version, an element count and an expiry in their meta item; elements are keyed by
 /// the collection's id; orphan records). A store in version 1 is upgraded at open
-/// (`cmd/upgrade.rs`).
-pub const KEYSPACE_FORMAT_VERSION: u32 = 2;
-/// The previous version, which `copse serve` upgrades at open.
-pub const KEYSPACE_FORMAT_VERSION_UPGRADABLE: u32 = 1;
+/// (`cmd/upgrade.rs`); 3 (2026-11-27: expiry and due items; a version 2 store has neither, so
+/// it is upgraded by rewriting the marker).
+pub const KEYSPACE_FORMAT_VERSION: u32 = 3;
+/// The version whose collections `copse serve` moves to the current format at open.
+pub const KEYSPACE_FORMAT_VERSION_UNVERSIONED: u32 = 1;
+/// The version that differs from the current one only by items it never wrote (expiry): its
+/// stores are upgraded by rewriting the marker.
+pub const KEYSPACE_FORMAT_VERSION_NO_EXPIRY: u32 = 2;
 
 pub fn marker_value() -> Vec<u8> {
     let mut out = MARKER_MAGIC.to_vec();
@@ -66,6 +79,8 @@ pub const TAG_META: u8 = b'm';
 pub const TAG_FIELD: u8 = b'h';
 pub const TAG_ZSET: u8 = b'z';
 pub const TAG_ORPHANS: u8 = b'o';
+pub const TAG_EXPIRY: u8 = b'e';
+pub const TAG_DUE: u8 = b't';
 /// Sub-tags of a sorted set's items. persisted: never renumber
 pub const ZSET_MEMBER: u8 = b'm';
 pub const ZSET_SCORE: u8 = b's';
@@ -84,6 +99,10 @@ pub const MEMBER_OVERHEAD_BYTES: usize = 1 + 4 + VERSION_BYTES + 1 + 8;
 pub const UPGRADED_VERSION: u64 = 0;
 /// The longest Redis key copse stores (its meta item must fit an item key).
 pub const REDIS_KEY_BYTES_MAX: usize = KEY_BYTES_MAX - META_OVERHEAD_BYTES;
+/// Bytes an expiry item adds around a Redis key: tag, key length, deadline.
+pub const EXPIRY_OVERHEAD_BYTES: usize = 1 + 4 + 8;
+/// The longest Redis key that can carry an expiry (its expiry item must fit an item key).
+pub const EXPIRY_KEY_BYTES_MAX: usize = KEY_BYTES_MAX - EXPIRY_OVERHEAD_BYTES;
 
 /// The type of a Redis key, as its meta item's last byte. persisted: never renumber
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,6 +268,53 @@ pub fn decode_orphans(item: &[u8]) -> Option<&[u8]> {
     }
     let len = u32::from_be_bytes(item.get(1..5)?.try_into().ok()?) as usize;
     (item.len() == 5 + len).then(|| &item[5..])
+}
+
+/// The expiry item of `key` expiring at `deadline_ms` (Unix time, milliseconds).
+pub fn expiry_key(key: &[u8], deadline_ms: u64) -> Vec<u8> {
+    let mut out = sub_prefix(TAG_EXPIRY, key, 8);
+    out.extend_from_slice(&deadline_ms.to_be_bytes());
+    out
+}
+
+/// Where `key`'s expiry item is, whatever its deadline: one item at most.
+pub fn expiry_range(key: &[u8]) -> KeyRange {
+    let prefix = sub_prefix(TAG_EXPIRY, key, 0);
+    let end = prefix_end(&prefix);
+    (Bound::Included(prefix), end)
+}
+
+/// The deadline an expiry item of `key` names, or None for an item that is not one.
+pub fn decode_expiry(item: &[u8], key: &[u8]) -> Option<u64> {
+    let prefix_bytes = 5 + key.len();
+    if item.len() != prefix_bytes + 8 || item.first() != Some(&TAG_EXPIRY) {
+        return None;
+    }
+    Some(u64::from_be_bytes(item[prefix_bytes..].try_into().ok()?))
+}
+
+/// The due item of `key` expiring at `deadline_ms`: due items sort by deadline.
+pub fn due_key(deadline_ms: u64, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + key.len());
+    out.push(TAG_DUE);
+    out.extend_from_slice(&deadline_ms.to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+/// A due item's (deadline, Redis key).
+pub fn decode_due(item: &[u8]) -> Option<(u64, &[u8])> {
+    if item.len() < 9 || item[0] != TAG_DUE {
+        return None;
+    }
+    Some((u64::from_be_bytes(item[1..9].try_into().ok()?), &item[9..]))
+}
+
+/// The due items of keys that expire at or before `now_ms`.
+pub fn due_range(now_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut end = vec![TAG_DUE];
+    end.extend_from_slice(&now_ms.saturating_add(1).to_be_bytes());
+    (vec![TAG_DUE], end)
 }
 
 /// The element items of every version of `key` with tag `tag` (`TAG_FIELD` or `TAG_ZSET`).
@@ -440,6 +506,16 @@ mod tests {
             )
         );
         assert_eq!(orphans_key(b"user:1"), bytes("6f 00 00 00 06 75 73 65 72 3a 31"));
+        // Version 3: expiry and due items.
+        let deadline = 1_795_741_200_000; // 2026-11-27 01:00 UTC
+        assert_eq!(
+            expiry_key(b"greeting", deadline),
+            bytes("65 00 00 00 08 67 72 65 65 74 69 6e 67 00 00 01 a2 1a 84 2e 80")
+        );
+        assert_eq!(
+            due_key(deadline, b"greeting"),
+            bytes("74 00 00 01 a2 1a 84 2e 80 67 72 65 65 74 69 6e 67")
+        );
         let board = collection_id(b"board", 1);
         assert_eq!(
             member_key(&board, b"ann"),
@@ -493,6 +569,28 @@ mod tests {
         assert!(!within(&id_range(TAG_FIELD, b"k"), &field), "format 1's fields of k");
         assert_eq!(decode_orphans(&orphans_key(b"k")), Some(&b"k"[..]));
         assert!(new_version() < new_version(), "versions a process hands out increase");
+    }
+
+    #[test]
+    fn expiry_items_round_trip_and_stay_within_their_key() {
+        let item = expiry_key(b"k", 42);
+        assert_eq!(item.len(), EXPIRY_OVERHEAD_BYTES + 1);
+        assert_eq!(decode_expiry(&item, b"k"), Some(42));
+        assert_eq!(decode_expiry(&item, b"kk"), None);
+        let (start, end) = expiry_range(b"k");
+        let within = |k: &Vec<u8>| {
+            matches!(&start, Bound::Included(s) if k >= s)
+                && matches!(&end, Bound::Excluded(e) if k < e)
+        };
+        assert!(within(&item) && within(&expiry_key(b"k", u64::MAX)));
+        assert!(!within(&expiry_key(b"kk", 42)), "a longer key's expiry is outside");
+        assert!(!within(&expiry_key(b"", 42)));
+        let due = due_key(42, b"k");
+        assert_eq!(decode_due(&due), Some((42, &b"k"[..])));
+        let (start, end) = due_range(42);
+        assert!(due >= start && due < end);
+        assert!(due_key(43, b"") >= end, "later deadlines are not due");
+        assert!(due_key(41, &[0xff; 40]) < end);
     }
 
     #[test]

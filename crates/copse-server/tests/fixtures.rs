@@ -185,6 +185,8 @@ enum Value {
 
 /// Every key the recipe touched: its value, or None once it is gone.
 type Model = BTreeMap<Vec<u8>, Option<Value>>;
+/// The deadlines (PEXPIRETIME, Unix ms) of the live keys that have one.
+type Deadlines = BTreeMap<Vec<u8>, u64>;
 
 /// Deterministic bytes of every value 0..=255 (CR, LF and NUL included: values are binary).
 fn make_bytes(tag: &str, len: usize) -> Vec<u8> {
@@ -203,8 +205,17 @@ fn hashed(bytes: &[u8]) -> String {
     format!("{} {:016x}", bytes.len(), xxh3_64(bytes))
 }
 
-/// The lines of `contents.txt` for one key.
-fn describe(key: &[u8], value: &Option<Value>) -> Vec<String> {
+/// The lines of `contents.txt` for one key: its value's, then `KEY deadline_ms N` if it has an
+/// expiry (fixtures of key space version 3 on).
+fn describe(key: &[u8], value: &Option<Value>, deadline_ms: Option<u64>) -> Vec<String> {
+    let mut lines = describe_value(key, value);
+    if let Some(deadline_ms) = deadline_ms {
+        lines.push(format!("{} deadline_ms {deadline_ms}", text(key)));
+    }
+    lines
+}
+
+fn describe_value(key: &[u8], value: &Option<Value>) -> Vec<String> {
     let key = text(key);
     match value {
         None => vec![format!("{key} absent")],
@@ -236,8 +247,32 @@ fn parse_score(bytes: &[u8]) -> f64 {
     text.parse().unwrap_or_else(|_| panic!("not a score: {text:?}"))
 }
 
-/// Reads key `key` back over the socket, every way its type allows, as a Value.
-fn read_back(client: &mut Client, key: &[u8]) -> Option<Value> {
+/// Reads key `key` back over the socket, every way its type allows, as a Value, and its
+/// deadline (PEXPIRETIME; TTL and EXPIRETIME must agree with it).
+fn read_back(client: &mut Client, key: &[u8]) -> (Option<Value>, Option<u64>) {
+    let value = read_value(client, key);
+    let shown = text(key);
+    let deadline = client.integer(&[b"PEXPIRETIME", key]);
+    let ttl = client.integer(&[b"TTL", key]);
+    match (&value, deadline) {
+        (None, _) => {
+            assert_eq!((deadline, ttl), (-2, -2), "{shown}: a missing key's PEXPIRETIME and TTL");
+            (None, None)
+        }
+        (Some(_), -1) => {
+            assert_eq!(ttl, -1, "{shown}: TTL of a key without expiry");
+            (value, None)
+        }
+        (Some(_), deadline) => {
+            assert!(deadline > 0 && ttl >= 0, "{shown}: PEXPIRETIME {deadline}, TTL {ttl}");
+            let seconds = client.integer(&[b"EXPIRETIME", key]);
+            assert_eq!(seconds, (deadline + 500) / 1000, "{shown}: EXPIRETIME");
+            (value, Some(deadline as u64))
+        }
+    }
+}
+
+fn read_value(client: &mut Client, key: &[u8]) -> Option<Value> {
     let exists = client.integer(&[b"EXISTS", key]);
     let ty = client.status(&[b"TYPE", key]);
     let shown = text(key);
@@ -312,12 +347,27 @@ fn scan_all(client: &mut Client) -> BTreeSet<Vec<u8>> {
 struct Recipe {
     client: Client,
     model: Model,
+    deadlines: Deadlines,
 }
 
 impl Recipe {
     fn set(&mut self, key: &str, value: Vec<u8>) {
         self.client.ok(&[b"SET", key.as_bytes(), &value]);
         self.model.insert(key.into(), Some(Value::String(value)));
+        self.deadlines.remove(key.as_bytes());
+    }
+
+    /// Gives live key `key` the deadline `deadline_ms` (Unix ms); one already past deletes it.
+    fn pexpireat(&mut self, key: &str, deadline_ms: u64) {
+        let deadline = deadline_ms.to_string();
+        let args: [&[u8]; 3] = [b"PEXPIREAT", key.as_bytes(), deadline.as_bytes()];
+        assert_eq!(self.client.integer(&args), 1, "{}", show(&args));
+        if deadline_ms <= 1_000_000 {
+            self.model.insert(key.into(), None);
+            self.deadlines.remove(key.as_bytes());
+        } else {
+            self.deadlines.insert(key.into(), deadline_ms);
+        }
     }
 
     fn del(&mut self, keys: &[&str]) {
@@ -329,6 +379,7 @@ impl Recipe {
         assert_eq!(self.client.integer(&args), expected, "{}", show(&args));
         for key in keys {
             self.model.insert(key.as_bytes().to_vec(), None);
+            self.deadlines.remove(key.as_bytes());
         }
     }
 
@@ -364,6 +415,7 @@ impl Recipe {
         };
         if empty {
             *entry = None;
+            self.deadlines.remove(key.as_bytes());
         }
     }
 
@@ -433,8 +485,8 @@ fn string_len(i: usize, round: usize) -> usize {
 }
 
 /// Drives a server through `client` and returns what every touched key must read as.
-fn write_recipe(client: Client) -> Model {
-    let mut r = Recipe { client, model: Model::new() };
+fn write_recipe(client: Client) -> (Model, Deadlines) {
+    let mut r = Recipe { client, model: Model::new(), deadlines: Deadlines::new() };
 
     // Strings: writes, overwrites in other size classes, a multi-key DEL across both shards,
     // keys deleted and written again, APPEND, INCR on integer strings.
@@ -508,7 +560,34 @@ fn write_recipe(client: Client) -> Model {
     r.zadd("zset:deleted", &[("1", "a")]);
     r.del(&["zset:deleted"]);
 
-    r.model
+    // Expiry (key space version 3): deadlines far ahead on every type, one already past (the
+    // key is gone), one removed by PERSIST, one kept by KEEPTTL, one dropped by a plain SET.
+    // 2100-01-01 00:00 UTC, give or take a few milliseconds.
+    const FAR: u64 = 4_102_444_800_000;
+    r.set("exp:str", b"expires".to_vec());
+    r.pexpireat("exp:str", FAR + 123);
+    r.hset("exp:hash", &[("f", b"v".to_vec()), ("g", b"w".to_vec())]);
+    r.pexpireat("exp:hash", FAR + 456);
+    r.zadd("exp:zset", &[("1", "a"), ("2", "b")]);
+    r.pexpireat("exp:zset", FAR);
+    r.zadd("exp:zset", &[("3", "c")]);
+    r.set("exp:gone", b"gone".to_vec());
+    r.pexpireat("exp:gone", 1_000);
+    r.hset("exp:gone-hash", &[("f", b"v".to_vec())]);
+    r.pexpireat("exp:gone-hash", 1_000);
+    r.set("exp:persisted", b"stays".to_vec());
+    r.pexpireat("exp:persisted", FAR);
+    assert_eq!(r.client.integer(&[b"PERSIST", b"exp:persisted"]), 1);
+    r.deadlines.remove(&b"exp:persisted"[..]);
+    r.set("exp:keepttl", b"first".to_vec());
+    r.pexpireat("exp:keepttl", FAR + 789);
+    r.client.ok(&[b"SET", b"exp:keepttl", b"second", b"KEEPTTL"]);
+    r.model.insert(b"exp:keepttl".to_vec(), Some(Value::String(b"second".to_vec())));
+    r.set("exp:cleared", b"first".to_vec());
+    r.pexpireat("exp:cleared", FAR);
+    r.set("exp:cleared", b"second".to_vec());
+
+    (r.model, r.deadlines)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -602,11 +681,11 @@ fn check_served(
     let mut client = Client::connect(running.local_addr);
     let mut live = BTreeSet::new();
     for (key, lines) in expected {
-        let value = read_back(&mut client, key.as_bytes());
+        let (value, deadline) = read_back(&mut client, key.as_bytes());
         if value.is_some() {
             live.insert(key.as_bytes().to_vec());
         }
-        let got = describe(key.as_bytes(), &value);
+        let got = describe(key.as_bytes(), &value, deadline);
         assert_eq!(
             &got, lines,
             "fixture {name} ({open} open): key {key} reads wrong (left: the server's answers, \
@@ -664,11 +743,13 @@ fn freeze() {
     let running =
         copse_server::start(server_config(&fixture.join("store"), &fixture_settings(&fixture)))
             .unwrap();
-    let model = write_recipe(Client::connect(running.local_addr));
+    let (model, deadlines) = write_recipe(Client::connect(running.local_addr));
     running.stop().unwrap();
 
-    let contents: Vec<String> =
-        model.iter().flat_map(|(key, value)| describe(key, value)).collect();
+    let contents: Vec<String> = model
+        .iter()
+        .flat_map(|(key, value)| describe(key, value, deadlines.get(key).copied()))
+        .collect();
     std::fs::write(fixture.join("contents.txt"), contents.join("\n") + "\n").unwrap();
     verify_fixture(&fixture);
 }

@@ -12,8 +12,8 @@ use copse::BatchOp;
 use copse::Db;
 
 use super::{
-    by_shard, delete_ops, key_type, lowercase, on_key, KeyTarget, pack_batches, parse_i64, unexpected, Call,
-    Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
+    by_shard, delete_ops, key_type, lowercase, on_key, pack_batches, parse_i64, stored_type,
+    unexpected, Call, Expiry, Input, KeyTarget, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
 };
 use crate::cmd::run_outcome;
 use crate::keyspace::{self, decode_meta, KeyType};
@@ -42,49 +42,7 @@ pub fn specs() -> Vec<Spec> {
         spec("dbsize", 1, R, 0, 0, 0, "Returns the number of keys.", dbsize as _),
         spec("flushall", -1, W, 0, 0, 0, "Deletes every key.", flushall as _),
         spec("flushdb", -1, W, 0, 0, 0, "Deletes every key of the database.", flushall as _),
-        spec("expire", -3, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
-        spec("pexpire", -3, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
-        spec("expireat", -3, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
-        spec("pexpireat", -3, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
-        spec("setex", 4, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
-        spec("psetex", 4, W, 1, 1, 1, "Key expiry: not supported yet.", expiry as _),
-        spec(
-            "ttl",
-            2,
-            R,
-            1,
-            1,
-            1,
-            "Seconds to live: -1 (keys never expire), -2 if missing.",
-            ttl as _,
-        ),
-        spec("pttl", 2, R, 1, 1, 1, "Milliseconds to live: -1, or -2 if missing.", ttl as _),
-        spec("persist", 2, W, 1, 1, 1, "Removes a TTL: keys have none, so 0.", persist as _),
     ]
-}
-
-/// Expiry is not implemented: refuse clearly rather than store a key that would never expire.
-fn expiry(call: &mut Call<'_>) -> Outcome {
-    Outcome::error(format!(
-        "ERR key expiry ({}) is not supported yet by copse; nothing was changed",
-        call.word(0).to_uppercase()
-    ))
-}
-
-/// TTL and PTTL: keys never expire in copse, so -1 for an existing key, -2 for a missing one.
-fn ttl(call: &mut Call<'_>) -> Outcome {
-    let key = call.args[1].clone();
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
-        Input::Start => {
-            Next::Reply(Reply::Integer(if key_type(view, &key).is_some() { -1 } else { -2 }))
-        }
-        _ => unexpected(),
-    })
-}
-
-/// PERSIST: no key has a TTL to remove.
-fn persist(_call: &mut Call<'_>) -> Outcome {
-    Outcome::Reply(Reply::Integer(0))
 }
 
 fn del(call: &mut Call<'_>) -> Outcome {
@@ -100,9 +58,15 @@ fn del(call: &mut Call<'_>) -> Outcome {
             Input::Start => {
                 let mut per_key = Vec::new();
                 for key in &group {
-                    if let Some(ty) = key_type(view, key) {
-                        deleted += 1;
-                        per_key.push(delete_ops(key, ty));
+                    let expiry = Expiry::of(view, key);
+                    match expiry.live(stored_type(view, key)) {
+                        Some(ty) => {
+                            deleted += 1;
+                            per_key.push(delete_ops(key, ty, &expiry));
+                        }
+                        // Not counted (it is missing), but deleted now rather than later.
+                        None if expiry.expired() => per_key.push(expiry.before(Vec::new())),
+                        None => {}
                     }
                 }
                 batches = pack_batches(per_key);
@@ -165,8 +129,9 @@ fn type_of(call: &mut Call<'_>) -> Outcome {
     })
 }
 
-/// One page of the key space in SCAN order, from `cursor`: up to `count` meta items, and the
-/// cursor after them (0 when the key space is exhausted).
+/// One page of the key space in SCAN order, from `cursor`: up to `count` meta items of live
+/// keys (an expired key is listed by no SCAN or KEYS), and the cursor after the page's items
+/// (0 when the key space is exhausted).
 async fn scan_page(db: &Db, cursor: u64, count: usize) -> Result<(Vec<Vec<u8>>, u64), Reply> {
     let mut plan = Plan::new();
     let start = keyspace::meta_scan_start(cursor);
@@ -177,7 +142,17 @@ async fn scan_page(db: &Db, cursor: u64, count: usize) -> Result<(Vec<Vec<u8>>, 
         plan.add(shard, vec![], move |view, input| match input {
             Input::Start => {
                 let items = view.keys(Bound::Included(&start), Bound::Excluded(&end), count + 1);
-                Next::Reply(Reply::Array(items.into_iter().map(Reply::Bulk).collect()))
+                // An expired key's item still moves the cursor: it comes back as an array.
+                let listed = items.into_iter().map(|item| {
+                    let expired = decode_meta(&item)
+                        .is_some_and(|(_, key, _)| Expiry::of(view, key).expired());
+                    if expired {
+                        Reply::Array(vec![Reply::Bulk(item)])
+                    } else {
+                        Reply::Bulk(item)
+                    }
+                });
+                Next::Reply(Reply::Array(listed.collect()))
             }
             _ => unexpected(),
         });
@@ -186,11 +161,16 @@ async fn scan_page(db: &Db, cursor: u64, count: usize) -> Result<(Vec<Vec<u8>>, 
         Reply::Array(pages) => pages,
         other => return Err(other),
     };
-    let mut items = Vec::new();
+    // (item, live)
+    let mut items: Vec<(Vec<u8>, bool)> = Vec::new();
     for page in pages {
         match page {
             Reply::Array(page) => items.extend(page.into_iter().filter_map(|item| match item {
-                Reply::Bulk(item) => Some(item),
+                Reply::Bulk(item) => Some((item, true)),
+                Reply::Array(mut expired) => match expired.pop() {
+                    Some(Reply::Bulk(item)) => Some((item, false)),
+                    _ => None,
+                },
                 _ => None,
             })),
             other => return Err(other),
@@ -198,11 +178,11 @@ async fn scan_page(db: &Db, cursor: u64, count: usize) -> Result<(Vec<Vec<u8>>, 
     }
     items.sort_unstable();
     let next = match items.get(count) {
-        Some(item) => decode_meta(item).map_or(0, |(hash, _, _)| hash),
+        Some((item, _)) => decode_meta(item).map_or(0, |(hash, _, _)| hash),
         None => 0,
     };
     items.truncate(count);
-    Ok((items, next))
+    Ok((items.into_iter().filter_map(|(item, live)| live.then_some(item)).collect(), next))
 }
 
 /// Redis's glob matching (`*`, `?`, `[...]` with ranges and `^`, `\` escapes), byte-wise.
@@ -372,14 +352,25 @@ fn keys(call: &mut Call<'_>) -> Outcome {
 /// encoded, and the reply element and its allocation while the reply is built (~64 bytes).
 const KEY_REPLY_OVERHEAD_BYTES: usize = 64;
 
-/// Keys in the whole store (meta items, counted in each shard's index).
+/// Keys in the whole store (meta items, counted in each shard's index). As in Redis, a key
+/// whose deadline passed counts until it is deleted (active expiry does so within a round).
 pub async fn key_count(db: &Db) -> Result<i64, Reply> {
+    item_count(db, keyspace::meta_scan_start(0), keyspace::meta_scan_end()).await
+}
+
+/// Keys with an expiry (expiry items): INFO's `expires`.
+pub async fn expiring_key_count(db: &Db) -> Result<i64, Reply> {
+    let tag = keyspace::TAG_EXPIRY;
+    item_count(db, vec![tag], vec![tag + 1]).await
+}
+
+/// Items in `[start, end)` over every shard's index.
+async fn item_count(db: &Db, start: Vec<u8>, end: Vec<u8>) -> Result<i64, Reply> {
     let mut plan = Plan::new();
     for shard in 0..db.shard_count() {
+        let (start, end) = (start.clone(), end.clone());
         plan.add(shard, vec![], move |view, input| match input {
             Input::Start => {
-                let start = keyspace::meta_scan_start(0);
-                let end = keyspace::meta_scan_end();
                 let count = view.count(Bound::Included(&start), Bound::Excluded(&end), usize::MAX);
                 Next::Reply(Reply::Integer(count as i64))
             }

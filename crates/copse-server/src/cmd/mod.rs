@@ -10,6 +10,7 @@
 //!
 //! Reading order: this file, then `strings.rs`, `keys.rs`, `hashes.rs`, `zsets.rs`, `server.rs`.
 
+pub mod expiry;
 pub mod hashes;
 pub mod keys;
 pub mod orphans;
@@ -308,18 +309,24 @@ pub fn by_shard(db: &Db, keys: &[Vec<u8>]) -> Vec<(u32, Vec<usize>)> {
     order.into_iter().map(|shard| (shard, groups.remove(&shard).expect("grouped"))).collect()
 }
 
-/// The type of Redis key `key` as the shard's index knows it (no I/O): one lookup for a string,
-/// and no more while the shard holds no hash or sorted set (`collection_type`).
+/// The type of Redis key `key` as the shard's index knows it (no I/O), None for a missing or
+/// expired key: one lookup for a string, and no more while the shard holds no hash or sorted
+/// set (`stored_collection_type`) and no expiry (`Expiry::of`).
 pub fn key_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
+    Expiry::of(view, key).live(stored_type(view, key))
+}
+
+/// The type of the meta item `key` has, expired or not (the collectors' view).
+pub fn stored_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
     if view.contains(&keyspace::meta_key(key, KeyType::String)) {
         return Some(KeyType::String);
     }
-    collection_type(view, key)
+    stored_collection_type(view, key)
 }
 
-/// Whether `key` is a hash or a sorted set, and which: no lookup at all in a shard that holds
-/// neither (`may_hold_collections`).
-pub fn collection_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
+/// `stored_type` for a hash or a sorted set: no lookup at all in a shard that holds neither
+/// (`may_hold_collections`).
+pub fn stored_collection_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
     if !may_hold_collections(view) {
         return None;
     }
@@ -335,13 +342,104 @@ pub fn may_hold_collections(view: &ExecView<'_>) -> bool {
     view.has_keys_starting_with(keyspace::TAG_FIELD) || view.has_keys_starting_with(keyspace::TAG_ZSET)
 }
 
-/// Whether `key` holds a `ty` (false: no such key), or WRONGTYPE for a key of another type.
-pub fn exists_as(view: &ExecView<'_>, key: &[u8], ty: KeyType) -> Result<bool, Reply> {
-    match key_type(view, key) {
-        None => Ok(false),
-        Some(found) if found == ty => Ok(true),
-        Some(_) => Err(Reply::error(WRONGTYPE)),
+/// Unix time in milliseconds: what deadlines are compared with.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+/// The deadline of `key`'s expiry item, expired or not: one index step, none in a shard that
+/// holds no expiry item.
+pub fn stored_deadline(view: &ExecView<'_>, key: &[u8]) -> Option<u64> {
+    if !view.has_keys_starting_with(keyspace::TAG_EXPIRY) {
+        return None;
     }
+    let (start, end) = keyspace::expiry_range(key);
+    let items = view.keys(bound_ref(&start), bound_ref(&end), 1);
+    items.first().and_then(|item| keyspace::decode_expiry(item, key))
+}
+
+/// A key's expiry as an exec finds it, decided once against one clock reading, so that every
+/// step of the exec agrees on whether the key is there (as Redis decides once per command).
+#[derive(Debug, Default)]
+pub struct Expiry {
+    /// The deadline of a live key that has one.
+    pub deadline_ms: Option<u64>,
+    /// For a key whose deadline passed: the writes that delete it (its meta item, its orphan
+    /// record, its expiry and due items). Such a key reads as missing; a command that writes
+    /// it writes these first, in the same batch (`Expiry::before`).
+    reclaim: Vec<BatchOp>,
+}
+
+impl Expiry {
+    /// `key`'s expiry in `view` now: no lookup in a shard with no expiry item.
+    pub fn of(view: &ExecView<'_>, key: &[u8]) -> Expiry {
+        let Some(deadline) = stored_deadline(view, key) else { return Expiry::default() };
+        if deadline > now_ms() {
+            return Expiry { deadline_ms: Some(deadline), reclaim: Vec::new() };
+        }
+        let mut reclaim = stored_type(view, key).map_or_else(Vec::new, |ty| type_delete_ops(key, ty));
+        reclaim.extend(ttl_ops(key, Some(deadline), None));
+        Expiry { deadline_ms: None, reclaim }
+    }
+
+    /// Whether the key's deadline passed: it reads as missing.
+    pub fn expired(&self) -> bool {
+        !self.reclaim.is_empty()
+    }
+
+    /// The key's type as commands see it: `stored` unless the key expired.
+    pub fn live(&self, stored: Option<KeyType>) -> Option<KeyType> {
+        if self.expired() {
+            None
+        } else {
+            stored
+        }
+    }
+
+    /// `ops`, a write of the key, preceded by the deletes of the expired key it replaces, with
+    /// one operation per item (the last one on an item wins).
+    pub fn before(&self, ops: Vec<BatchOp>) -> Vec<BatchOp> {
+        if !self.expired() {
+            return ops;
+        }
+        let mut all = self.reclaim.clone();
+        all.extend(ops);
+        last_op_wins(all)
+    }
+}
+
+/// The writes that move `key`'s expiry from `old` to `new` (either None: no expiry): its
+/// expiry item and its due item change together.
+pub fn ttl_ops(key: &[u8], old: Option<u64>, new: Option<u64>) -> Vec<BatchOp> {
+    if old == new {
+        return Vec::new();
+    }
+    let mut ops = Vec::with_capacity(4);
+    if let Some(old) = old {
+        ops.push(BatchOp::Delete { key: keyspace::expiry_key(key, old) });
+        ops.push(BatchOp::Delete { key: keyspace::due_key(old, key) });
+    }
+    if let Some(new) = new {
+        ops.push(BatchOp::Put { key: keyspace::expiry_key(key, new), value: Vec::new() });
+        ops.push(BatchOp::Put { key: keyspace::due_key(new, key), value: Vec::new() });
+    }
+    ops
+}
+
+/// `ops` with only the last operation on each item key, in their order: a batch that deletes
+/// an expired key and writes it anew names some items twice.
+pub fn last_op_wins(ops: Vec<BatchOp>) -> Vec<BatchOp> {
+    let op_key = |op: &BatchOp| match op {
+        BatchOp::Put { key, .. } | BatchOp::Delete { key } => key.clone(),
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut keep = vec![false; ops.len()];
+    for (at, op) in ops.iter().enumerate().rev() {
+        keep[at] = seen.insert(op_key(op));
+    }
+    ops.into_iter().zip(keep).filter_map(|(op, keep)| keep.then_some(op)).collect()
 }
 
 /// Refuses a write that does not fit one atomic batch (`copse::check_write`, the
@@ -370,6 +468,8 @@ pub struct Coll {
     pub ty: KeyType,
     pub meta: Option<keyspace::CollectionMeta>,
     pub id: Vec<u8>,
+    /// The key's expiry as the exec found it at its start (an expired key has no meta).
+    pub expiry: Expiry,
 }
 
 impl Coll {
@@ -383,22 +483,28 @@ impl Coll {
     }
 
     /// The writes that leave the collection with `count` elements: its meta item with the new
-    /// count (created with this id's version if the key is new), or deleted at 0. The caller
-    /// writes or deletes the elements themselves in the same batch.
-    pub fn meta_ops(&self, count: usize) -> Option<BatchOp> {
+    /// count (created with this id's version if the key is new, replacing an expired key), or
+    /// deleted with its expiry at 0. The caller writes or deletes the elements themselves in
+    /// the same batch.
+    pub fn meta_ops(&self, count: usize) -> Vec<BatchOp> {
         let key = keyspace::meta_key(&self.key, self.ty);
         if count == 0 {
-            return self.exists().then_some(BatchOp::Delete { key });
+            if !self.exists() {
+                return Vec::new();
+            }
+            let mut ops = vec![BatchOp::Delete { key }];
+            ops.extend(ttl_ops(&self.key, self.expiry.deadline_ms, None));
+            return ops;
         }
         if self.count() == count && self.exists() {
-            return None;
+            return Vec::new();
         }
         let meta = keyspace::CollectionMeta {
             version: keyspace::id_version(&self.id),
             count: count as u64,
             deadline_ms: self.meta.and_then(|meta| meta.deadline_ms),
         };
-        Some(BatchOp::Put { key, value: meta.encode() })
+        self.expiry.before(vec![BatchOp::Put { key, value: meta.encode() }])
     }
 }
 
@@ -450,6 +556,7 @@ where
     let target = KeyTarget::of(call.db(), &key);
     let mut key = Some(key);
     let mut coll: Option<Coll> = None;
+    let mut expiry = Expiry::default();
     on_key_grouped(target, grouped, move |view, input| {
         if let Some(coll) = coll.as_mut() {
             return step(view, input, coll);
@@ -457,14 +564,15 @@ where
         let meta = match input {
             Input::Start => {
                 let key = key.as_ref().expect("the key is taken once the meta item is known");
-                match exists_as(view, key, ty) {
-                    Err(error) => return Next::Reply(error),
-                    Ok(true) => {
+                expiry = Expiry::of(view, key);
+                match expiry.live(stored_type(view, key)) {
+                    Some(found) if found != ty => return Next::Reply(Reply::error(WRONGTYPE)),
+                    Some(_) => {
                         return Next::Read(smallvec::smallvec![ReadOp::Get(keyspace::meta_key(
                             key, ty
                         ))])
                     }
-                    Ok(false) => None,
+                    None => None,
                 }
             }
             Input::Read(mut results) => match value_of(results.pop()) {
@@ -482,7 +590,8 @@ where
             None => unused_version(view, &key),
         };
         let id = keyspace::collection_id(&key, version);
-        let coll = coll.insert(Coll { key, ty, meta, id });
+        let expiry = std::mem::take(&mut expiry);
+        let coll = coll.insert(Coll { key, ty, meta, id, expiry });
         step(view, Input::Start, coll)
     })
 }
@@ -587,10 +696,18 @@ where
     })
 }
 
-/// The writes that delete Redis key `key` of type `ty`: its meta item, and for a hash or a sorted
-/// set its orphan record, so that the orphan collector deletes the elements of the version that
-/// dies here (`cmd/orphans.rs`). Two small items whatever the collection holds; no I/O.
-pub fn delete_ops(key: &[u8], ty: KeyType) -> Vec<BatchOp> {
+/// The writes that delete live Redis key `key` of type `ty` (`type_delete_ops`) and its expiry.
+pub fn delete_ops(key: &[u8], ty: KeyType, expiry: &Expiry) -> Vec<BatchOp> {
+    let mut ops = type_delete_ops(key, ty);
+    ops.extend(ttl_ops(key, expiry.deadline_ms, None));
+    ops
+}
+
+/// The writes that delete Redis key `key` of type `ty`, not its expiry: its meta item, and for a
+/// hash or a sorted set its orphan record, so that the orphan collector deletes the elements of
+/// the version that dies here (`cmd/orphans.rs`). Two small items whatever the collection holds;
+/// no I/O.
+pub fn type_delete_ops(key: &[u8], ty: KeyType) -> Vec<BatchOp> {
     let mut ops = vec![BatchOp::Delete { key: keyspace::meta_key(key, ty) }];
     if ty != KeyType::String {
         ops.push(BatchOp::Put { key: keyspace::orphans_key(key), value: Vec::new() });
@@ -759,6 +876,7 @@ pub fn table() -> &'static [Spec] {
         let mut specs = Vec::new();
         specs.extend(strings::specs());
         specs.extend(keys::specs());
+        specs.extend(expiry::specs());
         specs.extend(hashes::specs());
         specs.extend(zsets::specs());
         specs.extend(server::specs());
@@ -1060,6 +1178,26 @@ mod tests {
         for bad in [&b""[..], b"nan", b" 1", b"abc", b"1.5x", b"1e400", b"1e-400"] {
             assert_eq!(parse_f64(bad), None);
         }
+    }
+
+    /// A write over an expired key names some items twice (deleted, then written): the batch
+    /// keeps only the last operation on each, in order.
+    #[test]
+    fn the_last_operation_on_an_item_wins() {
+        let put = |key: &str, value: &str| BatchOp::Put {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+        };
+        let delete = |key: &str| BatchOp::Delete { key: key.as_bytes().to_vec() };
+        let ops = vec![delete("m"), put("o", ""), delete("e"), put("m", "new"), put("e", "x")];
+        assert_eq!(last_op_wins(ops), vec![put("o", ""), put("m", "new"), put("e", "x")]);
+        let ops = vec![put("a", "1"), delete("a")];
+        assert_eq!(last_op_wins(ops), vec![delete("a")]);
+        // Moving a deadline: four distinct items, all kept.
+        let moved = ttl_ops(b"k", Some(1), Some(2));
+        assert_eq!(last_op_wins(moved.clone()), moved);
+        assert_eq!(moved.len(), 4);
+        assert!(ttl_ops(b"k", Some(7), Some(7)).is_empty());
     }
 
     #[test]

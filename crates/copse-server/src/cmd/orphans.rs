@@ -154,7 +154,7 @@ fn collect_once(db: &Db, key: Vec<u8>) -> super::Outcome {
     super::on_key(target, move |view, input| {
         let live: Option<CollectionMeta> = match input {
             Input::Start => {
-                live_ty = super::collection_type(view, &key);
+                live_ty = super::stored_collection_type(view, &key);
                 if let Some(ty) = live_ty {
                     let meta = keyspace::meta_key(&key, ty);
                     return Next::Read(smallvec::smallvec![ReadOp::Get(meta)]);

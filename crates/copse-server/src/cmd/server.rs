@@ -34,6 +34,7 @@ pub fn specs() -> Vec<Spec> {
         spec("client", -2, A, "Commands about client connections.", client as _),
         spec("command", -1, F, "Returns information about commands.", command as _),
         spec("config", -2, A, "Gets or sets settings.", config as _),
+        spec("debug", -2, A, "Debugging: SET-ACTIVE-EXPIRE 0|1 only.", debug as _),
         spec("info", -1, F, "Returns information about the server.", info as _),
         spec("time", 1, F, "Returns the server time.", time as _),
         spec(
@@ -443,6 +444,24 @@ fn config(call: &mut Call<'_>) -> Outcome {
     }
 }
 
+/// DEBUG: of Redis's subcommands, SET-ACTIVE-EXPIRE, which test suites (Redis's own among them)
+/// send to see expired keys that active expiry has not deleted yet.
+fn debug(call: &mut Call<'_>) -> Outcome {
+    match (call.word(1).as_str(), call.args.len()) {
+        ("set-active-expire", 3) => {
+            let Some(on) = super::parse_i64(&call.args[2]) else {
+                return Outcome::error(super::NOT_INTEGER);
+            };
+            call.server.settings.active_expire.store(on != 0, Ordering::Relaxed);
+            Outcome::Reply(Reply::ok())
+        }
+        _ => Outcome::error(format!(
+            "ERR DEBUG {} is not supported by copse (only SET-ACTIVE-EXPIRE)",
+            String::from_utf8_lossy(&call.args[1])
+        )),
+    }
+}
+
 fn time(_call: &mut Call<'_>) -> Outcome {
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -510,6 +529,7 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
     let stats = &server.stats;
     let store = server.db.stats_async().await.ok();
     let keys = keys::key_count(&server.db).await.unwrap_or(0);
+    let expires = keys::expiring_key_count(&server.db).await.unwrap_or(0);
     let mut out = String::new();
     for section in INFO_SECTIONS.iter().filter(|s| wanted.iter().any(|w| w == *s)) {
         if !out.is_empty() {
@@ -568,6 +588,7 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                 line("total_net_output_bytes", &stats.net_output_bytes.load(Ordering::Relaxed));
                 line("rejected_connections", &stats.rejected_connections.load(Ordering::Relaxed));
                 line("total_error_replies", &0);
+                line("expired_keys", &stats.expired_keys.load(Ordering::Relaxed));
                 line("copse_protocol_errors", &stats.protocol_errors.load(Ordering::Relaxed));
                 line(
                     "copse_output_limit_closes",
@@ -592,7 +613,9 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     line("keyspace_misses", &misses);
                 }
             }
-            "keyspace" if keys > 0 => line("db0", &format!("keys={keys},expires=0,avg_ttl=0")),
+            "keyspace" if keys > 0 => {
+                line("db0", &format!("keys={keys},expires={expires},avg_ttl=0"))
+            }
             "copse" => {
                 line("shards", &server.db.shard_count());
                 let depths = server.db.queue_depths();

@@ -9,10 +9,10 @@ use copse::exec::{ExecView, ReadOp, ReadResults};
 use copse::BatchOp;
 
 use super::{
-    answer, by_shard, check_value, collection_type, delete_ops, key_type, on_key, KeyTarget, on_key_grouped, pack_batches,
-    parse_f64,
-    parse_i64, unexpected, value_of, Call, Input, Next, Outcome, Plan, Spec, NOT_FLOAT,
-    NOT_INTEGER, SYNTAX, WRONGTYPE,
+    answer, by_shard, check_value, delete_ops, key_type, now_ms, on_key, on_key_grouped,
+    pack_batches, parse_f64, parse_i64, stored_collection_type, stored_type, ttl_ops,
+    type_delete_ops, unexpected, value_of, Call, Expiry, Input, KeyTarget, Next, Outcome, Plan,
+    Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX, WRONGTYPE,
 };
 use crate::keyspace::{meta_key, KeyType};
 use crate::resp::{format_double, Reply};
@@ -26,6 +26,9 @@ pub fn specs() -> Vec<Spec> {
     vec![
         spec("get", 2, R, 1, 1, 1, "Returns the string value of a key.", get as _),
         spec("set", -3, W, 1, 1, 1, "Sets the string value of a key.", set as _),
+        spec("setex", 4, W, 1, 1, 1, "Sets a value and its expiry in seconds.", setex as _),
+        spec("psetex", 4, W, 1, 1, 1, "Sets a value and its expiry in milliseconds.", psetex as _),
+        spec("getex", -2, W, 1, 1, 1, "Returns a value and sets or removes its expiry.", getex as _),
         spec("setnx", 3, W, 1, 1, 1, "Sets a key's value only if it does not exist.", setnx as _),
         spec("getset", 3, W, 1, 1, 1, "Sets a key's value and returns the old one.", getset as _),
         spec("getdel", 2, W, 1, 1, 1, "Returns a key's value and deletes the key.", getdel as _),
@@ -74,6 +77,8 @@ where
     // Taken from the request, not copied: the program reads with it.
     let key = std::mem::take(&mut call.args[1]);
     on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
+        // An expired key reads as missing, with no read (no lookup in a shard without expiries).
+        Input::Start if Expiry::of(view, &key).expired() => done(view, None),
         Input::Start => read_string(&key),
         Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
             Ok(value) => done(view, value),
@@ -83,17 +88,47 @@ where
     })
 }
 
-/// Writes `value` as string `key`, replacing whatever type the key held, then answers `reply`.
-/// `existing` is the key's type as the exec found it (`key_type`).
-fn put_string(key: &[u8], existing: Option<KeyType>, value: Vec<u8>) -> Vec<BatchOp> {
+/// What a write of a string does to the key's expiry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum SetTtl {
+    /// Removes it (SET, GETSET, MSET).
+    #[default]
+    Clear,
+    /// Keeps it (SET ... KEEPTTL).
+    Keep,
+    /// Sets this deadline, Unix time in milliseconds.
+    At(u64),
+}
+
+/// Writes `value` as string `key`, replacing whatever the key held: `existing` is its live type
+/// and `expiry` its expiry as the exec found them (an expired key is deleted in the same batch).
+fn put_string(
+    key: &[u8],
+    existing: Option<KeyType>,
+    expiry: &Expiry,
+    value: Vec<u8>,
+    ttl: SetTtl,
+) -> Vec<BatchOp> {
     let mut ops = Vec::new();
     if let Some(ty) = existing {
         if ty != KeyType::String {
-            ops = delete_ops(key, ty);
+            ops = type_delete_ops(key, ty);
         }
     }
     ops.push(BatchOp::Put { key: meta_key(key, KeyType::String), value });
-    ops
+    let deadline = match ttl {
+        SetTtl::Clear => None,
+        SetTtl::Keep => expiry.deadline_ms,
+        SetTtl::At(deadline) => Some(deadline),
+    };
+    ops.extend(ttl_ops(key, expiry.deadline_ms, deadline));
+    expiry.before(ops)
+}
+
+/// `put_string` of `value` over whatever `key` holds in `view`, its expiry removed (MSET).
+fn overwrite(view: &ExecView<'_>, key: &[u8], value: Vec<u8>) -> Vec<BatchOp> {
+    let expiry = Expiry::of(view, key);
+    put_string(key, expiry.live(stored_type(view, key)), &expiry, value, SetTtl::Clear)
 }
 
 /// The last write step, whose answer is fixed in advance (given once the write is durable).
@@ -111,27 +146,177 @@ struct SetOptions {
     nx: bool,
     xx: bool,
     get: bool,
+    ttl: SetTtl,
+}
+
+/// The expiry options SET and GETEX take, as Redis 7.2 parses them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ExpiryUnit {
+    /// EX: seconds from now.
+    Seconds,
+    /// PX: milliseconds from now.
+    Milliseconds,
+    /// EXAT: Unix time in seconds.
+    UnixSeconds,
+    /// PXAT: Unix time in milliseconds.
+    UnixMilliseconds,
+}
+
+impl ExpiryUnit {
+    fn parse(word: &str) -> Option<ExpiryUnit> {
+        match word {
+            "ex" => Some(ExpiryUnit::Seconds),
+            "px" => Some(ExpiryUnit::Milliseconds),
+            "exat" => Some(ExpiryUnit::UnixSeconds),
+            "pxat" => Some(ExpiryUnit::UnixMilliseconds),
+            _ => None,
+        }
+    }
+
+    /// The deadline `amount` names, Unix time in milliseconds, or Redis's error for a
+    /// non-positive amount or one whose deadline overflows (`command` names the command).
+    fn deadline_ms(self, amount: &[u8], command: &str) -> Result<u64, Reply> {
+        let amount = parse_i64(amount).ok_or_else(|| Reply::error(NOT_INTEGER))?;
+        let invalid = || Reply::Error(format!("ERR invalid expire time in '{command}' command"));
+        let seconds = matches!(self, ExpiryUnit::Seconds | ExpiryUnit::UnixSeconds);
+        if amount <= 0 || (seconds && amount > i64::MAX / 1000) {
+            return Err(invalid());
+        }
+        let ms = if seconds { amount * 1000 } else { amount };
+        let ms = match self {
+            ExpiryUnit::Seconds | ExpiryUnit::Milliseconds => {
+                ms.checked_add(now_ms() as i64).ok_or_else(invalid)?
+            }
+            _ => ms,
+        };
+        Ok(ms as u64)
+    }
 }
 
 fn set(call: &mut Call<'_>) -> Outcome {
     let mut options = SetOptions::default();
-    for at in 3..call.args.len() {
-        match call.word(at).as_str() {
-            "nx" if !options.xx => options.nx = true,
-            "xx" if !options.nx => options.xx = true,
-            "get" => options.get = true,
-            // Keys never expire in copse yet, so keeping the TTL keeps "none".
-            "keepttl" => {}
-            word @ ("ex" | "px" | "exat" | "pxat") => {
-                return Outcome::error(format!(
-                    "ERR key expiry ({}) is not supported yet by copse; the key was not set",
-                    word.to_uppercase()
-                ))
+    // Redis accepts an option named twice (the last value wins), refuses two that conflict, and
+    // checks the expiry's amount once every option parsed.
+    let mut expire: Option<(usize, ExpiryUnit)> = None;
+    let mut keep_ttl = false;
+    let mut at = 3;
+    while at < call.args.len() {
+        let word = call.word(at);
+        match (word.as_str(), ExpiryUnit::parse(&word)) {
+            ("nx", _) if !options.xx => options.nx = true,
+            ("xx", _) if !options.nx => options.xx = true,
+            ("get", _) => options.get = true,
+            ("keepttl", _) if expire.is_none() => keep_ttl = true,
+            (_, Some(this))
+                if !keep_ttl
+                    && expire.is_none_or(|(_, unit)| unit == this)
+                    && at + 1 < call.args.len() =>
+            {
+                expire = Some((at + 1, this));
+                at += 1;
             }
             _ => return Outcome::error(SYNTAX),
         }
+        at += 1;
+    }
+    if keep_ttl {
+        options.ttl = SetTtl::Keep;
+    }
+    if let Some((at, unit)) = expire {
+        match unit.deadline_ms(&call.args[at], "set") {
+            Ok(deadline) => options.ttl = SetTtl::At(deadline),
+            Err(reply) => return Outcome::Reply(reply),
+        }
     }
     set_with(call, options, SetAnswer::Plain)
+}
+
+/// SETEX and PSETEX: SET with EX or PX, the amount before the value.
+fn set_expiring(call: &mut Call<'_>, unit: ExpiryUnit) -> Outcome {
+    let command = call.word(0);
+    let deadline = match unit.deadline_ms(&call.args[2], &command) {
+        Ok(deadline) => deadline,
+        Err(reply) => return Outcome::Reply(reply),
+    };
+    call.args.swap(2, 3);
+    let options = SetOptions { ttl: SetTtl::At(deadline), ..SetOptions::default() };
+    set_with(call, options, SetAnswer::Plain)
+}
+
+fn setex(call: &mut Call<'_>) -> Outcome {
+    set_expiring(call, ExpiryUnit::Seconds)
+}
+
+fn psetex(call: &mut Call<'_>) -> Outcome {
+    set_expiring(call, ExpiryUnit::Milliseconds)
+}
+
+/// GETEX: the value, and its expiry set (EX, PX, EXAT, PXAT; a deadline already past deletes
+/// the key) or removed (PERSIST); without an option, GET.
+fn getex(call: &mut Call<'_>) -> Outcome {
+    // None: leave the expiry; Some(None): PERSIST; Some(Some(amount, unit)).
+    let mut change: Option<Option<(Vec<u8>, ExpiryUnit)>> = None;
+    let mut at = 2;
+    while at < call.args.len() {
+        let word = call.word(at);
+        match (word.as_str(), ExpiryUnit::parse(&word), &change) {
+            ("persist", _, None | Some(None)) => change = Some(None),
+            (_, Some(this), None) | (_, Some(this), Some(Some((_, _)))) => {
+                if matches!(change, Some(Some((_, unit))) if unit != this) {
+                    return Outcome::error(SYNTAX);
+                }
+                let Some(amount) = call.args.get(at + 1) else { return Outcome::error(SYNTAX) };
+                change = Some(Some((amount.clone(), this)));
+                at += 1;
+            }
+            _ => return Outcome::error(SYNTAX),
+        }
+        at += 1;
+    }
+    let key = std::mem::take(&mut call.args[1]);
+    let mut pending = None;
+    let mut expiry = Expiry::default();
+    on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
+        Input::Start => {
+            expiry = Expiry::of(view, &key);
+            if expiry.expired() {
+                return Next::Reply(Reply::Null);
+            }
+            read_string(&key)
+        }
+        Input::Read(mut results) => {
+            let value = match string_or_wrongtype(view, &key, &mut results) {
+                Ok(Some(value)) => value,
+                Ok(None) => return Next::Reply(Reply::Null),
+                Err(wrongtype) => return wrongtype,
+            };
+            let deadline = match &change {
+                None => return Next::Reply(Reply::Bulk(value)),
+                Some(None) => None,
+                // Checked once the key is found, as Redis does.
+                Some(Some((amount, unit))) => match unit.deadline_ms(amount, "getex") {
+                    Ok(deadline) => Some(deadline),
+                    Err(reply) => return Next::Reply(reply),
+                },
+            };
+            // Only a Unix time can be past already (EX and PX count from now, and are positive).
+            let absolute = matches!(
+                change,
+                Some(Some((_, ExpiryUnit::UnixSeconds | ExpiryUnit::UnixMilliseconds)))
+            );
+            let ops = match deadline {
+                Some(deadline) if absolute && deadline <= now_ms() => {
+                    delete_ops(&key, KeyType::String, &expiry)
+                }
+                deadline => ttl_ops(&key, expiry.deadline_ms, deadline),
+            };
+            if ops.is_empty() {
+                return Next::Reply(Reply::Bulk(value));
+            }
+            write_then(ops, Reply::Bulk(value), &mut pending)
+        }
+        Input::Written => answer(&mut pending),
+    })
 }
 
 enum SetAnswer {
@@ -155,25 +340,31 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
     // A plain SET reads nothing and answers OK once its write is durable: it may share a flush
     // with the SETs of the same key before it (a hot key). NX, XX and GET answer from the key.
     let grouped = !options.nx && !options.xx && !options.get;
-    // The key's type, looked up once at the start (the exec holds the key's lock after).
+    // The key's type and expiry, looked up once at the start (the exec holds the key's lock).
     let mut existing = None;
+    let mut expiry = Expiry::default();
     on_key_grouped(target, grouped, move |view, input| {
         match input {
             Input::Start => {
                 // A plain SET needs the key's type only to delete a hash's or sorted set's
                 // items: in a shard that holds none, no lookup at all (one of ~4 per SET).
-                existing = if grouped { collection_type(view, &key) } else { key_type(view, &key) };
+                expiry = Expiry::of(view, &key);
+                existing = expiry.live(if grouped {
+                    stored_collection_type(view, &key)
+                } else {
+                    stored_type(view, &key)
+                });
                 if options.get && existing.is_some_and(|ty| ty != KeyType::String) {
                     return Next::Reply(Reply::error(WRONGTYPE));
                 }
                 if options.get && existing == Some(KeyType::String) {
                     return Next::Read(smallvec::smallvec![ReadOp::Get(meta_key(&key, KeyType::String))]);
                 }
-                decide(&key, existing, None, &options, &kind, &mut value, &mut pending)
+                decide(&key, existing, &expiry, None, &options, &kind, &mut value, &mut pending)
             }
             Input::Read(mut results) => {
                 let old = value_of(results.pop());
-                decide(&key, existing, old, &options, &kind, &mut value, &mut pending)
+                decide(&key, existing, &expiry, old, &options, &kind, &mut value, &mut pending)
             }
             Input::Written => answer(&mut pending),
         }
@@ -184,6 +375,7 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
 fn decide(
     key: &[u8],
     existing: Option<KeyType>,
+    expiry: &Expiry,
     old: Option<Vec<u8>>,
     options: &SetOptions,
     answer: &SetAnswer,
@@ -203,7 +395,7 @@ fn decide(
         return Next::Reply(skipped);
     }
     let Some(value) = value.take() else { return unexpected() };
-    let ops = put_string(key, existing, value);
+    let ops = put_string(key, existing, expiry, value, options.ttl);
     // Replacing a hash or sorted set deletes its meta item and writes its orphan record in the
     // same atomic batch as the new value; a value too large to share that batch is refused,
     // changing nothing.
@@ -226,11 +418,18 @@ fn getset(call: &mut Call<'_>) -> Outcome {
 fn getdel(call: &mut Call<'_>) -> Outcome {
     let key = call.args[1].clone();
     let mut pending = None;
+    let mut expiry = Expiry::default();
     on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
-        Input::Start => read_string(&key),
+        Input::Start => {
+            expiry = Expiry::of(view, &key);
+            if expiry.expired() {
+                return Next::Reply(Reply::Null);
+            }
+            read_string(&key)
+        }
         Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
             Ok(Some(value)) => write_then(
-                vec![BatchOp::Delete { key: meta_key(&key, KeyType::String) }],
+                delete_ops(&key, KeyType::String, &expiry),
                 Reply::Bulk(value),
                 &mut pending,
             ),
@@ -504,7 +703,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
                         }
                         let ops: Vec<BatchOp> = group
                             .into_iter()
-                            .flat_map(|(key, value)| put_string(&key, key_type(view, &key), value))
+                            .flat_map(|(key, value)| overwrite(view, &key, value))
                             .collect();
                         Next::Prepare(vote, ops)
                     }
@@ -530,7 +729,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
                 let per_key: Vec<_> =
                     group
                         .into_iter()
-                        .map(|(key, value)| put_string(&key, key_type(view, &key), value))
+                        .map(|(key, value)| overwrite(view, &key, value))
                         .collect();
                 if let Some(reply) = per_key.iter().find_map(|ops| super::check_batch(ops).err()) {
                     return Next::Reply(reply);
@@ -563,9 +762,17 @@ where
 {
     let key = call.args[1].clone();
     let mut pending = None;
+    let mut expiry = Expiry::default();
     on_key(KeyTarget::of(call.db(), &key), move |view, input| {
         let old = match input {
-            Input::Start => return read_string(&key),
+            Input::Start => {
+                // An expired key is missing: the new value replaces it, with no expiry.
+                expiry = Expiry::of(view, &key);
+                if !expiry.expired() {
+                    return read_string(&key);
+                }
+                None
+            }
             Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
                 Ok(old) => old,
                 Err(wrongtype) => return wrongtype,
@@ -574,7 +781,7 @@ where
         };
         match change(old) {
             Ok((value, reply)) => write_then(
-                vec![BatchOp::Put { key: meta_key(&key, KeyType::String), value }],
+                expiry.before(vec![BatchOp::Put { key: meta_key(&key, KeyType::String), value }]),
                 reply,
                 &mut pending,
             ),

@@ -41,17 +41,24 @@ use crate::fds;
 /// CLI) or with another version is refused, so the server never misreads foreign items.
 fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeError> {
     use crate::keyspace::{
-        marker_value, marker_version, KEYSPACE_FORMAT_VERSION, KEYSPACE_FORMAT_VERSION_UPGRADABLE,
-        MARKER_KEY,
+        marker_value, marker_version, KEYSPACE_FORMAT_VERSION, KEYSPACE_FORMAT_VERSION_NO_EXPIRY,
+        KEYSPACE_FORMAT_VERSION_UNVERSIONED, MARKER_KEY,
     };
     let path = config.path.display().to_string();
+    let mark = || db.put(MARKER_KEY, &marker_value()).map_err(|err| ServeError::Store(err.to_string()));
     match db.get(MARKER_KEY).map_err(|err| ServeError::Store(err.to_string()))? {
         Some(value) => match marker_version(&value) {
             Some(KEYSPACE_FORMAT_VERSION) => Ok(()),
-            Some(KEYSPACE_FORMAT_VERSION_UPGRADABLE) => {
+            Some(KEYSPACE_FORMAT_VERSION_NO_EXPIRY) => {
+                // Version 2 wrote no expiry or due items: only the marker changes.
+                mark()?;
+                tracing::info!(%path, from = KEYSPACE_FORMAT_VERSION_NO_EXPIRY, to = KEYSPACE_FORMAT_VERSION, "key space upgraded");
+                Ok(())
+            }
+            Some(KEYSPACE_FORMAT_VERSION_UNVERSIONED) => {
                 tracing::info!(
                     %path,
-                    from = KEYSPACE_FORMAT_VERSION_UPGRADABLE,
+                    from = KEYSPACE_FORMAT_VERSION_UNVERSIONED,
                     to = KEYSPACE_FORMAT_VERSION,
                     "upgrading the Redis key space"
                 );
@@ -59,8 +66,7 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
                 let moved = futures::executor::block_on(upgrade).map_err(|err| {
                     ServeError::Keyspace(format!("upgrading the key space of the store at {path}: {err}"))
                 })?;
-                let marked = db.put(MARKER_KEY, &marker_value());
-                marked.map_err(|err| ServeError::Store(err.to_string()))?;
+                mark()?;
                 tracing::info!(%path, collections = moved, "key space upgraded");
                 Ok(())
             }
@@ -76,7 +82,7 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
                     "store at {path} holds {items} items that copse serve did not write (it was used through the API or the CLI); serve a store of its own"
                 )));
             }
-            db.put(MARKER_KEY, &marker_value()).map_err(|err| ServeError::Store(err.to_string()))
+            mark()
         }
     }
 }
@@ -202,6 +208,7 @@ pub fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
         client_output_bytes_max: AtomicUsize::new(config.client_output_bytes_max),
         protected_mode: AtomicBool::new(config.protected_mode),
         reserved_fds,
+        active_expire: AtomicBool::new(true),
     };
     if config.protected_mode && config.requirepass.is_empty() && !bind_is_loopback(&config.bind) {
         tracing::warn!(
@@ -306,6 +313,7 @@ fn run_main(
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async {
         tokio::task::spawn_local(crate::cmd::orphans::run(server.clone()));
+        tokio::task::spawn_local(crate::cmd::expiry::run(server.clone()));
         let listener = tokio::net::TcpListener::from_std(listener).map_err(ServeError::Runtime)?;
         if let Some(metrics_listener) = metrics_listener {
             let metrics_listener =
