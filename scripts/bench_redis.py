@@ -14,7 +14,8 @@ and reports the server's CPU microseconds per request beside its throughput.
 there) to the alternation, as `copse@REV`, to compare two builds of the server in one run (the two swap places every other repeat, so
 neither always runs first);
 `--no-redis` leaves the Redis servers out. `--tests`, `--pipelines`, `--clients` and
-`--value-bytes` choose the cases.
+`--value-bytes` choose the cases. `--expire-s N` makes every SET a `SET key value EX N` (the
+preload's too), so GETs read keys that carry an expiry.
 
 Usage: python3 scripts/bench_redis.py [--repeats 3] [--requests 100000] [--out FILE]
 Needs redis-server and redis-benchmark (Debian: apt-get install redis-server redis-tools) and a
@@ -108,17 +109,26 @@ def redis_server(workdir, durable):
     return Server(name, argv, port, data)
 
 
-def run_benchmark(server, test, pipeline, requests, keyspace, clients=50, value_bytes=1024):
-    argv = ["redis-benchmark", "-p", str(server.port), "-t", test, "-d", str(value_bytes),
+def run_benchmark(server, test, pipeline, requests, keyspace, clients=50, value_bytes=1024,
+                  expire_s=None):
+    argv = ["redis-benchmark", "-p", str(server.port), "-d", str(value_bytes),
             "-c", str(clients), "-P", str(pipeline), "-n", str(requests)]
     # --keyspace 0: no -r, so every request names the same key (a hot key).
     if keyspace > 0:
         argv += ["-r", str(keyspace)]
+    if test == "set" and expire_s:
+        # The key names redis-benchmark's own SET uses, so GET finds them; the command last.
+        argv += ["SET", "key:__rand_int__", "x" * value_bytes, "EX", str(expire_s)]
+    else:
+        argv += ["-t", test]
     cpu_before = process_cpu_seconds(server.process.pid)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=1800).stdout
     cpu_us_per_request = (process_cpu_seconds(server.process.pid) - cpu_before) * 1e6 / requests
     out = out.replace("\r", "\n")
-    rps = float(re.search(r"throughput summary: ([\d.]+) requests per second", out).group(1))
+    found = re.search(r"throughput summary: ([\d.]+) requests per second", out)
+    if found is None:
+        raise RuntimeError(f"{server.name}: redis-benchmark gave no summary: {' '.join(argv)[:300]}\n{out[-2000:]}")
+    rps = float(found.group(1))
     summary = re.search(r"latency summary \(msec\):\s*\n\s*avg\s+min\s+p50\s+p95\s+p99\s+max\s*\n\s*([\d.\s]+)\n", out)
     avg, low, p50, p95, p99, high = (float(x) for x in summary.group(1).split())
     p999 = None
@@ -145,6 +155,8 @@ def main():
     parser.add_argument("--pipelines", default="1,16", help="pipeline depths, comma-separated")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--value-bytes", type=int, default=1024)
+    parser.add_argument("--expire-s", type=int, default=None,
+                        help="SET with EX this many seconds (the preload too)")
     args = parser.parse_args()
     for tool in ("redis-server", "redis-benchmark"):
         if not shutil.which(tool):
@@ -160,7 +172,7 @@ def main():
     pipelines = [int(p) for p in args.pipelines.split(",")]
     tests = args.tests.split(",")
     cases = [(test, pipeline) for pipeline in pipelines for test in tests]
-    shape = dict(clients=args.clients, value_bytes=args.value_bytes)
+    shape = dict(clients=args.clients, value_bytes=args.value_bytes, expire_s=args.expire_s)
     results = {}
     try:
         for server in servers:

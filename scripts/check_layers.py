@@ -66,7 +66,7 @@ CRATES = {
     ),
     "crates/copse-server": (
         [
-            ["config", "resp", "fds"],
+            ["config", "resp", "fds", "waiters"],
             ["keyspace"],
             ["context"],
             ["cmd"],

@@ -116,6 +116,8 @@ def test_expire_family_answers_as_redis_does(diff):
         EXPIRE e 300 xx
         TTL e
         EXPIRE e abc
+        EXPIRE e abc foo
+        EXPIRE e 9223372036854775807 foo
         PEXPIRE e 1.5
         EXPIRE e 9223372036854775807
         EXPIRE e -9223372036854775807
@@ -243,6 +245,51 @@ def test_expiry_on_every_type_answers_as_redis_does(diff):
         HSET p f v
         PEXPIRE p 1
     """)
+
+
+def test_a_key_too_long_for_an_expiry_is_refused_clearly(r):
+    """A key of 1,012 to 1,014 bytes can be stored but cannot carry an expiry (its expiry item
+    would pass copse's 1,024-byte item key): every way of giving it one is refused, naming the
+    limit, and changes nothing; EXPIRE of such a key that does not exist answers 0, as Redis."""
+    key = "k" * 1_012
+    assert r.expire(key, 100) is False
+    for attempt in (
+        lambda: r.set(key, "v", ex=100),
+        lambda: r.setex(key, 100, "v"),
+        lambda: r.psetex(key, 100_000, "v"),
+    ):
+        with pytest.raises(redis.ResponseError, match="at most 1011 bytes"):
+            attempt()
+        assert r.exists(key) == 0
+    r.set(key, "v")
+    for attempt in (lambda: r.expire(key, 100), lambda: r.getex(key, ex=100)):
+        with pytest.raises(redis.ResponseError, match="at most 1011 bytes"):
+            attempt()
+    assert r.get(key) == b"v" and r.ttl(key) == -1
+    assert r.expire(key, -1) is True and r.exists(key) == 0, "a deadline in the past deletes it"
+
+
+def test_a_write_never_revives_a_collection_that_expires_during_it(r):
+    """INCR on hashes whose deadline passes around the command: each INCR either finds the hash
+    (WRONGTYPE) or a missing key (1, a string without expiry); never both, so no hash comes
+    back with its fields and no deadline (a review found one that did)."""
+    keys = [f"race{i}" for i in range(20_000)]
+    pipe = r.pipeline(transaction=False)
+    for i, key in enumerate(keys):
+        pipe.hset(key, "f", "v")
+        pipe.pexpire(key, 1 + i % 30)
+        pipe.incr(key)
+    replies = pipe.execute(raise_on_error=False)
+    incremented = [key for key, reply in zip(keys, replies[2::3]) if reply == 1]
+    time.sleep(0.1)
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+        pipe.ttl(key)
+    found = pipe.execute()
+    for key, ty, ttl in zip(keys, found[0::2], found[1::2]):
+        assert ty in (b"string", b"none"), f"{key} is a {ty!r} again (TTL {ttl})"
+    assert all(r.get(key) == b"1" and r.ttl(key) == -1 for key in incremented[:100])
 
 
 def wait_until(predicate, what: str, timeout_s: float = RECLAIM_TIMEOUT_S):

@@ -111,6 +111,8 @@ pub struct Server {
     /// items at start, raised by every write before it is queued (`cmd::dispatch`). Replies
     /// are reserved against it, so small values keep deep pipelines and large ones are bounded.
     pub value_bytes_bound: Arc<AtomicUsize>,
+    /// Clients blocked on list keys (BLPOP and the like).
+    pub waiters: crate::waiters::Waiters,
 }
 
 impl Server {
@@ -135,6 +137,7 @@ impl Server {
             local_addr,
             shutting_down: AtomicBool::new(false),
             value_bytes_bound: Arc::new(AtomicUsize::new(value_bytes_bound)),
+            waiters: crate::waiters::Waiters::default(),
         }
     }
 

@@ -12,6 +12,7 @@
 //! field    'h' len(K)+8:u32be K version:u64be scan_hash(F):u64be F   -> the field's value
 //! member   'z' len(K)+8:u32be K version:u64be 'm' M                  -> score: f64 bits, u64be
 //! by score 'z' len(K)+8:u32be K version:u64be 's' sortable(score):u64be M   -> empty
+//! element  'l' len(K)+8:u32be K version:u64be index:u64be                 -> the element
 //! orphans  'o' len(K):u32be K                 -> empty: K has elements of dead versions
 //! expiry   'e' len(K):u32be K deadline_ms:u64be -> empty: K expires at deadline_ms
 //! due      't' deadline_ms:u64be K            -> empty: the same expiry, in deadline order
@@ -52,13 +53,13 @@ pub const MARKER_MAGIC: &[u8; 4] = b"CRKS";
 /// carry a version, an element count and an expiry in their meta item; elements are keyed by
 /// the collection's id; orphan records). A store in version 1 is upgraded at open
 /// (`cmd/upgrade.rs`); 3 (2026-11-27: expiry and due items; a version 2 store has neither, so
-/// it is upgraded by rewriting the marker).
-pub const KEYSPACE_FORMAT_VERSION: u32 = 3;
+/// it is upgraded by rewriting the marker); 4 (2026-11-27: lists).
+pub const KEYSPACE_FORMAT_VERSION: u32 = 4;
 /// The version whose collections `copse serve` moves to the current format at open.
 pub const KEYSPACE_FORMAT_VERSION_UNVERSIONED: u32 = 1;
-/// The version that differs from the current one only by items it never wrote (expiry): its
-/// stores are upgraded by rewriting the marker.
-pub const KEYSPACE_FORMAT_VERSION_NO_EXPIRY: u32 = 2;
+/// The versions that differ from the current one only by items they never wrote (expiry,
+/// lists): their stores are upgraded by rewriting the marker.
+pub const KEYSPACE_FORMAT_VERSIONS_SUBSET: [u32; 2] = [2, 3];
 
 pub fn marker_value() -> Vec<u8> {
     let mut out = MARKER_MAGIC.to_vec();
@@ -78,6 +79,7 @@ pub fn marker_version(value: &[u8]) -> Option<u32> {
 pub const TAG_META: u8 = b'm';
 pub const TAG_FIELD: u8 = b'h';
 pub const TAG_ZSET: u8 = b'z';
+pub const TAG_LIST: u8 = b'l';
 pub const TAG_ORPHANS: u8 = b'o';
 pub const TAG_EXPIRY: u8 = b'e';
 pub const TAG_DUE: u8 = b't';
@@ -111,10 +113,23 @@ pub enum KeyType {
     String = b's',
     Hash = b'h',
     ZSet = b'z',
+    List = b'l',
 }
 
 impl KeyType {
-    pub const ALL: [KeyType; 3] = [KeyType::String, KeyType::Hash, KeyType::ZSet];
+    pub const ALL: [KeyType; 4] = [KeyType::String, KeyType::Hash, KeyType::ZSet, KeyType::List];
+    /// The types whose elements are items of their own, under the collection's id.
+    pub const COLLECTIONS: [KeyType; 3] = [KeyType::Hash, KeyType::ZSet, KeyType::List];
+
+    /// The tag of this type's element items (None for a string: it has none).
+    pub fn element_tag(self) -> Option<u8> {
+        match self {
+            KeyType::String => None,
+            KeyType::Hash => Some(TAG_FIELD),
+            KeyType::ZSet => Some(TAG_ZSET),
+            KeyType::List => Some(TAG_LIST),
+        }
+    }
 
     pub fn from_byte(byte: u8) -> Option<KeyType> {
         KeyType::ALL.into_iter().find(|ty| *ty as u8 == byte)
@@ -126,6 +141,7 @@ impl KeyType {
             KeyType::String => "string",
             KeyType::Hash => "hash",
             KeyType::ZSet => "zset",
+            KeyType::List => "list",
         }
     }
 }
@@ -167,8 +183,10 @@ pub fn decode_meta(item: &[u8]) -> Option<(u64, &[u8], KeyType)> {
     Some((hash, &item[9..item.len() - 1], ty))
 }
 
-/// Bit of `CollectionMeta`'s flags byte: an expiry deadline follows. persisted: never renumber
+/// Bits of `CollectionMeta`'s flags byte: an expiry deadline follows (reserved, never written),
+/// a list's head index follows. persisted: never renumber
 const META_FLAG_DEADLINE: u8 = 1;
+const META_FLAG_HEAD: u8 = 2;
 /// A collection meta value's bytes without and with a deadline.
 pub const COLLECTION_META_BYTES: usize = 8 + 8 + 1;
 pub const COLLECTION_META_DEADLINE_BYTES: usize = COLLECTION_META_BYTES + 8;
@@ -182,21 +200,26 @@ pub struct CollectionMeta {
     /// Elements: fields of a hash, members of a sorted set. Never 0 in a stored meta item (the
     /// command that removes the last element deletes the meta item).
     pub count: u64,
-    /// Unix time in milliseconds at which the key expires, if it does.
+    /// Unix time in milliseconds at which the key expires, if it does (reserved: no version
+    /// writes it; expiry items hold every key's deadline).
     pub deadline_ms: Option<u64>,
+    /// A list's first element index (its elements are at `head .. head + count`).
+    pub head: Option<u64>,
 }
 
 impl CollectionMeta {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(COLLECTION_META_DEADLINE_BYTES);
+        let mut out = Vec::with_capacity(COLLECTION_META_DEADLINE_BYTES + 8);
         out.extend_from_slice(&self.version.to_be_bytes());
         out.extend_from_slice(&self.count.to_be_bytes());
-        match self.deadline_ms {
-            None => out.push(0),
-            Some(deadline) => {
-                out.push(META_FLAG_DEADLINE);
-                out.extend_from_slice(&deadline.to_be_bytes());
-            }
+        let flags = (if self.deadline_ms.is_some() { META_FLAG_DEADLINE } else { 0 })
+            | (if self.head.is_some() { META_FLAG_HEAD } else { 0 });
+        out.push(flags);
+        if let Some(deadline) = self.deadline_ms {
+            out.extend_from_slice(&deadline.to_be_bytes());
+        }
+        if let Some(head) = self.head {
+            out.extend_from_slice(&head.to_be_bytes());
         }
         out
     }
@@ -205,17 +228,28 @@ impl CollectionMeta {
     /// length, or format 1's empty value).
     pub fn decode(bytes: &[u8]) -> Option<CollectionMeta> {
         let flags = *bytes.get(16)?;
-        let deadline_ms = match (flags, bytes.len()) {
-            (0, COLLECTION_META_BYTES) => None,
-            (META_FLAG_DEADLINE, COLLECTION_META_DEADLINE_BYTES) => {
-                Some(u64::from_be_bytes(bytes[17..25].try_into().ok()?))
+        if flags & !(META_FLAG_DEADLINE | META_FLAG_HEAD) != 0 {
+            return None;
+        }
+        let mut at = COLLECTION_META_BYTES;
+        let mut next = |present: bool| -> Option<Option<u64>> {
+            if !present {
+                return Some(None);
             }
-            _ => return None,
+            let value = u64::from_be_bytes(bytes.get(at..at + 8)?.try_into().ok()?);
+            at += 8;
+            Some(Some(value))
         };
+        let deadline_ms = next(flags & META_FLAG_DEADLINE != 0)?;
+        let head = next(flags & META_FLAG_HEAD != 0)?;
+        if at != bytes.len() {
+            return None;
+        }
         Some(CollectionMeta {
             version: u64::from_be_bytes(bytes[0..8].try_into().ok()?),
             count: u64::from_be_bytes(bytes[8..16].try_into().ok()?),
             deadline_ms,
+            head,
         })
     }
 }
@@ -268,6 +302,22 @@ pub fn decode_orphans(item: &[u8]) -> Option<&[u8]> {
     }
     let len = u32::from_be_bytes(item.get(1..5)?.try_into().ok()?) as usize;
     (item.len() == 5 + len).then(|| &item[5..])
+}
+
+/// A new list's head index: the middle of the index space, so that it can grow either way by
+/// 2^63 elements.
+pub const LIST_HEAD_INITIAL: u64 = 1 << 63;
+
+/// Element `index` of the list with id `id`.
+pub fn list_key(id: &[u8], index: u64) -> Vec<u8> {
+    let mut out = sub_prefix(TAG_LIST, id, 8);
+    out.extend_from_slice(&index.to_be_bytes());
+    out
+}
+
+/// The element items of the list with id `id` at indexes `from .. to`.
+pub fn list_range(id: &[u8], from: u64, to: u64) -> KeyRange {
+    (Bound::Included(list_key(id, from)), Bound::Excluded(list_key(id, to)))
 }
 
 /// The expiry item of `key` expiring at `deadline_ms` (Unix time, milliseconds).
@@ -496,7 +546,7 @@ mod tests {
         assert_eq!(encode_score(2.5), bytes("40 04 00 00 00 00 00 00"));
         // Version 2: collections are keyed by their id (key and version).
         let version = 0x0006_6136_bdc2_0000;
-        let meta = CollectionMeta { version, count: 1, deadline_ms: None };
+        let meta = CollectionMeta { version, count: 1, deadline_ms: None, head: None };
         assert_eq!(meta.encode(), bytes("00 06 61 36 bd c2 00 00 00 00 00 00 00 00 00 01 00"));
         assert_eq!(
             field_key(&collection_id(b"user:1", version), b"name"),
@@ -506,6 +556,16 @@ mod tests {
             )
         );
         assert_eq!(orphans_key(b"user:1"), bytes("6f 00 00 00 06 75 73 65 72 3a 31"));
+        // Version 4: a list `q` at version 1 holding "a" at the initial head.
+        let list = CollectionMeta { version: 1, count: 1, deadline_ms: None, head: Some(LIST_HEAD_INITIAL) };
+        assert_eq!(
+            list.encode(),
+            bytes("00 00 00 00 00 00 00 01 00 00 00 00 00 00 00 01 02 80 00 00 00 00 00 00 00")
+        );
+        assert_eq!(
+            list_key(&collection_id(b"q", 1), LIST_HEAD_INITIAL),
+            bytes("6c 00 00 00 09 71 00 00 00 00 00 00 00 01 80 00 00 00 00 00 00 00")
+        );
         // Version 3: expiry and due items.
         let deadline = 1_795_741_200_000; // 2026-11-27 01:00 UTC
         assert_eq!(
@@ -533,19 +593,26 @@ mod tests {
     #[test]
     fn collection_meta_round_trips_and_refuses_what_it_does_not_know() {
         for meta in [
-            CollectionMeta { version: 0, count: 1, deadline_ms: None },
-            CollectionMeta { version: u64::MAX, count: 3, deadline_ms: Some(1_795_737_600_000) },
+            CollectionMeta { version: 0, count: 1, deadline_ms: None, head: None },
+            CollectionMeta { version: u64::MAX, count: 3, deadline_ms: Some(1_795_737_600_000), head: Some(7) },
+            CollectionMeta { version: 9, count: 4, deadline_ms: None, head: Some(LIST_HEAD_INITIAL) },
         ] {
             assert_eq!(CollectionMeta::decode(&meta.encode()), Some(meta));
         }
-        let plain = CollectionMeta { version: 5, count: 2, deadline_ms: None }.encode();
+        let plain = CollectionMeta { version: 5, count: 2, deadline_ms: None, head: None }.encode();
         assert_eq!(CollectionMeta::decode(&[]), None, "format 1's empty meta value");
         let mut unknown_flag = plain.clone();
-        unknown_flag[16] = 2;
+        unknown_flag[16] = 4;
         assert_eq!(CollectionMeta::decode(&unknown_flag), None);
         let mut missing_deadline = plain.clone();
         missing_deadline[16] = 1;
         assert_eq!(CollectionMeta::decode(&missing_deadline), None);
+        let mut missing_head = plain.clone();
+        missing_head[16] = 2;
+        assert_eq!(CollectionMeta::decode(&missing_head), None);
+        let mut trailing = plain.clone();
+        trailing.push(0);
+        assert_eq!(CollectionMeta::decode(&trailing), None);
         assert_eq!(CollectionMeta::decode(&plain[..16]), None);
     }
 

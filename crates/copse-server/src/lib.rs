@@ -4,9 +4,10 @@
 //! Reading order: `net/mod.rs` (threads and shutdown), `net/conn.rs` (a connection's waves),
 //! `context.rs` (what commands see of the server), `cmd/mod.rs` (commands as exec programs),
 //! `keyspace.rs` (how Redis types map onto items), `resp/` (the protocol), `config.rs`
-//! (settings), `fds.rs` (the descriptor limit).
+//! (settings), `fds.rs` (the descriptor limit), `waiters.rs` (clients blocked on keys).
 //!
-//! Layers, bottom to top (`scripts/check_layers.py` keeps them): `config`, `resp`, `fds` →
+//! Layers, bottom to top (`scripts/check_layers.py` keeps them): `config`, `resp`, `fds`,
+//! `waiters` →
 //! `keyspace` → `context` → `cmd` → `net`.
 
 //! The public API is what this file exports: start or serve a server from a [`ServerConfig`],
@@ -31,6 +32,7 @@ module!(fds);
 module!(keyspace);
 module!(net);
 module!(resp);
+module!(waiters);
 
 pub use config::ServerConfig;
 pub use keyspace::KEYSPACE_FORMAT_VERSION;

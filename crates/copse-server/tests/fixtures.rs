@@ -181,6 +181,7 @@ enum Value {
     String(Vec<u8>),
     Hash(BTreeMap<Vec<u8>, Vec<u8>>),
     ZSet(BTreeMap<Vec<u8>, f64>),
+    List(Vec<Vec<u8>>),
 }
 
 /// Every key the recipe touched: its value, or None once it is gone.
@@ -235,6 +236,13 @@ fn describe_value(key: &[u8], value: &Option<Value>) -> Vec<String> {
             let mut lines = vec![format!("{key} zset {}", ranked.len())];
             for (rank, (member, score)) in ranked.into_iter().enumerate() {
                 lines.push(format!("{key} member {rank} {} {score}", text(member)));
+            }
+            lines
+        }
+        Some(Value::List(elements)) => {
+            let mut lines = vec![format!("{key} list {}", elements.len())];
+            for (at, element) in elements.iter().enumerate() {
+                lines.push(format!("{key} element {at} {}", hashed(element)));
             }
             lines
         }
@@ -316,6 +324,21 @@ fn read_value(client: &mut Client, key: &[u8]) -> Option<Value> {
             assert_eq!(length as usize, ranked.len(), "{shown}: ZCARD disagrees with ZRANGE");
             let members: BTreeMap<Vec<u8>, f64> = ranked.into_iter().collect();
             Some(Value::ZSet(members))
+        }
+        "list" => {
+            let elements = client.bulks(&[b"LRANGE", key, b"0", b"-1"]);
+            let length = client.integer(&[b"LLEN", key]);
+            assert_eq!(length as usize, elements.len(), "{shown}: LLEN disagrees with LRANGE");
+            for (at, element) in elements.iter().enumerate() {
+                let index = at.to_string();
+                let got = client.bulk(&[b"LINDEX", key, index.as_bytes()]);
+                assert_eq!(
+                    got.as_ref(),
+                    Some(element),
+                    "{shown}: LINDEX {at} disagrees with LRANGE"
+                );
+            }
+            Some(Value::List(elements))
         }
         other => panic!("{shown}: TYPE answered {other:?}"),
     };
@@ -586,6 +609,48 @@ fn write_recipe(client: Client) -> (Model, Deadlines) {
     r.set("exp:cleared", b"first".to_vec());
     r.pexpireat("exp:cleared", FAR);
     r.set("exp:cleared", b"second".to_vec());
+
+    // Lists (key space version 4): pushes at both ends, pops, LSET, LINSERT, LREM, LTRIM, a
+    // list emptied, one deleted, one moved element by element, one with a deadline.
+    let mut queue: Vec<Vec<u8>> = Vec::new();
+    for i in 0..6 {
+        let element = make_bytes(&format!("list-{i}"), VALUE_LENS[i % VALUE_LENS.len()]);
+        let (command, at_front): (&[u8], bool) =
+            if i % 2 == 0 { (b"RPUSH", false) } else { (b"LPUSH", true) };
+        r.client.integer(&[command, b"list:q", &element]);
+        if at_front {
+            queue.insert(0, element);
+        } else {
+            queue.push(element);
+        }
+    }
+    assert_eq!(r.client.bulk(&[b"LPOP", b"list:q"]).as_ref(), Some(&queue.remove(0)));
+    assert_eq!(r.client.bulk(&[b"RPOP", b"list:q"]).as_ref(), queue.last());
+    queue.pop();
+    r.client.ok(&[b"LSET", b"list:q", b"1", b"set"]);
+    queue[1] = b"set".to_vec();
+    assert_eq!(r.client.integer(&[b"LINSERT", b"list:q", b"BEFORE", b"set", b"ins"]), 5);
+    queue.insert(1, b"ins".to_vec());
+    r.model.insert(b"list:q".to_vec(), Some(Value::List(queue)));
+    r.client.integer(&[b"RPUSH", b"list:rem", b"a", b"b", b"a", b"c", b"a"]);
+    assert_eq!(r.client.integer(&[b"LREM", b"list:rem", b"2", b"a"]), 2);
+    r.client.ok(&[b"LTRIM", b"list:rem", b"0", b"1"]);
+    r.model.insert(b"list:rem".to_vec(), Some(Value::List(vec![b"b".to_vec(), b"c".to_vec()])));
+    r.client.integer(&[b"RPUSH", b"list:emptied", b"x"]);
+    r.client.bulk(&[b"LPOP", b"list:emptied"]);
+    r.model.insert(b"list:emptied".to_vec(), None);
+    r.client.integer(&[b"RPUSH", b"list:deleted", b"x", b"y"]);
+    r.model.insert(b"list:deleted".to_vec(), Some(Value::List(vec![b"x".to_vec(), b"y".to_vec()])));
+    r.del(&["list:deleted"]);
+    r.client.integer(&[b"RPUSH", b"list:from", b"1", b"2", b"3"]);
+    for _ in 0..2 {
+        r.client.bulk(&[b"LMOVE", b"list:from", b"list:to", b"LEFT", b"RIGHT"]);
+    }
+    r.model.insert(b"list:from".to_vec(), Some(Value::List(vec![b"3".to_vec()])));
+    r.model.insert(b"list:to".to_vec(), Some(Value::List(vec![b"1".to_vec(), b"2".to_vec()])));
+    r.client.integer(&[b"RPUSH", b"list:expiring", b"e"]);
+    r.model.insert(b"list:expiring".to_vec(), Some(Value::List(vec![b"e".to_vec()])));
+    r.pexpireat("list:expiring", FAR + 999);
 
     (r.model, r.deadlines)
 }

@@ -29,7 +29,8 @@ use super::{
     NOT_INTEGER,
 };
 use crate::context::Server;
-use crate::keyspace::{self, EXPIRY_KEY_BYTES_MAX};
+use super::strings::check_expiring_key;
+use crate::keyspace;
 use crate::resp::Reply;
 
 /// Keys active expiry deletes at most in one batch of one shard (each costs up to five item
@@ -110,6 +111,11 @@ impl Conditions {
 /// EXPIRE and its family: `seconds` when the amount counts seconds, `absolute` when it is a
 /// Unix time rather than a time from now. A deadline already past deletes the key.
 fn expire_with(call: &mut Call<'_>, seconds: bool, absolute: bool) -> Outcome {
+    // Redis 7 reads the options before the amount.
+    let conditions = match Conditions::parse(call) {
+        Ok(conditions) => conditions,
+        Err(reply) => return Outcome::Reply(reply),
+    };
     let Some(amount) = parse_i64(&call.args[2]) else { return Outcome::error(NOT_INTEGER) };
     let command = call.word(0);
     let invalid = || Outcome::error(format!("ERR invalid expire time in '{command}' command"));
@@ -122,17 +128,7 @@ fn expire_with(call: &mut Call<'_>, seconds: bool, absolute: bool) -> Outcome {
     let Some(deadline) = deadline.and_then(|deadline| deadline.checked_add(base)) else {
         return invalid();
     };
-    let conditions = match Conditions::parse(call) {
-        Ok(conditions) => conditions,
-        Err(reply) => return Outcome::Reply(reply),
-    };
     let key = std::mem::take(&mut call.args[1]);
-    if key.len() > EXPIRY_KEY_BYTES_MAX {
-        return Outcome::error(format!(
-            "ERR key of {} bytes is too long to expire (copse keys with an expiry are at most {EXPIRY_KEY_BYTES_MAX} bytes); nothing was changed",
-            key.len()
-        ));
-    }
     let mut pending = None;
     on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
@@ -146,6 +142,11 @@ fn expire_with(call: &mut Call<'_>, seconds: bool, absolute: bool) -> Outcome {
             let ops = if deadline <= now {
                 delete_ops(&key, ty, &expiry)
             } else {
+                // A missing key answered 0 above, as in Redis; an existing one too long for an
+                // expiry item is refused.
+                if let Err(error) = check_expiring_key(&key) {
+                    return Next::Reply(error);
+                }
                 ttl_ops(&key, expiry.deadline_ms, Some(deadline as u64))
             };
             if ops.is_empty() {
@@ -244,7 +245,11 @@ pub async fn run(server: Arc<Server>) {
         let active = server.settings.active_expire.load(Ordering::Relaxed);
         for shard in (0..server.db.shard_count()).filter(|_| active) {
             match expire_due(&server, shard).await {
-                Ok(listed) => full_batch |= listed == EXPIRY_KEYS_PER_BATCH,
+                // Another round at once only if this one was full and did something (a clock
+                // stepped back makes listed keys not due yet: then wait like an idle round).
+                Ok((listed, expired)) => {
+                    full_batch |= listed == EXPIRY_KEYS_PER_BATCH && expired > 0
+                }
                 Err(error) => {
                     tracing::warn!(?error, shard, "active expiry failed; it will try again");
                 }
@@ -257,12 +262,12 @@ pub async fn run(server: Arc<Server>) {
 }
 
 /// One round of active expiry in `shard`: deletes the keys whose due items are up to now, at
-/// most `EXPIRY_KEYS_PER_BATCH`, in one batch. Returns the due items listed.
-async fn expire_due(server: &Server, shard: u32) -> Result<usize, Reply> {
+/// most `EXPIRY_KEYS_PER_BATCH`, in one batch. Returns the due items listed and the keys deleted.
+async fn expire_due(server: &Server, shard: u32) -> Result<(usize, u64), Reply> {
     let (start, end) = keyspace::due_range(now_ms());
     let items = shard_keys(&server.db, shard, (&start, &end), None, EXPIRY_KEYS_PER_BATCH).await?;
     if items.is_empty() {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let listed = items.len();
     let due: Vec<(u64, Vec<u8>)> = items
@@ -299,7 +304,7 @@ async fn expire_due(server: &Server, shard: u32) -> Result<usize, Reply> {
     match run_outcome(&server.db, plan.finish(combine)).await {
         Reply::Integer(expired) => {
             server.stats.expired_keys.fetch_add(expired as u64, Ordering::Relaxed);
-            Ok(listed)
+            Ok((listed, expired as u64))
         }
         other => Err(other),
     }

@@ -408,9 +408,19 @@ fn flushall(call: &mut Call<'_>) -> Outcome {
         for shard in 0..db.shard_count() {
             plan.add(shard, vec![], move |view, input| match input {
                 Input::Start | Input::Written => {
-                    // Up to the marker's tag: the store stays marked as a Redis key space.
-                    let end = [keyspace::MARKER_KEY[0]];
-                    let keys = view.keys(Bound::Unbounded, Bound::Excluded(&end), FLUSH_BATCH_KEYS);
+                    // Meta items first, so that no key reappears without its expiry between
+                    // batches; then everything else up to the marker's tag (the store stays
+                    // marked as a Redis key space).
+                    let metas = (keyspace::meta_scan_start(0), keyspace::meta_scan_end());
+                    let mut keys = view.keys(
+                        Bound::Included(&metas.0),
+                        Bound::Excluded(&metas.1),
+                        FLUSH_BATCH_KEYS,
+                    );
+                    if keys.is_empty() {
+                        let end = [keyspace::MARKER_KEY[0]];
+                        keys = view.keys(Bound::Unbounded, Bound::Excluded(&end), FLUSH_BATCH_KEYS);
+                    }
                     if keys.is_empty() {
                         return Next::Reply(Reply::ok());
                     }

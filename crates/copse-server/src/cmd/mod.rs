@@ -13,6 +13,7 @@
 pub mod expiry;
 pub mod hashes;
 pub mod keys;
+pub mod lists;
 pub mod orphans;
 pub mod server;
 pub mod strings;
@@ -330,16 +331,19 @@ pub fn stored_collection_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType
     if !may_hold_collections(view) {
         return None;
     }
-    [KeyType::Hash, KeyType::ZSet].into_iter().find(|ty| view.contains(&keyspace::meta_key(key, *ty)))
+    KeyType::COLLECTIONS.into_iter().find(|ty| view.contains(&keyspace::meta_key(key, *ty)))
 }
 
-/// Whether any key of the shard may be a hash or a sorted set, with no lookup. Every hash or
-/// sorted set has at least one field or member item, whose item key starts with its tag: the
+/// Whether any key of the shard may be a collection (hash, sorted set, list), with no lookup.
+/// Every collection has at least one element item, whose item key starts with its tag: the
 /// command that removes the last one deletes the meta item in the same batch (HDEL, ZREM and
 /// the like), and one that writes a meta item writes an item with it. So a shard with no key
 /// starting with either tag holds only strings.
 pub fn may_hold_collections(view: &ExecView<'_>) -> bool {
-    view.has_keys_starting_with(keyspace::TAG_FIELD) || view.has_keys_starting_with(keyspace::TAG_ZSET)
+    KeyType::COLLECTIONS
+        .into_iter()
+        .filter_map(KeyType::element_tag)
+        .any(|tag| view.has_keys_starting_with(tag))
 }
 
 /// Unix time in milliseconds: what deadlines are compared with.
@@ -499,11 +503,31 @@ impl Coll {
         if self.count() == count && self.exists() {
             return Vec::new();
         }
+        let head = self.meta.and_then(|meta| meta.head);
+        self.put_meta(count, head)
+    }
+
+    /// The list's head index (its first element's), or where a new list starts.
+    pub fn head(&self) -> u64 {
+        self.meta.and_then(|meta| meta.head).unwrap_or(keyspace::LIST_HEAD_INITIAL)
+    }
+
+    /// `meta_ops` for a list, whose elements are at `head .. head + count`.
+    pub fn list_meta_ops(&self, head: u64, count: usize) -> Vec<BatchOp> {
+        if count == 0 || (self.exists() && self.count() == count && self.head() == head) {
+            return self.meta_ops(count);
+        }
+        self.put_meta(count, Some(head))
+    }
+
+    fn put_meta(&self, count: usize, head: Option<u64>) -> Vec<BatchOp> {
         let meta = keyspace::CollectionMeta {
             version: keyspace::id_version(&self.id),
             count: count as u64,
             deadline_ms: self.meta.and_then(|meta| meta.deadline_ms),
+            head,
         };
+        let key = keyspace::meta_key(&self.key, self.ty);
         self.expiry.before(vec![BatchOp::Put { key, value: meta.encode() }])
     }
 }
@@ -512,7 +536,7 @@ impl Coll {
 /// take it (keyspace.rs, invariant 2).
 fn version_is_unused(view: &ExecView<'_>, key: &[u8], version: u64) -> bool {
     let id = keyspace::collection_id(key, version);
-    [keyspace::TAG_FIELD, keyspace::TAG_ZSET].into_iter().all(|tag| {
+    KeyType::COLLECTIONS.into_iter().filter_map(KeyType::element_tag).all(|tag| {
         let (start, end) = keyspace::id_range(tag, &id);
         view.count(bound_ref(&start), bound_ref(&end), 1) == 0
     })
@@ -548,12 +572,20 @@ where
     collection_exec(call, ty, true, step)
 }
 
-fn collection_exec<F>(call: &Call<'_>, ty: KeyType, grouped: bool, mut step: F) -> Outcome
+fn collection_exec<F>(call: &Call<'_>, ty: KeyType, grouped: bool, step: F) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
 {
-    let key = call.args[1].clone();
-    let target = KeyTarget::of(call.db(), &key);
+    on_collection_key(call.db(), call.args[1].clone(), ty, grouped, step)
+}
+
+/// `on_collection` (or `on_collection_grouped`) of collection `key` outside a command's own
+/// call (a command that acts on several keys one after the other).
+pub fn on_collection_key<F>(db: &Db, key: Vec<u8>, ty: KeyType, grouped: bool, mut step: F) -> Outcome
+where
+    F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
+{
+    let target = KeyTarget::of(db, &key);
     let mut key = Some(key);
     let mut coll: Option<Coll> = None;
     let mut expiry = Expiry::default();
@@ -564,36 +596,70 @@ where
         let meta = match input {
             Input::Start => {
                 let key = key.as_ref().expect("the key is taken once the meta item is known");
-                expiry = Expiry::of(view, key);
-                match expiry.live(stored_type(view, key)) {
-                    Some(found) if found != ty => return Next::Reply(Reply::error(WRONGTYPE)),
-                    Some(_) => {
-                        return Next::Read(smallvec::smallvec![ReadOp::Get(keyspace::meta_key(
-                            key, ty
-                        ))])
+                match coll_begin(view, key, ty) {
+                    Err(error) => return Next::Reply(error),
+                    Ok((found, Some(read))) => {
+                        expiry = found;
+                        return Next::Read(smallvec::smallvec![read]);
                     }
-                    None => None,
+                    Ok((found, None)) => {
+                        expiry = found;
+                        None
+                    }
                 }
             }
-            Input::Read(mut results) => match value_of(results.pop()) {
-                Some(value) => match keyspace::CollectionMeta::decode(&value) {
-                    Some(meta) => Some(meta),
-                    None => return Next::Reply(Reply::error(CORRUPT_META)),
-                },
-                None => return unexpected(),
+            Input::Read(mut results) => match coll_meta(results.pop()) {
+                Ok(meta) => meta,
+                Err(error) => return Next::Reply(error),
             },
             Input::Written => return unexpected(),
         };
         let key = key.take().expect("the meta item is read once");
-        let version = match meta {
-            Some(meta) => meta.version,
-            None => unused_version(view, &key),
-        };
-        let id = keyspace::collection_id(&key, version);
-        let expiry = std::mem::take(&mut expiry);
-        let coll = coll.insert(Coll { key, ty, meta, id, expiry });
+        let coll = coll.insert(coll_make(view, key, ty, std::mem::take(&mut expiry), meta));
         step(view, Input::Start, coll)
     })
+}
+
+/// The first step of a command on collection `key` of type `ty`: WRONGTYPE for a live key of
+/// another type; else the key's expiry, and the read of its meta item if it exists.
+pub fn coll_begin(
+    view: &ExecView<'_>,
+    key: &[u8],
+    ty: KeyType,
+) -> Result<(Expiry, Option<ReadOp>), Reply> {
+    let expiry = Expiry::of(view, key);
+    match expiry.live(stored_type(view, key)) {
+        Some(found) if found != ty => Err(Reply::error(WRONGTYPE)),
+        Some(_) => Ok((expiry, Some(ReadOp::Get(keyspace::meta_key(key, ty))))),
+        None => Ok((expiry, None)),
+    }
+}
+
+/// The meta value `coll_begin`'s read found (it exists: the exec holds the key's lock).
+pub fn coll_meta(result: Option<ReadResult>) -> Result<Option<keyspace::CollectionMeta>, Reply> {
+    match value_of(result) {
+        Some(value) => match keyspace::CollectionMeta::decode(&value) {
+            Some(meta) => Ok(Some(meta)),
+            None => Err(Reply::error(CORRUPT_META)),
+        },
+        None => Err(Reply::error("ERR internal error: a collection's meta item vanished")),
+    }
+}
+
+/// The `Coll` of `key` once its meta item is known (None: a missing key, given a fresh version).
+pub fn coll_make(
+    view: &ExecView<'_>,
+    key: Vec<u8>,
+    ty: KeyType,
+    expiry: Expiry,
+    meta: Option<keyspace::CollectionMeta>,
+) -> Coll {
+    let version = match meta {
+        Some(meta) => meta.version,
+        None => unused_version(view, &key),
+    };
+    let id = keyspace::collection_id(&key, version);
+    Coll { key, ty, meta, id, expiry }
 }
 
 /// A meta item whose value is not a collection's: never written by this version.
@@ -879,6 +945,7 @@ pub fn table() -> &'static [Spec] {
         specs.extend(expiry::specs());
         specs.extend(hashes::specs());
         specs.extend(zsets::specs());
+        specs.extend(lists::specs());
         specs.extend(server::specs());
         specs.sort_by_key(|spec| spec.name);
         specs
@@ -1007,11 +1074,16 @@ const NAMED_VALUES_REPLIES: &[(&str, usize)] = &[("mget", 1), ("hmget", 2)];
 /// counted in reservations and against the output limit.
 const VALUE_REPLY_OVERHEAD_BYTES: usize = 16;
 /// Commands whose reply holds one stored value (a string or a hash field).
-const ONE_VALUE_REPLIES: &[&str] = &["get", "getdel", "getrange", "getset", "hget"];
+const ONE_VALUE_REPLIES: &[&str] = &[
+    "blmove", "blpop", "brpop", "brpoplpush", "get", "getdel", "getex", "getrange", "getset",
+    "hget", "lindex", "lmove", "rpoplpush",
+];
+/// Writes whose reply holds many stored values (pops with a count).
+const MANY_VALUES_WRITES: &[&str] = &["blmpop", "lmpop", "lpop", "rpop"];
 /// Read commands whose reply is a number, a type or a status, never a stored value.
 const SMALL_READ_REPLIES: &[&str] = &[
-    "dbsize", "exists", "hexists", "hlen", "hstrlen", "pttl", "strlen", "ttl", "type", "zcard",
-    "zcount", "zrank", "zrevrank", "zscore",
+    "dbsize", "exists", "expiretime", "hexists", "hlen", "hstrlen", "llen", "pexpiretime", "pttl",
+    "strlen", "ttl", "type", "zcard", "zcount", "zrank", "zrevrank", "zscore",
 ];
 
 /// The size class of the reply of `spec` called with `args`. A write answers a number or a
@@ -1025,7 +1097,9 @@ pub fn reply_size(spec: &Spec, args: &[Vec<u8>]) -> ReplySize {
         ReplySize::Values(args.len().saturating_sub(first_named))
     } else if ONE_VALUE_REPLIES.contains(&spec.name) || set_with_get {
         ReplySize::OneValue
-    } else if spec.flags.contains(&"readonly") && !SMALL_READ_REPLIES.contains(&spec.name) {
+    } else if MANY_VALUES_WRITES.contains(&spec.name)
+        || (spec.flags.contains(&"readonly") && !SMALL_READ_REPLIES.contains(&spec.name))
+    {
         ReplySize::Many
     } else {
         ReplySize::Small
@@ -1225,6 +1299,10 @@ mod tests {
         assert_eq!(size(&["hget", "h", "f"]), ReplySize::OneValue);
         assert_eq!(size(&["set", "k", "v", "GET"]), ReplySize::OneValue);
         assert_eq!(size(&["set", "k", "v"]), ReplySize::Small);
+        assert_eq!(size(&["getex", "k", "EX", "10"]), ReplySize::OneValue);
+        assert_eq!(size(&["lpop", "l", "100"]), ReplySize::Many);
+        assert_eq!(size(&["blpop", "l", "0"]), ReplySize::OneValue);
+        assert_eq!(size(&["llen", "l"]), ReplySize::Small);
         assert_eq!(size(&["incr", "k"]), ReplySize::Small);
         assert_eq!(size(&["strlen", "k"]), ReplySize::Small);
         for many in [&["hgetall", "h"][..], &["zrange", "z", "0", "-1"]] {

@@ -25,7 +25,7 @@ use copse::{BatchOp, Db};
 
 use super::{bound_ref, run_outcome, shard_keys, value_of, Input, KeyTarget, Next};
 use crate::context::Server;
-use crate::keyspace::{self, CollectionMeta, KeyType, TAG_FIELD, TAG_ORPHANS, TAG_ZSET};
+use crate::keyspace::{self, CollectionMeta, KeyType, TAG_ORPHANS};
 use crate::resp::Reply;
 
 /// Element items one collector exec deletes at most (one write batch).
@@ -102,14 +102,16 @@ async fn orphan_keys(db: &Db, cursors: &mut [Option<Vec<u8>>]) -> Result<Vec<Vec
     Ok(keys)
 }
 
-/// The element ranges of `key` that hold dead versions: every version of each element tag,
-/// minus the live collection's own id range (`live`: its type and id).
-fn dead_ranges(key: &[u8], live: Option<(KeyType, &[u8])>) -> Vec<keyspace::KeyRange> {
-    let mut ranges = Vec::with_capacity(3);
-    for (tag, ty) in [(TAG_FIELD, KeyType::Hash), (TAG_ZSET, KeyType::ZSet)] {
+/// The element ranges of `key` that hold dead items: every version of each element tag, minus
+/// the live collection's own id range (`live`: its type, id and meta); for a live list, the
+/// indexes of its id outside `head .. head + count` too (what LPOP, RPOP and LTRIM left).
+fn dead_ranges(key: &[u8], live: Option<(KeyType, &[u8], CollectionMeta)>) -> Vec<keyspace::KeyRange> {
+    let mut ranges = Vec::with_capacity(5);
+    for ty in KeyType::COLLECTIONS {
+        let Some(tag) = ty.element_tag() else { continue };
         let (start, end) = keyspace::all_versions_range(tag, key);
         match live {
-            Some((live_ty, id)) if live_ty == ty => {
+            Some((live_ty, id, meta)) if live_ty == ty => {
                 // The live id's items are one range inside the key's: skip over it.
                 let (live_start, live_end) = keyspace::id_range(tag, id);
                 let before = match live_start {
@@ -122,6 +124,11 @@ fn dead_ranges(key: &[u8], live: Option<(KeyType, &[u8])>) -> Vec<keyspace::KeyR
                 };
                 ranges.push((start, before));
                 ranges.push((after, end));
+                if let (KeyType::List, Some(head)) = (ty, meta.head) {
+                    let tail = head.saturating_add(meta.count);
+                    ranges.push(keyspace::list_range(id, 0, head));
+                    ranges.push((Bound::Included(keyspace::list_key(id, tail)), keyspace::id_range(tag, id).1));
+                }
             }
             _ => ranges.push((start, end)),
         }
@@ -133,7 +140,7 @@ fn dead_ranges(key: &[u8], live: Option<(KeyType, &[u8])>) -> Vec<keyspace::KeyR
 fn dead_items(
     view: &ExecView<'_>,
     key: &[u8],
-    live: Option<(KeyType, &[u8])>,
+    live: Option<(KeyType, &[u8], CollectionMeta)>,
     limit: usize,
 ) -> Vec<Vec<u8>> {
     let mut items = Vec::new();
@@ -170,7 +177,10 @@ fn collect_once(db: &Db, key: Vec<u8>) -> super::Outcome {
             Input::Written => return super::answer(&mut answer),
         };
         let id = live.map(|meta| keyspace::collection_id(&key, meta.version));
-        let live = live_ty.zip(id.as_deref());
+        let live = match (live_ty, id.as_deref(), live) {
+            (Some(ty), Some(id), Some(meta)) => Some((ty, id, meta)),
+            _ => None,
+        };
         let items = dead_items(view, &key, live, ORPHAN_DELETES_PER_BATCH);
         let done = items.len() < ORPHAN_DELETES_PER_BATCH;
         let deleted = items.len() as i64;

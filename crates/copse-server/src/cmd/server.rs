@@ -558,7 +558,7 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
             "clients" => {
                 line("connected_clients", &stats.connected_clients.load(Ordering::Relaxed));
                 line("maxclients", &server.settings.maxclients.load(Ordering::Relaxed));
-                line("blocked_clients", &0);
+                line("blocked_clients", &server.waiters.blocked_clients());
             }
             "memory" => {
                 let rss = rss_bytes();

@@ -55,15 +55,19 @@ fn read_string(key: &[u8]) -> Next {
 }
 
 /// What `read_string` found: the string's value, None for a missing key, or WRONGTYPE for a key
-/// of another type (the exec holds the key's lock, so its type did not change between steps).
+/// of another type (the exec holds the key's lock, so its type did not change between steps;
+/// whether it expired is `expiry`'s decision at the exec's start, never a second clock reading).
 fn string_or_wrongtype(
     view: &ExecView<'_>,
     key: &[u8],
+    expiry: &Expiry,
     results: &mut ReadResults,
 ) -> Result<Option<Vec<u8>>, Next> {
     match value_of(results.pop()) {
         Some(value) => Ok(Some(value)),
-        None if key_type(view, key).is_some() => Err(Next::Reply(Reply::error(WRONGTYPE))),
+        None if expiry.live(stored_type(view, key)).is_some() => {
+            Err(Next::Reply(Reply::error(WRONGTYPE)))
+        }
         None => Ok(None),
     }
 }
@@ -76,11 +80,18 @@ where
 {
     // Taken from the request, not copied: the program reads with it.
     let key = std::mem::take(&mut call.args[1]);
+    let mut expiry = Expiry::default();
     on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
-        // An expired key reads as missing, with no read (no lookup in a shard without expiries).
-        Input::Start if Expiry::of(view, &key).expired() => done(view, None),
-        Input::Start => read_string(&key),
-        Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
+        Input::Start => {
+            // An expired key reads as missing, with no read (no lookup in a shard without
+            // expiries).
+            expiry = Expiry::of(view, &key);
+            if expiry.expired() {
+                return done(view, None);
+            }
+            read_string(&key)
+        }
+        Input::Read(mut results) => match string_or_wrongtype(view, &key, &expiry, &mut results) {
             Ok(value) => done(view, value),
             Err(wrongtype) => wrongtype,
         },
@@ -223,6 +234,9 @@ fn set(call: &mut Call<'_>) -> Outcome {
         options.ttl = SetTtl::Keep;
     }
     if let Some((at, unit)) = expire {
+        if let Err(error) = check_expiring_key(&call.args[1]) {
+            return Outcome::Reply(error);
+        }
         match unit.deadline_ms(&call.args[at], "set") {
             Ok(deadline) => options.ttl = SetTtl::At(deadline),
             Err(reply) => return Outcome::Reply(reply),
@@ -231,8 +245,23 @@ fn set(call: &mut Call<'_>) -> Outcome {
     set_with(call, options, SetAnswer::Plain)
 }
 
+/// Refuses a key too long to carry an expiry (its expiry item must fit an item key).
+pub fn check_expiring_key(key: &[u8]) -> Result<(), Reply> {
+    use crate::keyspace::EXPIRY_KEY_BYTES_MAX;
+    if key.len() > EXPIRY_KEY_BYTES_MAX {
+        return Err(Reply::Error(format!(
+            "ERR key of {} bytes is too long to expire (copse keys with an expiry are at most {EXPIRY_KEY_BYTES_MAX} bytes); nothing was changed",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
 /// SETEX and PSETEX: SET with EX or PX, the amount before the value.
 fn set_expiring(call: &mut Call<'_>, unit: ExpiryUnit) -> Outcome {
+    if let Err(error) = check_expiring_key(&call.args[1]) {
+        return Outcome::Reply(error);
+    }
     let command = call.word(0);
     let deadline = match unit.deadline_ms(&call.args[2], &command) {
         Ok(deadline) => deadline,
@@ -285,7 +314,7 @@ fn getex(call: &mut Call<'_>) -> Outcome {
             read_string(&key)
         }
         Input::Read(mut results) => {
-            let value = match string_or_wrongtype(view, &key, &mut results) {
+            let value = match string_or_wrongtype(view, &key, &expiry, &mut results) {
                 Ok(Some(value)) => value,
                 Ok(None) => return Next::Reply(Reply::Null),
                 Err(wrongtype) => return wrongtype,
@@ -295,7 +324,10 @@ fn getex(call: &mut Call<'_>) -> Outcome {
                 Some(None) => None,
                 // Checked once the key is found, as Redis does.
                 Some(Some((amount, unit))) => match unit.deadline_ms(amount, "getex") {
-                    Ok(deadline) => Some(deadline),
+                    Ok(deadline) => match check_expiring_key(&key) {
+                        Ok(()) => Some(deadline),
+                        Err(reply) => return Next::Reply(reply),
+                    },
                     Err(reply) => return Next::Reply(reply),
                 },
             };
@@ -427,7 +459,7 @@ fn getdel(call: &mut Call<'_>) -> Outcome {
             }
             read_string(&key)
         }
-        Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
+        Input::Read(mut results) => match string_or_wrongtype(view, &key, &expiry, &mut results) {
             Ok(Some(value)) => write_then(
                 delete_ops(&key, KeyType::String, &expiry),
                 Reply::Bulk(value),
@@ -773,7 +805,7 @@ where
                 }
                 None
             }
-            Input::Read(mut results) => match string_or_wrongtype(view, &key, &mut results) {
+            Input::Read(mut results) => match string_or_wrongtype(view, &key, &expiry, &mut results) {
                 Ok(old) => old,
                 Err(wrongtype) => return wrongtype,
             },

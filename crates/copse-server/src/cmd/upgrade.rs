@@ -235,6 +235,6 @@ fn finish(
         // Format 1 never left a collection without elements; if one is found, it is deleted.
         return Next::Write(vec![BatchOp::Delete { key: keyspace::meta_key(key, ty) }]);
     }
-    let meta = CollectionMeta { version: UPGRADED_VERSION, count, deadline_ms: None };
+    let meta = CollectionMeta { version: UPGRADED_VERSION, count, deadline_ms: None, head: None };
     Next::Write(vec![BatchOp::Put { key: keyspace::meta_key(key, ty), value: meta.encode() }])
 }

@@ -270,7 +270,25 @@ async fn connection_loop(
                     {
                         return Ok(end);
                     }
-                    let reply = future.await;
+                    // A blocking command (BLPOP) may wait long: meanwhile the connection is
+                    // watched, so a client that goes away, or a shutdown, drops the command
+                    // (and its place among the blocked clients). Bytes that arrive are kept
+                    // for the next wave, up to the query buffer limit.
+                    let mut future = future;
+                    let query_buffer_max = server.config.client_query_buffer_bytes_max;
+                    let reply = loop {
+                        let room = input.len() < query_buffer_max;
+                        tokio::select! {
+                            reply = &mut future => break reply,
+                            read = writer.stream.read_buf(&mut input), if room => match read {
+                                Ok(0) | Err(_) => return Ok(End::Done),
+                                Ok(read) => {
+                                    server.stats.net_input_bytes.fetch_add(read as u64, Ordering::Relaxed);
+                                }
+                            },
+                            _ = shutdown.changed() => return Ok(End::Done),
+                        }
+                    };
                     pending.push(Slot::Ready(reply), conn.protocol, 0);
                 }
                 Outcome::Close(reply) => {

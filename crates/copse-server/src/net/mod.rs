@@ -41,7 +41,7 @@ use crate::fds;
 /// CLI) or with another version is refused, so the server never misreads foreign items.
 fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeError> {
     use crate::keyspace::{
-        marker_value, marker_version, KEYSPACE_FORMAT_VERSION, KEYSPACE_FORMAT_VERSION_NO_EXPIRY,
+        marker_value, marker_version, KEYSPACE_FORMAT_VERSION, KEYSPACE_FORMAT_VERSIONS_SUBSET,
         KEYSPACE_FORMAT_VERSION_UNVERSIONED, MARKER_KEY,
     };
     let path = config.path.display().to_string();
@@ -49,10 +49,10 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
     match db.get(MARKER_KEY).map_err(|err| ServeError::Store(err.to_string()))? {
         Some(value) => match marker_version(&value) {
             Some(KEYSPACE_FORMAT_VERSION) => Ok(()),
-            Some(KEYSPACE_FORMAT_VERSION_NO_EXPIRY) => {
-                // Version 2 wrote no expiry or due items: only the marker changes.
+            Some(version) if KEYSPACE_FORMAT_VERSIONS_SUBSET.contains(&version) => {
+                // These versions wrote only items this one reads the same: the marker changes.
                 mark()?;
-                tracing::info!(%path, from = KEYSPACE_FORMAT_VERSION_NO_EXPIRY, to = KEYSPACE_FORMAT_VERSION, "key space upgraded");
+                tracing::info!(%path, from = version, to = KEYSPACE_FORMAT_VERSION, "key space upgraded");
                 Ok(())
             }
             Some(KEYSPACE_FORMAT_VERSION_UNVERSIONED) => {
