@@ -555,9 +555,19 @@ class Differential:
         sock.sendall(encode_command(*args))
         return reader.read()
 
-    def both(self, *args):
+    def both(self, *args, unordered: bool = False):
+        """`unordered`: the reply is a collection whose order neither server promises (SMEMBERS,
+        SINTER, ...): compared sorted, at every level."""
         ours = self._call(self.copse, args)
         theirs = self._call(self.oracle, args)
+        if unordered:
+            ours, theirs = _sorted_deep(ours), _sorted_deep(theirs)
         assert ours == theirs and type(ours) is type(theirs), (
             f"{' '.join(map(str, args))}: copse answered {ours!r}, redis-server {theirs!r}")
         return ours
+
+
+def _sorted_deep(reply):
+    if isinstance(reply, list):
+        return sorted((_sorted_deep(item) for item in reply), key=repr)
+    return reply

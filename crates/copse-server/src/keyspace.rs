@@ -13,6 +13,7 @@
 //! member   'z' len(K)+8:u32be K version:u64be 'm' M                  -> score: f64 bits, u64be
 //! by score 'z' len(K)+8:u32be K version:u64be 's' sortable(score):u64be M   -> empty
 //! element  'l' len(K)+8:u32be K version:u64be index:u64be                 -> the element
+//! set      's' len(K)+8:u32be K version:u64be scan_hash(M):u64be M       -> empty
 //! orphans  'o' len(K):u32be K                 -> empty: K has elements of dead versions
 //! expiry   'e' len(K):u32be K deadline_ms:u64be -> empty: K expires at deadline_ms
 //! due      't' deadline_ms:u64be K            -> empty: the same expiry, in deadline order
@@ -53,13 +54,13 @@ pub const MARKER_MAGIC: &[u8; 4] = b"CRKS";
 /// carry a version, an element count and an expiry in their meta item; elements are keyed by
 /// the collection's id; orphan records). A store in version 1 is upgraded at open
 /// (`cmd/upgrade.rs`); 3 (2026-11-27: expiry and due items; a version 2 store has neither, so
-/// it is upgraded by rewriting the marker); 4 (2026-11-27: lists).
-pub const KEYSPACE_FORMAT_VERSION: u32 = 4;
+/// it is upgraded by rewriting the marker); 4 (2026-11-27: lists); 5 (2026-11-27: sets).
+pub const KEYSPACE_FORMAT_VERSION: u32 = 5;
 /// The version whose collections `copse serve` moves to the current format at open.
 pub const KEYSPACE_FORMAT_VERSION_UNVERSIONED: u32 = 1;
 /// The versions that differ from the current one only by items they never wrote (expiry,
 /// lists): their stores are upgraded by rewriting the marker.
-pub const KEYSPACE_FORMAT_VERSIONS_SUBSET: [u32; 2] = [2, 3];
+pub const KEYSPACE_FORMAT_VERSIONS_SUBSET: [u32; 3] = [2, 3, 4];
 
 pub fn marker_value() -> Vec<u8> {
     let mut out = MARKER_MAGIC.to_vec();
@@ -80,6 +81,7 @@ pub const TAG_META: u8 = b'm';
 pub const TAG_FIELD: u8 = b'h';
 pub const TAG_ZSET: u8 = b'z';
 pub const TAG_LIST: u8 = b'l';
+pub const TAG_SET: u8 = b's';
 pub const TAG_ORPHANS: u8 = b'o';
 pub const TAG_EXPIRY: u8 = b'e';
 pub const TAG_DUE: u8 = b't';
@@ -114,12 +116,15 @@ pub enum KeyType {
     Hash = b'h',
     ZSet = b'z',
     List = b'l',
+    Set = b'S',
 }
 
 impl KeyType {
-    pub const ALL: [KeyType; 4] = [KeyType::String, KeyType::Hash, KeyType::ZSet, KeyType::List];
+    pub const ALL: [KeyType; 5] =
+        [KeyType::String, KeyType::Hash, KeyType::ZSet, KeyType::List, KeyType::Set];
     /// The types whose elements are items of their own, under the collection's id.
-    pub const COLLECTIONS: [KeyType; 3] = [KeyType::Hash, KeyType::ZSet, KeyType::List];
+    pub const COLLECTIONS: [KeyType; 4] =
+        [KeyType::Hash, KeyType::ZSet, KeyType::List, KeyType::Set];
 
     /// The tag of this type's element items (None for a string: it has none).
     pub fn element_tag(self) -> Option<u8> {
@@ -128,6 +133,7 @@ impl KeyType {
             KeyType::Hash => Some(TAG_FIELD),
             KeyType::ZSet => Some(TAG_ZSET),
             KeyType::List => Some(TAG_LIST),
+            KeyType::Set => Some(TAG_SET),
         }
     }
 
@@ -142,6 +148,7 @@ impl KeyType {
             KeyType::Hash => "hash",
             KeyType::ZSet => "zset",
             KeyType::List => "list",
+            KeyType::Set => "set",
         }
     }
 }
@@ -409,9 +416,28 @@ pub fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
 pub type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
 pub fn field_key(key: &[u8], field: &[u8]) -> Vec<u8> {
-    let mut out = sub_prefix(TAG_FIELD, key, 8 + field.len());
-    out.extend_from_slice(&scan_hash(field).to_be_bytes());
-    out.extend_from_slice(field);
+    hashed_key(TAG_FIELD, key, field)
+}
+
+/// Member `member` of the set with id `id` (its value is empty: the member is in the key).
+pub fn set_member_key(id: &[u8], member: &[u8]) -> Vec<u8> {
+    hashed_key(TAG_SET, id, member)
+}
+
+/// The member items of the set with id `id` from SSCAN cursor `cursor` on.
+pub fn set_members_from(id: &[u8], cursor: u64) -> KeyRange {
+    let prefix = sub_prefix(TAG_SET, id, 8);
+    let end = prefix_end(&prefix);
+    let mut start = prefix;
+    start.extend_from_slice(&cursor.to_be_bytes());
+    (Bound::Included(start), end)
+}
+
+/// An element keyed by its name's scan hash (hash fields, set members).
+fn hashed_key(tag: u8, id: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut out = sub_prefix(tag, id, 8 + name.len());
+    out.extend_from_slice(&scan_hash(name).to_be_bytes());
+    out.extend_from_slice(name);
     out
 }
 
@@ -429,7 +455,7 @@ pub fn fields_from(key: &[u8], cursor: u64) -> KeyRange {
     (Bound::Included(start), end)
 }
 
-/// A field item's (scan hash, field name), given the Redis key's length.
+/// A field's or set member's item's (scan hash, name), given the length of the id it is under.
 pub fn decode_field(item: &[u8], key_bytes: usize) -> Option<(u64, &[u8])> {
     let at = 5 + key_bytes;
     let hash = u64::from_be_bytes(item.get(at..at + 8)?.try_into().ok()?);

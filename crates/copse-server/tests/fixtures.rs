@@ -182,6 +182,7 @@ enum Value {
     Hash(BTreeMap<Vec<u8>, Vec<u8>>),
     ZSet(BTreeMap<Vec<u8>, f64>),
     List(Vec<Vec<u8>>),
+    Set(BTreeSet<Vec<u8>>),
 }
 
 /// Every key the recipe touched: its value, or None once it is gone.
@@ -236,6 +237,13 @@ fn describe_value(key: &[u8], value: &Option<Value>) -> Vec<String> {
             let mut lines = vec![format!("{key} zset {}", ranked.len())];
             for (rank, (member, score)) in ranked.into_iter().enumerate() {
                 lines.push(format!("{key} member {rank} {} {score}", text(member)));
+            }
+            lines
+        }
+        Some(Value::Set(members)) => {
+            let mut lines = vec![format!("{key} set {}", members.len())];
+            for member in members {
+                lines.push(format!("{key} smember {}", text(member)));
             }
             lines
         }
@@ -339,6 +347,17 @@ fn read_value(client: &mut Client, key: &[u8]) -> Option<Value> {
                 );
             }
             Some(Value::List(elements))
+        }
+        "set" => {
+            let members: BTreeSet<Vec<u8>> =
+                client.bulks(&[b"SMEMBERS", key]).into_iter().collect();
+            let length = client.integer(&[b"SCARD", key]);
+            assert_eq!(length as usize, members.len(), "{shown}: SCARD disagrees with SMEMBERS");
+            for member in &members {
+                let found = client.integer(&[b"SISMEMBER", key, member]);
+                assert_eq!(found, 1, "{shown}: SISMEMBER {} disagrees with SMEMBERS", text(member));
+            }
+            Some(Value::Set(members))
         }
         other => panic!("{shown}: TYPE answered {other:?}"),
     };
@@ -651,6 +670,26 @@ fn write_recipe(client: Client) -> (Model, Deadlines) {
     r.client.integer(&[b"RPUSH", b"list:expiring", b"e"]);
     r.model.insert(b"list:expiring".to_vec(), Some(Value::List(vec![b"e".to_vec()])));
     r.pexpireat("list:expiring", FAR + 999);
+
+    // Sets (key space version 5): adds, removes, a move across keys, a STORE, a set emptied by
+    // SPOP, one with a deadline.
+    let set = |members: &[&str]| -> Option<Value> {
+        Some(Value::Set(members.iter().map(|m| m.as_bytes().to_vec()).collect()))
+    };
+    assert_eq!(r.client.integer(&[b"SADD", b"set:a", b"x", b"y", b"z", b"w"]), 4);
+    assert_eq!(r.client.integer(&[b"SREM", b"set:a", b"w", b"nosuch"]), 1);
+    assert_eq!(r.client.integer(&[b"SADD", b"set:b", b"y", b"q"]), 2);
+    assert_eq!(r.client.integer(&[b"SMOVE", b"set:a", b"set:b", b"x"]), 1);
+    r.model.insert(b"set:a".to_vec(), set(&["y", "z"]));
+    r.model.insert(b"set:b".to_vec(), set(&["q", "x", "y"]));
+    assert_eq!(r.client.integer(&[b"SINTERSTORE", b"set:inter", b"set:a", b"set:b"]), 1);
+    r.model.insert(b"set:inter".to_vec(), set(&["y"]));
+    r.client.integer(&[b"SADD", b"set:popped", b"only"]);
+    assert_eq!(r.client.bulk(&[b"SPOP", b"set:popped"]), Some(b"only".to_vec()));
+    r.model.insert(b"set:popped".to_vec(), None);
+    r.client.integer(&[b"SADD", b"set:expiring", b"e"]);
+    r.model.insert(b"set:expiring".to_vec(), set(&["e"]));
+    r.pexpireat("set:expiring", FAR + 321);
 
     (r.model, r.deadlines)
 }

@@ -16,6 +16,7 @@ pub mod keys;
 pub mod lists;
 pub mod orphans;
 pub mod server;
+pub mod sets;
 pub mod strings;
 pub mod upgrade;
 pub mod zsets;
@@ -946,6 +947,7 @@ pub fn table() -> &'static [Spec] {
         specs.extend(hashes::specs());
         specs.extend(zsets::specs());
         specs.extend(lists::specs());
+        specs.extend(sets::specs());
         specs.extend(server::specs());
         specs.sort_by_key(|spec| spec.name);
         specs
@@ -1079,11 +1081,12 @@ const ONE_VALUE_REPLIES: &[&str] = &[
     "hget", "lindex", "lmove", "rpoplpush",
 ];
 /// Writes whose reply holds many stored values (pops with a count).
-const MANY_VALUES_WRITES: &[&str] = &["blmpop", "lmpop", "lpop", "rpop"];
+const MANY_VALUES_WRITES: &[&str] = &["blmpop", "lmpop", "lpop", "rpop", "spop"];
 /// Read commands whose reply is a number, a type or a status, never a stored value.
 const SMALL_READ_REPLIES: &[&str] = &[
     "dbsize", "exists", "expiretime", "hexists", "hlen", "hstrlen", "llen", "pexpiretime", "pttl",
-    "strlen", "ttl", "type", "zcard", "zcount", "zrank", "zrevrank", "zscore",
+    "scard", "sintercard", "sismember", "strlen", "ttl", "type", "zcard", "zcount", "zrank",
+    "zrevrank", "zscore",
 ];
 
 /// The size class of the reply of `spec` called with `args`. A write answers a number or a
