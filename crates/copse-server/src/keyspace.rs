@@ -583,7 +583,12 @@ mod tests {
         );
         assert_eq!(orphans_key(b"user:1"), bytes("6f 00 00 00 06 75 73 65 72 3a 31"));
         // Version 4: a list `q` at version 1 holding "a" at the initial head.
-        let list = CollectionMeta { version: 1, count: 1, deadline_ms: None, head: Some(LIST_HEAD_INITIAL) };
+        let list = CollectionMeta {
+            version: 1,
+            count: 1,
+            deadline_ms: None,
+            head: Some(LIST_HEAD_INITIAL),
+        };
         assert_eq!(
             list.encode(),
             bytes("00 00 00 00 00 00 00 01 00 00 00 00 00 00 00 01 02 80 00 00 00 00 00 00 00")
@@ -620,8 +625,18 @@ mod tests {
     fn collection_meta_round_trips_and_refuses_what_it_does_not_know() {
         for meta in [
             CollectionMeta { version: 0, count: 1, deadline_ms: None, head: None },
-            CollectionMeta { version: u64::MAX, count: 3, deadline_ms: Some(1_795_737_600_000), head: Some(7) },
-            CollectionMeta { version: 9, count: 4, deadline_ms: None, head: Some(LIST_HEAD_INITIAL) },
+            CollectionMeta {
+                version: u64::MAX,
+                count: 3,
+                deadline_ms: Some(1_795_737_600_000),
+                head: Some(7),
+            },
+            CollectionMeta {
+                version: 9,
+                count: 4,
+                deadline_ms: None,
+                head: Some(LIST_HEAD_INITIAL),
+            },
         ] {
             assert_eq!(CollectionMeta::decode(&meta.encode()), Some(meta));
         }

@@ -69,8 +69,11 @@ impl Waiters {
         Registration { waiters: self, waiter, keys }
     }
 
-    /// Wakes the first client waiting on `key`, if any.
+    /// Wakes the first client waiting on `key`, if any (no lock while no client is blocked).
     pub fn wake(&self, key: &[u8]) {
+        if !self.any_waiting() {
+            return;
+        }
         let queues = self.queues.lock().unwrap_or_else(|poison| poison.into_inner());
         if let Some(first) = queues.get(key).and_then(VecDeque::front) {
             first.notify.notify_one();

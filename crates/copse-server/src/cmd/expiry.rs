@@ -23,13 +23,13 @@ use std::time::Duration;
 
 use copse::BatchOp;
 
+use super::strings::check_expiring_key;
 use super::{
     answer, delete_ops, now_ms, on_key, parse_i64, run_outcome, shard_keys, stored_deadline,
     stored_type, ttl_ops, unexpected, Call, Expiry, Input, KeyTarget, Next, Outcome, Plan, Spec,
     NOT_INTEGER,
 };
 use crate::context::Server;
-use super::strings::check_expiring_key;
 use crate::keyspace;
 use crate::resp::Reply;
 

@@ -60,6 +60,7 @@ pub fn specs() -> Vec<Spec> {
         spec("hincrby", 4, W, "Increments the integer value of a field.", hincrby as _),
         spec("hincrbyfloat", 4, W, "Increments the float value of a field.", hincrbyfloat as _),
         spec("hscan", -3, RS, "Iterates over the fields of a hash.", hscan as _),
+        spec("hrandfield", -2, RS, "Returns random fields.", hrandfield as _),
     ]
 }
 
@@ -499,6 +500,142 @@ fn hscan(call: &mut Call<'_>) -> Outcome {
                 }
             }
             Next::Reply(scan_reply(next, flat))
+        }
+        Input::Written => unexpected(),
+    })
+}
+
+/// A random number for HRANDFIELD (not for anything secret).
+fn random_u64() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let nonce = STATE.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    xxhash_rust::xxh3::xxh3_64_with_seed(&crate::keyspace::new_version().to_le_bytes(), nonce)
+}
+
+/// The first field at or after scan hash `from`, wrapping to the first field.
+fn field_at(view: &ExecView<'_>, coll: &Coll, from: u64) -> Option<Vec<u8>> {
+    for cursor in [from, 0] {
+        let range = fields_from(&coll.id, cursor);
+        if let Some(item) = view.keys(bound_ref(&range.0), bound_ref(&range.1), 1).pop() {
+            return decode_field(&item, coll.id.len()).map(|(_, field)| field.to_vec());
+        }
+    }
+    None
+}
+
+/// HRANDFIELD key [count [WITHVALUES]]: a count ≥ 0 gives distinct fields (at most all), a
+/// negative one |count| fields with repeats.
+fn hrandfield(call: &mut Call<'_>) -> Outcome {
+    let (count, with_values) = match call.args.len() {
+        2 => (None, false),
+        3 | 4 => {
+            let count = match parse_i64(&call.args[2]) {
+                Some(i64::MIN) => {
+                    return Outcome::error(format!(
+                        "ERR value is out of range, value must between {} and {}",
+                        -i64::MAX,
+                        i64::MAX
+                    ))
+                }
+                Some(count) => count,
+                None => return Outcome::error(NOT_INTEGER),
+            };
+            if call.args.len() == 4 && call.word(3) != "withvalues" {
+                return Outcome::error(SYNTAX);
+            }
+            (Some(count), call.args.len() == 4)
+        }
+        _ => return Outcome::error(SYNTAX),
+    };
+    let limit =
+        call.server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
+    let protocol = call.conn.protocol;
+    let mut chosen: Vec<Vec<u8>> = Vec::new();
+    on_collection(call, KeyType::Hash, move |view, input, coll| match input {
+        Input::Start => {
+            if !coll.exists() {
+                return Next::Reply(if count.is_some() {
+                    Reply::Array(Vec::new())
+                } else {
+                    Reply::Null
+                });
+            }
+            let len = coll.count();
+            let wanted = count.map_or(1, |count| count.unsigned_abs() as usize);
+            if (wanted as u128) * 32 > limit as u128 {
+                return Next::Reply(Reply::Error(format!(
+                    "ERR reply of at least {} bytes exceeds the client output limit ({limit} bytes)",
+                    wanted.saturating_mul(32)
+                )));
+            }
+            chosen = match count {
+                Some(count) if count >= 0 && (count as usize) * 4 >= len => {
+                    // Many of them: list them all, then pick.
+                    let (start, end) = fields_range(&coll.id);
+                    let mut all: Vec<Vec<u8>> = view
+                        .keys(bound_ref(&start), bound_ref(&end), usize::MAX)
+                        .iter()
+                        .filter_map(|item| {
+                            decode_field(item, coll.id.len()).map(|(_, f)| f.to_vec())
+                        })
+                        .collect();
+                    let n = (count as usize).min(all.len());
+                    for at in 0..n {
+                        let pick = at + (random_u64() as usize) % (all.len() - at);
+                        all.swap(at, pick);
+                    }
+                    all.truncate(n);
+                    all
+                }
+                Some(count) if count >= 0 => {
+                    let mut taken = HashSet::new();
+                    while taken.len() < count as usize {
+                        if let Some(field) = field_at(view, coll, random_u64() >> 1) {
+                            taken.insert(field);
+                        }
+                    }
+                    taken.into_iter().collect()
+                }
+                _ => (0..wanted).filter_map(|_| field_at(view, coll, random_u64() >> 1)).collect(),
+            };
+            if !with_values {
+                let fields = std::mem::take(&mut chosen);
+                return Next::Reply(match count {
+                    None => fields.into_iter().next().map_or(Reply::Null, Reply::Bulk),
+                    Some(_) => Reply::Array(fields.into_iter().map(Reply::Bulk).collect()),
+                });
+            }
+            if chosen.is_empty() {
+                return Next::Reply(Reply::Array(Vec::new()));
+            }
+            Next::Read(chosen.iter().map(|field| ReadOp::Get(field_key(&coll.id, field))).collect())
+        }
+        Input::Read(results) => {
+            let mut pairs = Vec::with_capacity(chosen.len());
+            let mut bytes = 0;
+            for (field, result) in std::mem::take(&mut chosen).into_iter().zip(results) {
+                let value = value_of(Some(result)).unwrap_or_default();
+                bytes += field.len() + value.len() + 32;
+                pairs.push((field, value));
+            }
+            if bytes > limit {
+                return Next::Reply(Reply::Error(format!(
+                    "ERR reply of at least {bytes} bytes exceeds the client output limit ({limit} bytes)"
+                )));
+            }
+            Next::Reply(if protocol == crate::resp::Protocol::Resp3 {
+                Reply::Array(
+                    pairs
+                        .into_iter()
+                        .map(|(f, v)| Reply::Array(vec![Reply::Bulk(f), Reply::Bulk(v)]))
+                        .collect(),
+                )
+            } else {
+                Reply::Array(
+                    pairs.into_iter().flat_map(|(f, v)| [Reply::Bulk(f), Reply::Bulk(v)]).collect(),
+                )
+            })
         }
         Input::Written => unexpected(),
     })

@@ -26,8 +26,8 @@ use copse::{BatchOp, Db};
 
 use super::{
     answer, check_batch, coll_begin, coll_make, coll_meta, from_index, on_collection,
-    on_collection_grouped, on_collection_key, parse_f64, parse_i64, run_outcome, unexpected, value_of, Call, Coll,
-    Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
+    on_collection_grouped, on_collection_key, parse_f64, parse_i64, run_outcome, unexpected,
+    value_of, Call, Coll, Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
 };
 use crate::context::Server;
 use crate::keyspace::{self, list_key, KeyType, VERSION_BYTES};
@@ -139,9 +139,7 @@ fn push_ops(coll: &Coll, end: End, elements: &[Vec<u8>]) -> Result<(Vec<BatchOp>
                 head = head.checked_sub(1).ok_or_else(exhausted)?;
                 head
             }
-            End::Right => {
-                coll.head().checked_add((count + at) as u64).ok_or_else(exhausted)?
-            }
+            End::Right => coll.head().checked_add((count + at) as u64).ok_or_else(exhausted)?,
         };
         ops.push(BatchOp::Put { key: list_key(&coll.id, index), value: element.clone() });
     }
@@ -172,13 +170,6 @@ fn drop_elements(coll: &Coll, gone: Range<usize>) -> Vec<BatchOp> {
     gone.map(|at| BatchOp::Delete { key: list_key(&coll.id, index_of(coll, at as u64)) }).collect()
 }
 
-/// Wakes the first client blocked on `key`, if any (after a write that added elements).
-fn wake(server: &Server, key: &[u8]) {
-    if server.waiters.any_waiting() {
-        server.waiters.wake(key);
-    }
-}
-
 // -- pushes -------------------------------------------------------------------------------------
 
 fn push(call: &mut Call<'_>, end: End, only_existing: bool) -> Outcome {
@@ -207,7 +198,7 @@ fn push(call: &mut Call<'_>, end: End, only_existing: bool) -> Outcome {
             Next::WriteLast(ops)
         }
         Input::Written => {
-            wake(&server, &coll.key);
+            server.waiters.wake(&coll.key);
             answer(&mut pending)
         }
         Input::Read(_) => unexpected(),
@@ -282,7 +273,8 @@ impl Elements {
         let values: Vec<Vec<u8>> =
             results.into_iter().map(|result| value_of(Some(result)).unwrap_or_default()).collect();
         if self.keep {
-            self.bytes += values.iter().map(|v| v.len() + ELEMENT_REPLY_OVERHEAD_BYTES).sum::<usize>();
+            self.bytes +=
+                values.iter().map(|v| v.len() + ELEMENT_REPLY_OVERHEAD_BYTES).sum::<usize>();
             if self.bytes > self.bytes_max {
                 return Err(Reply::Error(format!(
                     "ERR reply of at least {} bytes exceeds the client output limit ({} bytes)",
@@ -587,8 +579,12 @@ fn lrem(call: &mut Call<'_>) -> Outcome {
             return Ok((Vec::new(), Reply::Integer(0)));
         }
         let gone: std::collections::HashSet<usize> = removed.iter().copied().collect();
-        let new: Vec<Vec<u8>> =
-            old.iter().enumerate().filter(|(at, _)| !gone.contains(at)).map(|(_, v)| v.clone()).collect();
+        let new: Vec<Vec<u8>> = old
+            .iter()
+            .enumerate()
+            .filter(|(at, _)| !gone.contains(at))
+            .map(|(_, v)| v.clone())
+            .collect();
         Ok((rewrite_ops(coll, &old, new), Reply::Integer(removed.len() as i64)))
     })
 }
@@ -793,7 +789,13 @@ fn move_plan(call: &Call<'_>, from: End, to: End) -> Outcome {
 /// One LMOVE: Null if the source is empty. Both keys in one shard: one exec holding both locks.
 /// Across shards: the source's end element is read, then one cross-shard batch pops it (if the
 /// source is as it was read; else it is read again) and pushes it to the destination.
-async fn move_once(server: &Arc<Server>, source: &[u8], destination: &[u8], from: End, to: End) -> Reply {
+async fn move_once(
+    server: &Arc<Server>,
+    source: &[u8],
+    destination: &[u8],
+    from: End,
+    to: End,
+) -> Reply {
     let db = &server.db;
     let reply = if db.shard_of(source) == db.shard_of(destination) {
         run_outcome(db, move_in_shard(db, source.to_vec(), destination.to_vec(), from, to)).await
@@ -803,16 +805,14 @@ async fn move_once(server: &Arc<Server>, source: &[u8], destination: &[u8], from
             match move_across(db, source, destination, from, to).await {
                 Some(reply) => break reply,
                 None if attempts < LMOVE_ATTEMPTS_MAX => attempts += 1,
-                None => {
-                    break Reply::error(
-                        "ERR LMOVE gave up: the source list kept changing under it; nothing was moved",
-                    )
-                }
+                None => break Reply::error(
+                    "ERR LMOVE gave up: the source list kept changing under it; nothing was moved",
+                ),
             }
         }
     };
     if matches!(reply, Reply::Bulk(_)) {
-        wake(server, destination);
+        server.waiters.wake(destination);
     }
     reply
 }
@@ -846,13 +846,16 @@ fn move_in_shard(db: &Db, source: Vec<u8>, destination: Vec<u8>, from: End, to: 
             Next::Read(reads)
         }
         Input::Read(mut results) if colls.is_none() => {
-            let Some((source_expiry, destination_expiry)) = state.take() else { return unexpected() };
+            let Some((source_expiry, destination_expiry)) = state.take() else {
+                return unexpected();
+            };
             let destination_meta = if results.len() == 2 { results.pop() } else { None };
             let source_meta = match coll_meta(results.pop()) {
                 Ok(meta) => meta,
                 Err(error) => return Next::Reply(error),
             };
-            let source_coll = coll_make(view, source.clone(), KeyType::List, source_expiry, source_meta);
+            let source_coll =
+                coll_make(view, source.clone(), KeyType::List, source_expiry, source_meta);
             let destination_coll = if same {
                 None
             } else {
@@ -928,7 +931,13 @@ fn rotate_ops(coll: &Coll, from: End, to: End, element: &[u8]) -> Result<Vec<Bat
 
 /// One attempt of LMOVE across shards: Some(answer), or None when the source changed between
 /// the read and the batch (try again).
-async fn move_across(db: &Db, source: &[u8], destination: &[u8], from: End, to: End) -> Option<Reply> {
+async fn move_across(
+    db: &Db,
+    source: &[u8],
+    destination: &[u8],
+    from: End,
+    to: End,
+) -> Option<Reply> {
     // 1. The source's meta value and end element, as they are now.
     let read = run_outcome(db, read_end(db, source.to_vec(), from)).await;
     let (meta_value, element) = match read {
@@ -965,7 +974,13 @@ async fn move_across(db: &Db, source: &[u8], destination: &[u8], from: End, to: 
                     return refuse(&mut vote, "changed");
                 }
                 let meta = keyspace::CollectionMeta::decode(&now);
-                let coll = coll_make(view, source_key.clone(), KeyType::List, std::mem::take(&mut expiry), meta);
+                let coll = coll_make(
+                    view,
+                    source_key.clone(),
+                    KeyType::List,
+                    std::mem::take(&mut expiry),
+                    meta,
+                );
                 let Some(vote) = vote.take() else { return unexpected() };
                 Next::Prepare(vote, pop_ops(&coll, from, 1))
             }
@@ -1033,11 +1048,17 @@ async fn move_across(db: &Db, source: &[u8], destination: &[u8], from: End, to: 
                 let (source_reply, destination_reply) = (replies.next(), replies.next());
                 match (source_reply, destination_reply) {
                     (Some(Reply::Simple(_)), Some(Reply::Simple(_))) => Reply::Bulk(element),
-                    (_, Some(Reply::Error(error))) if error.starts_with("WRONGTYPE") || !error.contains("aborted") => {
+                    (_, Some(Reply::Error(error)))
+                        if error.starts_with("WRONGTYPE") || !error.contains("aborted") =>
+                    {
                         Reply::Error(error)
                     }
-                    (Some(Reply::Simple(word)), _) if word == "CHANGED" => Reply::Simple("CHANGED".into()),
-                    (Some(Reply::Error(error)), _) if !error.contains("aborted") => Reply::Error(error),
+                    (Some(Reply::Simple(word)), _) if word == "CHANGED" => {
+                        Reply::Simple("CHANGED".into())
+                    }
+                    (Some(Reply::Error(error)), _) if !error.contains("aborted") => {
+                        Reply::Error(error)
+                    }
                     _ => Reply::Simple("CHANGED".into()),
                 }
             }),
@@ -1080,7 +1101,13 @@ fn read_end(db: &Db, key: Vec<u8>, end: End) -> Outcome {
             let Some(meta) = keyspace::CollectionMeta::decode(&value) else {
                 return Next::Reply(Reply::error(super::CORRUPT_META));
             };
-            let coll = coll_make(view, key.clone(), KeyType::List, std::mem::take(&mut expiry), Some(meta));
+            let coll = coll_make(
+                view,
+                key.clone(),
+                KeyType::List,
+                std::mem::take(&mut expiry),
+                Some(meta),
+            );
             let at = match end {
                 End::Left => 0,
                 End::Right => coll.count() as u64 - 1,
@@ -1120,7 +1147,9 @@ fn parse_mpop(call: &Call<'_>, at: usize) -> Result<MultiPop, Reply> {
         return Err(Reply::error(SYNTAX));
     }
     let keys: Vec<Vec<u8>> = call.args[first..first + numkeys].to_vec();
-    let Some(end) = End::parse(&call.word(first + numkeys)) else { return Err(Reply::error(SYNTAX)) };
+    let Some(end) = End::parse(&call.word(first + numkeys)) else {
+        return Err(Reply::error(SYNTAX));
+    };
     let mut count = None;
     let mut rest = first + numkeys + 1;
     while rest < call.args.len() {
@@ -1142,9 +1171,10 @@ fn parse_mpop(call: &Call<'_>, at: usize) -> Result<MultiPop, Reply> {
 /// Tries each key of `pop` in order: the first that holds a list answers.
 async fn try_pop(server: &Arc<Server>, pop: &MultiPop, one: bool) -> Option<Reply> {
     for key in &pop.keys {
-        let outcome = pop_with(server, key.clone(), pop.end, pop.count, Reply::NullArray, |_, popped| {
-            Reply::Array(popped.into_iter().map(Reply::Bulk).collect())
-        });
+        let outcome =
+            pop_with(server, key.clone(), pop.end, pop.count, Reply::NullArray, |_, popped| {
+                Reply::Array(popped.into_iter().map(Reply::Bulk).collect())
+            });
         let reply = run_outcome(&server.db, outcome).await;
         match reply {
             Reply::NullArray | Reply::Null => continue,
@@ -1177,7 +1207,7 @@ fn lmpop(call: &mut Call<'_>) -> Outcome {
 }
 
 /// A blocking command's timeout in seconds (0: forever), as Redis parses it.
-fn parse_timeout(bytes: &[u8]) -> Result<Option<Duration>, Reply> {
+pub(super) fn parse_timeout(bytes: &[u8]) -> Result<Option<Duration>, Reply> {
     let seconds = parse_f64(bytes)
         .filter(|seconds| seconds.is_finite())
         .ok_or_else(|| Reply::error("ERR timeout is not a float or out of range"))?;
@@ -1189,7 +1219,7 @@ fn parse_timeout(bytes: &[u8]) -> Result<Option<Duration>, Reply> {
 
 /// Runs `attempt` until it answers, blocking between tries on `keys` (in arrival order with
 /// the other clients blocked on them, `waiters.rs`) until `timeout`, then answers Null.
-async fn blocking<F, Fut>(
+pub(super) async fn blocking<F, Fut>(
     server: Arc<Server>,
     keys: Vec<Vec<u8>>,
     timeout: Option<Duration>,

@@ -19,6 +19,7 @@ pub mod server;
 pub mod sets;
 pub mod strings;
 pub mod upgrade;
+pub mod zset_ops;
 pub mod zsets;
 
 use std::collections::HashMap;
@@ -384,7 +385,8 @@ impl Expiry {
         if deadline > now_ms() {
             return Expiry { deadline_ms: Some(deadline), reclaim: Vec::new() };
         }
-        let mut reclaim = stored_type(view, key).map_or_else(Vec::new, |ty| type_delete_ops(key, ty));
+        let mut reclaim =
+            stored_type(view, key).map_or_else(Vec::new, |ty| type_delete_ops(key, ty));
         reclaim.extend(ttl_ops(key, Some(deadline), None));
         Expiry { deadline_ms: None, reclaim }
     }
@@ -582,7 +584,13 @@ where
 
 /// `on_collection` (or `on_collection_grouped`) of collection `key` outside a command's own
 /// call (a command that acts on several keys one after the other).
-pub fn on_collection_key<F>(db: &Db, key: Vec<u8>, ty: KeyType, grouped: bool, mut step: F) -> Outcome
+pub fn on_collection_key<F>(
+    db: &Db,
+    key: Vec<u8>,
+    ty: KeyType,
+    grouped: bool,
+    mut step: F,
+) -> Outcome
 where
     F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
 {
@@ -948,6 +956,7 @@ pub fn table() -> &'static [Spec] {
         specs.extend(zsets::specs());
         specs.extend(lists::specs());
         specs.extend(sets::specs());
+        specs.extend(zset_ops::specs());
         specs.extend(server::specs());
         specs.sort_by_key(|spec| spec.name);
         specs
@@ -976,7 +985,10 @@ pub fn find_ignoring_case(name: &[u8]) -> Option<&'static Spec> {
             .map(|(at, spec)| (xxhash_rust::xxh3::xxh3_64(spec.name.as_bytes()), at))
             .collect();
         by_hash.sort_unstable();
-        assert!(by_hash.windows(2).all(|pair| pair[0].0 != pair[1].0), "two command names hash alike");
+        assert!(
+            by_hash.windows(2).all(|pair| pair[0].0 != pair[1].0),
+            "two command names hash alike"
+        );
         by_hash
     });
     let hash = xxhash_rust::xxh3::xxh3_64(lowered);
@@ -1077,16 +1089,49 @@ const NAMED_VALUES_REPLIES: &[(&str, usize)] = &[("mget", 1), ("hmget", 2)];
 const VALUE_REPLY_OVERHEAD_BYTES: usize = 16;
 /// Commands whose reply holds one stored value (a string or a hash field).
 const ONE_VALUE_REPLIES: &[&str] = &[
-    "blmove", "blpop", "brpop", "brpoplpush", "get", "getdel", "getex", "getrange", "getset",
-    "hget", "lindex", "lmove", "rpoplpush",
+    "blmove",
+    "blpop",
+    "brpop",
+    "brpoplpush",
+    "get",
+    "getdel",
+    "getex",
+    "getrange",
+    "getset",
+    "hget",
+    "lindex",
+    "lmove",
+    "rpoplpush",
 ];
 /// Writes whose reply holds many stored values (pops with a count).
-const MANY_VALUES_WRITES: &[&str] = &["blmpop", "lmpop", "lpop", "rpop", "spop"];
+const MANY_VALUES_WRITES: &[&str] = &[
+    "blmpop", "bzmpop", "bzpopmax", "bzpopmin", "lmpop", "lpop", "rpop", "spop", "zmpop",
+    "zpopmax", "zpopmin",
+];
 /// Read commands whose reply is a number, a type or a status, never a stored value.
 const SMALL_READ_REPLIES: &[&str] = &[
-    "dbsize", "exists", "expiretime", "hexists", "hlen", "hstrlen", "llen", "pexpiretime", "pttl",
-    "scard", "sintercard", "sismember", "strlen", "ttl", "type", "zcard", "zcount", "zrank",
-    "zrevrank", "zscore",
+    "dbsize",
+    "exists",
+    "expiretime",
+    "hexists",
+    "hlen",
+    "hstrlen",
+    "llen",
+    "pexpiretime",
+    "pttl",
+    "scard",
+    "sintercard",
+    "sismember",
+    "strlen",
+    "ttl",
+    "type",
+    "zcard",
+    "zcount",
+    "zintercard",
+    "zlexcount",
+    "zrank",
+    "zrevrank",
+    "zscore",
 ];
 
 /// The size class of the reply of `spec` called with `args`. A write answers a number or a
@@ -1225,8 +1270,14 @@ mod tests {
         for spec in table() {
             assert!(spec.name.len() <= COMMAND_NAME_BYTES_MAX, "{} is too long", spec.name);
             let upper = spec.name.to_ascii_uppercase();
-            assert_eq!(find_ignoring_case(upper.as_bytes()).map(|found| found.name), Some(spec.name));
-            assert_eq!(find_ignoring_case(spec.name.as_bytes()).map(|found| found.name), Some(spec.name));
+            assert_eq!(
+                find_ignoring_case(upper.as_bytes()).map(|found| found.name),
+                Some(spec.name)
+            );
+            assert_eq!(
+                find_ignoring_case(spec.name.as_bytes()).map(|found| found.name),
+                Some(spec.name)
+            );
         }
         assert!(find_ignoring_case(b"").is_none());
         assert!(find_ignoring_case(b"GETX").is_none());

@@ -105,7 +105,10 @@ async fn orphan_keys(db: &Db, cursors: &mut [Option<Vec<u8>>]) -> Result<Vec<Vec
 /// The element ranges of `key` that hold dead items: every version of each element tag, minus
 /// the live collection's own id range (`live`: its type, id and meta); for a live list, the
 /// indexes of its id outside `head .. head + count` too (what LPOP, RPOP and LTRIM left).
-fn dead_ranges(key: &[u8], live: Option<(KeyType, &[u8], CollectionMeta)>) -> Vec<keyspace::KeyRange> {
+fn dead_ranges(
+    key: &[u8],
+    live: Option<(KeyType, &[u8], CollectionMeta)>,
+) -> Vec<keyspace::KeyRange> {
     let mut ranges = Vec::with_capacity(5);
     for ty in KeyType::COLLECTIONS {
         let Some(tag) = ty.element_tag() else { continue };
@@ -127,7 +130,10 @@ fn dead_ranges(key: &[u8], live: Option<(KeyType, &[u8], CollectionMeta)>) -> Ve
                 if let (KeyType::List, Some(head)) = (ty, meta.head) {
                     let tail = head.saturating_add(meta.count);
                     ranges.push(keyspace::list_range(id, 0, head));
-                    ranges.push((Bound::Included(keyspace::list_key(id, tail)), keyspace::id_range(tag, id).1));
+                    ranges.push((
+                        Bound::Included(keyspace::list_key(id, tail)),
+                        keyspace::id_range(tag, id).1,
+                    ));
                 }
             }
             _ => ranges.push((start, end)),

@@ -84,11 +84,20 @@ fn all_members(view: &ExecView<'_>, coll: &Coll) -> Vec<Vec<u8>> {
     }
     let (start, end) = keyspace::id_range(TAG_SET, &coll.id);
     let items = view.keys(bound_ref(&start), bound_ref(&end), usize::MAX);
-    items.iter().filter_map(|item| decode_field(item, coll.id.len())).map(|(_, m)| m.to_vec()).collect()
+    items
+        .iter()
+        .filter_map(|item| decode_field(item, coll.id.len()))
+        .map(|(_, m)| m.to_vec())
+        .collect()
 }
 
 /// The first member at or after scan hash `from` (wrapping to the first), skipping `taken`.
-fn member_at(view: &ExecView<'_>, coll: &Coll, from: u64, taken: &HashSet<Vec<u8>>) -> Option<Vec<u8>> {
+fn member_at(
+    view: &ExecView<'_>,
+    coll: &Coll,
+    from: u64,
+    taken: &HashSet<Vec<u8>>,
+) -> Option<Vec<u8>> {
     let (_, end) = keyspace::set_members_from(&coll.id, 0);
     let (first, _) = keyspace::id_range(TAG_SET, &coll.id);
     let (start, _) = keyspace::set_members_from(&coll.id, from);
@@ -287,7 +296,11 @@ fn spop(call: &mut Call<'_>) -> Outcome {
     on_collection(call, KeyType::Set, move |view, input, coll| match input {
         Input::Start => {
             if !coll.exists() {
-                return Next::Reply(if count.is_some() { Reply::Set(Vec::new()) } else { Reply::Null });
+                return Next::Reply(if count.is_some() {
+                    Reply::Set(Vec::new())
+                } else {
+                    Reply::Null
+                });
             }
             let n = count.map_or(1, |count| count as usize).min(coll.count());
             if n == 0 {
@@ -335,14 +348,18 @@ fn srandmember(call: &mut Call<'_>) -> Outcome {
         }
         let chosen = match count {
             None => random_members(view, coll, 1),
-            Some(count) if count >= 0 => random_members(view, coll, (count as usize).min(coll.count())),
+            Some(count) if count >= 0 => {
+                random_members(view, coll, (count as usize).min(coll.count()))
+            }
             Some(count) => {
                 // Repeats allowed: each pick on its own, counted as it goes.
                 let mut chosen = Vec::new();
                 let mut bytes = 0;
                 let none = HashSet::new();
                 for _ in 0..count.unsigned_abs() {
-                    let Some(member) = member_at(view, coll, random_u64() >> 1, &none) else { break };
+                    let Some(member) = member_at(view, coll, random_u64() >> 1, &none) else {
+                        break;
+                    };
                     bytes += member.len() + 16;
                     if bytes > limit {
                         return too_large(bytes, limit);
@@ -407,7 +424,10 @@ fn sscan(call: &mut Call<'_>) -> Outcome {
         let (start, end) = keyspace::set_members_from(&coll.id, cursor);
         let mut items = view.keys(bound_ref(&start), bound_ref(&end), count + 1);
         let next = if items.len() > count {
-            items.pop().and_then(|item| decode_field(&item, coll.id.len()).map(|(hash, _)| hash)).unwrap_or(0)
+            items
+                .pop()
+                .and_then(|item| decode_field(&item, coll.id.len()).map(|(hash, _)| hash))
+                .unwrap_or(0)
         } else {
             0
         };
@@ -459,19 +479,23 @@ fn smove_in_shard(db: &Db, source: Vec<u8>, destination: Vec<u8>, member: Vec<u8
             let mut reads = smallvec::SmallVec::new();
             reads.push(copse::exec::ReadOp::Get(keyspace::meta_key(&source, KeyType::Set)));
             if destination_type.is_some() && destination != source {
-                reads.push(copse::exec::ReadOp::Get(keyspace::meta_key(&destination, KeyType::Set)));
+                reads
+                    .push(copse::exec::ReadOp::Get(keyspace::meta_key(&destination, KeyType::Set)));
             }
             expiries = Some((source_expiry, destination_expiry));
             Next::Read(reads)
         }
         Input::Read(mut results) => {
-            let Some((source_expiry, destination_expiry)) = expiries.take() else { return unexpected() };
+            let Some((source_expiry, destination_expiry)) = expiries.take() else {
+                return unexpected();
+            };
             let destination_meta = if results.len() == 2 { Some(results.pop()) } else { None };
             let source_meta = match coll_meta(results.pop()) {
                 Ok(meta) => meta,
                 Err(error) => return Next::Reply(error),
             };
-            let source_coll = coll_make(view, source.clone(), KeyType::Set, source_expiry, source_meta);
+            let source_coll =
+                coll_make(view, source.clone(), KeyType::Set, source_expiry, source_meta);
             if !view.contains(&set_member_key(&source_coll.id, &member)) {
                 return Next::Reply(Reply::Integer(0));
             }
@@ -485,8 +509,13 @@ fn smove_in_shard(db: &Db, source: Vec<u8>, destination: Vec<u8>, member: Vec<u8
                 },
                 None => None,
             };
-            let destination_coll =
-                coll_make(view, destination.clone(), KeyType::Set, destination_expiry, destination_meta);
+            let destination_coll = coll_make(
+                view,
+                destination.clone(),
+                KeyType::Set,
+                destination_expiry,
+                destination_meta,
+            );
             let mut ops = remove_ops(&source_coll, &member);
             ops.extend(add_ops(view, &destination_coll, &member));
             pending = Some(Reply::Integer(1));
@@ -551,7 +580,13 @@ fn smove_across(db: &Db, source: Vec<u8>, destination: Vec<u8>, member: Vec<u8>)
                         Ok(meta) => meta,
                         Err(error) => return refuse(&mut vote, error),
                     };
-                    let coll = coll_make(view, source_key.clone(), KeyType::Set, std::mem::take(&mut expiry), meta);
+                    let coll = coll_make(
+                        view,
+                        source_key.clone(),
+                        KeyType::Set,
+                        std::mem::take(&mut expiry),
+                        meta,
+                    );
                     if !view.contains(&set_member_key(&coll.id, &source_member)) {
                         return refuse(&mut vote, Reply::Integer(SMOVE_NO_MEMBER));
                     }
@@ -569,13 +604,14 @@ fn smove_across(db: &Db, source: Vec<u8>, destination: Vec<u8>, member: Vec<u8>)
         let mut vote = Some(vote);
         let mut expiry = Expiry::default();
         move |view: &ExecView<'_>, input| {
-            let prepare = |view: &ExecView<'_>, expiry, meta, vote: &mut Option<copse::exec::Vote>| {
-                let coll = coll_make(view, destination_key.clone(), KeyType::Set, expiry, meta);
-                match vote.take() {
-                    Some(vote) => Next::Prepare(vote, add_ops(view, &coll, &member)),
-                    None => unexpected(),
-                }
-            };
+            let prepare =
+                |view: &ExecView<'_>, expiry, meta, vote: &mut Option<copse::exec::Vote>| {
+                    let coll = coll_make(view, destination_key.clone(), KeyType::Set, expiry, meta);
+                    match vote.take() {
+                        Some(vote) => Next::Prepare(vote, add_ops(view, &coll, &member)),
+                        None => unexpected(),
+                    }
+                };
             match input {
                 Input::Start => match coll_begin(view, &destination_key, KeyType::Set) {
                     Ok((found, Some(read))) => {
@@ -612,11 +648,17 @@ fn smove_across(db: &Db, source: Vec<u8>, destination: Vec<u8>, member: Vec<u8>)
             // of another type, then a destination of another type; then a missing member.
             match (from, to) {
                 (Some(Reply::Integer(SMOVE_NO_KEY)), _) => Reply::Integer(0),
-                (Some(Reply::Error(error)), _) if error.starts_with("WRONGTYPE") => Reply::Error(error),
-                (_, Some(Reply::Error(error))) if error.starts_with("WRONGTYPE") => Reply::Error(error),
+                (Some(Reply::Error(error)), _) if error.starts_with("WRONGTYPE") => {
+                    Reply::Error(error)
+                }
+                (_, Some(Reply::Error(error))) if error.starts_with("WRONGTYPE") => {
+                    Reply::Error(error)
+                }
                 (Some(Reply::Integer(SMOVE_NO_MEMBER)), _) => Reply::Integer(0),
                 (Some(Reply::Integer(SMOVE_MOVED)), Some(Reply::Simple(_))) => Reply::Integer(1),
-                (Some(Reply::Error(error)), _) | (_, Some(Reply::Error(error))) => Reply::Error(error),
+                (Some(Reply::Error(error)), _) | (_, Some(Reply::Error(error))) => {
+                    Reply::Error(error)
+                }
                 _ => Reply::error("ERR internal error: SMOVE"),
             }
         }),
@@ -634,7 +676,10 @@ enum Algebra {
 
 /// Each key's members (None: missing), in the order given, or WRONGTYPE; read consistently over
 /// every shard involved (no cross-shard batch is seen in part), from the indexes alone.
-async fn read_sets(server: &Arc<Server>, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<Vec<u8>>>>, Reply> {
+async fn read_sets(
+    server: &Arc<Server>,
+    keys: &[Vec<u8>],
+) -> Result<Vec<Option<Vec<Vec<u8>>>>, Reply> {
     let db = server.db.clone();
     let limit = server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     let read = db.read_consistently(|| async {
@@ -669,7 +714,9 @@ async fn read_sets(server: &Arc<Server>, keys: &[Vec<u8>]) -> Result<Vec<Option<
                 }
                 Input::Read(results) => {
                     let mut bytes = 0;
-                    for ((&at, result), expiry) in reading.iter().zip(results).zip(expiries.iter_mut()) {
+                    for ((&at, result), expiry) in
+                        reading.iter().zip(results).zip(expiries.iter_mut())
+                    {
                         let meta = match coll_meta(Some(result)) {
                             Ok(meta) => meta,
                             Err(error) => return Next::Reply(error),
@@ -732,7 +779,11 @@ async fn read_sets(server: &Arc<Server>, keys: &[Vec<u8>]) -> Result<Vec<Option<
 }
 
 /// The members of `algebra` over `sets` (None: a missing key, an empty set), in a stable order.
-fn compute(algebra: Algebra, sets: Vec<Option<Vec<Vec<u8>>>>, limit: Option<usize>) -> Vec<Vec<u8>> {
+fn compute(
+    algebra: Algebra,
+    sets: Vec<Option<Vec<Vec<u8>>>>,
+    limit: Option<usize>,
+) -> Vec<Vec<u8>> {
     let mut sets = sets.into_iter().map(Option::unwrap_or_default);
     let Some(first) = sets.next() else { return Vec::new() };
     let rest: Vec<HashSet<Vec<u8>>> = sets.map(|set| set.into_iter().collect()).collect();
@@ -748,7 +799,9 @@ fn compute(algebra: Algebra, sets: Vec<Option<Vec<Vec<u8>>>>, limit: Option<usiz
                 }
             }
         }
-        Algebra::Diff => out = first.into_iter().filter(|m| !rest.iter().any(|set| set.contains(m))).collect(),
+        Algebra::Diff => {
+            out = first.into_iter().filter(|m| !rest.iter().any(|set| set.contains(m))).collect()
+        }
         Algebra::Union => {
             let mut seen: HashSet<Vec<u8>> = HashSet::new();
             for member in first.into_iter().chain(rest.into_iter().flatten()) {
@@ -766,7 +819,9 @@ fn algebra_reply(call: &Call<'_>, algebra: Algebra) -> Outcome {
     let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
         match read_sets(&server, &keys).await {
-            Ok(sets) => Reply::Set(compute(algebra, sets, None).into_iter().map(Reply::Bulk).collect()),
+            Ok(sets) => {
+                Reply::Set(compute(algebra, sets, None).into_iter().map(Reply::Bulk).collect())
+            }
             Err(error) => error,
         }
     }))
@@ -808,38 +863,45 @@ fn store_set(db: &Db, destination: Vec<u8>, members: Vec<Vec<u8>>) -> Outcome {
     let mut plan = Plan::new();
     let mut members = Some(members);
     let mut written = 0;
-    plan.add(db.shard_of(&destination), vec![destination.clone()], move |view, input| match input {
-        Input::Start => {
-            let Some(members) = members.take() else { return unexpected() };
-            let expiry = Expiry::of(view, &destination);
-            let existing = expiry.live(stored_type(view, &destination));
-            // The old key goes whatever it was (its deadline too); an expired one is reclaimed.
-            let (mut ops, expiry) = match existing {
-                Some(ty) => (delete_ops(&destination, ty, &expiry), Expiry::default()),
-                None => (Vec::new(), expiry),
-            };
-            written = members.len();
-            if !members.is_empty() {
-                let coll = coll_make(view, destination.clone(), KeyType::Set, expiry, None);
-                for member in &members {
-                    ops.push(BatchOp::Put { key: set_member_key(&coll.id, member), value: Vec::new() });
+    plan.add(
+        db.shard_of(&destination),
+        vec![destination.clone()],
+        move |view, input| match input {
+            Input::Start => {
+                let Some(members) = members.take() else { return unexpected() };
+                let expiry = Expiry::of(view, &destination);
+                let existing = expiry.live(stored_type(view, &destination));
+                // The old key goes whatever it was (its deadline too); an expired one is reclaimed.
+                let (mut ops, expiry) = match existing {
+                    Some(ty) => (delete_ops(&destination, ty, &expiry), Expiry::default()),
+                    None => (Vec::new(), expiry),
+                };
+                written = members.len();
+                if !members.is_empty() {
+                    let coll = coll_make(view, destination.clone(), KeyType::Set, expiry, None);
+                    for member in &members {
+                        ops.push(BatchOp::Put {
+                            key: set_member_key(&coll.id, member),
+                            value: Vec::new(),
+                        });
+                    }
+                    ops.extend(coll.meta_ops(members.len()));
+                } else {
+                    ops.extend(expiry.before(Vec::new()));
                 }
-                ops.extend(coll.meta_ops(members.len()));
-            } else {
-                ops.extend(expiry.before(Vec::new()));
+                let ops = last_op_wins(ops);
+                if ops.is_empty() {
+                    return Next::Reply(Reply::Integer(0));
+                }
+                if let Err(error) = check_batch(&ops) {
+                    return Next::Reply(error);
+                }
+                Next::Write(ops)
             }
-            let ops = last_op_wins(ops);
-            if ops.is_empty() {
-                return Next::Reply(Reply::Integer(0));
-            }
-            if let Err(error) = check_batch(&ops) {
-                return Next::Reply(error);
-            }
-            Next::Write(ops)
-        }
-        Input::Written => Next::Reply(Reply::Integer(written as i64)),
-        Input::Read(_) => unexpected(),
-    });
+            Input::Written => Next::Reply(Reply::Integer(written as i64)),
+            Input::Read(_) => unexpected(),
+        },
+    );
     plan.finish(Box::new(|mut replies| replies.pop().unwrap_or(Reply::Null)))
 }
 

@@ -28,7 +28,16 @@ pub fn specs() -> Vec<Spec> {
         spec("set", -3, W, 1, 1, 1, "Sets the string value of a key.", set as _),
         spec("setex", 4, W, 1, 1, 1, "Sets a value and its expiry in seconds.", setex as _),
         spec("psetex", 4, W, 1, 1, 1, "Sets a value and its expiry in milliseconds.", psetex as _),
-        spec("getex", -2, W, 1, 1, 1, "Returns a value and sets or removes its expiry.", getex as _),
+        spec(
+            "getex",
+            -2,
+            W,
+            1,
+            1,
+            1,
+            "Returns a value and sets or removes its expiry.",
+            getex as _,
+        ),
         spec("setnx", 3, W, 1, 1, 1, "Sets a key's value only if it does not exist.", setnx as _),
         spec("getset", 3, W, 1, 1, 1, "Sets a key's value and returns the old one.", getset as _),
         spec("getdel", 2, W, 1, 1, 1, "Returns a key's value and deletes the key.", getdel as _),
@@ -390,7 +399,10 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
                     return Next::Reply(Reply::error(WRONGTYPE));
                 }
                 if options.get && existing == Some(KeyType::String) {
-                    return Next::Read(smallvec::smallvec![ReadOp::Get(meta_key(&key, KeyType::String))]);
+                    return Next::Read(smallvec::smallvec![ReadOp::Get(meta_key(
+                        &key,
+                        KeyType::String
+                    ))]);
                 }
                 decide(&key, existing, &expiry, None, &options, &kind, &mut value, &mut pending)
             }
@@ -759,10 +771,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
                     return Next::Reply(Reply::Integer(0));
                 }
                 let per_key: Vec<_> =
-                    group
-                        .into_iter()
-                        .map(|(key, value)| overwrite(view, &key, value))
-                        .collect();
+                    group.into_iter().map(|(key, value)| overwrite(view, &key, value)).collect();
                 if let Some(reply) = per_key.iter().find_map(|ops| super::check_batch(ops).err()) {
                     return Next::Reply(reply);
                 }
@@ -805,10 +814,12 @@ where
                 }
                 None
             }
-            Input::Read(mut results) => match string_or_wrongtype(view, &key, &expiry, &mut results) {
-                Ok(old) => old,
-                Err(wrongtype) => return wrongtype,
-            },
+            Input::Read(mut results) => {
+                match string_or_wrongtype(view, &key, &expiry, &mut results) {
+                    Ok(old) => old,
+                    Err(wrongtype) => return wrongtype,
+                }
+            }
             Input::Written => return answer(&mut pending),
         };
         match change(old) {

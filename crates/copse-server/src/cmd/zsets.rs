@@ -35,8 +35,7 @@ use crate::keyspace::{
 };
 use crate::resp::{Protocol, Reply};
 
-
-const MIN_MAX_NOT_FLOAT: &str = "ERR min or max is not a float";
+pub(super) const MIN_MAX_NOT_FLOAT: &str = "ERR min or max is not a float";
 const SCORE_NAN: &str = "ERR resulting score is not a number (NaN)";
 
 pub fn specs() -> Vec<Spec> {
@@ -70,14 +69,14 @@ pub fn specs() -> Vec<Spec> {
 }
 
 /// Every by-score item of the set with id `id`.
-fn all_scores(id: &[u8]) -> KeyRange {
+pub(super) fn all_scores(id: &[u8]) -> KeyRange {
     let prefix = scores_prefix(id);
     let end = crate::keyspace::prefix_end(&prefix);
     (Bound::Included(prefix), end)
 }
 
 /// (score, member) of the by-score items in `range`, up to `limit`, in score order.
-fn by_score(
+pub(super) fn by_score(
     view: &ExecView<'_>,
     id: &[u8],
     range: &KeyRange,
@@ -90,7 +89,7 @@ fn by_score(
 }
 
 /// Refuses a member whose by-score item key would not fit copse's keys.
-fn check_member(key: &[u8], member: &[u8]) -> Result<(), Reply> {
+pub(super) fn check_member(key: &[u8], member: &[u8]) -> Result<(), Reply> {
     if key.len() + member.len() + MEMBER_OVERHEAD_BYTES > KEY_BYTES_MAX {
         return Err(Reply::Error(format!(
             "ERR sorted set member of {} bytes is too long for a key of {} bytes (copse allows \
@@ -104,7 +103,7 @@ fn check_member(key: &[u8], member: &[u8]) -> Result<(), Reply> {
 }
 
 /// -0 and 0 are one score (see the module invariants).
-fn normal(score: f64) -> f64 {
+pub(super) fn normal(score: f64) -> f64 {
     if score == 0.0 {
         0.0
     } else {
@@ -115,7 +114,7 @@ fn normal(score: f64) -> f64 {
 /// A score range as Redis parses it: "(" makes a bound exclusive; the number is read as C's
 /// strtod reads it here (an empty string is 0, leading spaces are skipped), never NaN.
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct ScoreRange {
+pub(super) struct ScoreRange {
     min: f64,
     min_exclusive: bool,
     max: f64,
@@ -133,18 +132,18 @@ fn parse_bound(bytes: &[u8]) -> Option<(f64, bool)> {
 }
 
 impl ScoreRange {
-    fn parse(min: &[u8], max: &[u8]) -> Option<ScoreRange> {
+    pub(super) fn parse(min: &[u8], max: &[u8]) -> Option<ScoreRange> {
         let (min, min_exclusive) = parse_bound(min)?;
         let (max, max_exclusive) = parse_bound(max)?;
         Some(ScoreRange { min, min_exclusive, max, max_exclusive })
     }
 
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.min > self.max || (self.min == self.max && (self.min_exclusive || self.max_exclusive))
     }
 
     /// The by-score items of the set with id `id` in this range (not empty).
-    fn items(&self, id: &[u8]) -> KeyRange {
+    pub(super) fn items(&self, id: &[u8]) -> KeyRange {
         // Every by-score item of score s starts with position(s), and every item of a higher
         // score is at or after position(s) + 1 (as an integer: sortable(+inf) < u64::MAX).
         let position = |score: f64, after: bool| {
@@ -161,7 +160,7 @@ impl ScoreRange {
 
 /// Redis's rank arithmetic: the inclusive positions `start..=stop` name in a set of `len`
 /// (negative counts from the end), or None when they name nothing.
-fn rank_window(start: i64, stop: i64, len: usize) -> Option<(usize, usize)> {
+pub(super) fn rank_window(start: i64, stop: i64, len: usize) -> Option<(usize, usize)> {
     let len = len as i64;
     let start = if start < 0 { (len + start).max(0) } else { start };
     let stop = if stop < 0 { len + stop } else { stop };
@@ -173,7 +172,7 @@ fn rank_window(start: i64, stop: i64, len: usize) -> Option<(usize, usize)> {
 
 /// Redis's LIMIT over `len` results: skip `offset` (a negative one skips everything, as Redis's
 /// loop does), then keep `count` (negative: all the rest).
-fn limit_window(len: usize, offset: i64, count: i64) -> std::ops::Range<usize> {
+pub(super) fn limit_window(len: usize, offset: i64, count: i64) -> std::ops::Range<usize> {
     if offset < 0 {
         return 0..0;
     }
@@ -347,6 +346,8 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
     let mut read_scores: HashMap<Vec<u8>, f64> = HashMap::new();
     let mut asked = 0..0;
     let mut pending = None;
+    // Members added wake a client blocked on the key (BZPOPMIN and the like).
+    let server = call.server.clone();
     on_collection_grouped(call, KeyType::ZSet, move |view, input, coll| {
         let id = &coll.id;
         let old: HashMap<Vec<u8>, f64> = match input {
@@ -377,7 +378,10 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
                 }
                 std::mem::take(&mut read_scores)
             }
-            Input::Written => return answer(&mut pending),
+            Input::Written => {
+                server.waiters.wake(&coll.key);
+                return answer(&mut pending);
+            }
         };
         let mut scores = old.clone();
         let (added, updated, processed, last) = match apply_adds(&options, &pairs, &mut scores) {
@@ -476,25 +480,90 @@ fn zrem(call: &mut Call<'_>) -> Outcome {
     })
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum RangeBy {
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum RangeBy {
     Rank(i64, i64),
     Score(ScoreRange),
+    Lex(LexRange),
+}
+
+/// One end of a lexicographic range: `-` and `+` (no bound), `[x` (inclusive), `(x` (exclusive).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum LexBound {
+    Lowest,
+    Highest,
+    Inclusive(Vec<u8>),
+    Exclusive(Vec<u8>),
+}
+
+impl LexBound {
+    pub(super) fn parse(bytes: &[u8]) -> Option<LexBound> {
+        match bytes.split_first() {
+            Some((b'-', [])) => Some(LexBound::Lowest),
+            Some((b'+', [])) => Some(LexBound::Highest),
+            Some((b'[', rest)) => Some(LexBound::Inclusive(rest.to_vec())),
+            Some((b'(', rest)) => Some(LexBound::Exclusive(rest.to_vec())),
+            _ => None,
+        }
+    }
+}
+
+pub(super) const LEX_RANGE_INVALID: &str = "ERR min or max not valid string range item";
+
+/// A range of members by their bytes, for sorted sets whose members share one score (Redis's
+/// BYLEX commands; with mixed scores Redis leaves the result unspecified, and copse looks only
+/// at the members that share the lowest score).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct LexRange {
+    pub(super) min: LexBound,
+    pub(super) max: LexBound,
+}
+
+impl LexRange {
+    pub(super) fn parse(min: &[u8], max: &[u8]) -> Option<LexRange> {
+        Some(LexRange { min: LexBound::parse(min)?, max: LexBound::parse(max)? })
+    }
+
+    /// The by-score items of the set `coll` whose members are in this range, among those with
+    /// the set's lowest score.
+    pub(super) fn items(&self, view: &ExecView<'_>, id: &[u8]) -> Option<KeyRange> {
+        let first = by_score(view, id, &all_scores(id), 1).pop()?;
+        let mut base = scores_prefix(id);
+        base.extend_from_slice(&sortable_score(first.0));
+        let with = |member: &[u8]| {
+            let mut key = base.clone();
+            key.extend_from_slice(member);
+            key
+        };
+        let start = match &self.min {
+            LexBound::Lowest => Bound::Included(base.clone()),
+            LexBound::Highest => return None,
+            LexBound::Inclusive(member) => Bound::Included(with(member)),
+            LexBound::Exclusive(member) => Bound::Excluded(with(member)),
+        };
+        let end = match &self.max {
+            LexBound::Lowest => return None,
+            LexBound::Highest => crate::keyspace::prefix_end(&base),
+            LexBound::Inclusive(member) => Bound::Included(with(member)),
+            LexBound::Exclusive(member) => Bound::Excluded(with(member)),
+        };
+        Some((start, end))
+    }
 }
 
 /// A parsed ZRANGE-family query.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct RangeQuery {
-    by: RangeBy,
-    reverse: bool,
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct RangeQuery {
+    pub(super) by: RangeBy,
+    pub(super) reverse: bool,
     /// LIMIT offset count; Redis's defaults (0, -1) when not given.
-    offset: i64,
-    count: i64,
-    with_scores: bool,
+    pub(super) offset: i64,
+    pub(super) count: i64,
+    pub(super) with_scores: bool,
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum RangeKind {
+pub(super) enum RangeKind {
     Rank,
     Score,
     Lex,
@@ -503,7 +572,7 @@ enum RangeKind {
 /// Parses a ZRANGE-family command as Redis's `zrangeGenericCommand` does: `kind` and `reverse`
 /// are fixed by the older commands (ZREVRANGE, ZRANGEBYSCORE, ...), or None for ZRANGE, whose
 /// options (BYSCORE, REV) choose them.
-fn parse_range(
+pub(super) fn parse_range(
     args: &[Vec<u8>],
     kind: Option<RangeKind>,
     reverse: Option<bool>,
@@ -555,17 +624,39 @@ fn parse_range(
             }
         }
         RangeKind::Lex => {
-            return Err(Reply::error("ERR BYLEX ranges are not supported by copse yet"));
+            let (min, max) = if reverse { (&args[3], &args[2]) } else { (&args[2], &args[3]) };
+            match LexRange::parse(min, max) {
+                Some(range) => RangeBy::Lex(range),
+                None => return Err(Reply::error(LEX_RANGE_INVALID)),
+            }
         }
     };
     Ok(RangeQuery { by, reverse, offset, count, with_scores })
 }
 
 /// The (score, member) pairs a range query selects, from the index alone.
-fn run_range(view: &ExecView<'_>, coll: &super::Coll, query: &RangeQuery) -> Vec<(f64, Vec<u8>)> {
+pub(super) fn run_range(
+    view: &ExecView<'_>,
+    coll: &super::Coll,
+    query: &RangeQuery,
+) -> Vec<(f64, Vec<u8>)> {
     let id = &coll.id;
-    match query.by {
-        RangeBy::Rank(start, stop) => {
+    match &query.by {
+        RangeBy::Lex(range) => {
+            let Some(items) = range.items(view, id) else { return Vec::new() };
+            if query.offset < 0 {
+                return Vec::new();
+            }
+            let mut items = by_score(view, id, &items, usize::MAX);
+            if query.reverse {
+                items.reverse();
+            }
+            let window = limit_window(items.len(), query.offset, query.count);
+            items.truncate(window.end);
+            items.drain(..window.start);
+            items
+        }
+        &RangeBy::Rank(start, stop) => {
             let len = coll.count();
             let Some((first, last)) = rank_window(start, stop, len) else {
                 return Vec::new();
@@ -581,6 +672,7 @@ fn run_range(view: &ExecView<'_>, coll: &super::Coll, query: &RangeQuery) -> Vec
             items
         }
         RangeBy::Score(range) => {
+            let range = *range;
             if range.is_empty() || query.offset < 0 {
                 return Vec::new();
             }
@@ -605,7 +697,11 @@ fn run_range(view: &ExecView<'_>, coll: &super::Coll, query: &RangeQuery) -> Vec
 
 /// Members, with their scores if asked: in RESP3 as [member, score] pairs (as Redis 7 sends
 /// them), in RESP2 flat.
-fn range_reply(items: Vec<(f64, Vec<u8>)>, with_scores: bool, protocol: Protocol) -> Reply {
+pub(super) fn range_reply(
+    items: Vec<(f64, Vec<u8>)>,
+    with_scores: bool,
+    protocol: Protocol,
+) -> Reply {
     if !with_scores {
         return Reply::Array(items.into_iter().map(|(_, member)| Reply::Bulk(member)).collect());
     }

@@ -45,7 +45,8 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
         KEYSPACE_FORMAT_VERSION_UNVERSIONED, MARKER_KEY,
     };
     let path = config.path.display().to_string();
-    let mark = || db.put(MARKER_KEY, &marker_value()).map_err(|err| ServeError::Store(err.to_string()));
+    let mark =
+        || db.put(MARKER_KEY, &marker_value()).map_err(|err| ServeError::Store(err.to_string()));
     match db.get(MARKER_KEY).map_err(|err| ServeError::Store(err.to_string()))? {
         Some(value) => match marker_version(&value) {
             Some(KEYSPACE_FORMAT_VERSION) => Ok(()),
@@ -384,8 +385,10 @@ fn network_thread(
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let shard_tasks: Vec<_> =
-            shards.into_iter().map(|shard| tokio::task::spawn_local(shard_task::run(shard))).collect();
+        let shard_tasks: Vec<_> = shards
+            .into_iter()
+            .map(|shard| tokio::task::spawn_local(shard_task::run(shard)))
+            .collect();
         let mut tasks = Vec::new();
         while let Some(stream) = connections.recv().await {
             tasks.retain(|task: &tokio::task::JoinHandle<()>| !task.is_finished());
