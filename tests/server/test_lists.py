@@ -165,6 +165,7 @@ def test_list_commands_and_errors_answer_as_redis_does(diff):
         LMPOP 2 s l RIGHT
         BLPOP nokey -1
         BLPOP nokey abc
+        BLPOP nokey 1e20
         BLPOP nokey 0.01
         BRPOP nokey 0.01
         RPUSH b1 x y
@@ -404,3 +405,77 @@ def test_a_kill_loses_no_acknowledged_push_or_pop(make_server):
     assert held <= pushed | in_flight, "the list holds elements nobody pushed"
     assert r.llen("log") == len(held)
     r.close()
+
+
+def test_a_half_closed_client_still_gets_every_command_run(server, r):
+    """A client that sends a pipeline and closes its sending side (nc -N, printf | nc): every
+    command runs and is answered, deferred ones (LMPOP, cross-shard MSET, FLUSHALL's kin) too."""
+    r.rpush("q", "element")
+    sock = server.connect(timeout=10)
+    sock.sendall(encode_command("SET", "z", "1") + encode_command("LMPOP", "1", "q", "LEFT")
+                 + encode_command("MSET", "m1", "a", "m2", "b", "m3", "c") + encode_command("SET", "w", "2"))
+    sock.shutdown(socket.SHUT_WR)
+    reader = RespReader(sock)
+    assert reader.read() == b"OK"
+    assert reader.read() == [b"q", [b"element"]]
+    assert reader.read() == b"OK"
+    assert reader.read() == b"OK"
+    sock.close()
+    assert r.mget("z", "w", "m1", "m3") == [b"1", b"2", b"a", b"c"] and r.exists("q") == 0
+
+
+def test_replies_before_a_blocking_command_are_sent_at_once(server):
+    sock = server.connect(timeout=10)
+    sock.sendall(encode_command("PING") + encode_command("BLPOP", "never", "3"))
+    sock.settimeout(1.0)
+    assert RespReader(sock).read() == b"PONG", "PING's reply waited for BLPOP"
+    sock.close()
+
+
+def test_cross_shard_lmove_never_duplicates_or_loses_an_element(server, r):
+    """Movers LMOVE from source to destination while churners LPOP the source's head and LPUSH
+    a new element in its place (same version, count and head: an ABA a review found): at the
+    end every element is in exactly one place."""
+    pairs = [(f"src{n}", f"dst{n}") for n in range(4)]
+    pushed = {src: [f"{src}:init{i}" for i in range(300)] for src, _ in pairs}
+    for src, _ in pairs:
+        r.rpush(src, *pushed[src])
+    popped = {src: [] for src, _ in pairs}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def mover(src, dst):
+        client = server.client()
+        while not stop.is_set():
+            if client.lmove(src, dst, "LEFT", "RIGHT") is None:
+                return
+
+    def churner(src, n):
+        client = server.client()
+        i = 0
+        while not stop.is_set():
+            got = client.lpop(src)
+            if got is None:
+                return
+            new = f"{src}:new{n}:{i}"
+            i += 1
+            with lock:
+                popped[src].append(got.decode())
+                pushed[src].append(new)
+            client.lpush(src, new)
+
+    threads = []
+    for src, dst in pairs:
+        threads += [threading.Thread(target=mover, args=(src, dst)) for _ in range(2)]
+        threads += [threading.Thread(target=churner, args=(src, n)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    for src, dst in pairs:
+        held = [e.decode() for e in r.lrange(src, 0, -1) + r.lrange(dst, 0, -1)]
+        everywhere = held + popped[src]
+        assert len(everywhere) == len(set(everywhere)), f"{src}: an element is in two places"
+        assert sorted(everywhere) == sorted(pushed[src]), f"{src}: an element was lost"

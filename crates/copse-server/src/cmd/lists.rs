@@ -45,7 +45,7 @@ pub const LIST_ELEMENT_BYTES_MAX: usize = VALUE_BYTES_MAX - 4096;
 pub const LIST_DELETES_INLINE_MAX: usize = 1_000;
 /// How many times LMOVE across shards retries when the source changed between its read and its
 /// atomic write, before it answers an error.
-pub const LMOVE_ATTEMPTS_MAX: usize = 100;
+pub const LMOVE_ATTEMPTS_MAX: usize = 1_000;
 
 pub fn specs() -> Vec<Spec> {
     let spec = |name, arity, flags, keys, summary, handler| {
@@ -225,9 +225,17 @@ fn rpushx(call: &mut Call<'_>) -> Outcome {
 
 /// Reads list element items in steps no larger than the room left under `bytes_max` (each
 /// counted at the largest value the store may hold, at most `EXEC_READS_MAX` per step), so a
-/// reply or a scan past the limit stops having read at most the limit plus one value.
+/// reply or a scan past the limit stops having read at most the limit plus one value. The item
+/// keys are made step by step from a run of indexes (`walk`), never all at once: a walk over a
+/// list of any length holds one step's keys.
 struct Elements {
-    keys: Vec<Vec<u8>>,
+    /// The list's id, the index of the walk's first element, its length, and its direction
+    /// (true: towards lower indexes).
+    id: Vec<u8>,
+    first: u64,
+    len: usize,
+    backwards: bool,
+    /// Elements of the walk asked for so far, and those of the step in flight.
     asked: Range<usize>,
     values: Vec<Vec<u8>>,
     bytes: usize,
@@ -243,7 +251,10 @@ const ELEMENT_REPLY_OVERHEAD_BYTES: usize = 16;
 impl Elements {
     fn new(server: &Server, keep: bool) -> Elements {
         Elements {
-            keys: Vec::new(),
+            id: Vec::new(),
+            first: 0,
+            len: 0,
+            backwards: false,
             asked: 0..0,
             values: Vec::new(),
             bytes: 0,
@@ -253,17 +264,35 @@ impl Elements {
         }
     }
 
-    /// The next step's reads, or None once every key is read.
+    /// Walks `len` elements of `coll` from position `from` (0-based from the left), towards the
+    /// right, or towards the left if `backwards`.
+    fn walk(&mut self, coll: &Coll, from: usize, len: usize, backwards: bool) {
+        self.id = coll.id.clone();
+        self.first = index_of(coll, from as u64);
+        self.len = len;
+        self.backwards = backwards;
+    }
+
+    /// The index of the walk's `at`-th element.
+    fn index(&self, at: usize) -> u64 {
+        if self.backwards {
+            self.first.wrapping_sub(at as u64)
+        } else {
+            self.first.wrapping_add(at as u64)
+        }
+    }
+
+    /// The next step's reads, or None once every element of the walk is read.
     fn next(&mut self) -> Option<Next> {
         let value_bytes_max = self.value_bytes_bound.load(Ordering::Acquire).min(VALUE_BYTES_MAX)
             + ELEMENT_REPLY_OVERHEAD_BYTES;
         let room = self.bytes_max.saturating_sub(self.bytes);
         let step = (room / value_bytes_max).clamp(1, EXEC_READS_MAX);
-        self.asked = self.asked.end..(self.asked.end + step).min(self.keys.len());
+        self.asked = self.asked.end..(self.asked.end + step).min(self.len);
         if self.asked.is_empty() {
             return None;
         }
-        let reads = self.keys[self.asked.clone()].iter().map(|key| ReadOp::Get(key.clone()));
+        let reads = self.asked.clone().map(|at| ReadOp::Get(list_key(&self.id, self.index(at))));
         Some(Next::Read(reads.collect()))
     }
 
@@ -335,8 +364,7 @@ fn lrange(call: &mut Call<'_>) -> Outcome {
         match input {
             Input::Start => {
                 let window = range_window(start, stop, coll.count());
-                elements.keys =
-                    window.map(|at| list_key(&coll.id, index_of(coll, at as u64))).collect();
+                elements.walk(coll, window.start, window.len(), false);
             }
             Input::Read(results) => {
                 if let Err(error) = elements.take(results) {
@@ -396,14 +424,10 @@ where
                 }
                 taken = count.unwrap_or(1).min(coll.count());
                 // Popped in the order they leave the list: from the end inwards.
-                let positions: Vec<usize> = match end {
-                    End::Left => (0..taken).collect(),
-                    End::Right => (coll.count() - taken..coll.count()).rev().collect(),
-                };
-                elements.keys = positions
-                    .into_iter()
-                    .map(|at| list_key(&coll.id, index_of(coll, at as u64)))
-                    .collect();
+                match end {
+                    End::Left => elements.walk(coll, 0, taken, false),
+                    End::Right => elements.walk(coll, coll.count() - 1, taken, true),
+                }
             }
             Input::Read(results) => {
                 if let Err(error) = elements.take(results) {
@@ -514,9 +538,7 @@ where
     on_collection(call, KeyType::List, move |_, input, coll| {
         match input {
             Input::Start => {
-                elements.keys = (0..coll.count())
-                    .map(|at| list_key(&coll.id, index_of(coll, at as u64)))
-                    .collect();
+                elements.walk(coll, 0, coll.count(), false);
             }
             Input::Read(results) => {
                 if let Err(error) = elements.take(results) {
@@ -698,7 +720,9 @@ fn lpos(call: &mut Call<'_>) -> Outcome {
     let element = call.args[2].clone();
     // Compared as they are read, never held: a scan of any length stays in bounded memory.
     let mut elements = Elements::new(call.server, false);
-    let mut positions: Vec<usize> = Vec::new();
+    // The walk's direction and the list's length, to turn a step's elements into positions.
+    let mut backwards = false;
+    let mut len = 0;
     let mut found: Vec<i64> = Vec::new();
     let mut skip = options.rank.unsigned_abs() as usize - 1;
     let wanted = match options.count {
@@ -713,24 +737,22 @@ fn lpos(call: &mut Call<'_>) -> Outcome {
     on_collection(call, KeyType::List, move |_, input, coll| {
         match input {
             Input::Start => {
-                let len = coll.count();
+                len = coll.count();
                 let scanned = if options.maxlen == 0 { len } else { options.maxlen.min(len) };
-                positions = if options.rank > 0 {
-                    (0..scanned).collect()
+                backwards = options.rank < 0;
+                if backwards {
+                    elements.walk(coll, len.saturating_sub(1), scanned, true);
                 } else {
-                    (len - scanned..len).rev().collect()
-                };
-                elements.keys = positions
-                    .iter()
-                    .map(|&at| list_key(&coll.id, index_of(coll, at as u64)))
-                    .collect();
+                    elements.walk(coll, 0, scanned, false);
+                }
             }
             Input::Read(results) => {
                 let values = match elements.take(results) {
                     Ok(values) => values,
                     Err(error) => return Next::Reply(error),
                 };
-                for (value, &at) in values.iter().zip(&positions[elements.asked.clone()]) {
+                for (value, step_at) in values.iter().zip(elements.asked.clone()) {
+                    let at = if backwards { len - 1 - step_at } else { step_at };
                     if *value != element {
                         continue;
                     }
@@ -804,7 +826,12 @@ async fn move_once(
         loop {
             match move_across(db, source, destination, from, to).await {
                 Some(reply) => break reply,
-                None if attempts < LMOVE_ATTEMPTS_MAX => attempts += 1,
+                None if attempts < LMOVE_ATTEMPTS_MAX => {
+                    // Another client took this end's element first: let it finish, then look
+                    // again.
+                    attempts += 1;
+                    tokio::task::yield_now().await;
+                }
                 None => break Reply::error(
                     "ERR LMOVE gave up: the source list kept changing under it; nothing was moved",
                 ),
@@ -938,24 +965,33 @@ async fn move_across(
     from: End,
     to: End,
 ) -> Option<Reply> {
-    // 1. The source's meta value and end element, as they are now.
+    // 1. The source's end element, its index and the list's version, as they are now.
     let read = run_outcome(db, read_end(db, source.to_vec(), from)).await;
-    let (meta_value, element) = match read {
-        Reply::Array(mut parts) if parts.len() == 2 => match (parts.pop(), parts.pop()) {
-            (Some(Reply::Bulk(element)), Some(Reply::Bulk(meta))) => (meta, element),
-            _ => return Some(Reply::error("ERR internal error: LMOVE read")),
-        },
+    let (version, end_index, element) = match read {
+        Reply::Array(mut parts) if parts.len() == 3 => {
+            match (parts.pop(), parts.pop(), parts.pop()) {
+                (
+                    Some(Reply::Bulk(element)),
+                    Some(Reply::Integer(end)),
+                    Some(Reply::Integer(version)),
+                ) => (version as u64, end as u64, element),
+                _ => return Some(Reply::error("ERR internal error: LMOVE read")),
+            }
+        }
         other => return Some(other),
     };
-    // 2. One cross-shard batch: the source pops it if its meta item is unchanged, the
-    // destination pushes it.
+    // 2. One cross-shard batch: the source pops its end element if it is still the one read
+    // (same version, same end index, same bytes: then popping it now is the same move, whatever
+    // else changed, such as a push at the other end), and the destination pushes it.
     let mut plan = super::AtomicPlan::new();
     let (source_key, destination_key) = (source.to_vec(), destination.to_vec());
     let source_shard = db.shard_of(source);
     let destination_shard = db.shard_of(destination);
+    let expected = element.clone();
     plan.add(source_shard, vec![source_key.clone()], move |vote| {
         let mut vote = Some(vote);
         let mut expiry = super::Expiry::default();
+        let mut coll: Option<Coll> = None;
         move |view: &ExecView<'_>, input| match input {
             Input::Start => match coll_begin(view, &source_key, KeyType::List) {
                 Ok((found, Some(read))) => {
@@ -964,25 +1000,38 @@ async fn move_across(
                 }
                 _ => refuse(&mut vote, "changed"),
             },
-            Input::Read(mut results) => {
-                let Some(Reply::Bulk(now)) =
-                    Some(value_of(results.pop()).map_or(Reply::Null, Reply::Bulk))
-                else {
-                    return refuse(&mut vote, "changed");
+            Input::Read(mut results) if coll.is_none() => {
+                let meta = match coll_meta(results.pop()) {
+                    Ok(Some(meta)) => meta,
+                    _ => return refuse(&mut vote, "changed"),
                 };
-                if now != meta_value {
-                    return refuse(&mut vote, "changed");
-                }
-                let meta = keyspace::CollectionMeta::decode(&now);
-                let coll = coll_make(
+                let now = coll_make(
                     view,
                     source_key.clone(),
                     KeyType::List,
                     std::mem::take(&mut expiry),
-                    meta,
+                    Some(meta),
                 );
+                let now_end = match from {
+                    End::Left => index_of(&now, 0),
+                    End::Right => index_of(&now, now.count() as u64 - 1),
+                };
+                if meta.version != version || now_end != end_index {
+                    return refuse(&mut vote, "changed");
+                }
+                let read = ReadOp::Get(list_key(&now.id, now_end));
+                coll = Some(now);
+                Next::Read(smallvec::smallvec![read])
+            }
+            Input::Read(mut results) => {
+                let (Some(now), Some(value)) = (coll.as_ref(), value_of(results.pop())) else {
+                    return refuse(&mut vote, "changed");
+                };
+                if value != expected {
+                    return refuse(&mut vote, "changed");
+                }
                 let Some(vote) = vote.take() else { return unexpected() };
-                Next::Prepare(vote, pop_ops(&coll, from, 1))
+                Next::Prepare(vote, pop_ops(now, from, 1))
             }
             Input::Written => Next::Reply(Reply::ok()),
         }
@@ -1080,12 +1129,12 @@ fn refuse(vote: &mut Option<copse::exec::Vote>, why: &str) -> Next {
     Next::Reply(Reply::Simple("CHANGED".into()))
 }
 
-/// Reads list `key`'s meta value and its element at `end`: `[meta, element]`, Null if the key
-/// is missing, or WRONGTYPE.
+/// Reads list `key`'s element at `end`: `[version, end index, element]`, Null if the key is
+/// missing, or WRONGTYPE.
 fn read_end(db: &Db, key: Vec<u8>, end: End) -> Outcome {
     let shard = db.shard_of(&key);
     let mut plan = Plan::new();
-    let mut meta_value: Option<Vec<u8>> = None;
+    let mut at: Option<(u64, u64)> = None;
     let mut expiry = super::Expiry::default();
     plan.add(shard, vec![key.clone()], move |view, input| match input {
         Input::Start => match coll_begin(view, &key, KeyType::List) {
@@ -1096,10 +1145,11 @@ fn read_end(db: &Db, key: Vec<u8>, end: End) -> Outcome {
             Ok((_, None)) => Next::Reply(Reply::Null),
             Err(error) => Next::Reply(error),
         },
-        Input::Read(mut results) if meta_value.is_none() => {
-            let Some(value) = value_of(results.pop()) else { return unexpected() };
-            let Some(meta) = keyspace::CollectionMeta::decode(&value) else {
-                return Next::Reply(Reply::error(super::CORRUPT_META));
+        Input::Read(mut results) if at.is_none() => {
+            let meta = match coll_meta(results.pop()) {
+                Ok(Some(meta)) => meta,
+                Ok(None) => return unexpected(),
+                Err(error) => return Next::Reply(error),
             };
             let coll = coll_make(
                 view,
@@ -1108,17 +1158,20 @@ fn read_end(db: &Db, key: Vec<u8>, end: End) -> Outcome {
                 std::mem::take(&mut expiry),
                 Some(meta),
             );
-            let at = match end {
-                End::Left => 0,
-                End::Right => coll.count() as u64 - 1,
+            let index = match end {
+                End::Left => index_of(&coll, 0),
+                End::Right => index_of(&coll, coll.count() as u64 - 1),
             };
-            meta_value = Some(value);
-            Next::Read(smallvec::smallvec![ReadOp::Get(list_key(&coll.id, index_of(&coll, at)))])
+            at = Some((meta.version, index));
+            Next::Read(smallvec::smallvec![ReadOp::Get(list_key(&coll.id, index))])
         }
-        Input::Read(mut results) => match (meta_value.take(), value_of(results.pop())) {
-            (Some(meta), Some(element)) => {
-                Next::Reply(Reply::Array(vec![Reply::Bulk(meta), Reply::Bulk(element)]))
-            }
+        Input::Read(mut results) => match (at.take(), value_of(results.pop())) {
+            (Some((version, index)), Some(element)) => Next::Reply(Reply::Array(vec![
+                // Carried as integers of the same 64 bits (cast back by the caller).
+                Reply::Integer(version as i64),
+                Reply::Integer(index as i64),
+                Reply::Bulk(element),
+            ])),
             _ => unexpected(),
         },
         Input::Written => unexpected(),
@@ -1211,7 +1264,9 @@ pub(super) fn parse_timeout(bytes: &[u8]) -> Result<Option<Duration>, Reply> {
     let seconds = parse_f64(bytes)
         .filter(|seconds| seconds.is_finite())
         .ok_or_else(|| Reply::error("ERR timeout is not a float or out of range"))?;
-    if seconds < 0.0 {
+    // Past what milliseconds in a signed 64-bit integer hold, Redis 7.0's conversion wraps
+    // negative: its answer is kept.
+    if seconds < 0.0 || seconds * 1000.0 >= i64::MAX as f64 {
         return Err(Reply::error("ERR timeout is negative"));
     }
     Ok((seconds > 0.0).then(|| Duration::from_secs_f64(seconds)))
@@ -1229,7 +1284,8 @@ where
     F: FnMut(Arc<Server>) -> Fut,
     Fut: std::future::Future<Output = Option<Reply>>,
 {
-    let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+    // A deadline past what the clock can hold is no deadline: it never comes.
+    let deadline = timeout.and_then(|timeout| tokio::time::Instant::now().checked_add(timeout));
     // A newcomer tries at once, unless clients already wait on one of its keys: they go first.
     if !server.waiters.anyone_waiting_on(&keys) {
         if let Some(reply) = attempt(server.clone()).await {

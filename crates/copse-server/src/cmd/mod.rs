@@ -1009,11 +1009,14 @@ const ALLOWED_BEFORE_AUTH: &[&str] = &["auth", "hello", "quit", "reset"];
 pub struct Dispatched {
     pub outcome: Outcome,
     pub reply_size: ReplySize,
+    /// A blocking command (BLPOP and the like): it may wait for a long time, so the connection
+    /// sends the replies before it first and watches for its client going away meanwhile.
+    pub blocking: bool,
 }
 
 /// Handles one command: checks it is known, its arity and authentication, then runs it.
 pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispatched {
-    let refused = |outcome| Dispatched { outcome, reply_size: ReplySize::Small };
+    let refused = |outcome| Dispatched { outcome, reply_size: ReplySize::Small, blocking: false };
     let Some(spec) = find_ignoring_case(&args[0]) else {
         return refused(Outcome::error(unknown_command(&args)));
     };
@@ -1045,7 +1048,7 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     }
     let reply_size = reply_size(spec, &args);
     let outcome = (spec.handler)(&mut Call { server, conn, args });
-    Dispatched { outcome, reply_size }
+    Dispatched { outcome, reply_size, blocking: spec.flags.contains(&"blocking") }
 }
 
 /// How large a command's reply can be, before it runs.

@@ -242,7 +242,7 @@ async fn connection_loop(
         assert!(pending.slots.is_empty() && pending.reserved_bytes == 0, "a wave left replies");
         let mut close = false;
         for args in wave.drain(..) {
-            let Dispatched { outcome, reply_size } = dispatch(server, conn, args);
+            let Dispatched { outcome, reply_size, blocking } = dispatch(server, conn, args);
             match outcome {
                 Outcome::Reply(reply) => pending.push(Slot::Ready(reply), conn.protocol, 0),
                 Outcome::Execs(execs) => {
@@ -270,10 +270,20 @@ async fn connection_loop(
                     {
                         return Ok(end);
                     }
-                    // A blocking command (BLPOP) may wait long: meanwhile the connection is
-                    // watched, so a client that goes away, or a shutdown, drops the command
-                    // (and its place among the blocked clients). Bytes that arrive are kept
-                    // for the next wave, up to the query buffer limit.
+                    if !blocking {
+                        let reply = future.await;
+                        pending.push(Slot::Ready(reply), conn.protocol, 0);
+                        continue;
+                    }
+                    // A blocking command (BLPOP) may wait long: the replies before it go out
+                    // first, and meanwhile the connection is watched, so a client that goes
+                    // away, or a shutdown, drops the command (and its place among the blocked
+                    // clients). Bytes that arrive are kept for the next wave, up to the query
+                    // buffer limit.
+                    write_out(server, writer, &mut out, shutdown).await?;
+                    if *shutdown.borrow() {
+                        return Ok(End::Done);
+                    }
                     let mut future = future;
                     let query_buffer_max = server.config.client_query_buffer_bytes_max;
                     let reply = loop {
