@@ -416,7 +416,9 @@ where
     let mut elements = Elements::new(server, true);
     let mut taken = 0;
     let mut pending = None;
-    on_collection_key(&server.db, key, KeyType::List, false, move |_, input, coll| {
+    // Pops of one hot list share flushes with the pushes and pops before them (write groups):
+    // they read single items and write once, last.
+    on_collection_key(&server.db, key, KeyType::List, true, move |_, input, coll| {
         match input {
             Input::Start => {
                 if !coll.exists() {

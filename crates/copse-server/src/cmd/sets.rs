@@ -22,9 +22,9 @@ use copse::{BatchOp, Db};
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
     answer, bound_ref, by_shard, check_batch, coll_begin, coll_make, coll_meta, delete_ops,
-    from_index, last_op_wins, on_collection, on_collection_grouped, parse_i64, run_outcome,
-    stored_type, unexpected, Call, Coll, Expiry, Input, Next, Outcome, Plan, Spec, NOT_INTEGER,
-    SYNTAX, WRONGTYPE,
+    from_index, last_op_wins, on_collection_grouped, parse_i64, run_outcome, stored_type,
+    unexpected, Call, Coll, Expiry, Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
+    WRONGTYPE,
 };
 use crate::context::Server;
 use crate::keyspace::{self, decode_field, set_member_key, KeyType, TAG_SET, VERSION_BYTES};
@@ -293,7 +293,8 @@ fn spop(call: &mut Call<'_>) -> Outcome {
     };
     let limit = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     let mut pending = None;
-    on_collection(call, KeyType::Set, move |view, input, coll| match input {
+    // SPOPs of one hot set share flushes with the writes before them (write groups).
+    on_collection_grouped(call, KeyType::Set, move |view, input, coll| match input {
         Input::Start => {
             if !coll.exists() {
                 return Next::Reply(if count.is_some() {

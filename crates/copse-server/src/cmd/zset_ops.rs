@@ -177,7 +177,8 @@ where
 {
     let limit = server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     let mut pending = None;
-    on_collection_key(&server.db, key, KeyType::ZSet, false, move |view, input, coll| match input {
+    // Pops of one hot sorted set share flushes with the writes before them (write groups).
+    on_collection_key(&server.db, key, KeyType::ZSet, true, move |view, input, coll| match input {
         Input::Start => {
             if !coll.exists() {
                 return Next::Reply(missing.clone());
