@@ -244,3 +244,64 @@ def test_acknowledged_writes_to_one_hash_survive_a_kill(make_server):
             assert name.encode() in present, name
     assert client.hlen("h") == len(present)
     client.close()
+
+
+# The issue's figure: a collection of a million elements is one small write to delete or expire.
+MILLION = 1_000_000
+# How long the collector may take over a million elements (1,000 per batch).
+MILLION_COLLECT_TIMEOUT_S = 300
+
+
+def test_kills_during_del_expiry_and_collection_of_a_million_element_hash(make_server):
+    """A 1,000,000-field hash is deleted (DEL answers at once: two small writes) and the server is
+    killed while the collector works; another is given a deadline and the server is killed while
+    active expiry and the collector work on it. After each restart the dead hash is invisible,
+    every live key (a 1,000-field hash, a sorted set, strings) reads whole, and the collector
+    finishes: the store holds exactly the live items."""
+    rng = random.Random(1_000_000)
+    server = make_server()
+    client = server.client(socket_timeout=120)
+    fill_hash(client, "live", 1_000, prefix="l")
+    fill_zset(client, "livez", 1_000)
+    client.set("s", "v")
+    live_items = store_items(client)
+
+    def check_live(client):
+        assert client.hlen("live") == 1_000 and client.hget("live", "l999") == b"v999"
+        assert client.zcard("livez") == 1_000 and client.zscore("livez", "m7") == 7.0
+        assert client.get("s") == b"v"
+
+    for name, dies in (("deleted", "del"), ("expired", "expire")):
+        fill_hash(client, name, MILLION)
+        assert client.hlen(name) == MILLION
+        started = time.monotonic()
+        if dies == "del":
+            assert client.delete(name) == 1
+        else:
+            assert client.pexpire(name, 100) is True
+        took = time.monotonic() - started
+        assert took < 1.0, f"{dies} of a million fields took {took:.2f} s"
+        # Killed while the collector (and, for the deadline, active expiry) works.
+        time.sleep(rng.uniform(0.1, 0.6))
+        server.kill()
+        server.restart()
+        client = server.client(socket_timeout=120)
+        assert client.exists(name) == 0 and client.hlen(name) == 0
+        assert client.hget(name, "f123456") is None and client.hscan(name, 0) == (0, {})
+        check_live(client)
+        # A second kill, while the collector resumes.
+        time.sleep(rng.uniform(0.1, 0.6))
+        server.kill()
+        server.restart()
+        client = server.client(socket_timeout=120)
+        assert client.exists(name) == 0
+        check_live(client)
+    deadline = time.monotonic() + MILLION_COLLECT_TIMEOUT_S
+    while True:
+        info = info_copse(client)
+        if int(info["orphan_records_seen"]) == 0 and int(info["items"]) == live_items:
+            break
+        assert time.monotonic() < deadline, f"the collector did not finish: {info}"
+        time.sleep(0.2)
+    check_live(client)
+    client.close()

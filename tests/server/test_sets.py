@@ -95,6 +95,7 @@ def test_set_commands_and_errors_answer_as_redis_does(diff):
         SINTERCARD 3 s1 s2
         SINTERCARD 2 s1 s2 LIMIT -1
         SINTERCARD 2 s1 s2 FOO 1
+        SINTERCARD 2 s1 s2 LIMIT x
         SINTERCARD abc s1
         SINTERCARD 1 str
         SMOVE s1 s2 a

@@ -194,6 +194,15 @@ def test_algebra_answers_as_redis_does(diff):
         EXISTS dst
         ZRANGESTORE dst a 0 -1 WITHSCORES
         ZRANGESTORE dst s 0 -1
+        ZADD zz 0 m
+        ZUNIONSTORE d 1 zz WEIGHTS -1
+        ZSCORE d m
+        ZRANGE d 0 -1 WITHSCORES
+        ZINTERCARD 1 a LIMIT x
+        ZRANDMEMBER a -4611686018427387904 WITHSCORES
+        HSET h f v
+        HRANDFIELD h 10000000
+        HRANDFIELD h -4611686018427387904 WITHVALUES
     """)
 
 
@@ -296,3 +305,66 @@ def test_bzpopmin_waiters_are_served_in_order(server, r):
     assert socks[1][1].read() == [b"bz", b"high", b"2"]
     for sock, _ in socks:
         sock.close()
+
+
+def test_a_store_whose_destination_is_a_source_loses_no_concurrent_write(server, r):
+    """SUNIONSTORE d d e and ZUNIONSTORE zd 2 zd ze in a loop while another client adds members to
+    d and zd: every acknowledged SADD and ZADD is in the result (a review found hundreds lost
+    when the read and the write were two steps)."""
+    import threading
+
+    r.sadd("e", "from-e")
+    r.zadd("ze", {"from-ze": 1})
+    stop = threading.Event()
+
+    def storer():
+        client = server.client()
+        while not stop.is_set():
+            client.sunionstore("d", ["d", "e"])
+            client.zunionstore("zd", ["zd", "ze"])
+
+    threads = [threading.Thread(target=storer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    adder = server.client()
+    for i in range(1_500):
+        adder.sadd("d", f"m{i}")
+        adder.zadd("zd", {f"m{i}": i})
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    members = r.smembers("d")
+    assert {f"m{i}".encode() for i in range(1_500)} <= members
+    assert r.zcard("zd") >= 1_500 and r.zscore("zd", "m1499") is not None
+
+
+def test_zscan_ends_over_members_sharing_a_long_prefix(r):
+    """12,000 members sharing their first 12 bytes: ZSCAN still ends, returning every member
+    (a page reads their scores in several steps)."""
+    pipe = r.pipeline(transaction=False)
+    for start in range(0, 12_000, 1_000):
+        pipe.zadd("p", {f"member:00000{i:06}": i for i in range(start, start + 1_000)})
+    pipe.execute()
+    seen = {m for m, _ in r.zscan_iter("p", count=100)}
+    assert len(seen) == 12_000
+
+
+def test_a_list_pop_and_a_sorted_set_pop_block_on_one_key_apart(server, r):
+    """BLPOP and BZPOPMIN blocked on one key: a ZADD serves the BZPOPMIN and leaves BLPOP
+    blocked (Redis 7.0's answer), an RPUSH to another key is not needed to free it."""
+    blpop = server.connect(timeout=10)
+    blpop.sendall(encode_command("BLPOP", "k", "2"))
+    deadline = time.monotonic() + 10
+    while int(r.info("clients")["blocked_clients"]) != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    bzpop = server.connect(timeout=10)
+    bzpop.sendall(encode_command("BZPOPMIN", "k", "0"))
+    while int(r.info("clients")["blocked_clients"]) != 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    r.zadd("k", {"m": 1})
+    assert RespReader(bzpop).read() == [b"k", b"m", b"1"]
+    assert RespReader(blpop).read() is None, "BLPOP times out (nil), it is not answered WRONGTYPE"
+    blpop.close()
+    bzpop.close()

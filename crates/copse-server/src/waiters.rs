@@ -19,6 +19,26 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+/// What a blocked client waits for on a key: each kind has queues of its own, so a write of one
+/// kind wakes only clients that can take it (a ZADD never wakes a BLPOP, which would find the
+/// wrong type and hold up the BZPOPMIN behind it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    List,
+    ZSet,
+}
+
+/// The queue key of `key` for clients of `kind`.
+pub fn queue_key(kind: Kind, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 1);
+    out.push(match kind {
+        Kind::List => b'l',
+        Kind::ZSet => b'z',
+    });
+    out.extend_from_slice(key);
+    out
+}
+
 /// One blocked client.
 pub struct Waiter {
     id: u64,
@@ -69,13 +89,14 @@ impl Waiters {
         Registration { waiters: self, waiter, keys }
     }
 
-    /// Wakes the first client waiting on `key`, if any (no lock while no client is blocked).
-    pub fn wake(&self, key: &[u8]) {
+    /// Wakes the first client of `kind` waiting on `key`, if any (no lock while no client is
+    /// blocked).
+    pub fn wake(&self, kind: Kind, key: &[u8]) {
         if !self.any_waiting() {
             return;
         }
         let queues = self.queues.lock().unwrap_or_else(|poison| poison.into_inner());
-        if let Some(first) = queues.get(key).and_then(VecDeque::front) {
+        if let Some(first) = queues.get(&queue_key(kind, key)).and_then(VecDeque::front) {
             first.notify.notify_one();
         }
     }

@@ -513,16 +513,37 @@ fn random_u64() -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(&crate::keyspace::new_version().to_le_bytes(), nonce)
 }
 
-/// The first field at or after scan hash `from`, wrapping to the first field.
-fn field_at(view: &ExecView<'_>, coll: &Coll, from: u64) -> Option<Vec<u8>> {
+/// The first field at or after scan hash `from` that is not in `taken`, wrapping to the first
+/// field (None: every field is taken). Taken fields are stepped over, never drawn again, so
+/// fields crowded into one stretch of hash space cost a walk, not endless redraws (a review
+/// made nine fields share 24 hash bits and stalled a shard).
+fn field_at(
+    view: &ExecView<'_>,
+    coll: &Coll,
+    from: u64,
+    taken: &HashSet<Vec<u8>>,
+) -> Option<Vec<u8>> {
     for cursor in [from, 0] {
-        let range = fields_from(&coll.id, cursor);
-        if let Some(item) = view.keys(bound_ref(&range.0), bound_ref(&range.1), 1).pop() {
-            return decode_field(&item, coll.id.len()).map(|(_, field)| field.to_vec());
+        let (mut start, end) = fields_from(&coll.id, cursor);
+        loop {
+            let items = view.keys(bound_ref(&start), bound_ref(&end), 64);
+            for item in &items {
+                let (_, field) = decode_field(item, coll.id.len())?;
+                if !taken.contains(field) {
+                    return Some(field.to_vec());
+                }
+            }
+            match items.last() {
+                Some(last) if items.len() == 64 => start = Bound::Excluded(last.clone()),
+                _ => break,
+            }
         }
     }
     None
 }
+
+/// What a random field costs in a reply besides its bytes (its bulk header).
+const RANDOM_FIELD_OVERHEAD_BYTES: usize = 32;
 
 /// HRANDFIELD key [count [WITHVALUES]]: a count ≥ 0 gives distinct fields (at most all), a
 /// negative one |count| fields with repeats.
@@ -544,100 +565,99 @@ fn hrandfield(call: &mut Call<'_>) -> Outcome {
             if call.args.len() == 4 && call.word(3) != "withvalues" {
                 return Outcome::error(SYNTAX);
             }
+            // Redis refuses a count whose reply (two entries each) could not be counted.
+            if call.args.len() == 4 && count.unsigned_abs() > i64::MAX as u64 / 2 {
+                return Outcome::error("ERR value is out of range");
+            }
             (Some(count), call.args.len() == 4)
         }
         _ => return Outcome::error(SYNTAX),
     };
     let limit =
         call.server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
+    let too_large = move |bytes: usize| {
+        Reply::Error(format!(
+            "ERR reply of at least {bytes} bytes exceeds the client output limit ({limit} bytes)"
+        ))
+    };
     let protocol = call.conn.protocol;
     let mut chosen: Vec<Vec<u8>> = Vec::new();
-    on_collection(call, KeyType::Hash, move |view, input, coll| match input {
-        Input::Start => {
-            if !coll.exists() {
-                return Next::Reply(if count.is_some() {
-                    Reply::Array(Vec::new())
-                } else {
-                    Reply::Null
-                });
-            }
-            let len = coll.count();
-            let wanted = count.map_or(1, |count| count.unsigned_abs() as usize);
-            if (wanted as u128) * 32 > limit as u128 {
-                return Next::Reply(Reply::Error(format!(
-                    "ERR reply of at least {} bytes exceeds the client output limit ({limit} bytes)",
-                    wanted.saturating_mul(32)
-                )));
-            }
-            chosen = match count {
-                Some(count) if count >= 0 && (count as usize) * 4 >= len => {
-                    // Many of them: list them all, then pick.
-                    let (start, end) = fields_range(&coll.id);
-                    let mut all: Vec<Vec<u8>> = view
-                        .keys(bound_ref(&start), bound_ref(&end), usize::MAX)
-                        .iter()
-                        .filter_map(|item| {
-                            decode_field(item, coll.id.len()).map(|(_, f)| f.to_vec())
-                        })
-                        .collect();
-                    let n = (count as usize).min(all.len());
-                    for at in 0..n {
-                        let pick = at + (random_u64() as usize) % (all.len() - at);
-                        all.swap(at, pick);
-                    }
-                    all.truncate(n);
-                    all
+    let mut values: Vec<Vec<u8>> = Vec::new();
+    let mut bytes = 0usize;
+    on_collection(call, KeyType::Hash, move |view, input, coll| {
+        match input {
+            Input::Start => {
+                if !coll.exists() {
+                    return Next::Reply(if count.is_some() {
+                        Reply::Array(Vec::new())
+                    } else {
+                        Reply::Null
+                    });
                 }
-                Some(count) if count >= 0 => {
-                    let mut taken = HashSet::new();
-                    while taken.len() < count as usize {
-                        if let Some(field) = field_at(view, coll, random_u64() >> 1) {
-                            taken.insert(field);
-                        }
-                    }
-                    taken.into_iter().collect()
+                let len = coll.count();
+                let wanted = match count {
+                    None => 1,
+                    Some(count) if count >= 0 => (count as u64).min(len as u64),
+                    Some(count) => count.unsigned_abs(),
+                };
+                // Every pick costs at least its overhead: refused before any is chosen.
+                let least = (wanted as u128) * RANDOM_FIELD_OVERHEAD_BYTES as u128;
+                if least > limit as u128 {
+                    return Next::Reply(too_large(least.min(usize::MAX as u128) as usize));
                 }
-                _ => (0..wanted).filter_map(|_| field_at(view, coll, random_u64() >> 1)).collect(),
-            };
-            if !with_values {
-                let fields = std::mem::take(&mut chosen);
-                return Next::Reply(match count {
-                    None => fields.into_iter().next().map_or(Reply::Null, Reply::Bulk),
-                    Some(_) => Reply::Array(fields.into_iter().map(Reply::Bulk).collect()),
-                });
+                let distinct = count.is_none_or(|count| count >= 0);
+                let mut taken = HashSet::new();
+                let none = HashSet::new();
+                for _ in 0..wanted {
+                    let avoid = if distinct { &taken } else { &none };
+                    let Some(field) = field_at(view, coll, random_u64() >> 1, avoid) else { break };
+                    bytes += field.len() + RANDOM_FIELD_OVERHEAD_BYTES;
+                    if bytes > limit {
+                        return Next::Reply(too_large(bytes));
+                    }
+                    if distinct {
+                        taken.insert(field.clone());
+                    }
+                    chosen.push(field);
+                }
+                if !with_values {
+                    let fields = std::mem::take(&mut chosen);
+                    return Next::Reply(match count {
+                        None => fields.into_iter().next().map_or(Reply::Null, Reply::Bulk),
+                        Some(_) => Reply::Array(fields.into_iter().map(Reply::Bulk).collect()),
+                    });
+                }
             }
-            if chosen.is_empty() {
-                return Next::Reply(Reply::Array(Vec::new()));
+            Input::Read(results) => {
+                for result in results {
+                    let value = value_of(Some(result)).unwrap_or_default();
+                    bytes += value.len();
+                    values.push(value);
+                }
+                if bytes > limit {
+                    return Next::Reply(too_large(bytes));
+                }
             }
-            Next::Read(chosen.iter().map(|field| ReadOp::Get(field_key(&coll.id, field))).collect())
+            Input::Written => return unexpected(),
         }
-        Input::Read(results) => {
-            let mut pairs = Vec::with_capacity(chosen.len());
-            let mut bytes = 0;
-            for (field, result) in std::mem::take(&mut chosen).into_iter().zip(results) {
-                let value = value_of(Some(result)).unwrap_or_default();
-                bytes += field.len() + value.len() + 32;
-                pairs.push((field, value));
-            }
-            if bytes > limit {
-                return Next::Reply(Reply::Error(format!(
-                    "ERR reply of at least {bytes} bytes exceeds the client output limit ({limit} bytes)"
-                )));
-            }
-            Next::Reply(if protocol == crate::resp::Protocol::Resp3 {
-                Reply::Array(
-                    pairs
-                        .into_iter()
-                        .map(|(f, v)| Reply::Array(vec![Reply::Bulk(f), Reply::Bulk(v)]))
-                        .collect(),
-                )
-            } else {
-                Reply::Array(
-                    pairs.into_iter().flat_map(|(f, v)| [Reply::Bulk(f), Reply::Bulk(v)]).collect(),
-                )
-            })
+        // The values, read in steps of at most `EXEC_READS_MAX`.
+        if values.len() < chosen.len() {
+            let end = (values.len() + copse::limits::EXEC_READS_MAX).min(chosen.len());
+            return Next::Read(
+                chosen[values.len()..end]
+                    .iter()
+                    .map(|field| ReadOp::Get(field_key(&coll.id, field)))
+                    .collect(),
+            );
         }
-        Input::Written => unexpected(),
+        let pairs = std::mem::take(&mut chosen).into_iter().zip(std::mem::take(&mut values));
+        Next::Reply(if protocol == crate::resp::Protocol::Resp3 {
+            Reply::Array(
+                pairs.map(|(f, v)| Reply::Array(vec![Reply::Bulk(f), Reply::Bulk(v)])).collect(),
+            )
+        } else {
+            Reply::Array(pairs.flat_map(|(f, v)| [Reply::Bulk(f), Reply::Bulk(v)]).collect())
+        })
     })
 }
 

@@ -32,6 +32,7 @@ use super::{
 use crate::context::Server;
 use crate::keyspace::{self, list_key, KeyType, VERSION_BYTES};
 use crate::resp::Reply;
+use crate::waiters::{queue_key, Kind};
 
 /// Bytes a list element's item key adds around the Redis key: tag, id length, version, index.
 pub const LIST_ELEMENT_OVERHEAD_BYTES: usize = 1 + 4 + VERSION_BYTES + 8;
@@ -198,7 +199,7 @@ fn push(call: &mut Call<'_>, end: End, only_existing: bool) -> Outcome {
             Next::WriteLast(ops)
         }
         Input::Written => {
-            server.waiters.wake(&coll.key);
+            server.waiters.wake(Kind::List, &coll.key);
             answer(&mut pending)
         }
         Input::Read(_) => unexpected(),
@@ -841,7 +842,7 @@ async fn move_once(
         }
     };
     if matches!(reply, Reply::Bulk(_)) {
-        server.waiters.wake(destination);
+        server.waiters.wake(Kind::List, destination);
     }
     reply
 }
@@ -1278,6 +1279,7 @@ pub(super) fn parse_timeout(bytes: &[u8]) -> Result<Option<Duration>, Reply> {
 /// the other clients blocked on them, `waiters.rs`) until `timeout`, then answers Null.
 pub(super) async fn blocking<F, Fut>(
     server: Arc<Server>,
+    kind: Kind,
     keys: Vec<Vec<u8>>,
     timeout: Option<Duration>,
     mut attempt: F,
@@ -1286,6 +1288,7 @@ where
     F: FnMut(Arc<Server>) -> Fut,
     Fut: std::future::Future<Output = Option<Reply>>,
 {
+    let keys: Vec<Vec<u8>> = keys.iter().map(|key| queue_key(kind, key)).collect();
     // A deadline past what the clock can hold is no deadline: it never comes.
     let deadline = timeout.and_then(|timeout| tokio::time::Instant::now().checked_add(timeout));
     // A newcomer tries at once, unless clients already wait on one of its keys: they go first.
@@ -1331,7 +1334,7 @@ fn blocking_pop(call: &mut Call<'_>, end: End) -> Outcome {
     }
     let pop = Arc::new(MultiPop { keys: keys.clone(), end, count: Some(1) });
     let server = call.server.clone();
-    Outcome::AfterPending(Box::pin(blocking(server, keys, timeout, move |server| {
+    Outcome::AfterPending(Box::pin(blocking(server, Kind::List, keys, timeout, move |server| {
         let pop = pop.clone();
         async move { try_pop(&server, &pop, true).await }
     })))
@@ -1356,7 +1359,7 @@ fn blmpop(call: &mut Call<'_>) -> Outcome {
     };
     let keys = pop.keys.clone();
     let server = call.server.clone();
-    Outcome::AfterPending(Box::pin(blocking(server, keys, timeout, move |server| {
+    Outcome::AfterPending(Box::pin(blocking(server, Kind::List, keys, timeout, move |server| {
         let pop = pop.clone();
         async move { try_pop(&server, &pop, false).await }
     })))
@@ -1375,7 +1378,7 @@ fn blocking_move(call: &Call<'_>, from: End, to: End, timeout_at: usize) -> Outc
     }
     let server = call.server.clone();
     let keys = vec![source.clone()];
-    Outcome::AfterPending(Box::pin(blocking(server, keys, timeout, move |server| {
+    Outcome::AfterPending(Box::pin(blocking(server, Kind::List, keys, timeout, move |server| {
         let (source, destination) = (source.clone(), destination.clone());
         async move {
             match move_once(&server, &source, &destination, from, to).await {

@@ -17,6 +17,7 @@ pub mod lists;
 pub mod orphans;
 pub mod server;
 pub mod sets;
+pub mod store;
 pub mod strings;
 pub mod upgrade;
 pub mod zset_ops;

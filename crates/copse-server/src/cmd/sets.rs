@@ -21,10 +21,9 @@ use copse::{BatchOp, Db};
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
-    answer, bound_ref, by_shard, check_batch, coll_begin, coll_make, coll_meta, delete_ops,
-    from_index, last_op_wins, on_collection_grouped, parse_i64, run_outcome, stored_type,
-    unexpected, Call, Coll, Expiry, Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
-    WRONGTYPE,
+    answer, bound_ref, check_batch, coll_begin, coll_make, coll_meta, delete_ops, from_index,
+    on_collection_grouped, parse_i64, stored_type, unexpected, Call, Coll, Expiry, Input, Next,
+    Outcome, Plan, Spec, NOT_INTEGER, SYNTAX, WRONGTYPE,
 };
 use crate::context::Server;
 use crate::keyspace::{self, decode_field, set_member_key, KeyType, TAG_SET, VERSION_BYTES};
@@ -675,107 +674,18 @@ enum Algebra {
     Diff,
 }
 
-/// Each key's members (None: missing), in the order given, or WRONGTYPE; read consistently over
-/// every shard involved (no cross-shard batch is seen in part), from the indexes alone.
+/// Each key's members (None: missing), in the order given, or WRONGTYPE (`store.rs`);
+/// `limit`: the most bytes the members may come to (a reply's bound), or None.
 async fn read_sets(
     server: &Arc<Server>,
     keys: &[Vec<u8>],
+    limit: Option<usize>,
 ) -> Result<Vec<Option<Vec<Vec<u8>>>>, Reply> {
-    let db = server.db.clone();
-    let limit = server.settings.client_output_bytes_max.load(Ordering::Relaxed);
-    let read = db.read_consistently(|| async {
-        let mut plan = Plan::new();
-        let groups = by_shard(&db, keys);
-        let mut positions = Vec::new();
-        for (shard, at) in groups {
-            let group: Vec<Vec<u8>> = at.iter().map(|&i| keys[i].clone()).collect();
-            positions.push(at);
-            let mut expiries: Vec<Option<Expiry>> = Vec::new();
-            let mut reading: Vec<usize> = Vec::new();
-            let mut answers: Vec<Reply> = Vec::new();
-            plan.add(shard, group.clone(), move |view, input| match input {
-                Input::Start => {
-                    let mut reads = smallvec::SmallVec::new();
-                    answers = vec![Reply::Null; group.len()];
-                    for (at, key) in group.iter().enumerate() {
-                        match coll_begin(view, key, KeyType::Set) {
-                            Ok((expiry, Some(read))) => {
-                                reads.push(read);
-                                reading.push(at);
-                                expiries.push(Some(expiry));
-                            }
-                            Ok((_, None)) => {}
-                            Err(error) => answers[at] = error,
-                        }
-                    }
-                    if reads.is_empty() {
-                        return Next::Reply(Reply::Array(std::mem::take(&mut answers)));
-                    }
-                    Next::Read(reads)
-                }
-                Input::Read(results) => {
-                    let mut bytes = 0;
-                    for ((&at, result), expiry) in
-                        reading.iter().zip(results).zip(expiries.iter_mut())
-                    {
-                        let meta = match coll_meta(Some(result)) {
-                            Ok(meta) => meta,
-                            Err(error) => return Next::Reply(error),
-                        };
-                        let expiry = expiry.take().unwrap_or_default();
-                        let coll = coll_make(view, group[at].clone(), KeyType::Set, expiry, meta);
-                        let members = all_members(view, &coll);
-                        bytes += members_bytes(&members);
-                        if bytes > limit {
-                            return Next::Reply(too_large(bytes, limit));
-                        }
-                        answers[at] = Reply::Array(members.into_iter().map(Reply::Bulk).collect());
-                    }
-                    Next::Reply(Reply::Array(std::mem::take(&mut answers)))
-                }
-                Input::Written => unexpected(),
-            });
-        }
-        let count = keys.len();
-        let outcome = plan.finish(Box::new(move |replies| {
-            let mut ordered = vec![Reply::Null; count];
-            for (reply, at) in replies.into_iter().zip(positions) {
-                match reply {
-                    Reply::Array(answers) => {
-                        for (answer, i) in answers.into_iter().zip(at) {
-                            ordered[i] = answer;
-                        }
-                    }
-                    error => return error,
-                }
-            }
-            Reply::Array(ordered)
-        }));
-        Ok::<Reply, std::convert::Infallible>(run_outcome(&db, outcome).await)
-    });
-    let replies = match read.await {
-        Ok(Reply::Array(replies)) => replies,
-        Ok(other) => return Err(other),
-        Err(never) => match never {},
-    };
-    // Redis checks every key's type before it looks at their members.
-    if let Some(error) = replies.iter().find(|reply| matches!(reply, Reply::Error(_))) {
-        return Err(error.clone());
-    }
-    Ok(replies
+    let sources = super::store::read_sources(server, keys, &[KeyType::Set], limit).await?;
+    Ok(sources
+        .elements
         .into_iter()
-        .map(|reply| match reply {
-            Reply::Array(members) => Some(
-                members
-                    .into_iter()
-                    .filter_map(|member| match member {
-                        Reply::Bulk(member) => Some(member),
-                        _ => None,
-                    })
-                    .collect(),
-            ),
-            _ => None,
-        })
+        .map(|set| set.map(|items| items.into_iter().map(|(_, member)| member).collect()))
         .collect())
 }
 
@@ -818,8 +728,9 @@ fn compute(
 fn algebra_reply(call: &Call<'_>, algebra: Algebra) -> Outcome {
     let keys: Vec<Vec<u8>> = call.args[1..].to_vec();
     let server = call.server.clone();
+    let limit = super::store::reply_limit(&server);
     Outcome::AfterPending(Box::pin(async move {
-        match read_sets(&server, &keys).await {
+        match read_sets(&server, &keys, Some(limit)).await {
             Ok(sets) => {
                 Reply::Set(compute(algebra, sets, None).into_iter().map(Reply::Bulk).collect())
             }
@@ -840,70 +751,36 @@ fn sdiff(call: &mut Call<'_>) -> Outcome {
     algebra_reply(call, Algebra::Diff)
 }
 
-/// The STORE forms: the result replaces `destination` whatever it held (deleted if empty), in
-/// one batch in the destination's shard, after the sources are read.
+/// The STORE forms: the result replaces `destination` whatever it held (deleted if empty),
+/// atomically with the read of the sources (`store.rs`).
 fn algebra_store(call: &Call<'_>, algebra: Algebra) -> Outcome {
     let destination = call.args[1].clone();
     let keys: Vec<Vec<u8>> = call.args[2..].to_vec();
     let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
-        let members = match read_sets(&server, &keys).await {
-            Ok(sets) => compute(algebra, sets, None),
-            Err(error) => return error,
-        };
-        if let Some(error) = members.iter().find_map(|m| check_member(&destination, m).err()) {
-            return error;
-        }
-        run_outcome(&server.db, store_set(&server.db, destination, members)).await
+        let checked = destination.clone();
+        super::store::store(
+            &server,
+            keys,
+            &[KeyType::Set],
+            destination,
+            KeyType::Set,
+            move |sets| {
+                let sets = sets
+                    .into_iter()
+                    .map(|set| {
+                        set.map(|items| items.into_iter().map(|(_, member)| member).collect())
+                    })
+                    .collect();
+                let members = compute(algebra, sets, None);
+                if let Some(error) = members.iter().find_map(|m| check_member(&checked, m).err()) {
+                    return Err(error);
+                }
+                Ok(members.into_iter().map(|member| (1.0, member)).collect())
+            },
+        )
+        .await
     }))
-}
-
-/// Replaces `destination` with a set of `members` (deletes it if there are none); answers the
-/// count.
-fn store_set(db: &Db, destination: Vec<u8>, members: Vec<Vec<u8>>) -> Outcome {
-    let mut plan = Plan::new();
-    let mut members = Some(members);
-    let mut written = 0;
-    plan.add(
-        db.shard_of(&destination),
-        vec![destination.clone()],
-        move |view, input| match input {
-            Input::Start => {
-                let Some(members) = members.take() else { return unexpected() };
-                let expiry = Expiry::of(view, &destination);
-                let existing = expiry.live(stored_type(view, &destination));
-                // The old key goes whatever it was (its deadline too); an expired one is reclaimed.
-                let (mut ops, expiry) = match existing {
-                    Some(ty) => (delete_ops(&destination, ty, &expiry), Expiry::default()),
-                    None => (Vec::new(), expiry),
-                };
-                written = members.len();
-                if !members.is_empty() {
-                    let coll = coll_make(view, destination.clone(), KeyType::Set, expiry, None);
-                    for member in &members {
-                        ops.push(BatchOp::Put {
-                            key: set_member_key(&coll.id, member),
-                            value: Vec::new(),
-                        });
-                    }
-                    ops.extend(coll.meta_ops(members.len()));
-                } else {
-                    ops.extend(expiry.before(Vec::new()));
-                }
-                let ops = last_op_wins(ops);
-                if ops.is_empty() {
-                    return Next::Reply(Reply::Integer(0));
-                }
-                if let Err(error) = check_batch(&ops) {
-                    return Next::Reply(error);
-                }
-                Next::Write(ops)
-            }
-            Input::Written => Next::Reply(Reply::Integer(written as i64)),
-            Input::Read(_) => unexpected(),
-        },
-    );
-    plan.finish(Box::new(|mut replies| replies.pop().unwrap_or(Reply::Null)))
 }
 
 fn sinterstore(call: &mut Call<'_>) -> Outcome {
@@ -934,8 +811,7 @@ fn sintercard(call: &mut Call<'_>) -> Outcome {
         match (call.word(at).as_str(), call.args.get(at + 1)) {
             ("limit", Some(value)) => match parse_i64(value) {
                 Some(n) if n >= 0 => limit = n as usize,
-                Some(_) => return Outcome::error("ERR LIMIT can't be negative"),
-                None => return Outcome::error(NOT_INTEGER),
+                _ => return Outcome::error("ERR LIMIT can't be negative"),
             },
             _ => return Outcome::error(SYNTAX),
         }
@@ -943,7 +819,7 @@ fn sintercard(call: &mut Call<'_>) -> Outcome {
     }
     let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
-        match read_sets(&server, &keys).await {
+        match read_sets(&server, &keys, None).await {
             Ok(sets) => Reply::Integer(compute(Algebra::Inter, sets, Some(limit)).len() as i64),
             Err(error) => error,
         }

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use copse::exec::{ExecView, ReadOp};
-use copse::{BatchOp, Db};
+use copse::BatchOp;
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::lists::{blocking, parse_timeout};
@@ -26,13 +26,12 @@ use super::zsets::{
     ScoreRange, LEX_RANGE_INVALID, MIN_MAX_NOT_FLOAT,
 };
 use super::{
-    answer, bound_ref, by_shard, check_batch, coll_make, coll_meta, delete_ops, from_index,
-    last_op_wins, on_collection, on_collection_key, parse_f64, parse_i64, run_outcome, stored_type,
-    unexpected, value_of, Call, Coll, Expiry, Input, Next, Outcome, Plan, Spec, NOT_INTEGER,
-    SYNTAX,
+    answer, bound_ref, check_batch, delete_ops, from_index, on_collection, on_collection_key,
+    parse_f64, parse_i64, run_outcome, unexpected, value_of, Call, Coll, Input, Next, Outcome,
+    Spec, NOT_INTEGER, SYNTAX,
 };
 use crate::context::Server;
-use crate::keyspace::{self, decode_score_value, encode_score, member_key, score_key, KeyType};
+use crate::keyspace::{self, decode_score_value, member_key, score_key, KeyType};
 use crate::resp::{format_double, Protocol, Reply};
 
 pub fn specs() -> Vec<Spec> {
@@ -348,10 +347,16 @@ fn bzmpop(call: &mut Call<'_>) -> Outcome {
     let server = call.server.clone();
     let keys = Arc::new(keys);
     let watched = keys.to_vec();
-    Outcome::AfterPending(Box::pin(blocking(server, watched, timeout, move |server| {
-        let keys = keys.clone();
-        async move { try_pops(&server, &keys, max, n, mpop_reply).await }
-    })))
+    Outcome::AfterPending(Box::pin(blocking(
+        server,
+        crate::waiters::Kind::ZSet,
+        watched,
+        timeout,
+        move |server| {
+            let keys = keys.clone();
+            async move { try_pops(&server, &keys, max, n, mpop_reply).await }
+        },
+    )))
 }
 
 fn blocking_pop(call: &mut Call<'_>, max: bool) -> Outcome {
@@ -362,21 +367,27 @@ fn blocking_pop(call: &mut Call<'_>, max: bool) -> Outcome {
     let keys = Arc::new(call.args[1..call.args.len() - 1].to_vec());
     let server = call.server.clone();
     let watched = keys.to_vec();
-    Outcome::AfterPending(Box::pin(blocking(server, watched, timeout, move |server| {
-        let keys = keys.clone();
-        async move {
-            // `[key, member, score]`.
-            try_pops(&server, &keys, max, 1, |key, mut items| match items.pop() {
-                Some((score, member)) => Reply::Array(vec![
-                    Reply::Bulk(key.to_vec()),
-                    Reply::Bulk(member),
-                    Reply::Double(score),
-                ]),
-                None => Reply::NullArray,
-            })
-            .await
-        }
-    })))
+    Outcome::AfterPending(Box::pin(blocking(
+        server,
+        crate::waiters::Kind::ZSet,
+        watched,
+        timeout,
+        move |server| {
+            let keys = keys.clone();
+            async move {
+                // `[key, member, score]`.
+                try_pops(&server, &keys, max, 1, |key, mut items| match items.pop() {
+                    Some((score, member)) => Reply::Array(vec![
+                        Reply::Bulk(key.to_vec()),
+                        Reply::Bulk(member),
+                        Reply::Double(score),
+                    ]),
+                    None => Reply::NullArray,
+                })
+                .await
+            }
+        },
+    )))
 }
 
 fn bzpopmin(call: &mut Call<'_>) -> Outcome {
@@ -504,7 +515,12 @@ fn random_u64() -> u64 {
 
 /// The members at `ranks` (ascending positions, repeats allowed) of `coll`, in the order of
 /// `ranks` as given: one walk over the by-score items, holding only those picked.
-fn members_at(view: &ExecView<'_>, coll: &Coll, ranks: &[usize]) -> Vec<(f64, Vec<u8>)> {
+fn members_at(
+    view: &ExecView<'_>,
+    coll: &Coll,
+    ranks: &[usize],
+    limit: usize,
+) -> Result<Vec<(f64, Vec<u8>)>, Reply> {
     let mut order: Vec<usize> = (0..ranks.len()).collect();
     order.sort_by_key(|&at| ranks[at]);
     let mut out: Vec<Option<(f64, Vec<u8>)>> = vec![None; ranks.len()];
@@ -512,6 +528,8 @@ fn members_at(view: &ExecView<'_>, coll: &Coll, ranks: &[usize]) -> Vec<(f64, Ve
     let mut start = all_scores(&coll.id).0;
     let mut position = 0;
     let mut next = 0;
+    // Counted as picked, so a reply past the limit stops here, holding about the limit.
+    let mut bytes = 0usize;
     const STEP: usize = 1024;
     while next < order.len() {
         let items = view.keys(bound_ref(&start), bound_ref(&end), STEP);
@@ -520,15 +538,22 @@ fn members_at(view: &ExecView<'_>, coll: &Coll, ranks: &[usize]) -> Vec<(f64, Ve
         }
         while next < order.len() && ranks[order[next]] < position + items.len() {
             let item = &items[ranks[order[next]] - position];
-            out[order[next]] =
-                keyspace::decode_score(item, coll.id.len()).map(|(s, m)| (s, m.to_vec()));
+            let picked = keyspace::decode_score(item, coll.id.len()).map(|(s, m)| (s, m.to_vec()));
+            bytes += picked.as_ref().map_or(0, |(_, m)| m.len()) + RANDOM_PICK_OVERHEAD_BYTES;
+            if bytes > limit {
+                return Err(too_large(bytes, limit));
+            }
+            out[order[next]] = picked;
             next += 1;
         }
         position += items.len();
         start = Bound::Excluded(items[items.len() - 1].clone());
     }
-    out.into_iter().flatten().collect()
+    Ok(out.into_iter().flatten().collect())
 }
+
+/// What a random pick costs in a reply besides the member's bytes (its bulk header, a score).
+const RANDOM_PICK_OVERHEAD_BYTES: usize = 32;
 
 fn zrandmember(call: &mut Call<'_>) -> Outcome {
     let (count, with_scores) = match call.args.len() {
@@ -548,6 +573,10 @@ fn zrandmember(call: &mut Call<'_>) -> Outcome {
             if call.args.len() == 4 && call.word(3) != "withscores" {
                 return Outcome::error(SYNTAX);
             }
+            // Redis refuses a count whose reply (two entries each) could not be counted.
+            if call.args.len() == 4 && count.unsigned_abs() > i64::MAX as u64 / 2 {
+                return Outcome::error("ERR value is out of range");
+            }
             (Some(count), call.args.len() == 4)
         }
         _ => return Outcome::error(SYNTAX),
@@ -559,13 +588,23 @@ fn zrandmember(call: &mut Call<'_>) -> Outcome {
             return if count.is_some() { Reply::Array(Vec::new()) } else { Reply::Null };
         }
         let len = coll.count();
+        // Every pick costs at least its overhead: a count past the limit is refused before
+        // any is chosen.
+        let wanted = count.map_or(1, |count| {
+            if count >= 0 {
+                (count as u64).min(len as u64)
+            } else {
+                count.unsigned_abs()
+            }
+        });
+        let least = (wanted as u128) * RANDOM_PICK_OVERHEAD_BYTES as u128;
+        if least > limit as u128 {
+            return too_large(least.min(usize::MAX as u128) as usize, limit);
+        }
         let ranks: Vec<usize> = match count {
             None => vec![(random_u64() % len as u64) as usize],
             Some(count) if count >= 0 => {
                 let n = (count as usize).min(len);
-                if (n as u128) * 48 > limit as u128 {
-                    return too_large(n * 48, limit);
-                }
                 // n distinct ranks: Floyd's sampling.
                 let mut chosen = std::collections::BTreeSet::new();
                 for j in len - n..len {
@@ -582,14 +621,13 @@ fn zrandmember(call: &mut Call<'_>) -> Outcome {
                 ranks
             }
             Some(count) => {
-                let n = count.unsigned_abs() as usize;
-                if (n as u128) * 48 > limit as u128 {
-                    return too_large(n * 48, limit);
-                }
-                (0..n).map(|_| (random_u64() % len as u64) as usize).collect()
+                (0..count.unsigned_abs()).map(|_| (random_u64() % len as u64) as usize).collect()
             }
         };
-        let items = members_at(view, coll, &ranks);
+        let items = match members_at(view, coll, &ranks, limit) {
+            Ok(items) => items,
+            Err(error) => return error,
+        };
         match (count, with_scores) {
             (None, _) => items.into_iter().next().map_or(Reply::Null, |(_, m)| Reply::Bulk(m)),
             (Some(_), false) => {
@@ -651,7 +689,9 @@ fn zscan(call: &mut Call<'_>) -> Outcome {
         at += 2;
     }
     let mut members: Vec<Vec<u8>> = Vec::new();
+    let mut scores: Vec<f64> = Vec::new();
     let mut next = 0;
+    let limit = super::store::reply_limit(call.server);
     on_collection(call, KeyType::ZSet, move |view, input, coll| match input {
         Input::Start => {
             let page = |next: u64, items: Vec<Reply>| {
@@ -725,15 +765,26 @@ fn zscan(call: &mut Call<'_>) -> Outcome {
             if members.is_empty() {
                 return Next::Reply(page(next, Vec::new()));
             }
-            Next::Read(members.iter().map(|m| ReadOp::Get(member_key(&coll.id, m))).collect())
+            let bytes: usize = members.iter().map(|m| m.len() + 64).sum();
+            if bytes > limit {
+                return Next::Reply(too_large(bytes, limit));
+            }
+            read_scores_step(&coll.id, &members, 0)
         }
         Input::Read(results) => {
-            let mut flat = Vec::with_capacity(2 * members.len());
-            for (member, result) in std::mem::take(&mut members).into_iter().zip(results) {
+            for result in results {
                 let Some(score) = value_of(Some(result)).as_deref().and_then(decode_score_value)
                 else {
                     return unexpected();
                 };
+                scores.push(score);
+            }
+            if scores.len() < members.len() {
+                return read_scores_step(&coll.id, &members, scores.len());
+            }
+            let mut flat = Vec::with_capacity(2 * members.len());
+            let scores = std::mem::take(&mut scores);
+            for (member, score) in std::mem::take(&mut members).into_iter().zip(scores) {
                 flat.push(Reply::Bulk(member));
                 flat.push(Reply::Bulk(format_double(score).into_bytes()));
             }
@@ -746,10 +797,16 @@ fn zscan(call: &mut Call<'_>) -> Outcome {
     })
 }
 
+/// The next step's reads of the scores of `members` from `from` on (a page may hold more
+/// members than one step reads: those sharing a cursor prefix come in one page).
+fn read_scores_step(id: &[u8], members: &[Vec<u8>], from: usize) -> Next {
+    let end = (from + copse::limits::EXEC_READS_MAX).min(members.len());
+    Next::Read(members[from..end].iter().map(|m| ReadOp::Get(member_key(id, m))).collect())
+}
+
 // -- ZUNION, ZINTER, ZDIFF, their STORE forms, ZINTERCARD, ZRANGESTORE ---------------------------
 
-/// (score, member) pairs.
-type Scored = Vec<(f64, Vec<u8>)>;
+use super::store::Scored;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Algebra {
@@ -829,116 +886,16 @@ fn parse_algebra(
     Ok(args)
 }
 
-/// Each key's (member -> score) (None: missing; a set's members score 1), read consistently
-/// over the shards from the indexes alone; WRONGTYPE for a key of another type.
-async fn read_zsets(server: &Arc<Server>, keys: &[Vec<u8>]) -> Result<Vec<Option<Scored>>, Reply> {
-    let db = server.db.clone();
-    let limit = server.settings.client_output_bytes_max.load(Ordering::Relaxed);
-    let read = db.read_consistently(|| async {
-        let mut plan = Plan::new();
-        let mut positions = Vec::new();
-        for (shard, at) in by_shard(&db, keys) {
-            let group: Vec<Vec<u8>> = at.iter().map(|&i| keys[i].clone()).collect();
-            positions.push(at);
-            let mut metas: Vec<(usize, KeyType, Expiry)> = Vec::new();
-            let mut answers: Vec<Reply> = Vec::new();
-            plan.add(shard, group.clone(), move |view, input| match input {
-                Input::Start => {
-                    answers = vec![Reply::Null; group.len()];
-                    let mut reads = smallvec::SmallVec::new();
-                    for (at, key) in group.iter().enumerate() {
-                        let expiry = Expiry::of(view, key);
-                        match expiry.live(stored_type(view, key)) {
-                            None => {}
-                            Some(ty @ (KeyType::ZSet | KeyType::Set)) => {
-                                reads.push(ReadOp::Get(keyspace::meta_key(key, ty)));
-                                metas.push((at, ty, expiry));
-                            }
-                            Some(_) => answers[at] = Reply::error(super::WRONGTYPE),
-                        }
-                    }
-                    if reads.is_empty() {
-                        return Next::Reply(Reply::Array(std::mem::take(&mut answers)));
-                    }
-                    Next::Read(reads)
-                }
-                Input::Read(results) => {
-                    let mut bytes = 0usize;
-                    for ((at, ty, expiry), result) in
-                        std::mem::take(&mut metas).into_iter().zip(results)
-                    {
-                        let meta = match coll_meta(Some(result)) {
-                            Ok(meta) => meta,
-                            Err(error) => return Next::Reply(error),
-                        };
-                        let coll = coll_make(view, group[at].clone(), ty, expiry, meta);
-                        let items: Vec<(f64, Vec<u8>)> = if ty == KeyType::ZSet {
-                            by_score(view, &coll.id, &all_scores(&coll.id), usize::MAX)
-                        } else {
-                            let (start, end) = keyspace::id_range(keyspace::TAG_SET, &coll.id);
-                            view.keys(bound_ref(&start), bound_ref(&end), usize::MAX)
-                                .iter()
-                                .filter_map(|item| keyspace::decode_field(item, coll.id.len()))
-                                .map(|(_, m)| (1.0, m.to_vec()))
-                                .collect()
-                        };
-                        bytes += items.iter().map(|(_, m)| m.len() + 48).sum::<usize>();
-                        if bytes > limit {
-                            return Next::Reply(too_large(bytes, limit));
-                        }
-                        let mut flat = Vec::with_capacity(2 * items.len());
-                        for (score, member) in items {
-                            flat.push(Reply::Double(score));
-                            flat.push(Reply::Bulk(member));
-                        }
-                        answers[at] = Reply::Array(flat);
-                    }
-                    Next::Reply(Reply::Array(std::mem::take(&mut answers)))
-                }
-                Input::Written => unexpected(),
-            });
-        }
-        let count = keys.len();
-        let outcome = plan.finish(Box::new(move |replies| {
-            let mut ordered = vec![Reply::Null; count];
-            for (reply, at) in replies.into_iter().zip(positions) {
-                match reply {
-                    Reply::Array(answers) => {
-                        for (answer, i) in answers.into_iter().zip(at) {
-                            ordered[i] = answer;
-                        }
-                    }
-                    error => return error,
-                }
-            }
-            Reply::Array(ordered)
-        }));
-        Ok::<Reply, std::convert::Infallible>(run_outcome(&db, outcome).await)
-    });
-    let replies = match read.await {
-        Ok(Reply::Array(replies)) => replies,
-        Ok(other) => return Err(other),
-        Err(never) => match never {},
-    };
-    if let Some(error) = replies.iter().find(|reply| matches!(reply, Reply::Error(_))) {
-        return Err(error.clone());
-    }
-    Ok(replies
-        .into_iter()
-        .map(|reply| match reply {
-            Reply::Array(flat) => {
-                let mut items = Vec::with_capacity(flat.len() / 2);
-                let mut flat = flat.into_iter();
-                while let (Some(Reply::Double(score)), Some(Reply::Bulk(member))) =
-                    (flat.next(), flat.next())
-                {
-                    items.push((score, member));
-                }
-                Some(items)
-            }
-            _ => None,
-        })
-        .collect())
+/// Each key's (score, member) pairs (None: missing; a set's members score 1), or WRONGTYPE
+/// (`store.rs`); `limit`: a reply's bound in bytes, or None.
+async fn read_zsets(
+    server: &Arc<Server>,
+    keys: &[Vec<u8>],
+    limit: Option<usize>,
+) -> Result<Vec<Option<Scored>>, Reply> {
+    Ok(super::store::read_sources(server, keys, &[KeyType::ZSet, KeyType::Set], limit)
+        .await?
+        .elements)
 }
 
 /// Redis's aggregate of two scores (a NaN from inf - inf is 0, as Redis makes it).
@@ -1012,7 +969,9 @@ fn compute(algebra: Algebra, args: &AlgebraArgs, sets: Vec<Option<Scored>>) -> S
             }
         }
     }
-    let mut items: Vec<(f64, Vec<u8>)> = out.into_iter().map(|(m, s)| (s, m)).collect();
+    // -0 and 0 are one score (zsets.rs invariant).
+    let mut items: Vec<(f64, Vec<u8>)> =
+        out.into_iter().map(|(m, s)| (if s == 0.0 { 0.0 } else { s }, m)).collect();
     items.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
     items
 }
@@ -1024,8 +983,9 @@ fn algebra_command(call: &mut Call<'_>, algebra: Algebra) -> Outcome {
     };
     let server = call.server.clone();
     let protocol = call.conn.protocol;
+    let limit = super::store::reply_limit(&server);
     Outcome::AfterPending(Box::pin(async move {
-        match read_zsets(&server, &args.keys).await {
+        match read_zsets(&server, &args.keys, Some(limit)).await {
             Ok(sets) => {
                 let items = compute(algebra, &args, sets);
                 range_reply(items, args.with_scores, protocol)
@@ -1047,56 +1007,8 @@ fn zdiff(call: &mut Call<'_>) -> Outcome {
     algebra_command(call, Algebra::Diff)
 }
 
-/// Replaces `destination` with a sorted set of `items` (deleted if none); answers the count.
-fn store_zset(db: &Db, destination: Vec<u8>, items: Vec<(f64, Vec<u8>)>) -> Outcome {
-    let mut plan = Plan::new();
-    let mut items = Some(items);
-    let mut written = 0;
-    plan.add(
-        db.shard_of(&destination),
-        vec![destination.clone()],
-        move |view, input| match input {
-            Input::Start => {
-                let Some(items) = items.take() else { return unexpected() };
-                let expiry = Expiry::of(view, &destination);
-                let existing = expiry.live(stored_type(view, &destination));
-                let (mut ops, expiry) = match existing {
-                    Some(ty) => (delete_ops(&destination, ty, &expiry), Expiry::default()),
-                    None => (Vec::new(), expiry),
-                };
-                written = items.len();
-                if !items.is_empty() {
-                    let coll = coll_make(view, destination.clone(), KeyType::ZSet, expiry, None);
-                    for (score, member) in &items {
-                        ops.push(BatchOp::Put {
-                            key: member_key(&coll.id, member),
-                            value: encode_score(*score),
-                        });
-                        ops.push(BatchOp::Put {
-                            key: score_key(&coll.id, *score, member),
-                            value: Vec::new(),
-                        });
-                    }
-                    ops.extend(coll.meta_ops(items.len()));
-                } else {
-                    ops.extend(expiry.before(Vec::new()));
-                }
-                let ops = last_op_wins(ops);
-                if ops.is_empty() {
-                    return Next::Reply(Reply::Integer(0));
-                }
-                if let Err(error) = check_batch(&ops) {
-                    return Next::Reply(error);
-                }
-                Next::Write(ops)
-            }
-            Input::Written => Next::Reply(Reply::Integer(written as i64)),
-            Input::Read(_) => unexpected(),
-        },
-    );
-    plan.finish(Box::new(|mut replies| replies.pop().unwrap_or(Reply::Null)))
-}
-
+/// The STORE forms: the result replaces `destination` atomically with the read of the sources
+/// (`store.rs`).
 fn algebra_store(call: &mut Call<'_>, algebra: Algebra) -> Outcome {
     let args = match parse_algebra(call, 2, algebra, true) {
         Ok(args) => args,
@@ -1105,14 +1017,16 @@ fn algebra_store(call: &mut Call<'_>, algebra: Algebra) -> Outcome {
     let destination = call.args[1].clone();
     let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
-        let items = match read_zsets(&server, &args.keys).await {
-            Ok(sets) => compute(algebra, &args, sets),
-            Err(error) => return error,
-        };
-        let reply =
-            run_outcome(&server.db, store_zset(&server.db, destination.clone(), items)).await;
-        server.waiters.wake(&destination);
-        reply
+        let keys = args.keys.clone();
+        super::store::store(
+            &server,
+            keys,
+            &[KeyType::ZSet, KeyType::Set],
+            destination,
+            KeyType::ZSet,
+            move |sets| Ok(compute(algebra, &args, sets)),
+        )
+        .await
     }))
 }
 
@@ -1147,8 +1061,7 @@ fn zintercard(call: &mut Call<'_>) -> Outcome {
         match (call.word(at).as_str(), call.args.get(at + 1)) {
             ("limit", Some(value)) => match parse_i64(value) {
                 Some(n) if n >= 0 => limit = n as usize,
-                Some(_) => return Outcome::error("ERR LIMIT can't be negative"),
-                None => return Outcome::error(NOT_INTEGER),
+                _ => return Outcome::error("ERR LIMIT can't be negative"),
             },
             _ => return Outcome::error(SYNTAX),
         }
@@ -1162,7 +1075,7 @@ fn zintercard(call: &mut Call<'_>) -> Outcome {
         with_scores: false,
     };
     Outcome::AfterPending(Box::pin(async move {
-        match read_zsets(&server, &args.keys).await {
+        match read_zsets(&server, &args.keys, None).await {
             Ok(sets) => {
                 let count = compute(Algebra::Inter, &args, sets).len();
                 Reply::Integer(if limit > 0 { count.min(limit) } else { count } as i64)
@@ -1172,7 +1085,8 @@ fn zintercard(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
-/// ZRANGESTORE dst src min max [BYSCORE|BYLEX] [REV] [LIMIT offset count].
+/// ZRANGESTORE dst src min max [BYSCORE|BYLEX] [REV] [LIMIT offset count]: the range selected
+/// from the source's elements, stored atomically with their read (`store.rs`).
 fn zrangestore(call: &mut Call<'_>) -> Outcome {
     // The range arguments as ZRANGE reads them: src at 1.
     let mut args = call.args.clone();
@@ -1187,46 +1101,60 @@ fn zrangestore(call: &mut Call<'_>) -> Outcome {
     let source = args[1].clone();
     let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
-        let read = read_range(&server, source, query);
-        let items = match run_outcome(&server.db, read).await {
-            Reply::Array(flat) => {
-                let mut items = Vec::new();
-                let mut flat = flat.into_iter();
-                while let (Some(Reply::Double(score)), Some(Reply::Bulk(member))) =
-                    (flat.next(), flat.next())
-                {
-                    items.push((score, member));
-                }
-                items
-            }
-            other => return other,
-        };
-        let reply =
-            run_outcome(&server.db, store_zset(&server.db, destination.clone(), items)).await;
-        server.waiters.wake(&destination);
-        reply
+        super::store::store(
+            &server,
+            vec![source],
+            &[KeyType::ZSet],
+            destination,
+            KeyType::ZSet,
+            move |mut sets| {
+                let items = sets.pop().flatten().unwrap_or_default();
+                Ok(select_range(items, &query))
+            },
+        )
+        .await
     }))
 }
 
-/// The (score, member) pairs `query` selects from sorted set `key`, flat (score, member, ...).
-fn read_range(server: &Server, key: Vec<u8>, query: RangeQuery) -> Outcome {
-    let limit = server.settings.client_output_bytes_max.load(Ordering::Relaxed);
-    on_collection_key(&server.db, key, KeyType::ZSet, false, move |view, input, coll| match input {
-        Input::Start => {
-            let items = run_range(view, coll, &query);
-            let bytes: usize = items.iter().map(|(_, m)| m.len() + 48).sum();
-            if bytes > limit {
-                return Next::Reply(too_large(bytes, limit));
+/// `query` over a sorted set's (score, member) pairs in score order, as `zsets::run_range` runs
+/// it over the index.
+fn select_range(items: Scored, query: &RangeQuery) -> Scored {
+    let mut items = match &query.by {
+        RangeBy::Rank(start, stop) => {
+            let len = items.len();
+            let Some((first, last)) = rank_window(*start, *stop, len) else { return Vec::new() };
+            let (low, high) =
+                if query.reverse { (len - 1 - last, len - 1 - first) } else { (first, last) };
+            let mut picked: Scored = items.into_iter().skip(low).take(high - low + 1).collect();
+            if query.reverse {
+                picked.reverse();
             }
-            let mut flat = Vec::with_capacity(2 * items.len());
-            for (score, member) in items {
-                flat.push(Reply::Double(score));
-                flat.push(Reply::Bulk(member));
-            }
-            Next::Reply(Reply::Array(flat))
+            return picked;
         }
-        _ => unexpected(),
-    })
+        RangeBy::Score(range) => {
+            if range.is_empty() {
+                return Vec::new();
+            }
+            items.into_iter().filter(|(score, _)| range.contains(*score)).collect::<Scored>()
+        }
+        RangeBy::Lex(range) => {
+            let Some(lowest) = items.first().map(|(score, _)| *score) else { return Vec::new() };
+            items
+                .into_iter()
+                .filter(|(score, member)| *score == lowest && range.contains(member))
+                .collect()
+        }
+    };
+    if query.offset < 0 {
+        return Vec::new();
+    }
+    if query.reverse {
+        items.reverse();
+    }
+    let window = super::zsets::limit_window(items.len(), query.offset, query.count);
+    items.truncate(window.end);
+    items.drain(..window.start);
+    items
 }
 
 #[cfg(test)]

@@ -138,6 +138,13 @@ impl ScoreRange {
         Some(ScoreRange { min, min_exclusive, max, max_exclusive })
     }
 
+    /// Whether `score` is in the range.
+    pub(super) fn contains(&self, score: f64) -> bool {
+        let above = if self.min_exclusive { score > self.min } else { score >= self.min };
+        let below = if self.max_exclusive { score < self.max } else { score <= self.max };
+        above && below
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.min > self.max || (self.min == self.max && (self.min_exclusive || self.max_exclusive))
     }
@@ -379,7 +386,7 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
                 std::mem::take(&mut read_scores)
             }
             Input::Written => {
-                server.waiters.wake(&coll.key);
+                server.waiters.wake(crate::waiters::Kind::ZSet, &coll.key);
                 return answer(&mut pending);
             }
         };
@@ -522,6 +529,23 @@ pub(super) struct LexRange {
 impl LexRange {
     pub(super) fn parse(min: &[u8], max: &[u8]) -> Option<LexRange> {
         Some(LexRange { min: LexBound::parse(min)?, max: LexBound::parse(max)? })
+    }
+
+    /// Whether `member` is in the range.
+    pub(super) fn contains(&self, member: &[u8]) -> bool {
+        let above = match &self.min {
+            LexBound::Lowest => true,
+            LexBound::Highest => false,
+            LexBound::Inclusive(min) => member >= &min[..],
+            LexBound::Exclusive(min) => member > &min[..],
+        };
+        let below = match &self.max {
+            LexBound::Lowest => false,
+            LexBound::Highest => true,
+            LexBound::Inclusive(max) => member <= &max[..],
+            LexBound::Exclusive(max) => member < &max[..],
+        };
+        above && below
     }
 
     /// The by-score items of the set `coll` whose members are in this range, among those with
