@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from support import COPSE_BIN, DEFAULT_SHARDS, CopseServer
+from support import COPSE_BIN, DEFAULT_SHARDS, CopseServer, Differential, RedisOracle
 
 
 def pytest_report_header(config):
@@ -96,3 +96,41 @@ def hash_key(r):
         return key
 
     return make
+
+
+@pytest.fixture(scope="session")
+def oracle(tmp_path_factory):
+    """A redis-server to compare replies with (support.RedisOracle), one per test session."""
+    oracle = RedisOracle(tmp_path_factory.mktemp("oracle")).start()
+    yield oracle
+    oracle.stop()
+
+
+def differential(server, oracle, protocol: int):
+    """A differential pair on an emptied copse and an emptied redis-server, in `protocol`."""
+    ours, theirs = server.connect(), oracle.connect()
+    pair = Differential(ours, theirs)
+    if protocol == 3:
+        # HELLO's own reply differs (server name, version): only the protocol is switched.
+        for side in (pair.copse, pair.oracle):
+            pair._call(side, ("HELLO", "3"))
+    pair.both("FLUSHALL")
+    return pair, (ours, theirs)
+
+
+@pytest.fixture
+def diff(server, oracle, r):
+    """Commands sent to copse and to redis-server alike, replies compared (RESP2)."""
+    pair, socks = differential(server, oracle, 2)
+    yield pair
+    for sock in socks:
+        sock.close()
+
+
+@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
+def diff23(request, server, oracle, r):
+    """`diff` in RESP2 and in RESP3 (the test runs twice)."""
+    pair, socks = differential(server, oracle, request.param)
+    yield pair
+    for sock in socks:
+        sock.close()

@@ -571,3 +571,11 @@ def _sorted_deep(reply):
     if isinstance(reply, list):
         return sorted((_sorted_deep(item) for item in reply), key=repr)
     return reply
+
+
+def run_script(diff: Differential, script: str, unordered: frozenset = frozenset()) -> None:
+    """Sends each line of `script` (a command, words split on spaces) to both servers; replies
+    of the commands named in `unordered` are compared sorted."""
+    for line in script.strip().splitlines():
+        words = line.split()
+        diff.both(*words, unordered=words[0].upper() in unordered)

@@ -16,31 +16,10 @@ import time
 import pytest
 import redis
 
-from support import Differential, RedisOracle
+from support import run_script
 
 # How long active expiry may take to delete what expired (it looks 10 times a second).
 RECLAIM_TIMEOUT_S = 30
-
-
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    oracle = RedisOracle(tmp_path_factory.mktemp("oracle")).start()
-    yield oracle
-    oracle.stop()
-
-
-@pytest.fixture
-def diff(server, oracle, r):
-    """A differential pair on an emptied copse and an emptied redis-server."""
-    with server.connect() as ours, oracle.connect() as theirs:
-        pair = Differential(ours, theirs)
-        pair.both("FLUSHALL")
-        yield pair
-
-
-def run_script(diff: Differential, script: str) -> None:
-    for line in script.strip().splitlines():
-        diff.both(*line.split())
 
 
 def test_set_options_and_errors_answer_as_redis_does(diff):
@@ -255,8 +234,8 @@ def test_a_key_too_long_for_an_expiry_is_refused_clearly(r):
     assert r.expire(key, 100) is False
     for attempt in (
         lambda: r.set(key, "v", ex=100),
-        lambda: r.setex(key, 100, "v"),
-        lambda: r.psetex(key, 100_000, "v"),
+        lambda: r.execute_command("SETEX", key, 100, "v"),
+        lambda: r.execute_command("PSETEX", key, 100_000, "v"),
     ):
         with pytest.raises(redis.ResponseError, match="at most 1011 bytes"):
             attempt()

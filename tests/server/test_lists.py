@@ -20,27 +20,7 @@ import time
 import pytest
 import redis
 
-from support import Differential, RedisOracle, encode_command, RespReader
-
-
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    oracle = RedisOracle(tmp_path_factory.mktemp("oracle")).start()
-    yield oracle
-    oracle.stop()
-
-
-@pytest.fixture
-def diff(server, oracle, r):
-    with server.connect() as ours, oracle.connect() as theirs:
-        pair = Differential(ours, theirs)
-        pair.both("FLUSHALL")
-        yield pair
-
-
-def run_script(diff: Differential, script: str) -> None:
-    for line in script.strip().splitlines():
-        diff.both(*line.split())
+from support import RespReader, encode_command, run_script
 
 
 def test_list_commands_and_errors_answer_as_redis_does(diff):

@@ -16,30 +16,14 @@ import time
 import pytest
 import redis
 
-from support import Differential, RedisOracle
+from support import Differential
+from support import run_script as run_commands
 
 UNORDERED = {"SMEMBERS", "SINTER", "SUNION", "SDIFF", "SSCAN"}
 
 
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    oracle = RedisOracle(tmp_path_factory.mktemp("oracle")).start()
-    yield oracle
-    oracle.stop()
-
-
-@pytest.fixture
-def diff(server, oracle, r):
-    with server.connect() as ours, oracle.connect() as theirs:
-        pair = Differential(ours, theirs)
-        pair.both("FLUSHALL")
-        yield pair
-
-
 def run_script(diff: Differential, script: str) -> None:
-    for line in script.strip().splitlines():
-        words = line.split()
-        diff.both(*words, unordered=words[0].upper() in UNORDERED)
+    run_commands(diff, script, UNORDERED)
 
 
 def test_set_commands_and_errors_answer_as_redis_does(diff):

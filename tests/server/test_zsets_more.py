@@ -16,37 +16,18 @@ import time
 import pytest
 import redis
 
-from support import Differential, RedisOracle, encode_command, RespReader
+from support import Differential
+from support import run_script as run_commands, encode_command, RespReader
 
 UNORDERED = {"SMEMBERS", "HGETALL"}
 
 
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    oracle = RedisOracle(tmp_path_factory.mktemp("oracle")).start()
-    yield oracle
-    oracle.stop()
-
-
-@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
-def diff(request, server, oracle, r):
-    with server.connect() as ours, oracle.connect() as theirs:
-        pair = Differential(ours, theirs)
-        if request.param == 3:
-            # HELLO's own reply differs (server name, version): only the protocol is compared.
-            for side in (pair.copse, pair.oracle):
-                pair._call(side, ("HELLO", "3"))
-        pair.both("FLUSHALL")
-        yield pair
-
-
 def run_script(diff: Differential, script: str) -> None:
-    for line in script.strip().splitlines():
-        words = line.split()
-        diff.both(*words, unordered=words[0].upper() in UNORDERED)
+    run_commands(diff, script, UNORDERED)
 
 
-def test_pops_and_removals_answer_as_redis_does(diff):
+def test_pops_and_removals_answer_as_redis_does(diff23):
+    diff = diff23
     run_script(diff, """
         ZADD z 1 a 2 b 3 c 4 d 5 e
         ZPOPMIN z
@@ -101,7 +82,8 @@ def test_pops_and_removals_answer_as_redis_does(diff):
     """)
 
 
-def test_lexicographic_ranges_answer_as_redis_does(diff):
+def test_lexicographic_ranges_answer_as_redis_does(diff23):
+    diff = diff23
     run_script(diff, """
         ZADD l 0 a 0 b 0 c 0 d 0 e 0 f 0 g
         ZRANGEBYLEX l - +
@@ -138,7 +120,8 @@ def test_lexicographic_ranges_answer_as_redis_does(diff):
     """)
 
 
-def test_algebra_answers_as_redis_does(diff):
+def test_algebra_answers_as_redis_does(diff23):
+    diff = diff23
     run_script(diff, """
         ZADD a 1 x 2 y 3 z
         ZADD b 10 y 20 z 30 w
@@ -234,10 +217,11 @@ def random_command(rng: random.Random) -> list[str]:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_random_sorted_set_commands_answer_as_redis_does(diff, seed):
+def test_random_sorted_set_commands_answer_as_redis_does(diff23, seed):
     """2,000 random sorted set commands over four keys (pairs in one shard and across shards),
     each compared with redis-server's reply. Lexicographic commands get sets of one score
     (Redis leaves mixed scores unspecified): their keys hold only score-0 members here."""
+    diff = diff23
     rng = random.Random(seed)
     for _ in range(2_000):
         command = random_command(rng)

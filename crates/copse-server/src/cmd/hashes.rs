@@ -548,30 +548,9 @@ const RANDOM_FIELD_OVERHEAD_BYTES: usize = 32;
 /// HRANDFIELD key [count [WITHVALUES]]: a count ≥ 0 gives distinct fields (at most all), a
 /// negative one |count| fields with repeats.
 fn hrandfield(call: &mut Call<'_>) -> Outcome {
-    let (count, with_values) = match call.args.len() {
-        2 => (None, false),
-        3 | 4 => {
-            let count = match parse_i64(&call.args[2]) {
-                Some(i64::MIN) => {
-                    return Outcome::error(format!(
-                        "ERR value is out of range, value must between {} and {}",
-                        -i64::MAX,
-                        i64::MAX
-                    ))
-                }
-                Some(count) => count,
-                None => return Outcome::error(NOT_INTEGER),
-            };
-            if call.args.len() == 4 && call.word(3) != "withvalues" {
-                return Outcome::error(SYNTAX);
-            }
-            // Redis refuses a count whose reply (two entries each) could not be counted.
-            if call.args.len() == 4 && count.unsigned_abs() > i64::MAX as u64 / 2 {
-                return Outcome::error("ERR value is out of range");
-            }
-            (Some(count), call.args.len() == 4)
-        }
-        _ => return Outcome::error(SYNTAX),
+    let (count, with_values) = match super::parse_random_count(call, "withvalues") {
+        Ok(parsed) => parsed,
+        Err(error) => return Outcome::Reply(error),
     };
     let limit =
         call.server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);

@@ -1194,34 +1194,12 @@ struct MultiPop {
 
 /// LMPOP's arguments from `at` (numkeys): numkeys, keys, LEFT|RIGHT, [COUNT n].
 fn parse_mpop(call: &Call<'_>, at: usize) -> Result<MultiPop, Reply> {
-    let numkeys = match parse_i64(&call.args[at]) {
-        Some(n) if n > 0 => n as usize,
-        _ => return Err(Reply::error("ERR numkeys should be greater than 0")),
-    };
-    let first = at + 1;
-    if first + numkeys >= call.args.len() {
-        return Err(Reply::error(SYNTAX));
-    }
-    let keys: Vec<Vec<u8>> = call.args[first..first + numkeys].to_vec();
-    let Some(end) = End::parse(&call.word(first + numkeys)) else {
-        return Err(Reply::error(SYNTAX));
-    };
-    let mut count = None;
-    let mut rest = first + numkeys + 1;
-    while rest < call.args.len() {
-        match (call.word(rest).as_str(), call.args.get(rest + 1), count) {
-            ("count", Some(value), None) => match parse_i64(value) {
-                Some(n) if n > 0 => count = Some(n as usize),
-                _ => return Err(Reply::error("ERR count should be greater than 0")),
-            },
-            _ => return Err(Reply::error(SYNTAX)),
-        }
-        rest += 2;
-    }
+    let (keys, end_at, count) = super::parse_multi_pop(call, at)?;
+    let Some(end) = End::parse(&call.word(end_at)) else { return Err(Reply::error(SYNTAX)) };
     for key in &keys {
         check_list_key(key)?;
     }
-    Ok(MultiPop { keys, end, count: Some(count.unwrap_or(1)) })
+    Ok(MultiPop { keys, end, count: Some(count) })
 }
 
 /// Tries each key of `pop` in order: the first that holds a list answers.

@@ -873,6 +873,101 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
     text.parse().ok()
 }
 
+/// The arguments of LMPOP and ZMPOP (and their blocking forms) from `at` (numkeys): the keys,
+/// the position of the word after them (LEFT/RIGHT, MIN/MAX), and COUNT (1 if not given).
+pub fn parse_multi_pop(call: &Call<'_>, at: usize) -> Result<(Vec<Vec<u8>>, usize, usize), Reply> {
+    let numkeys = match parse_i64(&call.args[at]) {
+        Some(n) if n > 0 => n as usize,
+        _ => return Err(Reply::error("ERR numkeys should be greater than 0")),
+    };
+    let first = at + 1;
+    if first + numkeys >= call.args.len() {
+        return Err(Reply::error(SYNTAX));
+    }
+    let keys: Vec<Vec<u8>> = call.args[first..first + numkeys].to_vec();
+    let mut count = None;
+    let mut rest = first + numkeys + 1;
+    while rest < call.args.len() {
+        match (call.word(rest).as_str(), call.args.get(rest + 1), count) {
+            ("count", Some(value), None) => match parse_i64(value) {
+                Some(n) if n > 0 => count = Some(n as usize),
+                _ => return Err(Reply::error("ERR count should be greater than 0")),
+            },
+            _ => return Err(Reply::error(SYNTAX)),
+        }
+        rest += 2;
+    }
+    Ok((keys, first + numkeys, count.unwrap_or(1)))
+}
+
+/// Redis's errors for a bad numkeys, which SINTERCARD and ZINTERCARD word differently.
+pub struct NumkeysErrors {
+    pub not_positive: &'static str,
+    pub not_integer: &'static str,
+    /// numkeys passes the arguments.
+    pub too_few: &'static str,
+}
+
+/// The arguments of SINTERCARD and ZINTERCARD: `numkeys key... [LIMIT n]` (0: no limit).
+pub fn parse_intercard(
+    call: &Call<'_>,
+    errors: &NumkeysErrors,
+) -> Result<(Vec<Vec<u8>>, usize), Reply> {
+    let numkeys = match parse_i64(&call.args[1]) {
+        Some(n) if n > 0 => n as usize,
+        Some(_) => return Err(Reply::error(errors.not_positive)),
+        None => return Err(Reply::error(errors.not_integer)),
+    };
+    let too_few = errors.too_few;
+    if numkeys > call.args.len() - 2 {
+        return Err(Reply::error(too_few));
+    }
+    let keys = call.args[2..2 + numkeys].to_vec();
+    let mut limit = 0usize;
+    let mut at = 2 + numkeys;
+    while at < call.args.len() {
+        match (call.word(at).as_str(), call.args.get(at + 1)) {
+            ("limit", Some(value)) => match parse_i64(value) {
+                Some(n) if n >= 0 => limit = n as usize,
+                _ => return Err(Reply::error("ERR LIMIT can't be negative")),
+            },
+            _ => return Err(Reply::error(SYNTAX)),
+        }
+        at += 2;
+    }
+    Ok((keys, limit))
+}
+
+/// The count and flag of ZRANDMEMBER and HRANDFIELD: `key [count [flag]]` (flag: WITHSCORES or
+/// WITHVALUES), with Redis's errors.
+pub fn parse_random_count(call: &Call<'_>, flag: &str) -> Result<(Option<i64>, bool), Reply> {
+    match call.args.len() {
+        2 => Ok((None, false)),
+        3 | 4 => {
+            let count = match parse_i64(&call.args[2]) {
+                Some(i64::MIN) => {
+                    return Err(Reply::Error(format!(
+                        "ERR value is out of range, value must between {} and {}",
+                        -i64::MAX,
+                        i64::MAX
+                    )))
+                }
+                Some(count) => count,
+                None => return Err(Reply::error(NOT_INTEGER)),
+            };
+            if call.args.len() == 4 && call.word(3) != flag {
+                return Err(Reply::error(SYNTAX));
+            }
+            // Redis refuses a count whose reply (two entries each) could not be counted.
+            if call.args.len() == 4 && count.unsigned_abs() > i64::MAX as u64 / 2 {
+                return Err(Reply::error("ERR value is out of range"));
+            }
+            Ok((Some(count), call.args.len() == 4))
+        }
+        _ => Err(Reply::error(SYNTAX)),
+    }
+}
+
 /// Parses a float argument as Redis does: finite or +/-inf, never NaN, no spaces.
 pub fn parse_f64(bytes: &[u8]) -> Option<f64> {
     let text = std::str::from_utf8(bytes).ok()?;

@@ -796,27 +796,15 @@ fn sdiffstore(call: &mut Call<'_>) -> Outcome {
 }
 
 fn sintercard(call: &mut Call<'_>) -> Outcome {
-    let numkeys = match parse_i64(&call.args[1]) {
-        Some(n) if n > 0 => n as usize,
-        Some(_) => return Outcome::error("ERR numkeys should be greater than 0"),
-        None => return Outcome::error("ERR numkeys should be greater than 0"),
+    const ERRORS: super::NumkeysErrors = super::NumkeysErrors {
+        not_positive: "ERR numkeys should be greater than 0",
+        not_integer: "ERR numkeys should be greater than 0",
+        too_few: "ERR Number of keys can't be greater than number of args",
     };
-    if numkeys > call.args.len() - 2 {
-        return Outcome::error("ERR Number of keys can't be greater than number of args");
-    }
-    let keys: Vec<Vec<u8>> = call.args[2..2 + numkeys].to_vec();
-    let mut limit = 0usize;
-    let mut at = 2 + numkeys;
-    while at < call.args.len() {
-        match (call.word(at).as_str(), call.args.get(at + 1)) {
-            ("limit", Some(value)) => match parse_i64(value) {
-                Some(n) if n >= 0 => limit = n as usize,
-                _ => return Outcome::error("ERR LIMIT can't be negative"),
-            },
-            _ => return Outcome::error(SYNTAX),
-        }
-        at += 2;
-    }
+    let (keys, limit) = match super::parse_intercard(call, &ERRORS) {
+        Ok(parsed) => parsed,
+        Err(error) => return Outcome::Reply(error),
+    };
     let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
         match read_sets(&server, &keys, None).await {

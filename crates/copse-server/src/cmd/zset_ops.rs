@@ -239,33 +239,13 @@ fn zpopmax(call: &mut Call<'_>) -> Outcome {
 
 /// ZMPOP's arguments from `at` (numkeys): numkeys, keys, MIN|MAX, [COUNT n].
 fn parse_mpop(call: &Call<'_>, at: usize) -> Result<(Vec<Vec<u8>>, bool, usize), Reply> {
-    let numkeys = match parse_i64(&call.args[at]) {
-        Some(n) if n > 0 => n as usize,
-        _ => return Err(Reply::error("ERR numkeys should be greater than 0")),
-    };
-    let first = at + 1;
-    if first + numkeys >= call.args.len() {
-        return Err(Reply::error(SYNTAX));
-    }
-    let keys = call.args[first..first + numkeys].to_vec();
-    let max = match call.word(first + numkeys).as_str() {
+    let (keys, end_at, count) = super::parse_multi_pop(call, at)?;
+    let max = match call.word(end_at).as_str() {
         "min" => false,
         "max" => true,
         _ => return Err(Reply::error(SYNTAX)),
     };
-    let mut count = None;
-    let mut rest = first + numkeys + 1;
-    while rest < call.args.len() {
-        match (call.word(rest).as_str(), call.args.get(rest + 1), count) {
-            ("count", Some(value), None) => match parse_i64(value) {
-                Some(n) if n > 0 => count = Some(n as usize),
-                _ => return Err(Reply::error("ERR count should be greater than 0")),
-            },
-            _ => return Err(Reply::error(SYNTAX)),
-        }
-        rest += 2;
-    }
-    Ok((keys, max, count.unwrap_or(1)))
+    Ok((keys, max, count))
 }
 
 /// Tries each key in order: the first that holds a sorted set answers `shape(key, popped)`.
@@ -556,30 +536,9 @@ fn members_at(
 const RANDOM_PICK_OVERHEAD_BYTES: usize = 32;
 
 fn zrandmember(call: &mut Call<'_>) -> Outcome {
-    let (count, with_scores) = match call.args.len() {
-        2 => (None, false),
-        3 | 4 => {
-            let count = match parse_i64(&call.args[2]) {
-                Some(i64::MIN) => {
-                    return Outcome::error(format!(
-                        "ERR value is out of range, value must between {} and {}",
-                        -i64::MAX,
-                        i64::MAX
-                    ))
-                }
-                Some(count) => count,
-                None => return Outcome::error(NOT_INTEGER),
-            };
-            if call.args.len() == 4 && call.word(3) != "withscores" {
-                return Outcome::error(SYNTAX);
-            }
-            // Redis refuses a count whose reply (two entries each) could not be counted.
-            if call.args.len() == 4 && count.unsigned_abs() > i64::MAX as u64 / 2 {
-                return Outcome::error("ERR value is out of range");
-            }
-            (Some(count), call.args.len() == 4)
-        }
-        _ => return Outcome::error(SYNTAX),
+    let (count, with_scores) = match super::parse_random_count(call, "withscores") {
+        Ok(parsed) => parsed,
+        Err(error) => return Outcome::Reply(error),
     };
     let limit = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     let protocol = call.conn.protocol;
@@ -1043,30 +1002,16 @@ fn zdiffstore(call: &mut Call<'_>) -> Outcome {
 }
 
 fn zintercard(call: &mut Call<'_>) -> Outcome {
-    let numkeys = match parse_i64(&call.args[1]) {
-        Some(n) if n > 0 => n as usize,
-        Some(_) => {
-            return Outcome::error("ERR at least 1 input key is needed for 'zintercard' command")
-        }
-        None => return Outcome::error(NOT_INTEGER),
-    };
     // Redis 7.0 answers ZINTERCARD's short key list a syntax error (SINTERCARD's is worded).
-    if numkeys > call.args.len() - 2 {
-        return Outcome::error(SYNTAX);
-    }
-    let keys: Vec<Vec<u8>> = call.args[2..2 + numkeys].to_vec();
-    let mut limit = 0usize;
-    let mut at = 2 + numkeys;
-    while at < call.args.len() {
-        match (call.word(at).as_str(), call.args.get(at + 1)) {
-            ("limit", Some(value)) => match parse_i64(value) {
-                Some(n) if n >= 0 => limit = n as usize,
-                _ => return Outcome::error("ERR LIMIT can't be negative"),
-            },
-            _ => return Outcome::error(SYNTAX),
-        }
-        at += 2;
-    }
+    const ERRORS: super::NumkeysErrors = super::NumkeysErrors {
+        not_positive: "ERR at least 1 input key is needed for 'zintercard' command",
+        not_integer: NOT_INTEGER,
+        too_few: SYNTAX,
+    };
+    let (keys, limit) = match super::parse_intercard(call, &ERRORS) {
+        Ok(parsed) => parsed,
+        Err(error) => return Outcome::Reply(error),
+    };
     let server = call.server.clone();
     let args = AlgebraArgs {
         weights: vec![1.0; keys.len()],
