@@ -141,24 +141,11 @@ fn remove_ops(coll: &Coll, members: &[(f64, Vec<u8>)]) -> Vec<BatchOp> {
     ops
 }
 
-/// Members with scores: flat in RESP2; in RESP3 `[member, score]` pairs when `pairs`.
+/// Members with scores: flat in RESP2; in RESP3 `[member, score]` pairs when `pairs` (else
+/// flat too, as Redis answers ZPOPMIN without a count).
 fn scored_reply(items: Vec<(f64, Vec<u8>)>, pairs: bool, protocol: Protocol) -> Reply {
-    if pairs && protocol == Protocol::Resp3 {
-        return Reply::Array(
-            items
-                .into_iter()
-                .map(|(score, member)| {
-                    Reply::Array(vec![Reply::Bulk(member), Reply::Double(score)])
-                })
-                .collect(),
-        );
-    }
-    let mut flat = Vec::with_capacity(2 * items.len());
-    for (score, member) in items {
-        flat.push(Reply::Bulk(member));
-        flat.push(Reply::Double(score));
-    }
-    Reply::Array(flat)
+    let shape = if pairs { protocol } else { Protocol::Resp2 };
+    range_reply(items, true, shape)
 }
 
 /// Removes the `n` lowest (or highest) members of sorted set `key`, answering `reply` of them
