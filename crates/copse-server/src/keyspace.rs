@@ -597,6 +597,11 @@ mod tests {
             list_key(&collection_id(b"q", 1), LIST_HEAD_INITIAL),
             bytes("6c 00 00 00 09 71 00 00 00 00 00 00 00 01 80 00 00 00 00 00 00 00")
         );
+        // Version 5: member "x" of the set `tags` at version 1.
+        assert_eq!(
+            set_member_key(&collection_id(b"tags", 1), b"x"),
+            bytes("73 00 00 00 0c 74 61 67 73 00 00 00 00 00 00 00 01 75 78 36 32 40 59 66 89 78")
+        );
         // Version 3: expiry and due items.
         let deadline = 1_795_741_200_000; // 2026-11-27 01:00 UTC
         assert_eq!(
