@@ -426,11 +426,7 @@ pub fn set_member_key(id: &[u8], member: &[u8]) -> Vec<u8> {
 
 /// The member items of the set with id `id` from SSCAN cursor `cursor` on.
 pub fn set_members_from(id: &[u8], cursor: u64) -> KeyRange {
-    let prefix = sub_prefix(TAG_SET, id, 8);
-    let end = prefix_end(&prefix);
-    let mut start = prefix;
-    start.extend_from_slice(&cursor.to_be_bytes());
-    (Bound::Included(start), end)
+    hashed_from(TAG_SET, id, cursor)
 }
 
 /// An element keyed by its name's scan hash (hash fields, set members).
@@ -448,7 +444,13 @@ pub fn fields_range(id: &[u8]) -> KeyRange {
 
 /// The field items of hash `key` from HSCAN cursor `cursor` on.
 pub fn fields_from(key: &[u8], cursor: u64) -> KeyRange {
-    let prefix = sub_prefix(TAG_FIELD, key, 8);
+    hashed_from(TAG_FIELD, key, cursor)
+}
+
+/// The items with tag `tag` under `id` keyed by a scan hash (hash fields, set members), from
+/// scan hash `cursor` on.
+pub fn hashed_from(tag: u8, id: &[u8], cursor: u64) -> KeyRange {
+    let prefix = sub_prefix(tag, id, 8);
     let end = prefix_end(&prefix);
     let mut start = prefix;
     start.extend_from_slice(&cursor.to_be_bytes());

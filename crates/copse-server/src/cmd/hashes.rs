@@ -23,9 +23,9 @@ use copse::BatchOp;
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
-    answer, bound_ref, check_batch, from_index, on_collection, on_collection_grouped, parse_f64,
-    parse_i64, read_items, unexpected, value_of, Call, Coll, Input, Next, Outcome, Spec, NOT_FLOAT,
-    NOT_INTEGER, SYNTAX,
+    answer, bound_ref, check_batch, from_index, hashed_element_at, on_collection,
+    on_collection_grouped, parse_f64, parse_i64, random_u64, read_items, reply_too_large,
+    unexpected, value_of, Call, Coll, Input, Next, Outcome, Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX,
 };
 use crate::keyspace::{
     decode_field, field_key, fields_from, fields_range, KeyType, FIELD_OVERHEAD_BYTES,
@@ -505,43 +505,6 @@ fn hscan(call: &mut Call<'_>) -> Outcome {
     })
 }
 
-/// A random number for HRANDFIELD (not for anything secret).
-fn random_u64() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static STATE: AtomicU64 = AtomicU64::new(0);
-    let nonce = STATE.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
-    xxhash_rust::xxh3::xxh3_64_with_seed(&crate::keyspace::new_version().to_le_bytes(), nonce)
-}
-
-/// The first field at or after scan hash `from` that is not in `taken`, wrapping to the first
-/// field (None: every field is taken). Taken fields are stepped over, never drawn again, so
-/// fields crowded into one stretch of hash space cost a walk, not endless redraws (a review
-/// made nine fields share 24 hash bits and stalled a shard).
-fn field_at(
-    view: &ExecView<'_>,
-    coll: &Coll,
-    from: u64,
-    taken: &HashSet<Vec<u8>>,
-) -> Option<Vec<u8>> {
-    for cursor in [from, 0] {
-        let (mut start, end) = fields_from(&coll.id, cursor);
-        loop {
-            let items = view.keys(bound_ref(&start), bound_ref(&end), 64);
-            for item in &items {
-                let (_, field) = decode_field(item, coll.id.len())?;
-                if !taken.contains(field) {
-                    return Some(field.to_vec());
-                }
-            }
-            match items.last() {
-                Some(last) if items.len() == 64 => start = Bound::Excluded(last.clone()),
-                _ => break,
-            }
-        }
-    }
-    None
-}
-
 /// What a random field costs in a reply besides its bytes (its bulk header).
 const RANDOM_FIELD_OVERHEAD_BYTES: usize = 32;
 
@@ -554,11 +517,6 @@ fn hrandfield(call: &mut Call<'_>) -> Outcome {
     };
     let limit =
         call.server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
-    let too_large = move |bytes: usize| {
-        Reply::Error(format!(
-            "ERR reply of at least {bytes} bytes exceeds the client output limit ({limit} bytes)"
-        ))
-    };
     let protocol = call.conn.protocol;
     let mut chosen: Vec<Vec<u8>> = Vec::new();
     let mut values: Vec<Vec<u8>> = Vec::new();
@@ -582,17 +540,23 @@ fn hrandfield(call: &mut Call<'_>) -> Outcome {
                 // Every pick costs at least its overhead: refused before any is chosen.
                 let least = (wanted as u128) * RANDOM_FIELD_OVERHEAD_BYTES as u128;
                 if least > limit as u128 {
-                    return Next::Reply(too_large(least.min(usize::MAX as u128) as usize));
+                    return Next::Reply(reply_too_large(
+                        least.min(usize::MAX as u128) as usize,
+                        limit,
+                    ));
                 }
                 let distinct = count.is_none_or(|count| count >= 0);
                 let mut taken = HashSet::new();
                 let none = HashSet::new();
                 for _ in 0..wanted {
                     let avoid = if distinct { &taken } else { &none };
-                    let Some(field) = field_at(view, coll, random_u64() >> 1, avoid) else { break };
+                    let Some(field) = hashed_element_at(view, coll, random_u64() >> 1, avoid)
+                    else {
+                        break;
+                    };
                     bytes += field.len() + RANDOM_FIELD_OVERHEAD_BYTES;
                     if bytes > limit {
-                        return Next::Reply(too_large(bytes));
+                        return Next::Reply(reply_too_large(bytes, limit));
                     }
                     if distinct {
                         taken.insert(field.clone());
@@ -614,7 +578,7 @@ fn hrandfield(call: &mut Call<'_>) -> Outcome {
                     values.push(value);
                 }
                 if bytes > limit {
-                    return Next::Reply(too_large(bytes));
+                    return Next::Reply(reply_too_large(bytes, limit));
                 }
             }
             Input::Written => return unexpected(),

@@ -128,6 +128,14 @@ fn index_of(coll: &Coll, at: u64) -> u64 {
     coll.head().wrapping_add(at)
 }
 
+/// The index of the element at `end` of `coll` (which has one).
+fn end_index(coll: &Coll, end: End) -> u64 {
+    match end {
+        End::Left => index_of(coll, 0),
+        End::Right => index_of(coll, coll.count() as u64 - 1),
+    }
+}
+
 /// The writes that push `elements` at `end` of `coll` (one at a time, as Redis does: LPUSH a b
 /// leaves b first), and the list's new length.
 fn push_ops(coll: &Coll, end: End, elements: &[Vec<u8>]) -> Result<(Vec<BatchOp>, usize), Reply> {
@@ -306,10 +314,7 @@ impl Elements {
             self.bytes +=
                 values.iter().map(|v| v.len() + ELEMENT_REPLY_OVERHEAD_BYTES).sum::<usize>();
             if self.bytes > self.bytes_max {
-                return Err(Reply::Error(format!(
-                    "ERR reply of at least {} bytes exceeds the client output limit ({} bytes)",
-                    self.bytes, self.bytes_max
-                )));
+                return Err(super::reply_too_large(self.bytes, self.bytes_max));
             }
             self.values.extend(values.iter().cloned());
         }
@@ -898,11 +903,7 @@ fn move_in_shard(db: &Db, source: Vec<u8>, destination: Vec<u8>, from: End, to: 
                 };
                 Some(coll_make(view, destination.clone(), KeyType::List, destination_expiry, meta))
             };
-            let at = match from {
-                End::Left => 0,
-                End::Right => source_coll.count() as u64 - 1,
-            };
-            let read = ReadOp::Get(list_key(&source_coll.id, index_of(&source_coll, at)));
+            let read = ReadOp::Get(list_key(&source_coll.id, end_index(&source_coll, from)));
             colls = Some((source_coll, destination_coll));
             Next::Read(smallvec::smallvec![read])
         }
@@ -970,7 +971,7 @@ async fn move_across(
 ) -> Option<Reply> {
     // 1. The source's end element, its index and the list's version, as they are now.
     let read = run_outcome(db, read_end(db, source.to_vec(), from)).await;
-    let (version, end_index, element) = match read {
+    let (version, read_index, element) = match read {
         Reply::Array(mut parts) if parts.len() == 3 => {
             match (parts.pop(), parts.pop(), parts.pop()) {
                 (
@@ -1015,11 +1016,8 @@ async fn move_across(
                     std::mem::take(&mut expiry),
                     Some(meta),
                 );
-                let now_end = match from {
-                    End::Left => index_of(&now, 0),
-                    End::Right => index_of(&now, now.count() as u64 - 1),
-                };
-                if meta.version != version || now_end != end_index {
+                let now_end = end_index(&now, from);
+                if meta.version != version || now_end != read_index {
                     return refuse(&mut vote, "changed");
                 }
                 let read = ReadOp::Get(list_key(&now.id, now_end));
@@ -1161,10 +1159,7 @@ fn read_end(db: &Db, key: Vec<u8>, end: End) -> Outcome {
                 std::mem::take(&mut expiry),
                 Some(meta),
             );
-            let index = match end {
-                End::Left => index_of(&coll, 0),
-                End::Right => index_of(&coll, coll.count() as u64 - 1),
-            };
+            let index = end_index(&coll, end);
             at = Some((meta.version, index));
             Next::Read(smallvec::smallvec![ReadOp::Get(list_key(&coll.id, index))])
         }

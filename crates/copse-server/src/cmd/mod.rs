@@ -536,6 +536,54 @@ impl Coll {
     }
 }
 
+/// A random number for the commands that pick at random (SPOP, SRANDMEMBER, ZRANDMEMBER,
+/// HRANDFIELD); not for anything secret.
+pub fn random_u64() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let nonce = STATE.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    xxhash_rust::xxh3::xxh3_64_with_seed(&keyspace::new_version().to_le_bytes(), nonce)
+}
+
+/// The error of a reply of at least `bytes` past the client output limit `limit`.
+pub fn reply_too_large(bytes: usize, limit: usize) -> Reply {
+    Reply::Error(format!(
+        "ERR reply of at least {bytes} bytes exceeds the client output limit ({limit} bytes)"
+    ))
+}
+
+/// The first element of `coll` (a hash or a set: elements keyed by scan hash) at or after scan
+/// hash `from` that is not in `taken`, wrapping to the first (None: every one is taken). Taken
+/// elements are stepped over, never drawn again, so elements crowded into one stretch of hash
+/// space cost a walk, not endless redraws (a review made nine fields share 24 hash bits and
+/// stalled a shard).
+pub fn hashed_element_at(
+    view: &ExecView<'_>,
+    coll: &Coll,
+    from: u64,
+    taken: &std::collections::HashSet<Vec<u8>>,
+) -> Option<Vec<u8>> {
+    const STEP: usize = 64;
+    let tag = coll.ty.element_tag()?;
+    for cursor in [from, 0] {
+        let (mut start, end) = keyspace::hashed_from(tag, &coll.id, cursor);
+        loop {
+            let items = view.keys(bound_ref(&start), bound_ref(&end), STEP);
+            for item in &items {
+                let (_, name) = keyspace::decode_field(item, coll.id.len())?;
+                if !taken.contains(name) {
+                    return Some(name.to_vec());
+                }
+            }
+            match items.last() {
+                Some(last) if items.len() == STEP => start = Bound::Excluded(last.clone()),
+                _ => break,
+            }
+        }
+    }
+    None
+}
+
 /// Whether no element item of any type is keyed by `key` at `version`: a new collection may
 /// take it (keyspace.rs, invariant 2).
 fn version_is_unused(view: &ExecView<'_>, key: &[u8], version: u64) -> bool {

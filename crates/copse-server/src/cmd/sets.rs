@@ -22,8 +22,9 @@ use copse::{BatchOp, Db};
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
 use super::{
     answer, bound_ref, check_batch, coll_begin, coll_make, coll_meta, delete_ops, from_index,
-    on_collection_grouped, parse_i64, stored_type, unexpected, Call, Coll, Expiry, Input, Next,
-    Outcome, Plan, Spec, NOT_INTEGER, SYNTAX, WRONGTYPE,
+    hashed_element_at, on_collection_grouped, parse_i64, random_u64, reply_too_large, stored_type,
+    unexpected, Call, Coll, Expiry, Input, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
+    WRONGTYPE,
 };
 use crate::context::Server;
 use crate::keyspace::{self, decode_field, set_member_key, KeyType, TAG_SET, VERSION_BYTES};
@@ -90,43 +91,6 @@ fn all_members(view: &ExecView<'_>, coll: &Coll) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The first member at or after scan hash `from` (wrapping to the first), skipping `taken`.
-fn member_at(
-    view: &ExecView<'_>,
-    coll: &Coll,
-    from: u64,
-    taken: &HashSet<Vec<u8>>,
-) -> Option<Vec<u8>> {
-    let (_, end) = keyspace::set_members_from(&coll.id, 0);
-    let (first, _) = keyspace::id_range(TAG_SET, &coll.id);
-    let (start, _) = keyspace::set_members_from(&coll.id, from);
-    for range_start in [start, first] {
-        let mut after = range_start;
-        loop {
-            let items = view.keys(bound_ref(&after), bound_ref(&end), 64);
-            for item in &items {
-                let (_, member) = decode_field(item, coll.id.len())?;
-                if !taken.contains(member) {
-                    return Some(member.to_vec());
-                }
-            }
-            match items.last() {
-                Some(last) if items.len() == 64 => after = std::ops::Bound::Excluded(last.clone()),
-                _ => break,
-            }
-        }
-    }
-    None
-}
-
-/// A random number for SPOP and SRANDMEMBER (not for anything secret).
-fn random_u64() -> u64 {
-    use std::sync::atomic::AtomicU64;
-    static STATE: AtomicU64 = AtomicU64::new(0);
-    let nonce = STATE.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
-    xxhash_rust::xxh3::xxh3_64_with_seed(&keyspace::new_version().to_le_bytes(), nonce)
-}
-
 /// `n` distinct random members of `coll` (n ≤ its count).
 fn random_members(view: &ExecView<'_>, coll: &Coll, n: usize) -> Vec<Vec<u8>> {
     if n * 4 >= coll.count() {
@@ -142,7 +106,7 @@ fn random_members(view: &ExecView<'_>, coll: &Coll, n: usize) -> Vec<Vec<u8>> {
     let mut taken = HashSet::new();
     let mut chosen = Vec::with_capacity(n);
     while chosen.len() < n {
-        match member_at(view, coll, random_u64() >> 1, &taken) {
+        match hashed_element_at(view, coll, random_u64() >> 1, &taken) {
             Some(member) => {
                 taken.insert(member.clone());
                 chosen.push(member);
@@ -249,19 +213,13 @@ fn members_bytes(members: &[Vec<u8>]) -> usize {
     members.iter().map(|member| member.len() + 16).sum()
 }
 
-fn too_large(bytes: usize, limit: usize) -> Reply {
-    Reply::Error(format!(
-        "ERR reply of at least {bytes} bytes exceeds the client output limit ({limit} bytes)"
-    ))
-}
-
 fn smembers(call: &mut Call<'_>) -> Outcome {
     let limit = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     from_index(call, KeyType::Set, move |view, coll| {
         let members = all_members(view, coll);
         let bytes = members_bytes(&members);
         if bytes > limit {
-            return too_large(bytes, limit);
+            return reply_too_large(bytes, limit);
         }
         Reply::Set(members.into_iter().map(Reply::Bulk).collect())
     })
@@ -309,7 +267,7 @@ fn spop(call: &mut Call<'_>) -> Outcome {
             let chosen = random_members(view, coll, n);
             let bytes = members_bytes(&chosen);
             if bytes > limit {
-                return Next::Reply(too_large(bytes, limit));
+                return Next::Reply(reply_too_large(bytes, limit));
             }
             let ops = if chosen.len() == coll.count() {
                 // All of them: the key goes, its members to the orphan collector.
@@ -357,12 +315,13 @@ fn srandmember(call: &mut Call<'_>) -> Outcome {
                 let mut bytes = 0;
                 let none = HashSet::new();
                 for _ in 0..count.unsigned_abs() {
-                    let Some(member) = member_at(view, coll, random_u64() >> 1, &none) else {
+                    let Some(member) = hashed_element_at(view, coll, random_u64() >> 1, &none)
+                    else {
                         break;
                     };
                     bytes += member.len() + 16;
                     if bytes > limit {
-                        return too_large(bytes, limit);
+                        return reply_too_large(bytes, limit);
                     }
                     chosen.push(member);
                 }
@@ -371,7 +330,7 @@ fn srandmember(call: &mut Call<'_>) -> Outcome {
         };
         let bytes = members_bytes(&chosen);
         if bytes > limit {
-            return too_large(bytes, limit);
+            return reply_too_large(bytes, limit);
         }
         match count {
             None => chosen.into_iter().next().map_or(Reply::Null, Reply::Bulk),

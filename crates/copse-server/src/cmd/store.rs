@@ -23,8 +23,9 @@ use copse::exec::{ExecView, ReadOp};
 use copse::BatchOp;
 
 use super::{
-    bound_ref, by_shard, check_batch, coll_make, coll_meta, delete_ops, last_op_wins, run_outcome,
-    stored_type, unexpected, Coll, Expiry, Input, Next, Plan, WRONGTYPE,
+    bound_ref, by_shard, check_batch, coll_make, coll_meta, delete_ops, last_op_wins,
+    reply_too_large, run_outcome, stored_type, unexpected, Coll, Expiry, Input, Next, Plan,
+    WRONGTYPE,
 };
 use crate::context::Server;
 use crate::keyspace::{self, KeyType, TAG_SET};
@@ -131,7 +132,7 @@ pub async fn read_sources(
                         let items = elements(view, &coll);
                         bytes += items.iter().map(|(_, m)| m.len() + 48).sum::<usize>();
                         if let Some(limit) = limit.filter(|&limit| bytes > limit) {
-                            return Next::Reply(too_large(bytes, limit));
+                            return Next::Reply(reply_too_large(bytes, limit));
                         }
                         let mut flat = Vec::with_capacity(2 * items.len() + 1);
                         flat.push(Reply::Integer(ty as u8 as i64));
@@ -196,12 +197,6 @@ pub async fn read_sources(
         }
     }
     Ok(sources)
-}
-
-fn too_large(bytes: usize, limit: usize) -> Reply {
-    Reply::Error(format!(
-        "ERR reply of at least {bytes} bytes exceeds the client output limit ({limit} bytes)"
-    ))
 }
 
 /// What a part of a STORE's batch answers when a source changed since it was read.

@@ -27,8 +27,8 @@ use super::zsets::{
 };
 use super::{
     answer, bound_ref, check_batch, delete_ops, from_index, on_collection, on_collection_key,
-    parse_f64, parse_i64, run_outcome, unexpected, value_of, Call, Coll, Input, Next, Outcome,
-    Spec, NOT_INTEGER, SYNTAX,
+    parse_f64, parse_i64, random_u64, reply_too_large, run_outcome, unexpected, value_of, Call,
+    Coll, Input, Next, Outcome, Spec, NOT_INTEGER, SYNTAX,
 };
 use crate::context::Server;
 use crate::keyspace::{self, decode_score_value, member_key, score_key, KeyType};
@@ -473,13 +473,6 @@ fn zlexcount(call: &mut Call<'_>) -> Outcome {
 
 // -- ZRANDMEMBER and ZSCAN -------------------------------------------------------------------------
 
-fn random_u64() -> u64 {
-    use std::sync::atomic::AtomicU64;
-    static STATE: AtomicU64 = AtomicU64::new(0);
-    let nonce = STATE.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
-    xxhash_rust::xxh3::xxh3_64_with_seed(&keyspace::new_version().to_le_bytes(), nonce)
-}
-
 /// The members at `ranks` (ascending positions, repeats allowed) of `coll`, in the order of
 /// `ranks` as given: one walk over the by-score items, holding only those picked.
 fn members_at(
@@ -508,7 +501,7 @@ fn members_at(
             let picked = keyspace::decode_score(item, coll.id.len()).map(|(s, m)| (s, m.to_vec()));
             bytes += picked.as_ref().map_or(0, |(_, m)| m.len()) + RANDOM_PICK_OVERHEAD_BYTES;
             if bytes > limit {
-                return Err(too_large(bytes, limit));
+                return Err(reply_too_large(bytes, limit));
             }
             out[order[next]] = picked;
             next += 1;
@@ -545,7 +538,7 @@ fn zrandmember(call: &mut Call<'_>) -> Outcome {
         });
         let least = (wanted as u128) * RANDOM_PICK_OVERHEAD_BYTES as u128;
         if least > limit as u128 {
-            return too_large(least.min(usize::MAX as u128) as usize, limit);
+            return reply_too_large(least.min(usize::MAX as u128) as usize, limit);
         }
         let ranks: Vec<usize> = match count {
             None => vec![(random_u64() % len as u64) as usize],
@@ -582,12 +575,6 @@ fn zrandmember(call: &mut Call<'_>) -> Outcome {
             (Some(_), true) => scored_reply(items, true, protocol),
         }
     })
-}
-
-fn too_large(bytes: usize, limit: usize) -> Reply {
-    Reply::Error(format!(
-        "ERR reply of at least {bytes} bytes exceeds the client output limit ({limit} bytes)"
-    ))
 }
 
 /// ZSCAN's cursor: the first 7 bytes of the member to continue from, big-endian, plus one (so it
@@ -713,7 +700,7 @@ fn zscan(call: &mut Call<'_>) -> Outcome {
             }
             let bytes: usize = members.iter().map(|m| m.len() + 64).sum();
             if bytes > limit {
-                return Next::Reply(too_large(bytes, limit));
+                return Next::Reply(reply_too_large(bytes, limit));
             }
             read_scores_step(&coll.id, &members, 0)
         }
