@@ -290,19 +290,27 @@ def test_config_set_requirepass_applies_to_new_connections(make_server):
 
 def test_select(rc):
     assert rc.select(0) is True
+    assert rc.select(15) is True
     with pytest.raises(redis.ResponseError, match="DB index is out of range"):
-        rc.select(1)
+        rc.select(16)
     with pytest.raises(redis.ResponseError, match="DB index is out of range"):
         rc.execute_command("SELECT", "-1")
     with pytest.raises(redis.ResponseError, match="value is not an integer or out of range"):
         rc.execute_command("SELECT", "zero")
 
 
-def test_redis_py_with_db_1_fails(server):
+def test_redis_py_with_db_1_uses_database_1(server):
     client = server.client(db=1)
-    with pytest.raises(redis.ResponseError, match="DB index is out of range"):
-        client.ping()
+    client.set("in-db-1", "v")
+    assert client.get("in-db-1") == b"v"
+    assert client.client_info()["db"] == 1
+    other = server.client()
+    assert other.get("in-db-1") is None
+    other.execute_command("SELECT", "1")
+    assert other.get("in-db-1") == b"v"
+    other.delete("in-db-1")
     client.close()
+    other.close()
 
 
 def test_quit_answers_ok_and_closes(server):
@@ -316,6 +324,10 @@ def test_reset(raw):
     raw.send(encode_command("RESET"))
     assert raw.sock.recv(100) == b"+RESET\r\n"
     assert raw("CLIENT", "GETNAME") is None
+    raw("SELECT", "3")
+    raw.send(encode_command("RESET"))
+    assert raw.sock.recv(100) == b"+RESET\r\n"
+    assert b"db=0" in raw("CLIENT", "INFO"), "RESET goes back to database 0"
     raw.send(encode_command("GET", "missing:reset"))
     assert raw.sock.recv(100) == b"$-1\r\n", "RESET goes back to RESP2"
     assert raw("RESET", "x") == Error(b"ERR wrong number of arguments for 'reset' command")

@@ -72,6 +72,7 @@ pub struct ClientInfo {
     /// The name of the last command (a table entry: noting it allocates nothing).
     pub last_command: Mutex<&'static str>,
     pub protocol: AtomicU8,
+    pub db: AtomicU8,
 }
 
 impl ClientInfo {
@@ -82,13 +83,14 @@ impl ClientInfo {
         let name = self.name.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
         let command = self.last_command.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
         format!(
-            "id={} addr={} laddr={} fd=0 name={} age={} idle={} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={}",
+            "id={} addr={} laddr={} fd=0 name={} age={} idle={} flags=N db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={}",
             self.id,
             self.addr,
             self.laddr,
             name,
             self.created.elapsed().as_secs(),
             idle,
+            self.db.load(Ordering::Relaxed),
             if command.is_empty() { "NULL" } else { command },
             self.protocol.load(Ordering::Relaxed),
         )
@@ -113,6 +115,8 @@ pub struct Server {
     pub value_bytes_bound: Arc<AtomicUsize>,
     /// Clients blocked on list keys (BLPOP and the like).
     pub waiters: crate::waiters::Waiters,
+    /// Which namespace holds each database's keys (SELECT, SWAPDB).
+    pub databases: crate::cmd::namespace::Databases,
 }
 
 impl Server {
@@ -124,6 +128,7 @@ impl Server {
         run_id: String,
         local_addr: SocketAddr,
         value_bytes_bound: usize,
+        databases: crate::cmd::namespace::Databases,
     ) -> Server {
         Server {
             db,
@@ -138,6 +143,7 @@ impl Server {
             shutting_down: AtomicBool::new(false),
             value_bytes_bound: Arc::new(AtomicUsize::new(value_bytes_bound)),
             waiters: crate::waiters::Waiters::default(),
+            databases,
         }
     }
 
@@ -152,6 +158,7 @@ impl Server {
             last_active_ms: AtomicU64::new(self.started.elapsed().as_millis() as u64),
             last_command: Mutex::new(""),
             protocol: AtomicU8::new(2),
+            db: AtomicU8::new(0),
         });
         self.clients.lock().unwrap_or_else(|poison| poison.into_inner()).insert(id, info.clone());
         info
@@ -171,9 +178,16 @@ pub struct ConnState {
     pub protocol: Protocol,
     pub authenticated: bool,
     pub info: Arc<ClientInfo>,
+    /// The database SELECT chose (0..DATABASES).
+    pub db: u8,
 }
 
 impl ConnState {
+    pub fn select(&mut self, db: u8) {
+        self.db = db;
+        self.info.db.store(db, Ordering::Relaxed);
+    }
+
     pub fn set_protocol(&mut self, protocol: Protocol) {
         self.protocol = protocol;
         let number = if protocol == Protocol::Resp3 { 3 } else { 2 };

@@ -54,13 +54,14 @@ pub const MARKER_MAGIC: &[u8; 4] = b"CRKS";
 /// carry a version, an element count and an expiry in their meta item; elements are keyed by
 /// the collection's id; orphan records). A store in version 1 is upgraded at open
 /// (`cmd/upgrade.rs`); 3 (2026-11-27: expiry and due items; a version 2 store has neither, so
-/// it is upgraded by rewriting the marker); 4 (2026-11-27: lists); 5 (2026-11-27: sets).
-pub const KEYSPACE_FORMAT_VERSION: u32 = 5;
+/// it is upgraded by rewriting the marker); 4 (2026-11-27: lists); 5 (2026-11-27: sets); 6
+/// (2026-11-28: databases 1-15 as namespaces, `cmd/namespace.rs`, and the database map).
+pub const KEYSPACE_FORMAT_VERSION: u32 = 6;
 /// The version whose collections `copse serve` moves to the current format at open.
 pub const KEYSPACE_FORMAT_VERSION_UNVERSIONED: u32 = 1;
 /// The versions that differ from the current one only by items they never wrote (expiry,
 /// lists): their stores are upgraded by rewriting the marker.
-pub const KEYSPACE_FORMAT_VERSIONS_SUBSET: [u32; 3] = [2, 3, 4];
+pub const KEYSPACE_FORMAT_VERSIONS_SUBSET: [u32; 4] = [2, 3, 4, 5];
 
 pub fn marker_value() -> Vec<u8> {
     let mut out = MARKER_MAGIC.to_vec();
@@ -390,6 +391,11 @@ pub fn id_range(tag: u8, owner: &[u8]) -> KeyRange {
     let prefix = sub_prefix(tag, owner, 0);
     let end = prefix_end(&prefix);
     (Bound::Included(prefix), end)
+}
+
+/// What every element item of collection id `id` with tag `tag` starts with.
+pub fn element_prefix(tag: u8, id: &[u8]) -> Vec<u8> {
+    sub_prefix(tag, id, 0)
 }
 
 fn sub_prefix(tag: u8, key: &[u8], extra: usize) -> Vec<u8> {

@@ -28,9 +28,11 @@ pub enum Kind {
     ZSet,
 }
 
-/// The queue key of `key` for clients of `kind`.
-pub fn queue_key(kind: Kind, key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.len() + 1);
+/// The queue key of `key` of namespace `namespace` (its database's, `cmd/namespace.rs`) for
+/// clients of `kind`.
+pub fn queue_key(kind: Kind, namespace: u8, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 2);
+    out.push(namespace);
     out.push(match kind {
         Kind::List => b'l',
         Kind::ZSet => b'z',
@@ -91,12 +93,13 @@ impl Waiters {
 
     /// Wakes the first client of `kind` waiting on `key`, if any (no lock while no client is
     /// blocked).
-    pub fn wake(&self, kind: Kind, key: &[u8]) {
+    pub fn wake(&self, kind: Kind, namespace: u8, key: &[u8]) {
         if !self.any_waiting() {
             return;
         }
         let queues = self.queues.lock().unwrap_or_else(|poison| poison.into_inner());
-        if let Some(first) = queues.get(&queue_key(kind, key)).and_then(VecDeque::front) {
+        if let Some(first) = queues.get(&queue_key(kind, namespace, key)).and_then(VecDeque::front)
+        {
             first.notify.notify_one();
         }
     }

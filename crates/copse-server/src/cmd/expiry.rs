@@ -243,8 +243,16 @@ pub async fn run(server: Arc<Server>) {
     loop {
         let mut full_batch = false;
         let active = server.settings.active_expire.load(Ordering::Relaxed);
-        for shard in (0..server.db.shard_count()).filter(|_| active) {
-            match expire_due(&server, shard).await {
+        let namespaces = match active {
+            true => super::keys::namespaces_in_use(&server.db).await.unwrap_or_else(|_| vec![0]),
+            false => Vec::new(),
+        };
+        let rounds = namespaces
+            .iter()
+            .flat_map(|&number| (0..server.db.shard_count()).map(move |shard| (number, shard)));
+        for (number, shard) in rounds {
+            let round = expire_due(&server, shard);
+            match super::namespace::Namespace::detached(number).bind(round).await {
                 // Another round at once only if this one was full and did something (a clock
                 // stepped back makes listed keys not due yet: then wait like an idle round).
                 Ok((listed, expired)) => {

@@ -17,7 +17,8 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
-use copse::exec::{ExecView, ReadOp};
+use super::View;
+use copse::exec::ReadOp;
 use copse::limits::KEY_BYTES_MAX;
 use copse::BatchOp;
 
@@ -273,7 +274,7 @@ fn hvals(call: &mut Call<'_>) -> Outcome {
 
 /// The field names of hash `key`'s items in `[start, end)`, up to `limit`, from the index.
 fn field_names(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     id: &[u8],
     range: &(Bound<Vec<u8>>, Bound<Vec<u8>>),
     limit: usize,

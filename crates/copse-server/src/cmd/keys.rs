@@ -11,6 +11,8 @@ use std::ops::Bound;
 use copse::BatchOp;
 use copse::Db;
 
+use super::namespace::{Namespace, DATABASES};
+use super::View;
 use super::{
     by_shard, delete_ops, key_type, lowercase, on_key, pack_batches, parse_i64, stored_type,
     unexpected, Call, Expiry, Input, KeyTarget, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
@@ -41,7 +43,7 @@ pub fn specs() -> Vec<Spec> {
         spec("keys", 2, R, 0, 0, 0, "Returns the keys that match a pattern.", keys as _),
         spec("dbsize", 1, R, 0, 0, 0, "Returns the number of keys.", dbsize as _),
         spec("flushall", -1, W, 0, 0, 0, "Deletes every key.", flushall as _),
-        spec("flushdb", -1, W, 0, 0, 0, "Deletes every key of the database.", flushall as _),
+        spec("flushdb", -1, W, 0, 0, 0, "Deletes every key of the database.", flushdb as _),
     ]
 }
 
@@ -393,53 +395,121 @@ fn dbsize(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
-/// Deletes every item of every shard, `FLUSH_BATCH_KEYS` per write. Each shard's part is a
-/// series of batches, so a concurrent writer on another connection may see a part-flushed
-/// store (docs/server.md); the connection that sent FLUSHALL sees it whole.
-fn flushall(call: &mut Call<'_>) -> Outcome {
-    match call.args.get(1).map(|arg| lowercase(arg)) {
-        None => {}
-        Some(mode) if (mode == "sync" || mode == "async") && call.args.len() == 2 => {}
-        Some(_) => return Outcome::error(SYNTAX),
+/// FLUSHDB: deletes every key of the client's database (`flush`).
+fn flushdb(call: &mut Call<'_>) -> Outcome {
+    if let Err(reply) = check_flush_mode(call) {
+        return Outcome::Reply(reply);
     }
     let db = call.db().clone();
     Outcome::AfterPending(Box::pin(async move {
-        let mut plan = Plan::new();
+        let namespace = Namespace::current();
+        flush(&db, &[namespace]).await
+    }))
+}
+
+/// FLUSHALL: deletes every key of every database (`flush`).
+fn flushall(call: &mut Call<'_>) -> Outcome {
+    if let Err(reply) = check_flush_mode(call) {
+        return Outcome::Reply(reply);
+    }
+    let db = call.db().clone();
+    let server = call.server.clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let namespaces: Vec<Namespace> =
+            (0..DATABASES as u8).map(|database| server.databases.resolve(database)).collect();
+        flush(&db, &namespaces).await
+    }))
+}
+
+fn check_flush_mode(call: &Call<'_>) -> Result<(), Reply> {
+    match call.args.get(1).map(|arg| lowercase(arg)) {
+        None => Ok(()),
+        Some(mode) if (mode == "sync" || mode == "async") && call.args.len() == 2 => Ok(()),
+        Some(_) => Err(Reply::error(SYNTAX)),
+    }
+}
+
+/// Deletes every item of `namespaces` in every shard, `FLUSH_BATCH_KEYS` per write. Each shard's
+/// part is a series of batches, so a concurrent writer on another connection may see a
+/// part-flushed database (docs/server.md); the connection that sent the flush sees it whole.
+async fn flush(db: &Db, namespaces: &[Namespace]) -> Reply {
+    let mut plan = Plan::new();
+    for namespace in namespaces {
+        namespace.scope(|| {
+            for shard in 0..db.shard_count() {
+                plan.add(shard, vec![], flush_step);
+            }
+        });
+    }
+    run_outcome(
+        db,
+        plan.finish(Box::new(|replies| {
+            replies
+                .into_iter()
+                .find(|reply| !matches!(reply, Reply::Simple(_)))
+                .unwrap_or_else(Reply::ok)
+        })),
+    )
+    .await
+}
+
+/// One shard's part of a flush: a batch of deletes per step until its namespace is empty.
+fn flush_step(view: &View<'_>, input: Input) -> Next {
+    if let Input::Read(_) = input {
+        return unexpected();
+    }
+    // Meta items first, so that no key reappears without its expiry between batches; then
+    // everything else up to the marker's tag (the store stays marked as a Redis key space).
+    let metas = (keyspace::meta_scan_start(0), keyspace::meta_scan_end());
+    let mut keys =
+        view.keys(Bound::Included(&metas.0), Bound::Excluded(&metas.1), FLUSH_BATCH_KEYS);
+    if keys.is_empty() {
+        let end = [keyspace::MARKER_KEY[0]];
+        keys = view.keys(Bound::Unbounded, Bound::Excluded(&end), FLUSH_BATCH_KEYS);
+    }
+    if keys.is_empty() {
+        return Next::Reply(Reply::ok());
+    }
+    Next::Write(keys.into_iter().map(|key| BatchOp::Delete { key }).collect())
+}
+
+/// The namespaces that hold any item in some shard (`namespace.rs`): 0 always, the others as
+/// their items say, from each shard's index (no I/O). Background work looks only at these.
+pub async fn namespaces_in_use(db: &Db) -> Result<Vec<u8>, Reply> {
+    let mut plan = Plan::new();
+    Namespace::raw().scope(|| {
         for shard in 0..db.shard_count() {
-            plan.add(shard, vec![], move |view, input| match input {
-                Input::Start | Input::Written => {
-                    // Meta items first, so that no key reappears without its expiry between
-                    // batches; then everything else up to the marker's tag (the store stays
-                    // marked as a Redis key space).
-                    let metas = (keyspace::meta_scan_start(0), keyspace::meta_scan_end());
-                    let mut keys = view.keys(
-                        Bound::Included(&metas.0),
-                        Bound::Excluded(&metas.1),
-                        FLUSH_BATCH_KEYS,
-                    );
-                    if keys.is_empty() {
-                        let end = [keyspace::MARKER_KEY[0]];
-                        keys = view.keys(Bound::Unbounded, Bound::Excluded(&end), FLUSH_BATCH_KEYS);
+            plan.add(shard, vec![], |view, input| match input {
+                Input::Start => {
+                    let mut used = 1i64;
+                    for number in 1..DATABASES as u8 {
+                        let (start, end) = ([number], [number + 1]);
+                        if view.count(Bound::Included(&start), Bound::Excluded(&end), 1) > 0 {
+                            used |= 1 << number;
+                        }
                     }
-                    if keys.is_empty() {
-                        return Next::Reply(Reply::ok());
-                    }
-                    Next::Write(keys.into_iter().map(|key| BatchOp::Delete { key }).collect())
+                    Next::Reply(Reply::Integer(used))
                 }
-                Input::Read(_) => unexpected(),
+                _ => unexpected(),
             });
         }
-        run_outcome(
-            &db,
-            plan.finish(Box::new(|replies| {
-                replies
-                    .into_iter()
-                    .find(|reply| !matches!(reply, Reply::Simple(_)))
-                    .unwrap_or_else(Reply::ok)
-            })),
-        )
-        .await
-    }))
+    });
+    let combine = Box::new(|replies: Vec<Reply>| {
+        let mut used = 0;
+        for reply in replies {
+            match reply {
+                Reply::Integer(mask) => used |= mask,
+                other => return other,
+            }
+        }
+        Reply::Integer(used)
+    });
+    match run_outcome(db, plan.finish(combine)).await {
+        Reply::Integer(mask) => {
+            Ok((0..DATABASES as u8).filter(|number| mask & (1 << number) != 0).collect())
+        }
+        other => Err(other),
+    }
 }
 
 #[cfg(test)]

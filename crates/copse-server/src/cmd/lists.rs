@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use copse::exec::{ExecView, ReadOp, ReadResults};
+use super::View;
+use copse::exec::{ReadOp, ReadResults};
 use copse::limits::{EXEC_READS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
 use copse::{BatchOp, Db};
 
@@ -191,6 +192,7 @@ fn push(call: &mut Call<'_>, end: End, only_existing: bool) -> Outcome {
     }
     let server = call.server.clone();
     let mut pending = None;
+    let namespace = super::namespace::current_number();
     on_collection_grouped(call, KeyType::List, move |_, input, coll| match input {
         Input::Start => {
             if only_existing && !coll.exists() {
@@ -207,7 +209,7 @@ fn push(call: &mut Call<'_>, end: End, only_existing: bool) -> Outcome {
             Next::WriteLast(ops)
         }
         Input::Written => {
-            server.waiters.wake(Kind::List, &coll.key);
+            server.waiters.wake(Kind::List, namespace, &coll.key);
             answer(&mut pending)
         }
         Input::Read(_) => unexpected(),
@@ -847,7 +849,7 @@ async fn move_once(
         }
     };
     if matches!(reply, Reply::Bulk(_)) {
-        server.waiters.wake(Kind::List, destination);
+        server.waiters.wake(Kind::List, super::namespace::current_number(), destination);
     }
     reply
 }
@@ -996,7 +998,7 @@ async fn move_across(
         let mut vote = Some(vote);
         let mut expiry = super::Expiry::default();
         let mut coll: Option<Coll> = None;
-        move |view: &ExecView<'_>, input| match input {
+        move |view: &View<'_>, input| match input {
             Input::Start => match coll_begin(view, &source_key, KeyType::List) {
                 Ok((found, Some(read))) => {
                     expiry = found;
@@ -1041,7 +1043,7 @@ async fn move_across(
     plan.add(destination_shard, vec![destination_key.clone()], move |vote| {
         let mut vote = Some(vote);
         let mut expiry = super::Expiry::default();
-        let push = move |view: &ExecView<'_>,
+        let push = move |view: &View<'_>,
                          key: &[u8],
                          expiry: super::Expiry,
                          meta,
@@ -1060,7 +1062,7 @@ async fn move_across(
                 }
             }
         };
-        move |view: &ExecView<'_>, input| match input {
+        move |view: &View<'_>, input| match input {
             Input::Start => match coll_begin(view, &destination_key, KeyType::List) {
                 Ok((found, Some(read))) => {
                     expiry = found;
@@ -1261,7 +1263,8 @@ where
     F: FnMut(Arc<Server>) -> Fut,
     Fut: std::future::Future<Output = Option<Reply>>,
 {
-    let keys: Vec<Vec<u8>> = keys.iter().map(|key| queue_key(kind, key)).collect();
+    let namespace = super::namespace::current_number();
+    let keys: Vec<Vec<u8>> = keys.iter().map(|key| queue_key(kind, namespace, key)).collect();
     // A deadline past what the clock can hold is no deadline: it never comes.
     let deadline = timeout.and_then(|timeout| tokio::time::Instant::now().checked_add(timeout));
     // A newcomer tries at once, unless clients already wait on one of its keys: they go first.

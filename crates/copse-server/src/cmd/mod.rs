@@ -14,6 +14,8 @@ pub mod expiry;
 pub mod hashes;
 pub mod keys;
 pub mod lists;
+pub mod namespace;
+pub mod objects;
 pub mod orphans;
 pub mod server;
 pub mod sets;
@@ -35,6 +37,8 @@ use copse::BatchOp;
 use copse::Db;
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
+use namespace::Namespace;
+pub use namespace::View;
 
 use crate::context::{ConnState, Server};
 use crate::keyspace::{self, KeyType, REDIS_KEY_BYTES_MAX};
@@ -75,16 +79,22 @@ struct CommandExec<F> {
     /// An answer decided behind a write group, held until the group is durable (it may tell
     /// what the group wrote): sent once the empty last write that stands for it is answered.
     held: Option<Reply>,
+    /// The database whose items the program sees (`namespace.rs`): its item keys are
+    /// translated here, at the exec's boundary.
+    namespace: Namespace,
 }
 
 impl<F> Exec for CommandExec<F>
 where
-    F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+    F: FnMut(&View<'_>, Input) -> Next + Send + 'static,
 {
     fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
         let input = match input {
             StepInput::Start => Input::Start,
-            StepInput::Read(Ok(results)) => Input::Read(results),
+            StepInput::Read(Ok(mut results)) => {
+                self.namespace.read_results(&mut results);
+                Input::Read(results)
+            }
             StepInput::Written(Ok(())) => match self.held.take() {
                 Some(reply) => return self.finish(reply),
                 None => Input::Written,
@@ -93,14 +103,30 @@ where
             StepInput::Written(Err(err)) => return self.finish(write_error(&err)),
         };
         let behind_group = self.joins_write_groups && view.behind_write_group();
-        match (self.step)(view, input) {
-            Next::Read(reads) => ExecStep::Read(reads),
+        let namespace = &self.namespace;
+        match (self.step)(&View::new(view, namespace), input) {
+            Next::Read(mut reads) => {
+                namespace.read_ops(&mut reads);
+                ExecStep::Read(reads)
+            }
             // A program that joins write groups writes once, as its last step (`on_key_grouped`):
             // so its write may start a group, or join the one it runs behind.
-            Next::Write(ops) if self.joins_write_groups => ExecStep::WriteLast(ops),
-            Next::Write(ops) => ExecStep::Write(ops),
-            Next::WriteLast(ops) => ExecStep::WriteLast(ops),
-            Next::Prepare(vote, ops) => ExecStep::Prepare { vote, ops },
+            Next::Write(mut ops) if self.joins_write_groups => {
+                namespace.write_ops(&mut ops);
+                ExecStep::WriteLast(ops)
+            }
+            Next::Write(mut ops) => {
+                namespace.write_ops(&mut ops);
+                ExecStep::Write(ops)
+            }
+            Next::WriteLast(mut ops) => {
+                namespace.write_ops(&mut ops);
+                ExecStep::WriteLast(ops)
+            }
+            Next::Prepare(vote, mut ops) => {
+                namespace.write_ops(&mut ops);
+                ExecStep::Prepare { vote, ops }
+            }
             Next::Reply(reply) if behind_group => {
                 // What it saw includes the group's writes: answered once they are durable.
                 self.held = Some(reply);
@@ -116,8 +142,18 @@ where
 }
 
 impl<F> CommandExec<F> {
+    /// A program in the namespace of the command being handled (`Namespace::current`).
     fn new(step: F, answer: oneshot::Sender<Reply>, joins_write_groups: bool) -> CommandExec<F> {
-        CommandExec { step, answer: Some(answer), joins_write_groups, held: None }
+        CommandExec::in_namespace(step, answer, joins_write_groups, Namespace::current())
+    }
+
+    fn in_namespace(
+        step: F,
+        answer: oneshot::Sender<Reply>,
+        joins_write_groups: bool,
+        namespace: Namespace,
+    ) -> CommandExec<F> {
+        CommandExec { step, answer: Some(answer), joins_write_groups, held: None, namespace }
     }
 
     fn finish(&mut self, reply: Reply) -> ExecStep {
@@ -189,7 +225,7 @@ impl Plan {
     /// Adds an exec on `shard` holding the locks of Redis keys `keys`.
     pub fn add<F>(&mut self, shard: u32, keys: Vec<Vec<u8>>, step: F)
     where
-        F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+        F: FnMut(&View<'_>, Input) -> Next + Send + 'static,
     {
         let (answer, receiver) = oneshot::channel();
         let exec = Box::new(CommandExec::new(step, answer, false));
@@ -219,14 +255,16 @@ impl AtomicPlan {
     pub fn add<M, F>(&mut self, shard: u32, keys: Vec<Vec<u8>>, make: M)
     where
         M: FnOnce(Vote) -> F + Send + 'static,
-        F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+        F: FnMut(&View<'_>, Input) -> Next + Send + 'static,
     {
         let (answer, receiver) = oneshot::channel();
+        // Built later, when the coordinator queues it: in the namespace of now.
+        let namespace = Namespace::current();
         self.parts.push(copse::exec::AtomicExec {
             shard,
             locks: keys,
             build: Box::new(move |vote| {
-                let exec = CommandExec::new(make(vote), answer, false);
+                let exec = CommandExec::in_namespace(make(vote), answer, false, namespace);
                 Box::new(exec) as Box<dyn Exec>
             }),
         });
@@ -273,7 +311,7 @@ impl KeyTarget {
 /// whole command.
 pub fn on_key<F>(target: KeyTarget, step: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+    F: FnMut(&View<'_>, Input) -> Next + Send + 'static,
 {
     on_key_grouped(target, false, step)
 }
@@ -287,7 +325,7 @@ where
 /// take back did. `grouped` false is `on_key`.
 pub fn on_key_grouped<F>(target: KeyTarget, grouped: bool, step: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, Input) -> Next + Send + 'static,
+    F: FnMut(&View<'_>, Input) -> Next + Send + 'static,
 {
     let (answer, receiver) = oneshot::channel();
     let exec = Box::new(CommandExec::new(step, answer, grouped));
@@ -316,12 +354,12 @@ pub fn by_shard(db: &Db, keys: &[Vec<u8>]) -> Vec<(u32, Vec<usize>)> {
 /// The type of Redis key `key` as the shard's index knows it (no I/O), None for a missing or
 /// expired key: one lookup for a string, and no more while the shard holds no hash or sorted
 /// set (`stored_collection_type`) and no expiry (`Expiry::of`).
-pub fn key_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
+pub fn key_type(view: &View<'_>, key: &[u8]) -> Option<KeyType> {
     Expiry::of(view, key).live(stored_type(view, key))
 }
 
 /// The type of the meta item `key` has, expired or not (the collectors' view).
-pub fn stored_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
+pub fn stored_type(view: &View<'_>, key: &[u8]) -> Option<KeyType> {
     if view.contains(&keyspace::meta_key(key, KeyType::String)) {
         return Some(KeyType::String);
     }
@@ -330,7 +368,7 @@ pub fn stored_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
 
 /// `stored_type` for a hash or a sorted set: no lookup at all in a shard that holds neither
 /// (`may_hold_collections`).
-pub fn stored_collection_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType> {
+pub fn stored_collection_type(view: &View<'_>, key: &[u8]) -> Option<KeyType> {
     if !may_hold_collections(view) {
         return None;
     }
@@ -342,7 +380,7 @@ pub fn stored_collection_type(view: &ExecView<'_>, key: &[u8]) -> Option<KeyType
 /// command that removes the last one deletes the meta item in the same batch (HDEL, ZREM and
 /// the like), and one that writes a meta item writes an item with it. So a shard with no key
 /// starting with either tag holds only strings.
-pub fn may_hold_collections(view: &ExecView<'_>) -> bool {
+pub fn may_hold_collections(view: &View<'_>) -> bool {
     KeyType::COLLECTIONS
         .into_iter()
         .filter_map(KeyType::element_tag)
@@ -358,7 +396,7 @@ pub fn now_ms() -> u64 {
 
 /// The deadline of `key`'s expiry item, expired or not: one index step, none in a shard that
 /// holds no expiry item.
-pub fn stored_deadline(view: &ExecView<'_>, key: &[u8]) -> Option<u64> {
+pub fn stored_deadline(view: &View<'_>, key: &[u8]) -> Option<u64> {
     if !view.has_keys_starting_with(keyspace::TAG_EXPIRY) {
         return None;
     }
@@ -381,7 +419,7 @@ pub struct Expiry {
 
 impl Expiry {
     /// `key`'s expiry in `view` now: no lookup in a shard with no expiry item.
-    pub fn of(view: &ExecView<'_>, key: &[u8]) -> Expiry {
+    pub fn of(view: &View<'_>, key: &[u8]) -> Expiry {
         let Some(deadline) = stored_deadline(view, key) else { return Expiry::default() };
         if deadline > now_ms() {
             return Expiry { deadline_ms: Some(deadline), reclaim: Vec::new() };
@@ -558,7 +596,7 @@ pub fn reply_too_large(bytes: usize, limit: usize) -> Reply {
 /// space cost a walk, not endless redraws (a review made nine fields share 24 hash bits and
 /// stalled a shard).
 pub fn hashed_element_at(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     coll: &Coll,
     from: u64,
     taken: &std::collections::HashSet<Vec<u8>>,
@@ -586,7 +624,7 @@ pub fn hashed_element_at(
 
 /// Whether no element item of any type is keyed by `key` at `version`: a new collection may
 /// take it (keyspace.rs, invariant 2).
-fn version_is_unused(view: &ExecView<'_>, key: &[u8], version: u64) -> bool {
+fn version_is_unused(view: &View<'_>, key: &[u8], version: u64) -> bool {
     let id = keyspace::collection_id(key, version);
     KeyType::COLLECTIONS.into_iter().filter_map(KeyType::element_tag).all(|tag| {
         let (start, end) = keyspace::id_range(tag, &id);
@@ -595,7 +633,7 @@ fn version_is_unused(view: &ExecView<'_>, key: &[u8], version: u64) -> bool {
 }
 
 /// A fresh version for a new collection of `key`, under which no element exists.
-fn unused_version(view: &ExecView<'_>, key: &[u8]) -> u64 {
+pub fn unused_version(view: &View<'_>, key: &[u8]) -> u64 {
     loop {
         let version = keyspace::new_version();
         if version_is_unused(view, key, version) {
@@ -609,7 +647,7 @@ fn unused_version(view: &ExecView<'_>, key: &[u8]) -> u64 {
 /// key of another type is answered WRONGTYPE before that), then the program's own inputs.
 pub fn on_collection<F>(call: &Call<'_>, ty: KeyType, step: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
+    F: FnMut(&View<'_>, Input, &mut Coll) -> Next + Send + 'static,
 {
     collection_exec(call, ty, false, step)
 }
@@ -619,14 +657,14 @@ where
 /// writes to one hash or sorted set costs one flush, not one each.
 pub fn on_collection_grouped<F>(call: &Call<'_>, ty: KeyType, step: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
+    F: FnMut(&View<'_>, Input, &mut Coll) -> Next + Send + 'static,
 {
     collection_exec(call, ty, true, step)
 }
 
 fn collection_exec<F>(call: &Call<'_>, ty: KeyType, grouped: bool, step: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
+    F: FnMut(&View<'_>, Input, &mut Coll) -> Next + Send + 'static,
 {
     on_collection_key(call.db(), call.args[1].clone(), ty, grouped, step)
 }
@@ -641,7 +679,7 @@ pub fn on_collection_key<F>(
     mut step: F,
 ) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, Input, &mut Coll) -> Next + Send + 'static,
+    F: FnMut(&View<'_>, Input, &mut Coll) -> Next + Send + 'static,
 {
     let target = KeyTarget::of(db, &key);
     let mut key = Some(key);
@@ -681,7 +719,7 @@ where
 /// The first step of a command on collection `key` of type `ty`: WRONGTYPE for a live key of
 /// another type; else the key's expiry, and the read of its meta item if it exists.
 pub fn coll_begin(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     key: &[u8],
     ty: KeyType,
 ) -> Result<(Expiry, Option<ReadOp>), Reply> {
@@ -706,7 +744,7 @@ pub fn coll_meta(result: Option<ReadResult>) -> Result<Option<keyspace::Collecti
 
 /// The `Coll` of `key` once its meta item is known (None: a missing key, given a fresh version).
 pub fn coll_make(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     key: Vec<u8>,
     ty: KeyType,
     expiry: Expiry,
@@ -727,7 +765,7 @@ pub const CORRUPT_META: &str = "ERR internal error: a collection's meta item is 
 /// also runs for a missing key, whose id has no elements.
 pub fn from_index<F>(call: &Call<'_>, ty: KeyType, mut reply: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, &Coll) -> Reply + Send + 'static,
+    F: FnMut(&View<'_>, &Coll) -> Reply + Send + 'static,
 {
     on_collection(call, ty, move |view, input, coll| match input {
         Input::Start => Next::Reply(reply(view, coll)),
@@ -1095,6 +1133,7 @@ pub fn table() -> &'static [Spec] {
         let mut specs = Vec::new();
         specs.extend(strings::specs());
         specs.extend(keys::specs());
+        specs.extend(objects::specs());
         specs.extend(expiry::specs());
         specs.extend(hashes::specs());
         specs.extend(zsets::specs());
@@ -1191,7 +1230,17 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
         raise_value_bytes_bound(&server.value_bytes_bound, spec, &args);
     }
     let reply_size = reply_size(spec, &args);
-    let outcome = (spec.handler)(&mut Call { server, conn, args });
+    // The command's execs, built now or by its future later, are in its database's namespace.
+    // SWAPDB holds no map generation: it waits for every holder of the old one to finish.
+    let namespace = match spec.name {
+        "swapdb" => namespace::Namespace::detached(0),
+        _ => server.databases.resolve(conn.db),
+    };
+    let outcome = namespace.scope(|| (spec.handler)(&mut Call { server, conn, args }));
+    let outcome = match outcome {
+        Outcome::AfterPending(future) => Outcome::AfterPending(Box::pin(namespace.bind(future))),
+        other => other,
+    };
     Dispatched { outcome, reply_size, blocking: spec.flags.contains(&"blocking") }
 }
 

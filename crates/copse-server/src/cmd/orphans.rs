@@ -20,9 +20,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use copse::exec::{ExecView, ReadOp};
+use super::View;
+use copse::exec::ReadOp;
 use copse::{BatchOp, Db};
 
+use super::keys::namespaces_in_use;
+use super::namespace::{Namespace, DATABASES};
 use super::{bound_ref, run_outcome, shard_keys, value_of, Input, KeyTarget, Next};
 use crate::context::Server;
 use crate::keyspace::{self, CollectionMeta, KeyType, TAG_ORPHANS};
@@ -37,26 +40,43 @@ pub const ORPHAN_IDLE_POLL_MS: u64 = 100;
 
 /// Runs the collector until the runtime that polls it stops.
 pub async fn run(server: Arc<Server>) {
-    // Per shard, the last orphan record listed: the next pass goes on after it, so records the
-    // collector cannot finish (an exec that fails) never hide the ones behind them.
-    let mut cursors: Vec<Option<Vec<u8>>> = vec![None; server.db.shard_count() as usize];
+    // Per namespace and shard, the last orphan record listed: the next pass goes on after it, so
+    // records the collector cannot finish (an exec that fails) never hide the ones behind them.
+    let shards = server.db.shard_count() as usize;
+    let mut cursors: Vec<Vec<Option<Vec<u8>>>> = vec![vec![None; shards]; DATABASES];
     loop {
-        let keys = match orphan_keys(&server.db, &mut cursors).await {
-            Ok(keys) => keys,
+        let namespaces = match namespaces_in_use(&server.db).await {
+            Ok(namespaces) => namespaces,
             Err(error) => {
-                tracing::warn!(?error, "the orphan collector could not list orphan records");
-                Vec::new()
+                tracing::warn!(?error, "the orphan collector could not list the namespaces");
+                vec![0]
             }
         };
-        server.stats.orphan_records_seen.store(keys.len() as u64, Ordering::Relaxed);
-        if keys.is_empty() {
-            tokio::time::sleep(Duration::from_millis(ORPHAN_IDLE_POLL_MS)).await;
-            continue;
+        let mut seen = 0;
+        for number in namespaces {
+            let pass = pass(&server, &mut cursors[number as usize]);
+            seen += Namespace::detached(number).bind(pass).await;
         }
-        for key in keys {
-            collect_key(&server, &key).await;
+        server.stats.orphan_records_seen.store(seen as u64, Ordering::Relaxed);
+        if seen == 0 {
+            tokio::time::sleep(Duration::from_millis(ORPHAN_IDLE_POLL_MS)).await;
         }
     }
+}
+
+/// One pass over the current namespace's orphan records: returns how many it listed.
+async fn pass(server: &Server, cursors: &mut [Option<Vec<u8>>]) -> usize {
+    let keys = match orphan_keys(&server.db, cursors).await {
+        Ok(keys) => keys,
+        Err(error) => {
+            tracing::warn!(?error, "the orphan collector could not list orphan records");
+            Vec::new()
+        }
+    };
+    for key in &keys {
+        collect_key(server, key).await;
+    }
+    keys.len()
 }
 
 /// Deletes the dead elements of `key`, one bounded exec at a time, until its orphan record is
@@ -144,7 +164,7 @@ fn dead_ranges(
 
 /// Up to `limit` dead element items of `key`.
 fn dead_items(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     key: &[u8],
     live: Option<(KeyType, &[u8], CollectionMeta)>,
     limit: usize,

@@ -9,7 +9,12 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{keys, lowercase, parse_i64, table, Call, Outcome, Spec, SYNTAX};
+use copse::BatchOp;
+
+use super::namespace::{Namespace, DATABASES, DATABASE_MAP_KEY};
+use super::{
+    keys, lowercase, parse_i64, table, Call, Input, Next, Outcome, Spec, NOT_INTEGER, SYNTAX,
+};
 use crate::config::PROTO_MAX_BULK_LEN_DEFAULT;
 use crate::context::Server;
 use crate::resp::{Protocol, Reply};
@@ -28,7 +33,8 @@ pub fn specs() -> Vec<Spec> {
         spec("echo", 2, F, "Returns the argument.", echo as _),
         spec("hello", -1, F, "Handshakes: protocol version, authentication, name.", hello as _),
         spec("auth", -2, F, "Authenticates the connection.", auth as _),
-        spec("select", 2, F, "Selects database 0 (the only one).", select as _),
+        spec("select", 2, F, "Selects the database (0-15) of the connection.", select as _),
+        spec("swapdb", 3, &["write"], "Swaps two databases.", swapdb as _),
         spec("quit", -1, F, "Closes the connection.", quit as _),
         spec("reset", 1, F, "Resets the connection's state.", reset as _),
         spec("client", -2, A, "Commands about client connections.", client as _),
@@ -165,10 +171,57 @@ fn hello(call: &mut Call<'_>) -> Outcome {
 
 fn select(call: &mut Call<'_>) -> Outcome {
     match parse_i64(&call.args[1]) {
-        Some(0) => Outcome::Reply(Reply::ok()),
-        Some(_) => Outcome::error("ERR DB index is out of range"),
-        None => Outcome::error("ERR value is not an integer or out of range"),
+        Some(database) if (0..DATABASES as i64).contains(&database) => {
+            call.conn.select(database as u8);
+            Outcome::Reply(Reply::ok())
+        }
+        Some(_) => Outcome::error(DB_OUT_OF_RANGE),
+        None => Outcome::error(NOT_INTEGER),
     }
+}
+
+const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range";
+
+/// SWAPDB: one durable write of the database map (`namespace.rs`), whatever the databases hold;
+/// answered once no command still runs under the old map.
+fn swapdb(call: &mut Call<'_>) -> Outcome {
+    let index = |at: usize, which: &str| match parse_i64(&call.args[at]) {
+        Some(database) if (0..DATABASES as i64).contains(&database) => Ok(database as u8),
+        Some(_) => Err(Reply::error(DB_OUT_OF_RANGE)),
+        None => Err(Reply::Error(format!("ERR invalid {which} DB index"))),
+    };
+    let (a, b) = match (index(1, "first"), index(2, "second")) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(reply), _) | (_, Err(reply)) => return Outcome::Reply(reply),
+    };
+    let server = call.server.clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let persist = |map: Vec<u8>| async {
+            let shard = server.db.shard_of(DATABASE_MAP_KEY);
+            let mut plan = super::Plan::new();
+            let mut map = Some(map);
+            Namespace::raw().scope(|| {
+                plan.add(shard, vec![DATABASE_MAP_KEY.to_vec()], move |_, input| match input {
+                    Input::Start => {
+                        let value = map.take().unwrap_or_default();
+                        Next::Write(vec![BatchOp::Put { key: DATABASE_MAP_KEY.to_vec(), value }])
+                    }
+                    Input::Written => Next::Reply(Reply::ok()),
+                    Input::Read(_) => super::unexpected(),
+                })
+            });
+            let combine = Box::new(|mut replies: Vec<Reply>| replies.pop().unwrap_or(Reply::Null));
+            match super::run_outcome(&server.db, plan.finish(combine)).await {
+                Reply::Simple(_) => Ok(()),
+                Reply::Error(error) => Err(error),
+                other => Err(format!("ERR unexpected answer {other:?}")),
+            }
+        };
+        match server.databases.swap(a, b, persist).await {
+            Ok(()) => Reply::ok(),
+            Err(error) => Reply::Error(error),
+        }
+    }))
 }
 
 fn quit(_call: &mut Call<'_>) -> Outcome {
@@ -177,6 +230,7 @@ fn quit(_call: &mut Call<'_>) -> Outcome {
 
 fn reset(call: &mut Call<'_>) -> Outcome {
     call.conn.set_protocol(Protocol::Resp2);
+    call.conn.select(0);
     call.conn.authenticated = call.server.requirepass().is_empty();
     call.conn.info.name.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
     Outcome::Reply(Reply::Simple("RESET".into()))
@@ -528,8 +582,23 @@ fn info(call: &mut Call<'_>) -> Outcome {
 pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
     let stats = &server.stats;
     let store = server.db.stats_async().await.ok();
-    let keys = keys::key_count(&server.db).await.unwrap_or(0);
-    let expires = keys::expiring_key_count(&server.db).await.unwrap_or(0);
+    // Per database with keys: its number, keys and keys with an expiry.
+    let mut keyspace = Vec::new();
+    let used = match wanted.iter().any(|section| section == "keyspace") {
+        true => keys::namespaces_in_use(&server.db).await.unwrap_or_else(|_| vec![0]),
+        false => Vec::new(),
+    };
+    for database in 0..DATABASES as u8 {
+        let namespace = server.databases.resolve(database);
+        if !namespace.number().is_some_and(|number| used.contains(&number)) {
+            continue;
+        }
+        let keys = namespace.clone().bind(keys::key_count(&server.db)).await.unwrap_or(0);
+        if keys > 0 {
+            let expires = namespace.bind(keys::expiring_key_count(&server.db)).await.unwrap_or(0);
+            keyspace.push((database, keys, expires));
+        }
+    }
     let mut out = String::new();
     for section in INFO_SECTIONS.iter().filter(|s| wanted.iter().any(|w| w == *s)) {
         if !out.is_empty() {
@@ -613,8 +682,13 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     line("keyspace_misses", &misses);
                 }
             }
-            "keyspace" if keys > 0 => {
-                line("db0", &format!("keys={keys},expires={expires},avg_ttl=0"))
+            "keyspace" => {
+                for (database, keys, expires) in &keyspace {
+                    line(
+                        &format!("db{database}"),
+                        &format!("keys={keys},expires={expires},avg_ttl=0"),
+                    )
+                }
             }
             "copse" => {
                 line("shards", &server.db.shard_count());

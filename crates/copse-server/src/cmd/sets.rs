@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use copse::exec::ExecView;
+use super::View;
 use copse::limits::KEY_BYTES_MAX;
 use copse::{BatchOp, Db};
 
@@ -78,7 +78,7 @@ fn check_member(key: &[u8], member: &[u8]) -> Result<(), Reply> {
 }
 
 /// Every member of `coll` (from the index), in scan-hash order.
-fn all_members(view: &ExecView<'_>, coll: &Coll) -> Vec<Vec<u8>> {
+fn all_members(view: &View<'_>, coll: &Coll) -> Vec<Vec<u8>> {
     if !coll.exists() {
         return Vec::new();
     }
@@ -92,7 +92,7 @@ fn all_members(view: &ExecView<'_>, coll: &Coll) -> Vec<Vec<u8>> {
 }
 
 /// `n` distinct random members of `coll` (n ≤ its count).
-fn random_members(view: &ExecView<'_>, coll: &Coll, n: usize) -> Vec<Vec<u8>> {
+fn random_members(view: &View<'_>, coll: &Coll, n: usize) -> Vec<Vec<u8>> {
     if n * 4 >= coll.count() {
         // Many of them: list them all, then pick.
         let mut all = all_members(view, coll);
@@ -493,7 +493,7 @@ fn remove_ops(coll: &Coll, member: &[u8]) -> Vec<BatchOp> {
 }
 
 /// The writes that add `member` to `coll` (none if it is there).
-fn add_ops(view: &ExecView<'_>, coll: &Coll, member: &[u8]) -> Vec<BatchOp> {
+fn add_ops(view: &View<'_>, coll: &Coll, member: &[u8]) -> Vec<BatchOp> {
     let item = set_member_key(&coll.id, member);
     if coll.exists() && view.contains(&item) {
         return Vec::new();
@@ -518,7 +518,7 @@ fn smove_across(db: &Db, source: Vec<u8>, destination: Vec<u8>, member: Vec<u8>)
     plan.add(db.shard_of(&source), vec![source.clone()], move |vote| {
         let mut vote = Some(vote);
         let mut expiry = Expiry::default();
-        move |view: &ExecView<'_>, input| {
+        move |view: &View<'_>, input| {
             let refuse = |vote: &mut Option<copse::exec::Vote>, answer: Reply| {
                 if let Some(vote) = vote.take() {
                     vote.refuse(copse::WriteError::Aborted("SMOVE: nothing to move".into()));
@@ -562,15 +562,14 @@ fn smove_across(db: &Db, source: Vec<u8>, destination: Vec<u8>, member: Vec<u8>)
     plan.add(db.shard_of(&destination), vec![destination.clone()], move |vote| {
         let mut vote = Some(vote);
         let mut expiry = Expiry::default();
-        move |view: &ExecView<'_>, input| {
-            let prepare =
-                |view: &ExecView<'_>, expiry, meta, vote: &mut Option<copse::exec::Vote>| {
-                    let coll = coll_make(view, destination_key.clone(), KeyType::Set, expiry, meta);
-                    match vote.take() {
-                        Some(vote) => Next::Prepare(vote, add_ops(view, &coll, &member)),
-                        None => unexpected(),
-                    }
-                };
+        move |view: &View<'_>, input| {
+            let prepare = |view: &View<'_>, expiry, meta, vote: &mut Option<copse::exec::Vote>| {
+                let coll = coll_make(view, destination_key.clone(), KeyType::Set, expiry, meta);
+                match vote.take() {
+                    Some(vote) => Next::Prepare(vote, add_ops(view, &coll, &member)),
+                    None => unexpected(),
+                }
+            };
             match input {
                 Input::Start => match coll_begin(view, &destination_key, KeyType::Set) {
                     Ok((found, Some(read))) => {

@@ -19,7 +19,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use copse::exec::{ExecView, ReadOp};
+use super::View;
+use copse::exec::ReadOp;
 use copse::BatchOp;
 
 use super::{
@@ -38,7 +39,7 @@ pub type Scored = Vec<(f64, Vec<u8>)>;
 pub const STORE_ATTEMPTS_MAX: usize = 100;
 
 /// The elements of `coll` (a set or a sorted set), from the index, in index order.
-pub fn elements(view: &ExecView<'_>, coll: &Coll) -> Scored {
+pub fn elements(view: &View<'_>, coll: &Coll) -> Scored {
     if !coll.exists() {
         return Vec::new();
     }
@@ -229,7 +230,8 @@ where
         match write(server, &sources, &fingerprints, allowed, &destination, ty, result).await {
             Some(reply) => {
                 if ty == KeyType::ZSet {
-                    server.waiters.wake(crate::waiters::Kind::ZSet, &destination);
+                    let namespace = super::namespace::current_number();
+                    server.waiters.wake(crate::waiters::Kind::ZSet, namespace, &destination);
                 }
                 return reply;
             }
@@ -261,7 +263,7 @@ enum Decided {
 }
 
 impl Share {
-    fn start(&mut self, view: &ExecView<'_>) -> Decided {
+    fn start(&mut self, view: &View<'_>) -> Decided {
         let mut reads = smallvec::SmallVec::new();
         for (at, (key, expected)) in self.checks.iter().enumerate() {
             let expiry = Expiry::of(view, key);
@@ -280,7 +282,7 @@ impl Share {
         Decided::Read(reads)
     }
 
-    fn read(&mut self, view: &ExecView<'_>, results: copse::exec::ReadResults) -> Decided {
+    fn read(&mut self, view: &View<'_>, results: copse::exec::ReadResults) -> Decided {
         for ((at, found, expiry), result) in
             std::mem::take(&mut self.metas).into_iter().zip(results)
         {
@@ -294,7 +296,7 @@ impl Share {
         self.writes(view)
     }
 
-    fn writes(&mut self, view: &ExecView<'_>) -> Decided {
+    fn writes(&mut self, view: &View<'_>) -> Decided {
         let ops = match self.result.take() {
             Some(result) => replace_ops(view, &self.destination, self.ty, result),
             None => Vec::new(),
@@ -378,7 +380,7 @@ async fn write(
             plan.add(shard, locks, move |vote| {
                 let mut vote = Some(vote);
                 let mut share = share;
-                move |view: &ExecView<'_>, input| {
+                move |view: &View<'_>, input| {
                     let decided = match input {
                         Input::Start => share.start(view),
                         Input::Read(results) => share.read(view, results),
@@ -412,12 +414,7 @@ async fn write(
 
 /// The writes that replace `destination` (whatever it held, its deadline too; an expired one is
 /// reclaimed) with a `ty` of `items`, or delete it when there are none.
-fn replace_ops(
-    view: &ExecView<'_>,
-    destination: &[u8],
-    ty: KeyType,
-    items: Scored,
-) -> Vec<BatchOp> {
+fn replace_ops(view: &View<'_>, destination: &[u8], ty: KeyType, items: Scored) -> Vec<BatchOp> {
     let expiry = Expiry::of(view, destination);
     let existing = expiry.live(stored_type(view, destination));
     let (mut ops, expiry) = match existing {

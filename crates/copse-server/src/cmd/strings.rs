@@ -5,7 +5,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use copse::exec::{ExecView, ReadOp, ReadResults};
+use super::View;
+use copse::exec::{ReadOp, ReadResults};
 use copse::BatchOp;
 
 use super::{
@@ -67,7 +68,7 @@ fn read_string(key: &[u8]) -> Next {
 /// of another type (the exec holds the key's lock, so its type did not change between steps;
 /// whether it expired is `expiry`'s decision at the exec's start, never a second clock reading).
 fn string_or_wrongtype(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     key: &[u8],
     expiry: &Expiry,
     results: &mut ReadResults,
@@ -85,7 +86,7 @@ fn string_or_wrongtype(
 /// Any other type answers WRONGTYPE.
 fn with_string<F>(call: &mut Call<'_>, mut done: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, Option<Vec<u8>>) -> Next + Send + 'static,
+    F: FnMut(&View<'_>, Option<Vec<u8>>) -> Next + Send + 'static,
 {
     // Taken from the request, not copied: the program reads with it.
     let key = std::mem::take(&mut call.args[1]);
@@ -146,7 +147,7 @@ fn put_string(
 }
 
 /// `put_string` of `value` over whatever `key` holds in `view`, its expiry removed (MSET).
-fn overwrite(view: &ExecView<'_>, key: &[u8], value: Vec<u8>) -> Vec<BatchOp> {
+fn overwrite(view: &View<'_>, key: &[u8], value: Vec<u8>) -> Vec<BatchOp> {
     let expiry = Expiry::of(view, key);
     put_string(key, expiry.live(stored_type(view, key)), &expiry, value, SetTtl::Clear)
 }
@@ -738,7 +739,7 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
             let locks = group.iter().map(|(key, _)| key.clone()).collect();
             plan.add(shard, locks, move |vote| {
                 let mut part = Some((vote, group));
-                move |view: &copse::exec::ExecView<'_>, input| match input {
+                move |view: &super::View<'_>, input| match input {
                     Input::Start => {
                         let Some((vote, group)) = part.take() else { return unexpected() };
                         if only_new && group.iter().any(|(key, _)| key_type(view, key).is_some()) {

@@ -218,13 +218,7 @@ fn too_long(item: &[u8]) -> String {
 }
 
 /// No format 1 element is left: the meta item gets its value, counted from the new id.
-fn finish(
-    view: &copse::exec::ExecView<'_>,
-    key: &[u8],
-    id: &[u8],
-    ty: KeyType,
-    done: &mut i64,
-) -> Next {
+fn finish(view: &super::View<'_>, key: &[u8], id: &[u8], ty: KeyType, done: &mut i64) -> Next {
     let (start, end) = match ty {
         KeyType::Hash => keyspace::fields_range(id),
         _ => keyspace::members_range(id),

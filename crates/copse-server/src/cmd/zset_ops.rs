@@ -16,7 +16,8 @@ use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use copse::exec::{ExecView, ReadOp};
+use super::View;
+use copse::exec::ReadOp;
 use copse::BatchOp;
 
 use super::keys::{glob_match, SCAN_COUNT_DEFAULT, SCAN_COUNT_MAX};
@@ -370,7 +371,7 @@ fn bzpopmax(call: &mut Call<'_>) -> Outcome {
 /// Removes the members `select` picks from the index; answers how many.
 fn remove_range<F>(call: &Call<'_>, mut select: F) -> Outcome
 where
-    F: FnMut(&ExecView<'_>, &Coll) -> Vec<(f64, Vec<u8>)> + Send + 'static,
+    F: FnMut(&View<'_>, &Coll) -> Vec<(f64, Vec<u8>)> + Send + 'static,
 {
     let mut pending = None;
     on_collection(call, KeyType::ZSet, move |view, input, coll| match input {
@@ -476,7 +477,7 @@ fn zlexcount(call: &mut Call<'_>) -> Outcome {
 /// The members at `ranks` (ascending positions, repeats allowed) of `coll`, in the order of
 /// `ranks` as given: one walk over the by-score items, holding only those picked.
 fn members_at(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     coll: &Coll,
     ranks: &[usize],
     limit: usize,

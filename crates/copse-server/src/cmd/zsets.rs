@@ -20,7 +20,8 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
-use copse::exec::{ExecView, ReadOp};
+use super::View;
+use copse::exec::ReadOp;
 use copse::limits::KEY_BYTES_MAX;
 use copse::BatchOp;
 
@@ -77,7 +78,7 @@ pub(super) fn all_scores(id: &[u8]) -> KeyRange {
 
 /// (score, member) of the by-score items in `range`, up to `limit`, in score order.
 pub(super) fn by_score(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     id: &[u8],
     range: &KeyRange,
     limit: usize,
@@ -386,7 +387,11 @@ fn add_members(call: &Call<'_>, options: AddOptions, pairs: Vec<(f64, Vec<u8>)>)
                 std::mem::take(&mut read_scores)
             }
             Input::Written => {
-                server.waiters.wake(crate::waiters::Kind::ZSet, &coll.key);
+                server.waiters.wake(
+                    crate::waiters::Kind::ZSet,
+                    view.namespace().number().unwrap_or(0),
+                    &coll.key,
+                );
                 return answer(&mut pending);
             }
         };
@@ -550,7 +555,7 @@ impl LexRange {
 
     /// The by-score items of the set `coll` whose members are in this range, among those with
     /// the set's lowest score.
-    pub(super) fn items(&self, view: &ExecView<'_>, id: &[u8]) -> Option<KeyRange> {
+    pub(super) fn items(&self, view: &View<'_>, id: &[u8]) -> Option<KeyRange> {
         let first = by_score(view, id, &all_scores(id), 1).pop()?;
         let mut base = scores_prefix(id);
         base.extend_from_slice(&sortable_score(first.0));
@@ -660,7 +665,7 @@ pub(super) fn parse_range(
 
 /// The (score, member) pairs a range query selects, from the index alone.
 pub(super) fn run_range(
-    view: &ExecView<'_>,
+    view: &View<'_>,
     coll: &super::Coll,
     query: &RangeQuery,
 ) -> Vec<(f64, Vec<u8>)> {

@@ -117,6 +117,7 @@ async fn serve(
         protocol: Protocol::Resp2,
         authenticated: server.requirepass().is_empty(),
         info,
+        db: 0,
     };
     let result = connection_loop(server, &mut stream, &mut conn, &mut shutdown).await;
     server.unregister_client(id);

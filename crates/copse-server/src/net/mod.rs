@@ -88,6 +88,25 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
     }
 }
 
+/// The database map (`cmd/namespace.rs`): as stored, or the identity in a store SWAPDB never
+/// changed.
+fn load_database_map(
+    db: &Db,
+    config: &ServerConfig,
+) -> Result<[u8; crate::cmd::namespace::DATABASES], ServeError> {
+    use crate::cmd::namespace::{decode_map, identity_map, DATABASE_MAP_KEY};
+    match db.get(DATABASE_MAP_KEY).map_err(|err| ServeError::Store(err.to_string()))? {
+        None => Ok(identity_map()),
+        Some(value) => decode_map(&value).ok_or_else(|| {
+            ServeError::Keyspace(format!(
+                "store at {} has a damaged database map ({} bytes that are not a permutation of 0..16)",
+                config.path.display(),
+                value.len()
+            ))
+        }),
+    }
+}
+
 /// Raises the open files limit for `maxclients` clients plus the server's own descriptors,
 /// and lowers `maxclients` to what the limit allows, saying so (Redis's words).
 fn clamp_maxclients(maxclients: usize, reserved_fds: u64) -> Result<usize, ServeError> {
@@ -176,6 +195,13 @@ pub fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
         let _ = db.close();
         return Err(err);
     }
+    let databases = match load_database_map(&db, &config) {
+        Ok(map) => crate::cmd::namespace::Databases::new(map),
+        Err(err) => {
+            let _ = db.close();
+            return Err(err);
+        }
+    };
     let value_bytes_bound = match stored_value_bytes_bound(&db) {
         Ok(bound) => bound,
         Err(err) => {
@@ -218,7 +244,15 @@ pub fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
         );
     }
     let run_id = format!("{:040x}", rand_id());
-    let server = Arc::new(Server::new(db, config, settings, run_id, local_addr, value_bytes_bound));
+    let server = Arc::new(Server::new(
+        db,
+        config,
+        settings,
+        run_id,
+        local_addr,
+        value_bytes_bound,
+        databases,
+    ));
     let (stop, stop_receiver) = watch::channel(false);
     let main = std::thread::Builder::new()
         .name("copse-accept".into())

@@ -1,0 +1,408 @@
+//! Redis databases (SELECT 0–15) as namespaces of each shard's item keys.
+//!
+//! The items of *namespace* 0 are exactly the items of key space format 5: their first byte is
+//! a tag (`keyspace::TAG_*`, all ≥ `NAMESPACE_FIRST_BYTE_MIN`) or the marker's 0xff. The items of
+//! namespace `n` in 1..=15 are the same items with `n` as a leading byte. A Redis key goes to the
+//! same shard in every database (routing looks at the key alone), so a command over two
+//! databases (MOVE, COPY ... DB) is one exec.
+//!
+//! Which namespace a database's keys live in is the *database map* (`Databases`): SELECT names a
+//! database, SWAPDB swaps two entries of the map with one durable write of the map's item, so it
+//! costs the same whatever the databases hold.
+//!
+//! A command learns its namespace once, at dispatch (`Databases::resolve`), and every exec
+//! program it builds carries it (`Namespace::current`, read by `CommandExec::new`): the program
+//! is written for one key space, and its view, its reads and its writes are translated at the
+//! exec's boundary (`View`, `Namespace::read_ops`, `Namespace::write_ops`). `Space::Raw` execs
+//! (MOVE, the database map's own write) see item keys as stored and add prefixes themselves
+//! (`prefixed`).
+//!
+//! Invariants:
+//! - An item of namespace 0 never starts with a byte below `NAMESPACE_FIRST_BYTE_MIN`, and an
+//!   item of namespace `n` > 0 always starts with `n`: so no item belongs to two namespaces, and
+//!   a range of one namespace never reaches into another (`View` clamps ranges).
+//! - The database map is a permutation of 0..DATABASES.
+//! - Every exec built under a map holds that map's generation until it is dropped; SWAPDB answers
+//!   only once no exec of the map it replaced is left, so a client that saw SWAPDB's reply never
+//!   meets a command still writing through the old map.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::ops::Bound;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+
+use copse::exec::{ExecView, ReadOp, ReadResult};
+use copse::BatchOp;
+
+/// Redis's default number of databases (`databases 16`): SELECT takes 0..DATABASES.
+pub const DATABASES: usize = 16;
+/// The lowest first byte of a namespace-0 item: every tag is above it, and the prefixes of the
+/// other namespaces (1..=15) are below it.
+pub const NAMESPACE_FIRST_BYTE_MIN: u8 = 0x10;
+/// The item that holds the database map (`Databases`): 16 bytes, byte `d` the namespace of
+/// database `d`. Its 0xff first byte puts it beside the marker, where no command's range goes.
+pub const DATABASE_MAP_KEY: &[u8] = b"\xffcopse:redis-databases";
+
+/// Where an exec's item keys live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Space {
+    /// A namespace (0..DATABASES): keys are translated.
+    Db(u8),
+    /// Item keys as stored: the program adds prefixes itself.
+    Raw,
+}
+
+/// An exec's namespace and the database map generation it was built under.
+#[derive(Clone, Debug)]
+pub struct Namespace {
+    pub space: Space,
+    // Held, not read: SWAPDB waits for the old map's execs to drop it.
+    _generation: Option<Arc<()>>,
+}
+
+thread_local! {
+    /// The namespace of the command being handled on this thread (`scope`), read by the exec
+    /// programs it builds. Outside any scope: namespace 0 (tests, the open-time upgrade).
+    static CURRENT: RefCell<Option<Namespace>> = const { RefCell::new(None) };
+}
+
+impl Namespace {
+    /// Namespace `number` outside any database map (background work, tests): SWAPDB does not wait
+    /// for it.
+    pub fn detached(number: u8) -> Namespace {
+        assert!((number as usize) < DATABASES);
+        Namespace { space: Space::Db(number), _generation: None }
+    }
+
+    pub fn raw() -> Namespace {
+        Namespace { space: Space::Raw, _generation: None }
+    }
+
+    /// A raw namespace holding this one's map generation (an exec over two databases).
+    pub fn as_raw(&self) -> Namespace {
+        Namespace { space: Space::Raw, _generation: self._generation.clone() }
+    }
+
+    /// The namespace of the command being handled on this thread.
+    pub fn current() -> Namespace {
+        CURRENT.with(|current| current.borrow().clone()).unwrap_or_else(|| Namespace::detached(0))
+    }
+
+    /// Runs `f` with `self` as the current namespace.
+    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        let previous = CURRENT.with(|current| current.replace(Some(self.clone())));
+        let result = f();
+        CURRENT.with(|current| *current.borrow_mut() = previous);
+        result
+    }
+
+    /// `future`, polled with `self` as the current namespace (so the execs it builds later are in
+    /// it), and holding `self`'s generation until it is done.
+    pub fn bind<F: Future>(self, future: F) -> InNamespace<F> {
+        InNamespace { namespace: self, future: Box::pin(future) }
+    }
+
+    /// The namespace number, None for `Raw`.
+    pub fn number(&self) -> Option<u8> {
+        match self.space {
+            Space::Db(number) => Some(number),
+            Space::Raw => None,
+        }
+    }
+
+    /// The prefix of this namespace's items (None: none, in namespace 0 and raw).
+    fn prefix(&self) -> Option<u8> {
+        match self.space {
+            Space::Db(0) | Space::Raw => None,
+            Space::Db(number) => Some(number),
+        }
+    }
+
+    /// Item key `key` of this namespace as stored.
+    pub fn item(&self, key: &[u8]) -> Vec<u8> {
+        prefixed(self.number().unwrap_or(0), key)
+    }
+
+    /// A stored item key of this namespace as the program sees it.
+    fn strip(&self, mut key: Vec<u8>) -> Vec<u8> {
+        if self.prefix().is_some() {
+            key.remove(0);
+        }
+        key
+    }
+
+    /// The lower bound of a range of this namespace, as stored.
+    fn start(&self, bound: Bound<&[u8]>) -> Bound<Vec<u8>> {
+        match (self.space, bound) {
+            (Space::Raw, bound) => bound.map(<[u8]>::to_vec),
+            (Space::Db(0), Bound::Unbounded) => Bound::Included(vec![NAMESPACE_FIRST_BYTE_MIN]),
+            (Space::Db(0), Bound::Included(key) | Bound::Excluded(key))
+                if key < [NAMESPACE_FIRST_BYTE_MIN].as_slice() =>
+            {
+                Bound::Included(vec![NAMESPACE_FIRST_BYTE_MIN])
+            }
+            (Space::Db(number), Bound::Unbounded) => Bound::Included(vec![number]),
+            (_, bound) => bound.map(|key| self.item(key)),
+        }
+    }
+
+    /// The upper bound of a range of this namespace, as stored.
+    fn end(&self, bound: Bound<&[u8]>) -> Bound<Vec<u8>> {
+        match (self.space, bound) {
+            (Space::Raw | Space::Db(0), bound) => bound.map(<[u8]>::to_vec),
+            (Space::Db(number), Bound::Unbounded) => Bound::Excluded(vec![number + 1]),
+            (_, bound) => bound.map(|key| self.item(key)),
+        }
+    }
+
+    /// A program's reads, as stored.
+    pub fn read_ops(&self, ops: &mut [ReadOp]) {
+        if self.space == Space::Raw {
+            return;
+        }
+        for op in ops {
+            match op {
+                ReadOp::Get(key) => {
+                    if self.prefix().is_some() {
+                        *key = self.item(key);
+                    }
+                }
+                ReadOp::Scan { start, end, .. } => {
+                    *start = self.start(bound_ref(start));
+                    *end = self.end(bound_ref(end));
+                }
+            }
+        }
+    }
+
+    /// The results of reads, as the program sees them.
+    pub fn read_results(&self, results: &mut [ReadResult]) {
+        if self.prefix().is_none() {
+            return;
+        }
+        for result in results {
+            if let ReadResult::Items(items) = result {
+                for (key, _) in items.iter_mut() {
+                    *key = self.strip(std::mem::take(key));
+                }
+            }
+        }
+    }
+
+    /// A program's writes, as stored.
+    pub fn write_ops(&self, ops: &mut [BatchOp]) {
+        if self.prefix().is_none() {
+            return;
+        }
+        for op in ops {
+            let (BatchOp::Put { key, .. } | BatchOp::Delete { key }) = op;
+            *key = self.item(key);
+        }
+    }
+}
+
+fn bound_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    bound.as_ref().map(Vec::as_slice)
+}
+
+/// The namespace number of the command being handled on this thread (blocked clients wait per
+/// namespace and key).
+pub fn current_number() -> u8 {
+    Namespace::current().number().unwrap_or(0)
+}
+
+/// Item key `key` of namespace `number`, as stored.
+pub fn prefixed(number: u8, key: &[u8]) -> Vec<u8> {
+    assert!((number as usize) < DATABASES);
+    if number == 0 {
+        assert!(key.first().is_none_or(|&byte| byte >= NAMESPACE_FIRST_BYTE_MIN));
+        return key.to_vec();
+    }
+    let mut out = Vec::with_capacity(key.len() + 1);
+    out.push(number);
+    out.extend_from_slice(key);
+    out
+}
+
+/// What an exec program sees of its shard's index: `ExecView` in the program's namespace.
+pub struct View<'a> {
+    inner: &'a ExecView<'a>,
+    namespace: &'a Namespace,
+}
+
+impl<'a> View<'a> {
+    pub fn new(inner: &'a ExecView<'a>, namespace: &'a Namespace) -> View<'a> {
+        View { inner, namespace }
+    }
+
+    /// The exec's namespace (blocked clients wait per namespace and key).
+    pub fn namespace(&self) -> &Namespace {
+        self.namespace
+    }
+
+    /// The same index seen in `namespace` (a raw exec over two databases: MOVE).
+    pub fn in_namespace<'b>(&'b self, namespace: &'b Namespace) -> View<'b> {
+        View { inner: self.inner, namespace }
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        match self.namespace.prefix() {
+            None => self.inner.contains(key),
+            Some(_) => self.inner.contains(&self.namespace.item(key)),
+        }
+    }
+
+    /// Whether a live key of the namespace starts with `byte` (no I/O).
+    pub fn has_keys_starting_with(&self, byte: u8) -> bool {
+        match self.namespace.prefix() {
+            None => self.inner.has_keys_starting_with(byte),
+            Some(_) => {
+                let end = crate::keyspace::prefix_end(&[byte]);
+                self.count(Bound::Included(&[byte]), bound_ref(&end), 1) > 0
+            }
+        }
+    }
+
+    /// Up to `limit` keys of the range, in order (no I/O).
+    pub fn keys(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> Vec<Vec<u8>> {
+        if self.namespace.space == Space::Raw {
+            return self.inner.keys(start, end, limit);
+        }
+        let (start, end) = (self.namespace.start(start), self.namespace.end(end));
+        let keys = self.inner.keys(bound_ref(&start), bound_ref(&end), limit);
+        match self.namespace.prefix() {
+            None => keys,
+            Some(_) => keys.into_iter().map(|key| self.namespace.strip(key)).collect(),
+        }
+    }
+
+    /// Keys in the range, counting no further than `limit` (no I/O).
+    pub fn count(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, limit: usize) -> usize {
+        if self.namespace.space == Space::Raw {
+            return self.inner.count(start, end, limit);
+        }
+        let (start, end) = (self.namespace.start(start), self.namespace.end(end));
+        self.inner.count(bound_ref(&start), bound_ref(&end), limit)
+    }
+}
+
+/// A future polled in a namespace (`Namespace::bind`).
+pub struct InNamespace<F: Future> {
+    namespace: Namespace,
+    future: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for InNamespace<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        this.namespace.clone().scope(|| this.future.as_mut().poll(cx))
+    }
+}
+
+/// The database map: which namespace holds each database's keys, and its generation.
+pub struct Databases {
+    map: RwLock<([u8; DATABASES], Arc<()>)>,
+    /// SWAPDBs one at a time.
+    swapping: tokio::sync::Mutex<()>,
+}
+
+impl Databases {
+    /// The map as stored (`decode`), or the identity for a store without one.
+    pub fn new(map: [u8; DATABASES]) -> Databases {
+        Databases { map: RwLock::new((map, Arc::new(()))), swapping: tokio::sync::Mutex::new(()) }
+    }
+
+    /// The namespace of database `database` (< DATABASES) now.
+    pub fn resolve(&self, database: u8) -> Namespace {
+        let map = self.map.read().unwrap_or_else(|poison| poison.into_inner());
+        Namespace { space: Space::Db(map.0[database as usize]), _generation: Some(map.1.clone()) }
+    }
+
+    /// The map now.
+    pub fn map(&self) -> [u8; DATABASES] {
+        self.map.read().unwrap_or_else(|poison| poison.into_inner()).0
+    }
+
+    /// Swaps databases `a` and `b`: `persist` makes the new map durable (its future answers
+    /// whether it did), then the map is installed and this waits for every exec built under the
+    /// old one to be done. Nothing changes if `persist` fails.
+    pub async fn swap<P, Fut>(&self, a: u8, b: u8, persist: P) -> Result<(), String>
+    where
+        P: FnOnce(Vec<u8>) -> Fut,
+        Fut: Future<Output = Result<(), String>>,
+    {
+        let _one_at_a_time = self.swapping.lock().await;
+        let mut new = self.map();
+        new.swap(a as usize, b as usize);
+        persist(new.to_vec()).await?;
+        let old = {
+            let mut map = self.map.write().unwrap_or_else(|poison| poison.into_inner());
+            std::mem::replace(&mut *map, (new, Arc::new(()))).1
+        };
+        // Commands concurrent with the swap may still run under the old map; once they are done,
+        // anything that follows the reply sees only the new one.
+        while Arc::strong_count(&old) > 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+}
+
+/// The database map stored in `value`, None if it is not a permutation of 0..DATABASES.
+pub fn decode_map(value: &[u8]) -> Option<[u8; DATABASES]> {
+    let map: [u8; DATABASES] = value.try_into().ok()?;
+    let mut seen = [false; DATABASES];
+    for &number in &map {
+        let slot = seen.get_mut(number as usize)?;
+        if std::mem::replace(slot, true) {
+            return None;
+        }
+    }
+    Some(map)
+}
+
+/// The identity map: database `d` in namespace `d`.
+pub fn identity_map() -> [u8; DATABASES] {
+    std::array::from_fn(|at| at as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_never_overlap() {
+        let zero = Namespace::detached(0);
+        let three = Namespace::detached(3);
+        assert_eq!(zero.item(b"mkey"), b"mkey");
+        assert_eq!(three.item(b"mkey"), b"\x03mkey");
+        assert_eq!(three.strip(b"\x03mkey".to_vec()), b"mkey");
+        // Unbounded ranges stay inside their namespace.
+        assert_eq!(zero.start(Bound::Unbounded), Bound::Included(vec![NAMESPACE_FIRST_BYTE_MIN]));
+        assert_eq!(zero.start(Bound::Included(b"\x05")), Bound::Included(vec![0x10]));
+        assert_eq!(three.start(Bound::Unbounded), Bound::Included(vec![3]));
+        assert_eq!(three.end(Bound::Unbounded), Bound::Excluded(vec![4]));
+        assert_eq!(three.end(Bound::Excluded(b"n")), Bound::Excluded(b"\x03n".to_vec()));
+        for tag in [b'm', b'h', b'z', b'l', b's', b'o', b'e', b't'] {
+            assert!(tag >= NAMESPACE_FIRST_BYTE_MIN);
+        }
+        assert!(DATABASES as u8 <= NAMESPACE_FIRST_BYTE_MIN);
+    }
+
+    #[test]
+    fn a_map_must_be_a_permutation() {
+        assert_eq!(decode_map(&identity_map()), Some(identity_map()));
+        let mut swapped = identity_map();
+        swapped.swap(0, 9);
+        assert_eq!(decode_map(&swapped), Some(swapped));
+        let mut twice = identity_map();
+        twice[1] = 0;
+        assert_eq!(decode_map(&twice), None);
+        assert_eq!(decode_map(&[16; 16]), None);
+        assert_eq!(decode_map(&[0; 15]), None);
+    }
+}

@@ -1,0 +1,321 @@
+"""Key commands and databases (issue 23 item 6): SELECT 0-15 with per-database FLUSHDB and
+DBSIZE, SWAPDB, MOVE, COPY, RENAME and RENAMENX over every type, with their expiries.
+
+The differential tests send the same commands to copse and to redis-server (installed by `make
+test-deps`) and compare the replies, errors included. Deadlines are set with PEXPIREAT so both
+servers hold the same one and EXPIRETIME compares exactly. Keys are renamed among many names, so
+both of copse's paths run: keys on one shard (one exec) and on two (a cross-shard batch).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from support import Differential
+from support import run_script as run_commands
+
+UNORDERED = {"SMEMBERS", "HGETALL", "KEYS"}
+# A deadline an hour from the start of the session, the same on both servers.
+DEADLINE_MS = int(time.time() * 1000) + 3_600_000
+
+
+def run_script(diff: Differential, script: str) -> None:
+    run_commands(diff, script.replace("DEADLINE", str(DEADLINE_MS)), UNORDERED)
+
+
+def fill_every_type(diff: Differential, suffix: str = "") -> list[str]:
+    """One key of each type, each with a deadline but the string; returns their names."""
+    run_script(diff, f"""
+        SET str{suffix} hello
+        HSET hash{suffix} f1 v1 f2 v2
+        RPUSH list{suffix} a b c
+        LPUSH list{suffix} z
+        SADD set{suffix} m1 m2 3
+        ZADD zset{suffix} 1 a 2.5 b -3 c
+        PEXPIREAT hash{suffix} DEADLINE
+        PEXPIREAT list{suffix} DEADLINE
+        PEXPIREAT set{suffix} DEADLINE
+        PEXPIREAT zset{suffix} DEADLINE
+    """)
+    return [f"{name}{suffix}" for name in ("str", "hash", "list", "set", "zset")]
+
+
+def check_key(diff: Differential, key: str) -> None:
+    """Compares `key` whole on both servers: type, contents, deadline."""
+    kind = diff.both("TYPE", key)
+    diff.both("PEXPIRETIME", key)
+    reads = {
+        b"string": [("GET", key)],
+        b"hash": [("HGETALL", key), ("HLEN", key)],
+        b"list": [("LRANGE", key, "0", "-1"), ("LLEN", key)],
+        b"set": [("SMEMBERS", key), ("SCARD", key)],
+        b"zset": [("ZRANGE", key, "0", "-1", "WITHSCORES"), ("ZCARD", key)],
+    }
+    for command in reads.get(bytes(kind), []):
+        diff.both(*command, unordered=command[0] in UNORDERED)
+
+
+def test_databases_are_separate_and_select_checks_its_argument(diff):
+    run_script(diff, """
+        SET k db0
+        SELECT 1
+        GET k
+        SET k db1
+        RPUSH l x y
+        DBSIZE
+        SELECT 15
+        SET k db15
+        SELECT 16
+        SELECT -1
+        SELECT x
+        SELECT 0
+        GET k
+        DBSIZE
+        SELECT 1
+        GET k
+        FLUSHDB
+        DBSIZE
+        SELECT 0
+        GET k
+        SELECT 15
+        GET k
+        FLUSHALL
+        GET k
+        SELECT 0
+        GET k
+        DBSIZE
+    """)
+
+
+def test_every_type_and_its_expiry_live_in_each_database(diff):
+    for database in (0, 3):
+        diff.both("SELECT", str(database))
+        names = fill_every_type(diff)
+        for name in names:
+            check_key(diff, name)
+    run_script(diff, """
+        SELECT 3
+        DBSIZE
+        KEYS *
+        SELECT 0
+        FLUSHDB
+        SELECT 3
+        DBSIZE
+    """)
+
+
+def test_swapdb_swaps_everything_and_checks_its_arguments(diff):
+    fill_every_type(diff)
+    run_script(diff, """
+        SELECT 2
+        SET only2 x
+        SWAPDB 0 2
+        DBSIZE
+        GET only2
+        GET str
+        SELECT 0
+        GET only2
+        GET str
+        SWAPDB 2 0
+        GET only2
+        SWAPDB 0 0
+        SWAPDB 0 16
+        SWAPDB x 1
+        SWAPDB 1 x
+        SWAPDB -1 1
+    """)
+    diff.both("SELECT", "2")
+    for name in ("str", "hash", "list", "set", "zset"):
+        check_key(diff, name)
+
+
+def test_move_moves_every_type_with_its_deadline(diff):
+    names = fill_every_type(diff)
+    run_script(diff, """
+        SELECT 5
+        SET str taken
+        SELECT 0
+    """)
+    for name in names:
+        diff.both("MOVE", name, "5")
+    run_script(diff, """
+        DBSIZE
+        MOVE nokey 5
+        MOVE str 0
+        MOVE str 16
+        MOVE str x
+        SELECT 5
+        DBSIZE
+    """)
+    for name in names:
+        check_key(diff, name)
+    diff.both("SELECT", "0")
+    check_key(diff, "str")
+
+
+@pytest.mark.parametrize("command", ["RENAME", "RENAMENX"])
+def test_rename_over_many_key_pairs(diff, command):
+    for round_ in range(6):
+        names = fill_every_type(diff, f":{round_}")
+        for name in names:
+            target = f"{name}:renamed"
+            diff.both(command, name, target)
+            check_key(diff, name)
+            check_key(diff, target)
+    run_script(diff, f"""
+        {command} nokey other
+        {command} nokey nokey
+        SET same v
+        {command} same same
+        GET same
+        SET a 1
+        SET b 2
+        PEXPIREAT b DEADLINE
+        {command} a b
+        GET b
+        PEXPIRETIME b
+        EXISTS a
+        HSET h f v
+        SADD s m
+        {command} h s
+        TYPE s
+        EXISTS h
+    """)
+
+
+def test_copy_over_databases_types_and_replace(diff):
+    for round_ in range(4):
+        names = fill_every_type(diff, f":{round_}")
+        for name in names:
+            diff.both("COPY", name, f"{name}:copy")
+            diff.both("COPY", name, f"{name}:copy")
+            diff.both("COPY", name, f"{name}:copy", "REPLACE")
+            diff.both("COPY", name, name, "DB", "7")
+            check_key(diff, name)
+            check_key(diff, f"{name}:copy")
+    run_script(diff, """
+        COPY nokey x
+        SET k v
+        COPY k k
+        COPY k k DB 0
+        COPY k k DB 16
+        COPY k k DB x
+        COPY k k2 DB
+        COPY k k2 BOGUS
+        COPY k k2 REPLACE REPLACE
+        HSET h f v
+        COPY h k REPLACE
+        TYPE k
+        SELECT 7
+        DBSIZE
+    """)
+    diff.both("SELECT", "7")
+    for name in ("str:0", "hash:1", "list:2", "zset:3"):
+        check_key(diff, name)
+
+
+def test_a_renamed_key_that_expires_is_gone(diff):
+    run_script(diff, """
+        SET gone v PX 50
+        RENAME gone still
+    """)
+    time.sleep(0.12)
+    run_script(diff, """
+        EXISTS still gone
+        RENAME still again
+        COPY still again
+        MOVE still 1
+    """)
+
+
+def test_blocked_clients_wait_per_database(server):
+    waiter = server.client()
+    pusher = server.client()
+    waiter.execute_command("SELECT", "4")
+    result = {}
+
+    def pop():
+        result["reply"] = waiter.blpop("queue", timeout=5)
+
+    thread = threading.Thread(target=pop)
+    thread.start()
+    time.sleep(0.2)
+    pusher.rpush("queue", "db0")  # database 0: the waiter is in database 4
+    time.sleep(0.2)
+    assert "reply" not in result
+    pusher.execute_command("SELECT", "4")
+    pusher.rpush("queue", "db4")
+    thread.join(5)
+    assert result["reply"] == (b"queue", b"db4")
+    pusher.execute_command("SELECT", "0")
+    assert pusher.lrange("queue", 0, -1) == [b"db0"]
+
+
+def test_databases_and_swaps_survive_a_kill(make_server):
+    server = make_server()
+    client = server.client()
+    client.set("a", "zero")
+    client.execute_command("SELECT", "1")
+    client.set("a", "one")
+    client.hset("h", "f", "v")
+    client.execute_command("PEXPIREAT", "h", str(DEADLINE_MS))
+    client.execute_command("SWAPDB", "0", "1")
+    client.execute_command("SELECT", "0")
+    client.close()
+    server.kill()
+    server.restart()
+    client = server.client()
+    assert client.get("a") == b"one"
+    assert client.hgetall("h") == {b"f": b"v"}
+    assert client.execute_command("PEXPIRETIME", "h") == DEADLINE_MS
+    client.execute_command("SELECT", "1")
+    assert client.get("a") == b"zero"
+    info = client.info("keyspace")
+    assert info["db0"]["keys"] == 2 and info["db0"]["expires"] == 1, info
+    assert info["db1"]["keys"] == 1, info
+
+
+def test_swapdb_waits_for_commands_under_the_old_map(server):
+    """Writers keep writing to database 0 while SWAPDB swaps 0 and 1 back and forth: every
+    acknowledged write is in exactly one of the two databases, where the count of swaps says."""
+    writer = server.client()
+    swapper = server.client()
+    writer.flushall()
+    stop = threading.Event()
+    written = []
+
+    def write():
+        at = 0
+        while not stop.is_set():
+            writer.set(f"w{at}", at)
+            written.append(at)
+            at += 1
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    for _ in range(20):
+        swapper.execute_command("SWAPDB", "0", "1")
+        time.sleep(0.01)
+    stop.set()
+    thread.join()
+    total = 0
+    for database in (0, 1):
+        swapper.execute_command("SELECT", str(database))
+        total += swapper.dbsize()
+    assert total == len(written)
+
+
+def test_the_largest_copy_is_refused_whole(r):
+    members = [f"m{at}" for at in range(6_000)]
+    for start in range(0, len(members), 2_000):
+        r.zadd("big", {member: start + at for at, member in enumerate(members[start:start + 2_000])})
+    with pytest.raises(redis.ResponseError, match="one atomic batch"):
+        r.rename("big", "bigger")
+    assert r.zcard("big") == 6_000 and not r.exists("bigger")
+    r.sadd("set", *members)
+    r.rename("set", "set2")
+    assert r.scard("set2") == 6_000 and not r.exists("set")
