@@ -319,3 +319,163 @@ def test_the_largest_copy_is_refused_whole(r):
     r.sadd("set", *members)
     r.rename("set", "set2")
     assert r.scard("set2") == 6_000 and not r.exists("set")
+
+
+def test_object_encoding_is_what_redis_would_report(diff):
+    run_script(diff, """
+        SET int 12345
+        SET neg -7
+        SET zero 0
+        SET lead 007
+        SET short hello
+        SET long 0123456789012345678901234567890123456789012345
+        SET edge 01234567890123456789012345678901234567890123
+        OBJECT ENCODING int
+        OBJECT ENCODING neg
+        OBJECT ENCODING zero
+        OBJECT ENCODING lead
+        OBJECT ENCODING short
+        OBJECT ENCODING long
+        OBJECT ENCODING edge
+        OBJECT REFCOUNT int
+        OBJECT REFCOUNT zero
+        OBJECT REFCOUNT short
+        SET big 12345678
+        OBJECT REFCOUNT big
+        RPUSH list a b
+        OBJECT ENCODING list
+        OBJECT REFCOUNT list
+        HSET hash f v
+        OBJECT ENCODING hash
+        SADD ints 1 2 3
+        OBJECT ENCODING ints
+        SADD ints x
+        OBJECT ENCODING ints
+        ZADD zset 1 a
+        OBJECT ENCODING zset
+        OBJECT ENCODING nokey
+        OBJECT REFCOUNT nokey
+        OBJECT IDLETIME nokey
+        OBJECT FREQ nokey
+        OBJECT FREQ int
+        OBJECT ENCODING
+        OBJECT ENCODING a b
+        OBJECT BOGUS x
+        OBJECT HELP
+    """)
+
+
+def test_encoding_knobs_are_accepted_and_change_object_encoding(diff):
+    for knob in ("hash-max-listpack-entries", "hash-max-ziplist-entries", "hash-max-listpack-value",
+                 "zset-max-listpack-entries", "zset-max-listpack-value", "set-max-intset-entries",
+                 "list-max-listpack-size", "list-max-ziplist-size", "list-compress-depth"):
+        diff.both("CONFIG", "GET", knob)
+    run_script(diff, """
+        CONFIG SET hash-max-listpack-entries 2
+        CONFIG GET hash-max-ziplist-entries
+        HSET h a 1 b 2
+        OBJECT ENCODING h
+        HSET h c 3
+        OBJECT ENCODING h
+        CONFIG SET hash-max-listpack-value 3
+        HSET v f 1234
+        OBJECT ENCODING v
+        CONFIG SET zset-max-listpack-entries 1
+        ZADD z 1 a
+        OBJECT ENCODING z
+        ZADD z 2 b
+        OBJECT ENCODING z
+        CONFIG SET zset-max-listpack-value 2
+        ZADD zl 1 abc
+        OBJECT ENCODING zl
+        CONFIG SET set-max-intset-entries 2
+        SADD s 1 2
+        OBJECT ENCODING s
+        SADD s 3
+        OBJECT ENCODING s
+        CONFIG SET hash-max-listpack-entries x
+        CONFIG SET hash-max-listpack-entries -1
+        CONFIG SET list-compress-depth -1
+        CONFIG SET list-max-listpack-size -70000
+        CONFIG SET list-max-listpack-size 99999999999
+        CONFIG SET hash-max-listpack-entries 512 hash-max-listpack-value 64
+        CONFIG SET zset-max-listpack-entries 128 zset-max-listpack-value 64
+        CONFIG SET set-max-intset-entries 512 list-max-listpack-size -2
+        CONFIG GET databases
+    """)
+
+
+def test_touch_randomkey_and_flush_commands(diff):
+    run_script(diff, """
+        RANDOMKEY
+        SET a 1
+        TOUCH a a nokey
+        TOUCH nokey
+        RANDOMKEY
+        FUNCTION FLUSH
+        FUNCTION FLUSH ASYNC
+        FUNCTION FLUSH SYNC
+        FUNCTION FLUSH BAD
+        SCRIPT FLUSH
+        SCRIPT FLUSH ASYNC
+        SCRIPT FLUSH BAD
+        MEMORY USAGE nokey
+        MEMORY USAGE a SAMPLES x
+        MEMORY USAGE a BOGUS
+        MEMORY
+        MEMORY BOGUS
+    """)
+    # copse's MEMORY HELP lists what it has: USAGE (not DOCTOR, MALLOC-STATS, PURGE, STATS).
+    assert diff.copse and b"USAGE <key> [SAMPLES <count>]" in diff._call(diff.copse, ("MEMORY", "HELP"))
+
+
+def test_randomkey_finds_keys_in_every_shard_and_skips_expired_ones(r):
+    keys = {f"k{at}" for at in range(40)}
+    for key in keys:
+        r.set(key, "v")
+    seen = {r.randomkey().decode() for _ in range(400)}
+    assert seen <= keys and len(seen) >= 20
+    r.execute_command("DEBUG", "SET-ACTIVE-EXPIRE", "0")
+    try:
+        r.flushall()
+        r.set("gone", "v", px=1)
+        r.set("stays", "v")
+        time.sleep(0.05)
+        assert {r.randomkey() for _ in range(20)} == {b"stays"}
+    finally:
+        r.execute_command("DEBUG", "SET-ACTIVE-EXPIRE", "1")
+    r.select(2)
+    assert r.randomkey() is None
+    r.select(0)
+
+
+def test_idletime_counts_from_the_last_use(r):
+    r.set("idle", "v")
+    r.set("busy", "v")
+    time.sleep(2.1)
+    r.get("busy")
+    assert r.object("idletime", "idle") >= 2
+    assert r.object("idletime", "busy") <= 1
+    r.execute_command("TOUCH", "idle")
+    assert r.object("idletime", "idle") <= 1
+    # OBJECT, TYPE, TTL and EXISTS only look: they do not count as a use.
+    time.sleep(1.1)
+    for command in ("TYPE", "TTL", "EXISTS"):
+        r.execute_command(command, "idle")
+    r.object("encoding", "idle")
+    assert r.object("idletime", "idle") >= 1
+
+
+def test_memory_usage_grows_with_what_the_key_holds(r):
+    r.set("small", "v")
+    r.set("large", "v" * 10_000)
+    small, large = r.memory_usage("small"), r.memory_usage("large")
+    assert 0 < small < 200 and large > 10_000
+    r.hset("h", mapping={f"f{at}": "x" * 100 for at in range(1_000)})
+    sampled = r.memory_usage("h")
+    everything = r.memory_usage("h", samples=0)
+    assert 100_000 < sampled < 300_000 and 100_000 < everything < 300_000
+    r.zadd("z", {f"m{at}": at for at in range(100)})
+    assert r.memory_usage("z") > r.memory_usage("small")
+    r.rpush("l", *["e" * 50] * 20)
+    assert r.memory_usage("l") > 20 * 50

@@ -45,6 +45,90 @@ pub struct Stats {
     pub expired_keys: AtomicU64,
 }
 
+/// Redis's encoding knobs, as CONFIG GET and SET name them (with their older `ziplist` names):
+/// (name, alias, default, least, most), Redis 7.0's compiled-in defaults and ranges. copse
+/// accepts and reports them; they change what OBJECT ENCODING answers (the encoding Redis would
+/// use), never copse's disk layout.
+pub const ENCODING_KNOBS: [(&str, Option<&str>, i64, i64, i64); 7] = [
+    ("hash-max-listpack-entries", Some("hash-max-ziplist-entries"), 512, 0, i64::MAX),
+    ("hash-max-listpack-value", Some("hash-max-ziplist-value"), 64, 0, i64::MAX),
+    ("zset-max-listpack-entries", Some("zset-max-ziplist-entries"), 128, 0, i64::MAX),
+    ("zset-max-listpack-value", Some("zset-max-ziplist-value"), 64, 0, i64::MAX),
+    ("set-max-intset-entries", None, 512, 0, i64::MAX),
+    ("list-max-listpack-size", Some("list-max-ziplist-size"), -2, i32::MIN as i64, i32::MAX as i64),
+    ("list-compress-depth", None, 0, 0, i32::MAX as i64),
+];
+
+/// The values of `ENCODING_KNOBS`, in its order.
+pub struct EncodingKnobs {
+    values: [std::sync::atomic::AtomicI64; ENCODING_KNOBS.len()],
+}
+
+impl Default for EncodingKnobs {
+    fn default() -> Self {
+        EncodingKnobs {
+            values: std::array::from_fn(|at| {
+                std::sync::atomic::AtomicI64::new(ENCODING_KNOBS[at].2)
+            }),
+        }
+    }
+}
+
+impl EncodingKnobs {
+    /// The position in `ENCODING_KNOBS` of the knob named `name` (or its alias).
+    pub fn position(name: &str) -> Option<usize> {
+        ENCODING_KNOBS.iter().position(|(knob, alias, ..)| *knob == name || *alias == Some(name))
+    }
+
+    pub fn get(&self, name: &str) -> i64 {
+        let at = EncodingKnobs::position(name).expect("a known knob");
+        self.values[at].load(Ordering::Relaxed)
+    }
+
+    pub fn set(&self, at: usize, value: i64) {
+        self.values[at].store(value, Ordering::Relaxed)
+    }
+}
+
+/// When each key was last used, approximately: a table of `ACCESS_SLOTS` clocks indexed by the
+/// key's hash, each the second (since the server started) a key hashing there was last named by
+/// a command. OBJECT IDLETIME reads it. Keys sharing a slot share a clock, so an idle time is
+/// never longer than the truth, and may be shorter (Redis's own LRU clock is approximate too,
+/// to its resolution). Costs one relaxed store per key a command names.
+pub struct AccessClock {
+    slots: Box<[std::sync::atomic::AtomicU32]>,
+}
+
+/// Slots of `AccessClock` (256 KiB of clocks).
+pub const ACCESS_SLOTS: usize = 1 << 16;
+
+impl Default for AccessClock {
+    fn default() -> Self {
+        AccessClock {
+            slots: (0..ACCESS_SLOTS).map(|_| std::sync::atomic::AtomicU32::new(0)).collect(),
+        }
+    }
+}
+
+impl AccessClock {
+    fn slot(&self, key: &[u8]) -> &std::sync::atomic::AtomicU32 {
+        &self.slots[xxhash_rust::xxh3::xxh3_64(key) as usize % ACCESS_SLOTS]
+    }
+
+    /// Notes that `key` was used at `now_s` (seconds since the server started).
+    pub fn touch(&self, key: &[u8], now_s: u32) {
+        let slot = self.slot(key);
+        if slot.load(Ordering::Relaxed) != now_s {
+            slot.store(now_s, Ordering::Relaxed);
+        }
+    }
+
+    /// Seconds since `key` was last used, at most `now_s` (never used since the server started).
+    pub fn idle_s(&self, key: &[u8], now_s: u32) -> u32 {
+        now_s.saturating_sub(self.slot(key).load(Ordering::Relaxed))
+    }
+}
+
 /// Settings CONFIG SET may change while the server runs.
 pub struct Settings {
     pub requirepass: Mutex<String>,
@@ -56,6 +140,8 @@ pub struct Settings {
     pub protected_mode: AtomicBool,
     /// Descriptors the server keeps for itself; CONFIG SET maxclients must leave them free.
     pub reserved_fds: u64,
+    /// `ENCODING_KNOBS` as CONFIG SET left them.
+    pub encoding: EncodingKnobs,
     /// Whether active expiry runs (`DEBUG SET-ACTIVE-EXPIRE`, as in Redis's own tests): off,
     /// expired keys stay until a write deletes them, and still read as missing.
     pub active_expire: AtomicBool,
@@ -117,9 +203,16 @@ pub struct Server {
     pub waiters: crate::waiters::Waiters,
     /// Which namespace holds each database's keys (SELECT, SWAPDB).
     pub databases: crate::cmd::namespace::Databases,
+    /// When keys were last used (OBJECT IDLETIME).
+    pub access: AccessClock,
 }
 
 impl Server {
+    /// Whole seconds since the server started (the access clock's time).
+    pub fn uptime_s(&self) -> u32 {
+        self.started.elapsed().as_secs() as u32
+    }
+
     /// The state of a server about to serve `db` on `local_addr`, with no client yet.
     pub fn new(
         db: Db,
@@ -144,6 +237,7 @@ impl Server {
             value_bytes_bound: Arc::new(AtomicUsize::new(value_bytes_bound)),
             waiters: crate::waiters::Waiters::default(),
             databases,
+            access: AccessClock::default(),
         }
     }
 

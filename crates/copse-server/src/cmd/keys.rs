@@ -38,6 +38,8 @@ pub fn specs() -> Vec<Spec> {
         spec("del", -2, W, 1, -1, 1, "Deletes keys.", del as _),
         spec("unlink", -2, W, 1, -1, 1, "Deletes keys (as DEL).", del as _),
         spec("exists", -2, R, 1, -1, 1, "Counts the given keys that exist.", exists as _),
+        // Noting the keys as used (`cmd::dispatch`) is all TOUCH does besides EXISTS's count.
+        spec("touch", -2, R, 1, -1, 1, "Counts existing keys, noting them as used.", exists as _),
         spec("type", 2, R, 1, 1, 1, "Returns the type of a key.", type_of as _),
         spec("scan", -2, R, 0, 0, 0, "Iterates over the key space.", scan as _),
         spec("keys", 2, R, 0, 0, 0, "Returns the keys that match a pattern.", keys as _),

@@ -12,6 +12,7 @@
 
 pub mod expiry;
 pub mod hashes;
+pub mod inspect;
 pub mod keys;
 pub mod lists;
 pub mod namespace;
@@ -1134,6 +1135,7 @@ pub fn table() -> &'static [Spec] {
         specs.extend(strings::specs());
         specs.extend(keys::specs());
         specs.extend(objects::specs());
+        specs.extend(inspect::specs());
         specs.extend(expiry::specs());
         specs.extend(hashes::specs());
         specs.extend(zsets::specs());
@@ -1181,6 +1183,10 @@ pub fn find_ignoring_case(name: &[u8]) -> Option<&'static Spec> {
     (spec.name.as_bytes() == &*lowered).then_some(spec)
 }
 
+/// Commands that look at a key without counting as a use of it (Redis's LOOKUP_NOTOUCH).
+const NO_TOUCH: &[&str] =
+    &["exists", "expiretime", "memory", "object", "pexpiretime", "pttl", "ttl", "type"];
+
 /// Bytes in the longest command name of the table (checked by a test).
 const COMMAND_NAME_BYTES_MAX: usize = 32;
 
@@ -1213,13 +1219,20 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     if !conn.authenticated && !ALLOWED_BEFORE_AUTH.contains(&spec.name) {
         return refused(Outcome::error("NOAUTH Authentication required."));
     }
-    // Every key a command names must fit copse's keys; checked once here for all commands.
+    // Every key a command names must fit copse's keys; checked once here for all commands,
+    // and noted as used (OBJECT IDLETIME) unless the command only looks (`NO_TOUCH`).
     if spec.first_key > 0 {
         let last = if spec.last_key < 0 { count + spec.last_key } else { spec.last_key };
+        let touch = !NO_TOUCH.contains(&spec.name);
+        let now_s = server.uptime_s();
         let mut at = spec.first_key;
         while at <= last && at < count {
-            if let Err(reply) = check_key(&args[at as usize]) {
+            let key = &args[at as usize];
+            if let Err(reply) = check_key(key) {
                 return refused(Outcome::Reply(reply));
+            }
+            if touch {
+                server.access.touch(key, now_s);
             }
             at += spec.key_step.max(1);
         }

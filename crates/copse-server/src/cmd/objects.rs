@@ -115,6 +115,121 @@ impl Snapshot {
     }
 }
 
+/// A key's contents as Redis types (DUMP, RESTORE, OBJECT ENCODING).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    String(Vec<u8>),
+    List(Vec<Vec<u8>>),
+    /// (field, value) pairs.
+    Hash(Vec<(Vec<u8>, Vec<u8>)>),
+    Set(Vec<Vec<u8>>),
+    /// (member, score) pairs, ordered by score, then member.
+    ZSet(Vec<(Vec<u8>, f64)>),
+}
+
+impl Value {
+    pub fn ty(&self) -> KeyType {
+        match self {
+            Value::String(_) => KeyType::String,
+            Value::List(_) => KeyType::List,
+            Value::Hash(_) => KeyType::Hash,
+            Value::Set(_) => KeyType::Set,
+            Value::ZSet(_) => KeyType::ZSet,
+        }
+    }
+
+    /// Elements (a string: 1).
+    pub fn len(&self) -> usize {
+        match self {
+            Value::String(_) => 1,
+            Value::List(items) | Value::Set(items) => items.len(),
+            Value::Hash(pairs) => pairs.len(),
+            Value::ZSet(pairs) => pairs.len(),
+        }
+    }
+}
+
+impl Snapshot {
+    /// The snapshot's contents as Redis types; None for items this version never writes.
+    pub fn value(&self) -> Option<Value> {
+        // What follows a field's or a set member's scan hash.
+        let named = |rest: &[u8]| rest.get(8..).map(<[u8]>::to_vec);
+        Some(match self.ty {
+            KeyType::String => Value::String(self.meta.clone()),
+            KeyType::List => {
+                Value::List(self.elements.iter().map(|(_, value)| value.clone()).collect())
+            }
+            KeyType::Hash => Value::Hash(
+                self.elements
+                    .iter()
+                    .map(|(rest, value)| Some((named(rest)?, value.clone())))
+                    .collect::<Option<_>>()?,
+            ),
+            KeyType::Set => Value::Set(
+                self.elements.iter().map(|(rest, _)| named(rest)).collect::<Option<_>>()?,
+            ),
+            KeyType::ZSet => {
+                let mut pairs = Vec::with_capacity(self.elements.len() / 2);
+                for (rest, value) in &self.elements {
+                    if rest.first() == Some(&keyspace::ZSET_MEMBER) {
+                        pairs.push((rest[1..].to_vec(), keyspace::decode_score_value(value)?));
+                    }
+                }
+                pairs.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+                Value::ZSet(pairs)
+            }
+        })
+    }
+
+    /// The snapshot of a key holding `value` (a collection must not be empty) with
+    /// `deadline_ms`: its items as `write_ops` writes them.
+    pub fn of_value(value: &Value, deadline_ms: Option<u64>) -> Snapshot {
+        let ty = value.ty();
+        // Element items are built under a placeholder id, then cut after it.
+        let id = keyspace::collection_id(b"", 0);
+        let cut = |item: Vec<u8>| item[keyspace::element_prefix(item[0], &id).len()..].to_vec();
+        let mut elements = Vec::with_capacity(value.len());
+        match value {
+            Value::String(bytes) => {
+                return Snapshot { ty, meta: bytes.clone(), elements, deadline_ms };
+            }
+            Value::List(items) => {
+                for (at, item) in items.iter().enumerate() {
+                    let index = keyspace::LIST_HEAD_INITIAL + at as u64;
+                    elements.push((cut(keyspace::list_key(&id, index)), item.clone()));
+                }
+            }
+            Value::Hash(pairs) => {
+                for (field, item) in pairs {
+                    elements.push((cut(keyspace::field_key(&id, field)), item.clone()));
+                }
+            }
+            Value::Set(members) => {
+                for member in members {
+                    elements.push((cut(keyspace::set_member_key(&id, member)), Vec::new()));
+                }
+            }
+            Value::ZSet(pairs) => {
+                for (member, score) in pairs {
+                    let score_item = keyspace::score_key(&id, *score, member);
+                    elements.push((cut(score_item), Vec::new()));
+                    let member_item = keyspace::member_key(&id, member);
+                    elements.push((cut(member_item), keyspace::encode_score(*score)));
+                }
+            }
+        }
+        // Item key order, as a snapshot read from the store has them.
+        elements.sort_by(|a, b| a.0.cmp(&b.0));
+        let meta = CollectionMeta {
+            version: 0,
+            count: value.len() as u64,
+            deadline_ms: None,
+            head: (ty == KeyType::List).then_some(keyspace::LIST_HEAD_INITIAL),
+        };
+        Snapshot { ty, meta: meta.encode(), elements, deadline_ms }
+    }
+}
+
 /// The writes that make `key` in `view` hold `snapshot`, whatever it held (its deadline too; an
 /// expired key is reclaimed). With `replace` false a live key is left alone: None.
 pub fn replace_ops(

@@ -16,7 +16,7 @@ use super::{
     keys, lowercase, parse_i64, table, Call, Input, Next, Outcome, Spec, NOT_INTEGER, SYNTAX,
 };
 use crate::config::PROTO_MAX_BULK_LEN_DEFAULT;
-use crate::context::Server;
+use crate::context::{EncodingKnobs, Server};
 use crate::resp::{Protocol, Reply};
 
 /// The Redis version copse answers as (the command set it follows).
@@ -43,6 +43,8 @@ pub fn specs() -> Vec<Spec> {
         spec("debug", -2, A, "Debugging: SET-ACTIVE-EXPIRE 0|1 only.", debug as _),
         spec("info", -1, F, "Returns information about the server.", info as _),
         spec("time", 1, F, "Returns the server time.", time as _),
+        spec("function", -2, &["write"], "FUNCTION FLUSH (no function is stored).", function as _),
+        spec("script", -2, &[], "SCRIPT FLUSH (no script is cached).", script as _),
         spec(
             "scrub",
             1,
@@ -360,7 +362,7 @@ fn command(call: &mut Call<'_>) -> Outcome {
 /// The settings CONFIG GET shows, with their current values.
 fn config_values(server: &Server) -> Vec<(&'static str, String)> {
     let settings = &server.settings;
-    vec![
+    let mut values = vec![
         ("bind", server.config.bind.clone()),
         ("port", server.local_addr.port().to_string()),
         ("dir", server.config.path.display().to_string()),
@@ -386,9 +388,17 @@ fn config_values(server: &Server) -> Vec<(&'static str, String)> {
         ("save", String::new()),
         ("appendonly", "no".into()),
         ("appendfsync", "always".into()),
-        ("databases", "1".into()),
+        ("databases", super::namespace::DATABASES.to_string()),
         ("io-threads", server.config.thread_count().to_string()),
-    ]
+    ];
+    for (name, alias, ..) in crate::context::ENCODING_KNOBS {
+        let value = settings.encoding.get(name).to_string();
+        values.push((name, value.clone()));
+        if let Some(alias) = alias {
+            values.push((alias, value));
+        }
+    }
+    values
 }
 
 /// A checked CONFIG SET change, applied once every pair of the call is checked.
@@ -467,6 +477,24 @@ fn config(call: &mut Call<'_>) -> Outcome {
                             server.settings.protected_mode.store(on, Ordering::Relaxed)
                         })
                     }
+                    (knob, _) if EncodingKnobs::position(knob).is_some() => {
+                        let at = EncodingKnobs::position(knob).expect("found");
+                        let (.., least, most) = crate::context::ENCODING_KNOBS[at];
+                        let failed = |why: String| {
+                            Outcome::error(format!(
+                                "ERR CONFIG SET failed (possibly related to argument '{name}') - {why}"
+                            ))
+                        };
+                        match value.parse::<i64>() {
+                            Ok(number) if (least..=most).contains(&number) => {
+                                Box::new(move |server: &Server| server.settings.encoding.set(at, number))
+                            }
+                            Ok(_) => {
+                                return failed(format!("argument must be between {least} and {most} inclusive"))
+                            }
+                            Err(_) => return failed("argument couldn't be parsed into an integer".into()),
+                        }
+                    }
                     ("maxclients" | "timeout" | "proto-max-bulk-len", _) => {
                         return Outcome::error(format!(
                             "ERR CONFIG SET failed (possibly related to argument '{name}') - argument couldn't be parsed into an integer or is out of range"
@@ -512,6 +540,36 @@ fn debug(call: &mut Call<'_>) -> Outcome {
         _ => Outcome::error(format!(
             "ERR DEBUG {} is not supported by copse (only SET-ACTIVE-EXPIRE)",
             String::from_utf8_lossy(&call.args[1])
+        )),
+    }
+}
+
+/// FUNCTION FLUSH: copse stores no functions yet (FUNCTION LOAD is issue 24's), so there is
+/// nothing to delete; test suites and clients send it between runs. Other subcommands are
+/// refused as not supported.
+fn function(call: &mut Call<'_>) -> Outcome {
+    flush_only(call, "FUNCTION", "FUNCTION FLUSH only supports SYNC|ASYNC option")
+}
+
+/// SCRIPT FLUSH: copse caches no scripts yet (EVAL is issue 24's); as FUNCTION FLUSH.
+fn script(call: &mut Call<'_>) -> Outcome {
+    flush_only(call, "SCRIPT", "SCRIPT FLUSH only support SYNC|ASYNC option")
+}
+
+fn flush_only(call: &Call<'_>, command: &str, bad_mode: &str) -> Outcome {
+    let sub = call.word(1);
+    if sub != "flush" {
+        return Outcome::error(format!(
+            "ERR {command} {} is not supported by copse yet",
+            sub.to_ascii_uppercase()
+        ));
+    }
+    match (call.args.len(), call.word(2).as_str()) {
+        (2, _) | (3, "sync" | "async") => Outcome::Reply(Reply::ok()),
+        (3, _) => Outcome::error(format!("ERR {bad_mode}")),
+        _ => Outcome::error(format!(
+            "ERR wrong number of arguments for '{}|flush' command",
+            command.to_ascii_lowercase()
         )),
     }
 }

@@ -236,6 +236,7 @@ pub fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
         protected_mode: AtomicBool::new(config.protected_mode),
         reserved_fds,
         active_expire: AtomicBool::new(true),
+        encoding: Default::default(),
     };
     if config.protected_mode && config.requirepass.is_empty() && !bind_is_loopback(&config.bind) {
         tracing::warn!(
