@@ -479,3 +479,116 @@ def test_memory_usage_grows_with_what_the_key_holds(r):
     assert r.memory_usage("z") > r.memory_usage("small")
     r.rpush("l", *["e" * 50] * 20)
     assert r.memory_usage("l") > 20 * 50
+
+
+def build_every_encoding(client) -> dict:
+    """Keys in each encoding Redis 7.0 dumps (listpacks, intsets, quicklists of several nodes,
+    hashtables, skiplists; integer, short, long and compressible strings); returns how to read
+    each back."""
+    client.set("s:int", "12345")
+    client.set("s:neg", "-70000")
+    client.set("s:short", "hello")
+    client.set("s:compressible", "abc" * 2_000)
+    client.set("s:binary", bytes(range(256)) * 4)
+    client.rpush("l:small", "a", "1", "-5", "x" * 70)
+    client.rpush("l:big", *[f"element-{at}" * (1 + at % 7) for at in range(3_000)])
+    client.rpush("l:plain", "y" * 20_000, "z")
+    client.sadd("set:ints", 1, 2, 300, -70_000, 2**40)
+    client.sadd("set:strings", "a", "b", "c")
+    client.sadd("set:big", *[f"m{at}" for at in range(1_000)])
+    client.zadd("z:small", {"a": 1, "b": 2.5, "c": -3})
+    client.zadd("z:big", {f"m{at}": at / 7 for at in range(1_000)})
+    client.zadd("z:inf", {"lo": float("-inf"), "hi": float("inf")})
+    client.hset("h:small", mapping={"f": "v", "n": "42"})
+    client.hset("h:big", mapping={f"f{at}": "v" * (at % 90) for at in range(1_000)})
+    return {
+        "s:int": "GET", "s:neg": "GET", "s:short": "GET", "s:compressible": "GET", "s:binary": "GET",
+        "l:small": "LIST", "l:big": "LIST", "l:plain": "LIST",
+        "set:ints": "SET", "set:strings": "SET", "set:big": "SET",
+        "z:small": "ZSET", "z:big": "ZSET", "z:inf": "ZSET",
+        "h:small": "HASH", "h:big": "HASH",
+    }
+
+
+def contents(client, key: str, kind: str):
+    if kind == "GET":
+        return client.get(key)
+    if kind == "LIST":
+        return client.lrange(key, 0, -1)
+    if kind == "SET":
+        return sorted(client.smembers(key))
+    if kind == "ZSET":
+        return client.zrange(key, 0, -1, withscores=True)
+    return client.hgetall(key)
+
+
+def test_restore_loads_what_redis_dumps_and_redis_loads_what_copse_dumps(server, oracle, r):
+    theirs = redis.Redis(port=oracle.port)
+    theirs.flushall()
+    keys = build_every_encoding(theirs)
+    for key, kind in keys.items():
+        payload = theirs.dump(key)
+        assert r.restore(key, 0, payload) in (True, b"OK")
+        assert contents(r, key, kind) == contents(theirs, key, kind), key
+        # And back: copse's payload, restored by redis-server under another name.
+        ours = r.dump(key)
+        assert theirs.restore(f"back:{key}", 0, ours) in (True, b"OK")
+        assert contents(theirs, f"back:{key}", kind) == contents(theirs, key, kind), key
+        assert theirs.object("encoding", f"back:{key}") == theirs.object("encoding", key), key
+    theirs.flushall()
+    theirs.close()
+
+
+def test_restore_answers_and_refuses_as_redis_does(diff):
+    run_script(diff, """
+        SET src value
+        HSET hsrc f v
+        DUMP nokey
+        RESTORE k 0 garbage
+        RESTORE k -1 garbage
+        RESTORE k x garbage
+    """)
+    # The payloads differ (copse writes plain encodings, Redis compact ones): copse's are sent to
+    # both servers (redis-server loads them, as the test above shows).
+    payload = diff._call(diff.copse, ("DUMP", "src"))
+    hash_payload = diff._call(diff.copse, ("DUMP", "hsrc"))
+    both = diff.both
+    both("RESTORE", "k", "0", payload)
+    both("GET", "k")
+    both("RESTORE", "k", "0", payload)
+    both("RESTORE", "k", "0", hash_payload, "REPLACE")
+    both("TYPE", "k")
+    both("HGETALL", "k")
+    both("RESTORE", "t", str(DEADLINE_MS), payload, "ABSTTL")
+    both("PEXPIRETIME", "t")
+    both("RESTORE", "gone", "1", payload, "ABSTTL")
+    both("EXISTS", "gone")
+    both("RESTORE", "t", "1", payload, "ABSTTL", "REPLACE")
+    both("EXISTS", "t")
+    both("RESTORE", "i", "0", payload, "IDLETIME", "10")
+    both("RESTORE", "i2", "0", payload, "IDLETIME", "-1")
+    both("RESTORE", "i3", "0", payload, "FREQ", "300")
+    both("RESTORE", "i4", "0", payload, "FREQ", "5")
+    both("RESTORE", "i5", "0", payload, "IDLETIME", "1", "FREQ", "5")
+    both("RESTORE", "i6", "0", payload, "BOGUS")
+    both("RESTORE", "i7", "0", payload[:-1])
+    damaged = bytearray(payload)
+    damaged[1] ^= 1
+    both("RESTORE", "i8", "0", bytes(damaged))
+    both("DBSIZE")
+
+
+def test_a_dump_survives_restart_and_keeps_its_deadline(make_server):
+    server = make_server()
+    client = server.client()
+    client.zadd("z", {"a": 1, "b": 2})
+    client.execute_command("PEXPIREAT", "z", str(DEADLINE_MS))
+    payload = client.dump("z")
+    client.restore("copy", DEADLINE_MS, payload, absttl=True)
+    client.close()
+    server.kill()
+    server.restart()
+    client = server.client()
+    assert client.zrange("copy", 0, -1, withscores=True) == [(b"a", 1.0), (b"b", 2.0)]
+    assert client.execute_command("PEXPIRETIME", "copy") == DEADLINE_MS
+    assert client.dump("copy") == payload

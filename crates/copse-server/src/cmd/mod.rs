@@ -10,6 +10,7 @@
 //!
 //! Reading order: this file, then `strings.rs`, `keys.rs`, `hashes.rs`, `zsets.rs`, `server.rs`.
 
+pub mod dump;
 pub mod expiry;
 pub mod hashes;
 pub mod inspect;
@@ -1136,6 +1137,7 @@ pub fn table() -> &'static [Spec] {
         specs.extend(keys::specs());
         specs.extend(objects::specs());
         specs.extend(inspect::specs());
+        specs.extend(dump::specs());
         specs.extend(expiry::specs());
         specs.extend(hashes::specs());
         specs.extend(zsets::specs());
