@@ -592,3 +592,86 @@ def test_a_dump_survives_restart_and_keeps_its_deadline(make_server):
     assert client.zrange("copy", 0, -1, withscores=True) == [(b"a", 1.0), (b"b", 2.0)]
     assert client.execute_command("PEXPIRETIME", "copy") == DEADLINE_MS
     assert client.dump("copy") == payload
+
+
+def info_field(diff_side_call, section: str, field: str) -> int:
+    text = diff_side_call(("INFO", section))
+    for line in bytes(text).decode().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split(":", 1)[1])
+    raise AssertionError(f"INFO {section} has no {field}")
+
+
+def test_keyspace_hits_and_misses_count_key_lookups_as_redis_does(diff):
+    """The same reads on both servers move keyspace_hits and keyspace_misses alike; writes move
+    neither (copse's page cache figures are copse_page_cache_*)."""
+    run_script(diff, """
+        SET s v
+        HSET h f v
+        RPUSH l a b
+        SADD set m
+        ZADD z 1 m
+    """)
+    sides = {name: (lambda args, side=side: diff._call(side, args))
+             for name, side in (("copse", diff.copse), ("redis", diff.oracle))}
+    before = {name: (info_field(call, "stats", "keyspace_hits"), info_field(call, "stats", "keyspace_misses"))
+              for name, call in sides.items()}
+    run_script(diff, """
+        GET s
+        GET nokey
+        GET h
+        HGET h f
+        HGET h nofield
+        HGET nokey f
+        HGETALL h
+        LRANGE l 0 -1
+        LRANGE nokey 0 -1
+        SMEMBERS set
+        SISMEMBER nokey m
+        ZSCORE z m
+        ZRANGE nokey 0 -1
+        STRLEN s
+        TYPE nokey
+        TYPE s
+        SET w v
+        DEL w
+        HSET h g v
+        DUMP s
+        DUMP nokey
+        EXISTS s s nokey
+        MGET s nokey h
+        SINTER set nokey
+        SUNION set set
+        LINDEX l 0
+        ZCARD z
+        HLEN nokey
+        SCARD set
+        TTL s
+        OBJECT ENCODING s
+        GETSET s v2
+        GETEX s
+        GETDEL nokey
+        COPY s s9
+        SINTERSTORE d1 set nokey
+        ZUNIONSTORE d2 2 z nokey
+        ZRANGESTORE d3 z 0 -1
+        LPOS l a
+        HSCAN h 0
+        ZRANDMEMBER z
+        SINTERCARD 2 set nokey
+    """)
+    after = {name: (info_field(call, "stats", "keyspace_hits"), info_field(call, "stats", "keyspace_misses"))
+             for name, call in sides.items()}
+    moved = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1]) for name in sides}
+    assert moved["copse"] == moved["redis"], moved
+
+
+def test_info_reports_the_compatible_version_and_allocated_memory(r):
+    server_info = r.info("server")
+    assert server_info["redis_version"] == "7.0.15" and "copse_version" in server_info
+    memory = r.info("memory")
+    assert memory["mem_allocator"] == "mimalloc"
+    before = memory["used_memory"]
+    assert 0 < before < memory["used_memory_rss"] * 4
+    r.hset("h", mapping={f"f{at}": "v" * 200 for at in range(5_000)})
+    assert r.info("memory")["used_memory"] > before

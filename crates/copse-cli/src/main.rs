@@ -22,9 +22,75 @@ use clap::{Parser, Subcommand, ValueEnum};
 /// on the shard threads (and back), which glibc serves through arena locks and consolidation
 /// (~19% of the server's CPU per GET in the profile of docs/benchmarks.md, step 1); mimalloc
 /// frees a block to its owning thread's page with no lock. It serves everything this binary runs,
-/// `bench` included (RocksDB's C++ allocations keep the C library's malloc).
+/// `bench` included (RocksDB's C++ allocations keep the C library's malloc). `Counted` adds the
+/// count of bytes allocated that the server's INFO reports as `used_memory`, as Redis's does.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counted = Counted(mimalloc::MiMalloc);
+
+/// An allocator that counts the bytes outstanding in `COUNTED_SLOTS` per-thread counters (each
+/// on its own cache line, so threads never contend for one; a block freed by another thread
+/// than its allocator's counts there, and only the sum means anything).
+struct Counted(mimalloc::MiMalloc);
+
+/// Counters of `Counted`: threads take them in turn, wrapping.
+const COUNTED_SLOTS: usize = 64;
+
+#[repr(align(64))]
+struct Slot(std::sync::atomic::AtomicIsize);
+
+static SLOTS: [Slot; COUNTED_SLOTS] =
+    [const { Slot(std::sync::atomic::AtomicIsize::new(0)) }; COUNTED_SLOTS];
+static NEXT_SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+thread_local! {
+    // Const-initialised, no destructor: usable inside the allocator.
+    static SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+fn count(bytes: isize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    // A thread past its locals' teardown counts in slot 0.
+    let slot = SLOT
+        .try_with(|slot| {
+            if slot.get() == usize::MAX {
+                slot.set(NEXT_SLOT.fetch_add(1, Relaxed) % COUNTED_SLOTS);
+            }
+            slot.get()
+        })
+        .unwrap_or(0);
+    SLOTS[slot].0.fetch_add(bytes, Relaxed);
+}
+
+// SAFETY: forwards every call to mimalloc unchanged; only counts sizes.
+unsafe impl std::alloc::GlobalAlloc for Counted {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: the caller's layout, passed on.
+        unsafe { self.0.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: the caller's layout, passed on.
+        unsafe { self.0.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        count(-(layout.size() as isize));
+        // SAFETY: `ptr` came from this allocator with this layout.
+        unsafe { self.0.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        count(new_size as isize - layout.size() as isize);
+        // SAFETY: `ptr` came from this allocator with `layout`; the caller's new size.
+        unsafe { self.0.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Bytes allocated and not freed, over every thread (INFO's `used_memory`).
+fn allocated_bytes() -> u64 {
+    let total: isize =
+        SLOTS.iter().map(|slot| slot.0.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    total.max(0) as u64
+}
 
 /// Exit code of `get` when the key does not exist.
 const EXIT_KEY_NOT_FOUND: u8 = 1;
@@ -285,6 +351,10 @@ fn main() -> ExitCode {
         }
     };
     init_logging(matches!(cli.command, Command::Serve(_)));
+    copse_server::set_allocator_report(copse_server::AllocatorReport {
+        name: "mimalloc",
+        bytes: allocated_bytes,
+    });
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {

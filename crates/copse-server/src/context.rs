@@ -17,9 +17,39 @@ use copse::Db;
 use crate::config::ServerConfig;
 use crate::resp::Protocol;
 
+/// What the process's allocator reports: its name (INFO's `mem_allocator`) and the bytes it holds
+/// for the process now (INFO's `used_memory`). The binary that chooses the global allocator
+/// registers it (`set_allocator_report`); without one, INFO says `libc` and uses the RSS.
+#[derive(Clone, Copy)]
+pub struct AllocatorReport {
+    pub name: &'static str,
+    pub bytes: fn() -> u64,
+}
+
+static ALLOCATOR_REPORT: std::sync::OnceLock<AllocatorReport> = std::sync::OnceLock::new();
+
+/// Registers the process's allocator report, once (later calls are ignored).
+pub fn set_allocator_report(report: AllocatorReport) {
+    let _ = ALLOCATOR_REPORT.set(report);
+}
+
+pub fn allocator_report() -> Option<AllocatorReport> {
+    ALLOCATOR_REPORT.get().copied()
+}
+
+/// Key lookups of read commands, as Redis counts them (`keyspace_hits`, `keyspace_misses`): one
+/// per key a read command looks up, a hit when the key exists (of any type), counted by the
+/// exec that decides it (`cmd::View::note_lookup`).
+#[derive(Debug, Default)]
+pub struct Lookups {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+}
+
 /// Counters for INFO and the metrics endpoint.
 #[derive(Default)]
 pub struct Stats {
+    pub lookups: Arc<Lookups>,
     pub commands: AtomicU64,
     pub connections_received: AtomicU64,
     pub rejected_connections: AtomicU64,

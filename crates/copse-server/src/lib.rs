@@ -35,5 +35,6 @@ module!(resp);
 module!(waiters);
 
 pub use config::ServerConfig;
+pub use context::{set_allocator_report, AllocatorReport};
 pub use keyspace::KEYSPACE_FORMAT_VERSION;
 pub use net::{serve, start, wait_for_signal, Running, ServeError};

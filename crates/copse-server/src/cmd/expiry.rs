@@ -183,7 +183,9 @@ fn ttl_with(call: &mut Call<'_>, in_ms: bool, absolute: bool) -> Outcome {
     on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
             let expiry = Expiry::of(view, &key);
-            let answer = match (expiry.live(stored_type(view, &key)), expiry.deadline_ms) {
+            let live = expiry.live(stored_type(view, &key));
+            view.note_lookup(live.is_some());
+            let answer = match (live, expiry.deadline_ms) {
                 (None, _) => -2,
                 (Some(_), None) => -1,
                 (Some(_), Some(deadline)) => {

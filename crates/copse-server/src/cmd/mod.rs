@@ -357,7 +357,9 @@ pub fn by_shard(db: &Db, keys: &[Vec<u8>]) -> Vec<(u32, Vec<usize>)> {
 /// expired key: one lookup for a string, and no more while the shard holds no hash or sorted
 /// set (`stored_collection_type`) and no expiry (`Expiry::of`).
 pub fn key_type(view: &View<'_>, key: &[u8]) -> Option<KeyType> {
-    Expiry::of(view, key).live(stored_type(view, key))
+    let found = Expiry::of(view, key).live(stored_type(view, key));
+    view.note_lookup(found.is_some());
+    found
 }
 
 /// The type of the meta item `key` has, expired or not (the collectors' view).
@@ -726,7 +728,9 @@ pub fn coll_begin(
     ty: KeyType,
 ) -> Result<(Expiry, Option<ReadOp>), Reply> {
     let expiry = Expiry::of(view, key);
-    match expiry.live(stored_type(view, key)) {
+    let live = expiry.live(stored_type(view, key));
+    view.note_lookup(live.is_some());
+    match live {
         Some(found) if found != ty => Err(Reply::error(WRONGTYPE)),
         Some(_) => Ok((expiry, Some(ReadOp::Get(keyspace::meta_key(key, ty))))),
         None => Ok((expiry, None)),
@@ -1185,6 +1189,23 @@ pub fn find_ignoring_case(name: &[u8]) -> Option<&'static Spec> {
     (spec.name.as_bytes() == &*lowered).then_some(spec)
 }
 
+/// Writes that look their sources up as reads, so Redis counts those lookups in `keyspace_hits`
+/// and `keyspace_misses` (their destinations' lookups are not counted: copse's helpers that
+/// decide a destination do not note lookups).
+const LOOKUP_COUNTING_WRITES: &[&str] = &[
+    "copy",
+    "getdel",
+    "getex",
+    "getset",
+    "sdiffstore",
+    "sinterstore",
+    "sunionstore",
+    "zdiffstore",
+    "zinterstore",
+    "zrangestore",
+    "zunionstore",
+];
+
 /// Commands that look at a key without counting as a use of it (Redis's LOOKUP_NOTOUCH).
 const NO_TOUCH: &[&str] =
     &["exists", "expiretime", "memory", "object", "pexpiretime", "pttl", "ttl", "type"];
@@ -1249,6 +1270,9 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     // SWAPDB holds no map generation: it waits for every holder of the old one to finish.
     let namespace = match spec.name {
         "swapdb" => namespace::Namespace::detached(0),
+        _ if spec.flags.contains(&"readonly") || LOOKUP_COUNTING_WRITES.contains(&spec.name) => {
+            server.databases.resolve(conn.db).counting_lookups(server.stats.lookups.clone())
+        }
         _ => server.databases.resolve(conn.db),
     };
     let outcome = namespace.scope(|| (spec.handler)(&mut Call { server, conn, args }));

@@ -58,6 +58,8 @@ pub enum Space {
 #[derive(Clone, Debug)]
 pub struct Namespace {
     pub space: Space,
+    /// Where a read command's execs count their key lookups (None: a write's, uncounted).
+    lookups: Option<Arc<crate::context::Lookups>>,
     // Held, not read: SWAPDB waits for the old map's execs to drop it.
     _generation: Option<Arc<()>>,
 }
@@ -73,16 +75,20 @@ impl Namespace {
     /// for it.
     pub fn detached(number: u8) -> Namespace {
         assert!((number as usize) < DATABASES);
-        Namespace { space: Space::Db(number), _generation: None }
+        Namespace { space: Space::Db(number), lookups: None, _generation: None }
     }
 
     pub fn raw() -> Namespace {
-        Namespace { space: Space::Raw, _generation: None }
+        Namespace { space: Space::Raw, lookups: None, _generation: None }
     }
 
     /// A raw namespace holding this one's map generation (an exec over two databases).
     pub fn as_raw(&self) -> Namespace {
-        Namespace { space: Space::Raw, _generation: self._generation.clone() }
+        Namespace {
+            space: Space::Raw,
+            lookups: self.lookups.clone(),
+            _generation: self._generation.clone(),
+        }
     }
 
     /// The namespace of the command being handled on this thread.
@@ -102,6 +108,18 @@ impl Namespace {
     /// it), and holding `self`'s generation until it is done.
     pub fn bind<F: Future>(self, future: F) -> InNamespace<F> {
         InNamespace { namespace: self, future: Box::pin(future) }
+    }
+
+    /// This namespace, its execs counting key lookups in `lookups` (a read command's).
+    pub fn counting_lookups(mut self, lookups: Arc<crate::context::Lookups>) -> Namespace {
+        self.lookups = Some(lookups);
+        self
+    }
+
+    /// This namespace, its execs counting no lookups (a second look at a key already counted).
+    pub fn uncounted(mut self) -> Namespace {
+        self.lookups = None;
+        self
     }
 
     /// The namespace number, None for `Raw`.
@@ -242,6 +260,15 @@ impl<'a> View<'a> {
         self.namespace
     }
 
+    /// Counts a read command's lookup of a key that was `found` (`context::Lookups`); a write's
+    /// lookups are not counted.
+    pub fn note_lookup(&self, found: bool) {
+        if let Some(lookups) = &self.namespace.lookups {
+            let counter = if found { &lookups.hits } else { &lookups.misses };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// The same index seen in `namespace` (a raw exec over two databases: MOVE).
     pub fn in_namespace<'b>(&'b self, namespace: &'b Namespace) -> View<'b> {
         View { inner: self.inner, namespace }
@@ -319,7 +346,11 @@ impl Databases {
     /// The namespace of database `database` (< DATABASES) now.
     pub fn resolve(&self, database: u8) -> Namespace {
         let map = self.map.read().unwrap_or_else(|poison| poison.into_inner());
-        Namespace { space: Space::Db(map.0[database as usize]), _generation: Some(map.1.clone()) }
+        Namespace {
+            space: Space::Db(map.0[database as usize]),
+            lookups: None,
+            _generation: Some(map.1.clone()),
+        }
     }
 
     /// The map now.

@@ -294,7 +294,9 @@ impl SnapshotReader {
 
     pub fn start(&mut self, view: &View<'_>) -> Step {
         let expiry = Expiry::of(view, &self.key);
-        let Some(ty) = expiry.live(stored_type(view, &self.key)) else { return Step::Done(None) };
+        let live = expiry.live(stored_type(view, &self.key));
+        view.note_lookup(live.is_some());
+        let Some(ty) = live else { return Step::Done(None) };
         self.ty = ty;
         self.deadline_ms = expiry.deadline_ms;
         Step::Read(smallvec::smallvec![ReadOp::Get(keyspace::meta_key(&self.key, ty))])
@@ -570,37 +572,44 @@ impl Copy {
         let source = self.source.clone();
         let delete_source = self.delete_source;
         let shard = db.shard_of(&source);
-        plan.add(shard, vec![source.clone()], move |vote| {
-            let mut vote = Some(vote);
-            let mut reader = SnapshotReader::new(source);
-            move |view: &View<'_>, input| {
-                let step = match input {
-                    Input::Start => reader.start(view),
-                    Input::Read(results) => reader.resume(view, results),
-                    Input::Written => return Next::Reply(Reply::ok()),
-                };
-                let refused = match step {
-                    Step::Read(reads) => return Next::Read(reads),
-                    Step::Done(Some(now)) if now.fingerprint() == expected => {
-                        let mut ops = Vec::new();
-                        if delete_source {
-                            let expiry = Expiry::of(view, reader.key());
-                            ops = delete_ops(reader.key(), now.ty, &expiry);
+        // The source was looked up once already (`read_snapshot`): its check is not counted.
+        let check_namespace = Namespace::current().uncounted();
+        check_namespace.scope(|| {
+            plan.add(shard, vec![source.clone()], move |vote| {
+                let mut vote = Some(vote);
+                let mut reader = SnapshotReader::new(source);
+                move |view: &View<'_>, input| {
+                    let step = match input {
+                        Input::Start => reader.start(view),
+                        Input::Read(results) => reader.resume(view, results),
+                        Input::Written => return Next::Reply(Reply::ok()),
+                    };
+                    let refused = match step {
+                        Step::Read(reads) => return Next::Read(reads),
+                        Step::Done(Some(now)) if now.fingerprint() == expected => {
+                            let mut ops = Vec::new();
+                            if delete_source {
+                                let expiry = Expiry::of(view, reader.key());
+                                ops = delete_ops(reader.key(), now.ty, &expiry);
+                            }
+                            return match vote.take() {
+                                Some(vote) => Next::Prepare(vote, ops),
+                                None => unexpected(),
+                            };
                         }
-                        return match vote.take() {
-                            Some(vote) => Next::Prepare(vote, ops),
-                            None => unexpected(),
-                        };
+                        Step::Done(_) => Reply::Simple(CHANGED.into()),
+                        Step::Failed(error) => error,
+                    };
+                    if let Some(vote) = vote.take() {
+                        vote.refuse(copse::WriteError::Aborted("the copy's source changed".into()));
                     }
-                    Step::Done(_) => Reply::Simple(CHANGED.into()),
-                    Step::Failed(error) => error,
-                };
-                if let Some(vote) = vote.take() {
-                    vote.refuse(copse::WriteError::Aborted("the copy's source changed".into()));
+                    cause_of_source
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(refused);
+                    Next::Reply(Reply::ok())
                 }
-                cause_of_source.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(refused);
-                Next::Reply(Reply::ok())
-            }
+            })
         });
         let destination = self.destination.clone();
         let replace = self.replace;

@@ -19,8 +19,9 @@ use crate::config::PROTO_MAX_BULK_LEN_DEFAULT;
 use crate::context::{EncodingKnobs, Server};
 use crate::resp::{Protocol, Reply};
 
-/// The Redis version copse answers as (the command set it follows).
-pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
+/// The Redis version copse answers as: the one whose replies its differential tests compare
+/// with, byte for byte (redis-server 7.0.15), and whose RDB payloads DUMP writes.
+pub const REDIS_COMPAT_VERSION: &str = "7.0.15";
 
 pub fn specs() -> Vec<Spec> {
     let spec = |name, arity, flags, summary, handler| {
@@ -593,6 +594,21 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// Bytes as Redis's INFO shows them in `*_human` fields (`1.50M`).
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "K", "M", "G", "T"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes}B"),
+        _ => format!("{value:.2}{}", UNITS[unit]),
+    }
+}
+
 fn capitalize(word: &str) -> String {
     let mut chars = word.chars();
     chars.next().map_or_else(String::new, |first| first.to_uppercase().chain(chars).collect())
@@ -689,8 +705,15 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
             }
             "memory" => {
                 let rss = rss_bytes();
-                line("used_memory", &rss);
+                let (allocator, used) = match crate::context::allocator_report() {
+                    Some(report) => (report.name, (report.bytes)()),
+                    None => ("libc", rss),
+                };
+                line("used_memory", &used);
+                line("used_memory_human", &human_bytes(used));
                 line("used_memory_rss", &rss);
+                line("used_memory_rss_human", &human_bytes(rss));
+                line("mem_allocator", &allocator);
                 if let Some(store) = &store {
                     line("copse_index_bytes", &store.index_bytes);
                     let cache: u64 =
@@ -733,11 +756,13 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     "copse_reply_backpressure_waits",
                     &stats.reply_backpressure_waits.load(Ordering::Relaxed),
                 );
+                line("keyspace_hits", &stats.lookups.hits.load(Ordering::Relaxed));
+                line("keyspace_misses", &stats.lookups.misses.load(Ordering::Relaxed));
                 if let Some(store) = &store {
                     let hits: u64 = store.shards.iter().map(|s| s.cache_hits).sum();
                     let misses: u64 = store.shards.iter().map(|s| s.cache_misses).sum();
-                    line("keyspace_hits", &hits);
-                    line("keyspace_misses", &misses);
+                    line("copse_page_cache_hits", &hits);
+                    line("copse_page_cache_misses", &misses);
                 }
             }
             "keyspace" => {

@@ -106,7 +106,9 @@ pub async fn read_sources(
                     let mut reads = smallvec::SmallVec::new();
                     for (at, key) in group.iter().enumerate() {
                         let expiry = Expiry::of(view, key);
-                        match expiry.live(stored_type(view, key)) {
+                        let live = expiry.live(stored_type(view, key));
+                        view.note_lookup(live.is_some());
+                        match live {
                             None => {}
                             Some(ty) if allowed.contains(&ty) => {
                                 reads.push(ReadOp::Get(keyspace::meta_key(key, ty)));

@@ -74,11 +74,18 @@ fn string_or_wrongtype(
     results: &mut ReadResults,
 ) -> Result<Option<Vec<u8>>, Next> {
     match value_of(results.pop()) {
-        Some(value) => Ok(Some(value)),
+        Some(value) => {
+            view.note_lookup(true);
+            Ok(Some(value))
+        }
         None if expiry.live(stored_type(view, key)).is_some() => {
+            view.note_lookup(true);
             Err(Next::Reply(Reply::error(WRONGTYPE)))
         }
-        None => Ok(None),
+        None => {
+            view.note_lookup(false);
+            Ok(None)
+        }
     }
 }
 
@@ -97,6 +104,7 @@ where
             // expiries).
             expiry = Expiry::of(view, &key);
             if expiry.expired() {
+                view.note_lookup(false);
                 return done(view, None);
             }
             read_string(&key)
@@ -396,6 +404,11 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
                 } else {
                     stored_type(view, &key)
                 });
+                if options.get {
+                    // The old value is looked up as a read (counted only where the command is
+                    // one that counts lookups: GETSET; SET ... GET is counted as a write).
+                    view.note_lookup(existing.is_some());
+                }
                 if options.get && existing.is_some_and(|ty| ty != KeyType::String) {
                     return Next::Reply(Reply::error(WRONGTYPE));
                 }
@@ -468,6 +481,7 @@ fn getdel(call: &mut Call<'_>) -> Outcome {
         Input::Start => {
             expiry = Expiry::of(view, &key);
             if expiry.expired() {
+                view.note_lookup(false);
                 return Next::Reply(Reply::Null);
             }
             read_string(&key)
