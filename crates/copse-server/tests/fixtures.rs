@@ -365,6 +365,21 @@ fn read_value(client: &mut Client, key: &[u8]) -> Option<Value> {
     value
 }
 
+/// A model key's database and Redis key: `dD:KEY` is KEY in database D (1..15; key space
+/// version 6), any other name a key of database 0.
+fn in_database(name: &[u8]) -> (u8, &[u8]) {
+    let split = name.strip_prefix(b"d").and_then(|rest| {
+        let colon = rest.iter().position(|&byte| byte == b':')?;
+        let database: u8 = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+        (1..16).contains(&database).then_some((database, &rest[colon + 1..]))
+    });
+    split.unwrap_or((0, name))
+}
+
+fn select(client: &mut Client, database: u8) {
+    client.ok(&[b"SELECT", database.to_string().as_bytes()]);
+}
+
 /// Every key SCAN returns, walking the cursor from 0 until it is 0 again.
 fn scan_all(client: &mut Client) -> BTreeSet<Vec<u8>> {
     let mut keys = BTreeSet::new();
@@ -691,6 +706,47 @@ fn write_recipe(client: Client) -> (Model, Deadlines) {
     r.model.insert(b"set:expiring".to_vec(), set(&["e"]));
     r.pexpireat("set:expiring", FAR + 321);
 
+    // Databases (key space version 6): keys of every type in database 2, one with a deadline, a
+    // MOVE out of it and one out of database 0, a RENAME and a COPY ... DB; then two SWAPDBs
+    // carry database 2 to database 4. Model keys of database D are named `dD:KEY`.
+    select(&mut r.client, 2);
+    r.client.ok(&[b"SET", b"k", b"two"]);
+    assert_eq!(r.client.integer(&[b"HSET", b"h", b"f", b"v", b"g", b"w"]), 2);
+    assert_eq!(r.client.integer(&[b"RPUSH", b"l", b"a", b"b"]), 2);
+    assert_eq!(r.client.integer(&[b"SADD", b"s", b"m", b"n"]), 2);
+    assert_eq!(r.client.integer(&[b"ZADD", b"z", b"1", b"a", b"-2.5", b"b"]), 2);
+    let far = (FAR + 2).to_string();
+    assert_eq!(r.client.integer(&[b"PEXPIREAT", b"h", far.as_bytes()]), 1);
+    assert_eq!(r.client.integer(&[b"MOVE", b"k", b"5"]), 1);
+    r.client.ok(&[b"RENAME", b"l", b"l2"]);
+    assert_eq!(r.client.integer(&[b"COPY", b"s", b"s-copy", b"DB", b"7"]), 1);
+    select(&mut r.client, 0);
+    r.client.ok(&[b"SET", b"moved0", b"zero"]);
+    assert_eq!(r.client.integer(&[b"MOVE", b"moved0", b"15"]), 1);
+    r.client.ok(&[b"SWAPDB", b"2", b"9"]);
+    r.client.ok(&[b"SWAPDB", b"9", b"4"]);
+    let pairs = |items: &[(&str, &str)]| -> BTreeMap<Vec<u8>, Vec<u8>> {
+        items.iter().map(|(a, b)| (a.as_bytes().to_vec(), b.as_bytes().to_vec())).collect()
+    };
+    let members = |items: &[&str]| -> BTreeSet<Vec<u8>> {
+        items.iter().map(|m| m.as_bytes().to_vec()).collect()
+    };
+    let model = &mut r.model;
+    model.insert(b"moved0".to_vec(), None);
+    model.insert(b"d15:moved0".to_vec(), Some(Value::String(b"zero".to_vec())));
+    model.insert(b"d5:k".to_vec(), Some(Value::String(b"two".to_vec())));
+    model.insert(b"d2:k".to_vec(), None);
+    model.insert(b"d4:k".to_vec(), None);
+    model.insert(b"d4:h".to_vec(), Some(Value::Hash(pairs(&[("f", "v"), ("g", "w")]))));
+    r.deadlines.insert(b"d4:h".to_vec(), FAR + 2);
+    model.insert(b"d4:l".to_vec(), None);
+    model.insert(b"d4:l2".to_vec(), Some(Value::List(vec![b"a".to_vec(), b"b".to_vec()])));
+    model.insert(b"d4:s".to_vec(), Some(Value::Set(members(&["m", "n"]))));
+    model.insert(b"d7:s-copy".to_vec(), Some(Value::Set(members(&["m", "n"]))));
+    let scores = [(b"a".to_vec(), 1.0), (b"b".to_vec(), -2.5)].into_iter().collect();
+    model.insert(b"d4:z".to_vec(), Some(Value::ZSet(scores)));
+    model.insert(b"d9:h".to_vec(), None);
+
     (r.model, r.deadlines)
 }
 
@@ -783,11 +839,15 @@ fn check_served(
         panic!("fixture {name} ({open} open): the server does not start: {err}")
     });
     let mut client = Client::connect(running.local_addr);
-    let mut live = BTreeSet::new();
+    // Per database, its live keys (database 0 always checked).
+    let mut live: BTreeMap<u8, BTreeSet<Vec<u8>>> = BTreeMap::from([(0, BTreeSet::new())]);
     for (key, lines) in expected {
-        let (value, deadline) = read_back(&mut client, key.as_bytes());
+        let (database, redis_key) = in_database(key.as_bytes());
+        select(&mut client, database);
+        let (value, deadline) = read_back(&mut client, redis_key);
+        let keys = live.entry(database).or_default();
         if value.is_some() {
-            live.insert(key.as_bytes().to_vec());
+            keys.insert(redis_key.to_vec());
         }
         let got = describe(key.as_bytes(), &value, deadline);
         assert_eq!(
@@ -796,12 +856,15 @@ fn check_served(
              right: contents.txt)"
         );
     }
-    let dbsize = client.integer(&[b"DBSIZE"]);
-    assert_eq!(dbsize as usize, live.len(), "fixture {name}: DBSIZE is not the live keys");
-    let scanned = scan_all(&mut client);
-    let scanned: Vec<String> = scanned.iter().map(|key| text(key)).collect();
-    let live: Vec<String> = live.iter().map(|key| text(key)).collect();
-    assert_eq!(scanned, live, "fixture {name}: SCAN does not find exactly the live keys");
+    for (database, keys) in &live {
+        select(&mut client, *database);
+        let dbsize = client.integer(&[b"DBSIZE"]);
+        assert_eq!(dbsize as usize, keys.len(), "fixture {name}: DBSIZE of db {database}");
+        let scanned = scan_all(&mut client);
+        let scanned: Vec<String> = scanned.iter().map(|key| text(key)).collect();
+        let keys: Vec<String> = keys.iter().map(|key| text(key)).collect();
+        assert_eq!(scanned, keys, "fixture {name}: SCAN of db {database} is not its live keys");
+    }
     drop(client);
     running.stop().unwrap_or_else(|err| panic!("fixture {name}: the server does not stop: {err}"));
 }
