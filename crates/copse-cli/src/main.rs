@@ -27,13 +27,18 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[global_allocator]
 static GLOBAL: Counted = Counted(mimalloc::MiMalloc);
 
-/// An allocator that counts the bytes outstanding in `COUNTED_SLOTS` per-thread counters (each
-/// on its own cache line, so threads never contend for one; a block freed by another thread
-/// than its allocator's counts there, and only the sum means anything).
+/// An allocator that counts the bytes outstanding. Each thread adds to a counter of its own (a
+/// plain thread-local: two instructions on the allocation path) and publishes it to the shared
+/// slots once it has moved by `PUBLISH_BYTES`, so the sum readers see is within `PUBLISH_BYTES`
+/// per thread of the truth. A block freed by another thread than its allocator's counts there:
+/// only the sum means anything.
 struct Counted(mimalloc::MiMalloc);
 
-/// Counters of `Counted`: threads take them in turn, wrapping.
+/// Counters of `Counted`, each on its own cache line; threads take them in turn, wrapping (a
+/// shared slot is added to atomically all the same).
 const COUNTED_SLOTS: usize = 64;
+/// How far a thread's own count moves before it is published.
+const PUBLISH_BYTES: usize = 64 * 1024;
 
 #[repr(align(64))]
 struct Slot(std::sync::atomic::AtomicIsize);
@@ -44,12 +49,27 @@ static NEXT_SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsiz
 
 thread_local! {
     // Const-initialised, no destructor: usable inside the allocator.
+    static UNPUBLISHED: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
     static SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
 }
 
+#[inline(always)]
 fn count(bytes: isize) {
+    // A thread past its locals' teardown is not counted (its last bytes are lost to the sum).
+    let _ = UNPUBLISHED.try_with(|unpublished| {
+        let moved = unpublished.get() + bytes;
+        if moved.unsigned_abs() < PUBLISH_BYTES {
+            unpublished.set(moved);
+        } else {
+            unpublished.set(0);
+            publish(moved);
+        }
+    });
+}
+
+#[cold]
+fn publish(bytes: isize) {
     use std::sync::atomic::Ordering::Relaxed;
-    // A thread past its locals' teardown counts in slot 0.
     let slot = SLOT
         .try_with(|slot| {
             if slot.get() == usize::MAX {
@@ -85,7 +105,8 @@ unsafe impl std::alloc::GlobalAlloc for Counted {
     }
 }
 
-/// Bytes allocated and not freed, over every thread (INFO's `used_memory`).
+/// Bytes allocated and not freed, over every thread, to within `PUBLISH_BYTES` per thread
+/// (INFO's `used_memory`).
 fn allocated_bytes() -> u64 {
     let total: isize =
         SLOTS.iter().map(|slot| slot.0.load(std::sync::atomic::Ordering::Relaxed)).sum();

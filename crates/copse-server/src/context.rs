@@ -39,17 +39,54 @@ pub fn allocator_report() -> Option<AllocatorReport> {
 
 /// Key lookups of read commands, as Redis counts them (`keyspace_hits`, `keyspace_misses`): one
 /// per key a read command looks up, a hit when the key exists (of any type), counted by the
-/// exec that decides it (`cmd::View::note_lookup`).
-#[derive(Debug, Default)]
-pub struct Lookups {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
+/// exec that decides it (`cmd::View::note_lookup`) on whichever shard thread runs it. One count
+/// per process, as a server is (tests that run several servers in one process see their sum).
+/// Each thread counts in a slot of its own (`LOOKUP_SLOTS`, taken in turn, wrapping; a shared
+/// one is added to atomically all the same), so shard threads never contend for a cache line.
+pub struct Lookups;
+
+/// Slots of `Lookups`, each on its own cache line.
+const LOOKUP_SLOTS: usize = 64;
+
+#[repr(align(64))]
+struct LookupSlot {
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+static LOOKUP_COUNTS: [LookupSlot; LOOKUP_SLOTS] =
+    [const { LookupSlot { hits: AtomicU64::new(0), misses: AtomicU64::new(0) } }; LOOKUP_SLOTS];
+static NEXT_LOOKUP_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static LOOKUP_SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+impl Lookups {
+    /// Counts one lookup that found its key (`found`) or not.
+    pub fn note(found: bool) {
+        let slot = LOOKUP_SLOT.with(|slot| {
+            if slot.get() == usize::MAX {
+                slot.set(NEXT_LOOKUP_SLOT.fetch_add(1, Ordering::Relaxed) % LOOKUP_SLOTS);
+            }
+            slot.get()
+        });
+        let slot = &LOOKUP_COUNTS[slot];
+        let counter = if found { &slot.hits } else { &slot.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (hits, misses) so far.
+    pub fn totals() -> (u64, u64) {
+        LOOKUP_COUNTS.iter().fold((0, 0), |(hits, misses), slot| {
+            (hits + slot.hits.load(Ordering::Relaxed), misses + slot.misses.load(Ordering::Relaxed))
+        })
+    }
 }
 
 /// Counters for INFO and the metrics endpoint.
 #[derive(Default)]
 pub struct Stats {
-    pub lookups: Arc<Lookups>,
     pub commands: AtomicU64,
     pub connections_received: AtomicU64,
     pub rejected_connections: AtomicU64,
@@ -235,12 +272,23 @@ pub struct Server {
     pub databases: crate::cmd::namespace::Databases,
     /// When keys were last used (OBJECT IDLETIME).
     pub access: AccessClock,
+    /// `uptime_s`, kept by the clock task.
+    clock_s: std::sync::atomic::AtomicU32,
 }
 
+/// How often the clock task moves `Server::uptime_s` (Redis's LRU clock ticks every 100 ms too).
+pub const CLOCK_TICK_MS: u64 = 100;
+
 impl Server {
-    /// Whole seconds since the server started (the access clock's time).
+    /// Whole seconds since the server started, as of the last tick of the clock task (the access
+    /// clock's time: one load per command, no clock read; `tick_clock`).
     pub fn uptime_s(&self) -> u32 {
-        self.started.elapsed().as_secs() as u32
+        self.clock_s.load(Ordering::Relaxed)
+    }
+
+    /// Moves `uptime_s` to now (the clock task, every `CLOCK_TICK_MS`).
+    pub fn tick_clock(&self) {
+        self.clock_s.store(self.started.elapsed().as_secs() as u32, Ordering::Relaxed);
     }
 
     /// The state of a server about to serve `db` on `local_addr`, with no client yet.
@@ -268,6 +316,7 @@ impl Server {
             waiters: crate::waiters::Waiters::default(),
             databases,
             access: AccessClock::default(),
+            clock_s: std::sync::atomic::AtomicU32::new(0),
         }
     }
 

@@ -1271,11 +1271,11 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     let namespace = match spec.name {
         "swapdb" => namespace::Namespace::detached(0),
         _ if spec.flags.contains(&"readonly") || LOOKUP_COUNTING_WRITES.contains(&spec.name) => {
-            server.databases.resolve(conn.db).counting_lookups(server.stats.lookups.clone())
+            server.databases.resolve(conn.db).counting_lookups()
         }
         _ => server.databases.resolve(conn.db),
     };
-    let outcome = namespace.scope(|| (spec.handler)(&mut Call { server, conn, args }));
+    let (outcome, namespace) = namespace.enter(|| (spec.handler)(&mut Call { server, conn, args }));
     let outcome = match outcome {
         Outcome::AfterPending(future) => Outcome::AfterPending(Box::pin(namespace.bind(future))),
         other => other,

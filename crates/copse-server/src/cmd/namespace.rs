@@ -58,8 +58,8 @@ pub enum Space {
 #[derive(Clone, Debug)]
 pub struct Namespace {
     pub space: Space,
-    /// Where a read command's execs count their key lookups (None: a write's, uncounted).
-    lookups: Option<Arc<crate::context::Lookups>>,
+    /// Whether its execs count their key lookups (`context::Lookups`): a read command's do.
+    counts_lookups: bool,
     // Held, not read: SWAPDB waits for the old map's execs to drop it.
     _generation: Option<Arc<()>>,
 }
@@ -75,18 +75,18 @@ impl Namespace {
     /// for it.
     pub fn detached(number: u8) -> Namespace {
         assert!((number as usize) < DATABASES);
-        Namespace { space: Space::Db(number), lookups: None, _generation: None }
+        Namespace { space: Space::Db(number), counts_lookups: false, _generation: None }
     }
 
     pub fn raw() -> Namespace {
-        Namespace { space: Space::Raw, lookups: None, _generation: None }
+        Namespace { space: Space::Raw, counts_lookups: false, _generation: None }
     }
 
     /// A raw namespace holding this one's map generation (an exec over two databases).
     pub fn as_raw(&self) -> Namespace {
         Namespace {
             space: Space::Raw,
-            lookups: self.lookups.clone(),
+            counts_lookups: self.counts_lookups,
             _generation: self._generation.clone(),
         }
     }
@@ -98,27 +98,32 @@ impl Namespace {
 
     /// Runs `f` with `self` as the current namespace.
     pub fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
-        let previous = CURRENT.with(|current| current.replace(Some(self.clone())));
+        self.clone().enter(f).0
+    }
+
+    /// `scope`, moving `self` in and handing it back (no copy: a command's hot path).
+    pub fn enter<R>(self, f: impl FnOnce() -> R) -> (R, Namespace) {
+        let previous = CURRENT.with(|current| current.replace(Some(self)));
         let result = f();
-        CURRENT.with(|current| *current.borrow_mut() = previous);
-        result
+        let this = CURRENT.with(|current| std::mem::replace(&mut *current.borrow_mut(), previous));
+        (result, this.expect("the namespace entered"))
     }
 
     /// `future`, polled with `self` as the current namespace (so the execs it builds later are in
     /// it), and holding `self`'s generation until it is done.
     pub fn bind<F: Future>(self, future: F) -> InNamespace<F> {
-        InNamespace { namespace: self, future: Box::pin(future) }
+        InNamespace { namespace: Some(self), future: Box::pin(future) }
     }
 
-    /// This namespace, its execs counting key lookups in `lookups` (a read command's).
-    pub fn counting_lookups(mut self, lookups: Arc<crate::context::Lookups>) -> Namespace {
-        self.lookups = Some(lookups);
+    /// This namespace, its execs counting key lookups (a read command's).
+    pub fn counting_lookups(mut self) -> Namespace {
+        self.counts_lookups = true;
         self
     }
 
     /// This namespace, its execs counting no lookups (a second look at a key already counted).
     pub fn uncounted(mut self) -> Namespace {
-        self.lookups = None;
+        self.counts_lookups = false;
         self
     }
 
@@ -177,7 +182,9 @@ impl Namespace {
 
     /// A program's reads, as stored.
     pub fn read_ops(&self, ops: &mut [ReadOp]) {
-        if self.space == Space::Raw {
+        // Namespace 0 (nearly every command) changes only a scan's bounds: a GET's key as it is.
+        let scans = ops.iter().any(|op| matches!(op, ReadOp::Scan { .. }));
+        if self.space == Space::Raw || (self.space == Space::Db(0) && !scans) {
             return;
         }
         for op in ops {
@@ -263,9 +270,8 @@ impl<'a> View<'a> {
     /// Counts a read command's lookup of a key that was `found` (`context::Lookups`); a write's
     /// lookups are not counted.
     pub fn note_lookup(&self, found: bool) {
-        if let Some(lookups) = &self.namespace.lookups {
-            let counter = if found { &lookups.hits } else { &lookups.misses };
-            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.namespace.counts_lookups {
+            crate::context::Lookups::note(found);
         }
     }
 
@@ -317,7 +323,8 @@ impl<'a> View<'a> {
 
 /// A future polled in a namespace (`Namespace::bind`).
 pub struct InNamespace<F: Future> {
-    namespace: Namespace,
+    /// Always Some but while a poll holds it.
+    namespace: Option<Namespace>,
     future: Pin<Box<F>>,
 }
 
@@ -326,7 +333,10 @@ impl<F: Future> Future for InNamespace<F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = &mut *self;
-        this.namespace.clone().scope(|| this.future.as_mut().poll(cx))
+        let namespace = this.namespace.take().expect("not polled inside its own poll");
+        let (poll, namespace) = namespace.enter(|| this.future.as_mut().poll(cx));
+        this.namespace = Some(namespace);
+        poll
     }
 }
 
@@ -348,7 +358,7 @@ impl Databases {
         let map = self.map.read().unwrap_or_else(|poison| poison.into_inner());
         Namespace {
             space: Space::Db(map.0[database as usize]),
-            lookups: None,
+            counts_lookups: false,
             _generation: Some(map.1.clone()),
         }
     }

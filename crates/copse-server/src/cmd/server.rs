@@ -756,8 +756,9 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
                     "copse_reply_backpressure_waits",
                     &stats.reply_backpressure_waits.load(Ordering::Relaxed),
                 );
-                line("keyspace_hits", &stats.lookups.hits.load(Ordering::Relaxed));
-                line("keyspace_misses", &stats.lookups.misses.load(Ordering::Relaxed));
+                let (hits, misses) = crate::context::Lookups::totals();
+                line("keyspace_hits", &hits);
+                line("keyspace_misses", &misses);
                 if let Some(store) = &store {
                     let hits: u64 = store.shards.iter().map(|s| s.cache_hits).sum();
                     let misses: u64 = store.shards.iter().map(|s| s.cache_misses).sum();

@@ -350,6 +350,14 @@ fn run_main(
     local.block_on(&runtime, async {
         tokio::task::spawn_local(crate::cmd::orphans::run(server.clone()));
         tokio::task::spawn_local(crate::cmd::expiry::run(server.clone()));
+        let clock = server.clone();
+        tokio::task::spawn_local(async move {
+            let tick = std::time::Duration::from_millis(crate::context::CLOCK_TICK_MS);
+            loop {
+                clock.tick_clock();
+                tokio::time::sleep(tick).await;
+            }
+        });
         let listener = tokio::net::TcpListener::from_std(listener).map_err(ServeError::Runtime)?;
         if let Some(metrics_listener) = metrics_listener {
             let metrics_listener =
