@@ -8,7 +8,8 @@
 //! shard under the locks of the Redis keys it names, so a read-modify-write (INCR, HSET, ZADD)
 //! is atomic, and the commands of one connection on one key run in the order they were sent.
 //!
-//! Reading order: this file, then `strings.rs`, `keys.rs`, `hashes.rs`, `zsets.rs`, `server.rs`.
+//! Reading order: this file, then `namespace.rs` (how a command's database reaches its execs),
+//! `strings.rs`, `keys.rs`, `hashes.rs`, `zsets.rs`, `objects.rs`, `server.rs`.
 
 pub mod dump;
 pub mod expiry;
