@@ -675,3 +675,177 @@ def test_info_reports_the_compatible_version_and_allocated_memory(r):
     assert 0 < before < memory["used_memory_rss"] * 4
     r.hset("h", mapping={f"f{at}": "v" * 200 for at in range(5_000)})
     assert r.info("memory")["used_memory"] > before
+
+
+# -- Found by review (2026-11-28) ----------------------------------------------------------------
+
+
+def crc64_jones(data: bytes) -> int:
+    """Redis's CRC-64 (Jones polynomial, reflected), for payloads built by hand."""
+    poly = 0x95AC9329AC4BC9B5  # 0xad93d23594c935a9 reflected
+    crc = 0
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ poly if crc & 1 else crc >> 1
+    return crc
+
+
+def payload(body: bytes, version: int = 10) -> bytes:
+    head = body + version.to_bytes(2, "little")
+    return head + crc64_jones(head).to_bytes(8, "little")
+
+
+def rdb_len(n: int) -> bytes:
+    if n < 64:
+        return bytes([n])
+    if n < 16384:
+        return bytes([0x40 | (n >> 8), n & 0xFF])
+    return b"\x80" + n.to_bytes(4, "big")
+
+
+def test_a_payload_larger_than_a_batch_is_refused_before_it_takes_memory(r, server):
+    # 20,000 one-byte elements in 40 KB: more elements than one batch.
+    many = payload(b"\x01" + rdb_len(20_000) + b"\x01x" * 20_000)
+    rss_before = server.rss_bytes()
+    started = time.monotonic()
+    with pytest.raises(redis.ResponseError, match="more than copse restores in one atomic batch"):
+        r.restore("bomb", 0, many)
+    # A quicklist of LZF nodes that each claim 16 MiB: refused by the byte budget, not expanded
+    # into gigabytes (a review's 381 KB payload took 4 GB and 27 s).
+    lzf = bytes([0, ord("a")]) + bytes([0xE0, 0xFF, 0x00]) * 63_000  # ~16.6 MB once expanded
+    expanded = 1 + 264 * 63_000
+    node = b"\x02" + b"\xc3" + rdb_len(len(lzf)) + rdb_len(expanded) + lzf
+    bomb = payload(b"\x12" + rdb_len(40) + node * 40)
+    with pytest.raises(redis.ResponseError):
+        r.restore("bomb", 0, bomb)
+    assert time.monotonic() - started < 5
+    assert server.rss_bytes() - rss_before < 200 * 1024 * 1024
+    assert not r.exists("bomb") and r.ping()
+
+
+def test_swapdb_answers_while_clients_are_blocked_and_they_follow_their_database(server):
+    blocked = server.client()
+    swapper = server.client()
+    swapper.flushall()
+    result = {}
+
+    def pop():
+        result["reply"] = blocked.blpop("bk", timeout=10)
+
+    thread = threading.Thread(target=pop)
+    thread.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    assert swapper.swapdb(0, 1) is True
+    assert time.monotonic() - started < 2, "SWAPDB waited for a blocked client"
+    swapper.rpush("bk", "for-db0")  # database 0: the blocked client's database
+    thread.join(5)
+    assert result["reply"] == (b"bk", b"for-db0")
+    swapper.swapdb(0, 1)
+
+
+def test_rename_copy_move_and_restore_wake_blocked_clients(server):
+    waker = server.client()
+    waker.flushall()
+    for make in ("RENAME", "COPY", "RESTORE", "MOVE"):
+        blocked = server.client()
+        result = {}
+
+        def pop():
+            result["reply"] = blocked.blpop("dst", timeout=5)
+
+        thread = threading.Thread(target=pop)
+        thread.start()
+        time.sleep(0.2)
+        started = time.monotonic()
+        if make == "MOVE":
+            waker.execute_command("SELECT", "3")
+            waker.rpush("dst", "x")
+            waker.execute_command("MOVE", "dst", "0")
+            waker.execute_command("SELECT", "0")
+        elif make == "RESTORE":
+            waker.rpush("src", "x")
+            dumped = waker.dump("src")
+            waker.delete("src")
+            waker.restore("dst", 0, dumped)
+        else:
+            waker.rpush("src", "x")
+            waker.execute_command(make, "src", "dst")
+            waker.delete("src")
+        thread.join(5)
+        assert result["reply"] == (b"dst", b"x"), make
+        assert time.monotonic() - started < 2, make
+        waker.flushall()
+        blocked.close()
+
+
+def test_key_limits_hold_in_every_database_one_byte_less_outside_database_0(r):
+    longest = 1014
+    r.set("k" * longest, "v")
+    r.execute_command("SELECT", "1")
+    r.set("k" * (longest - 1), "v")
+    with pytest.raises(redis.ResponseError, match="too long"):
+        r.set("k" * longest, "v")
+    with pytest.raises(redis.ResponseError, match="too long"):
+        r.hset("h" * 500, "f" * 503, "v")
+    r.hset("h" * 500, "f" * 502, "v")
+    assert r.dbsize() == 2
+    r.execute_command("SELECT", "0")
+    with pytest.raises(redis.ResponseError, match="too long"):
+        r.move("k" * longest, 1)
+    assert r.exists("k" * longest)
+
+
+def test_dump_and_object_encoding_of_keys_larger_than_a_batch(r, oracle):
+    for start in range(0, 12_000, 4_000):
+        r.sadd("big", *[f"m{at}" for at in range(start, start + 4_000)])
+    dumped = r.dump("big")
+    theirs = redis.Redis(port=oracle.port)
+    theirs.delete("big")
+    theirs.restore("big", 0, dumped)
+    assert theirs.scard("big") == 12_000
+    theirs.delete("big")
+    theirs.close()
+    r.config_set("set-max-intset-entries", 20_000)
+    try:
+        assert r.object("encoding", "big") == b"hashtable"
+    finally:
+        r.config_set("set-max-intset-entries", 512)
+
+
+def test_review_error_texts_and_counts_match_redis(diff):
+    run_script(diff, """
+        SET k v
+        RESTORE k 0 garbage
+        RESTORE k x garbage
+        MEMORY USAGE k SAMPLES -1
+        SWAPDB 20 x
+        SWAPDB 99999999999 1
+        SWAPDB 0 20
+        SELECT 99999999999
+    """)
+    sides = {name: (lambda args, side=side: diff._call(side, args))
+             for name, side in (("copse", diff.copse), ("redis", diff.oracle))}
+    before = {name: (info_field(call, "stats", "keyspace_hits"), info_field(call, "stats", "keyspace_misses"))
+              for name, call in sides.items()}
+    run_script(diff, """
+        HSET h f v
+        OBJECT ENCODING nokey
+        OBJECT REFCOUNT h
+        OBJECT IDLETIME h
+        OBJECT FREQ h
+        SET k v2 GET
+        SET k v3
+    """)
+    after = {name: (info_field(call, "stats", "keyspace_hits"), info_field(call, "stats", "keyspace_misses"))
+             for name, call in sides.items()}
+    moved = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1]) for name in sides}
+    assert moved["copse"] == moved["redis"], moved
+
+
+def test_restore_idletime_sets_the_idle_time(r):
+    r.set("src", "v")
+    dumped = r.dump("src")
+    r.restore("old", 0, dumped, idletime=1000)
+    assert 1000 <= r.object("idletime", "old") <= 1002

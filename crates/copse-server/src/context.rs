@@ -168,6 +168,9 @@ pub struct AccessClock {
 
 /// Slots of `AccessClock` (256 KiB of clocks).
 pub const ACCESS_SLOTS: usize = 1 << 16;
+/// The access clock's reading when the server starts: 2^30 s (34 years), so that a key restored
+/// with an idle time longer than the uptime (RESTORE ... IDLETIME) still reads it back.
+pub const CLOCK_START_S: u32 = 1 << 30;
 
 impl Default for AccessClock {
     fn default() -> Self {
@@ -188,6 +191,13 @@ impl AccessClock {
         if slot.load(Ordering::Relaxed) != now_s {
             slot.store(now_s, Ordering::Relaxed);
         }
+    }
+
+    /// Notes `key` as last used `idle_s` seconds before `now_s` (RESTORE ... IDLETIME), or at the
+    /// server's start if that is earlier.
+    pub fn set_idle(&self, key: &[u8], now_s: u32, idle_s: i64) {
+        let at = (now_s as i64).saturating_sub(idle_s).max(0) as u32;
+        self.slot(key).store(at, Ordering::Relaxed);
     }
 
     /// Seconds since `key` was last used, at most `now_s` (never used since the server started).
@@ -272,23 +282,24 @@ pub struct Server {
     pub databases: crate::cmd::namespace::Databases,
     /// When keys were last used (OBJECT IDLETIME).
     pub access: AccessClock,
-    /// `uptime_s`, kept by the clock task.
+    /// `access_clock_s`, kept by the clock task.
     clock_s: std::sync::atomic::AtomicU32,
 }
 
-/// How often the clock task moves `Server::uptime_s` (Redis's LRU clock ticks every 100 ms too).
+/// How often the clock task moves `Server::access_clock_s` (Redis's LRU clock ticks every 100 ms too).
 pub const CLOCK_TICK_MS: u64 = 100;
 
 impl Server {
-    /// Whole seconds since the server started, as of the last tick of the clock task (the access
-    /// clock's time: one load per command, no clock read; `tick_clock`).
-    pub fn uptime_s(&self) -> u32 {
+    /// The access clock's time: `CLOCK_START_S` plus the whole seconds since the server started,
+    /// as of the last tick of the clock task (one load per command, no clock read; `tick_clock`).
+    pub fn access_clock_s(&self) -> u32 {
         self.clock_s.load(Ordering::Relaxed)
     }
 
-    /// Moves `uptime_s` to now (the clock task, every `CLOCK_TICK_MS`).
+    /// Moves `access_clock_s` to now (the clock task, every `CLOCK_TICK_MS`).
     pub fn tick_clock(&self) {
-        self.clock_s.store(self.started.elapsed().as_secs() as u32, Ordering::Relaxed);
+        let elapsed = self.started.elapsed().as_secs().min((u32::MAX - CLOCK_START_S) as u64);
+        self.clock_s.store(CLOCK_START_S + elapsed as u32, Ordering::Relaxed);
     }
 
     /// The state of a server about to serve `db` on `local_addr`, with no client yet.
@@ -316,7 +327,7 @@ impl Server {
             waiters: crate::waiters::Waiters::default(),
             databases,
             access: AccessClock::default(),
-            clock_s: std::sync::atomic::AtomicU32::new(0),
+            clock_s: std::sync::atomic::AtomicU32::new(CLOCK_START_S),
         }
     }
 

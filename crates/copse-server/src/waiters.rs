@@ -104,6 +104,14 @@ impl Waiters {
         }
     }
 
+    /// Wakes every blocked client (SWAPDB: each looks again, in its database's new namespace).
+    pub fn wake_everyone(&self) {
+        let queues = self.queues.lock().unwrap_or_else(|poison| poison.into_inner());
+        for waiter in queues.values().flatten() {
+            waiter.notify.notify_one();
+        }
+    }
+
     /// Whether any client is blocked at all (a write then wakes; without, it skips the lock).
     pub fn any_waiting(&self) -> bool {
         self.blocked.load(Ordering::Relaxed) > 0

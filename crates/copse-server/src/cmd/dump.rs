@@ -53,6 +53,13 @@ const LZF_EXPANSION_MAX: u64 = 88;
 const CRC: crc::Crc<u64> = crc::Crc::<u64>::new(&crc::CRC_64_REDIS);
 
 const BAD_PAYLOAD: &str = "ERR DUMP payload version or checksum are wrong";
+/// A payload larger than one atomic batch: refused while it is decoded, before it takes more
+/// memory than the batch would.
+const TOO_LARGE: &str = "ERR this payload holds more than copse restores in one atomic batch (10,000 items, 16 MiB); nothing was changed";
+/// Elements a payload may decode to (a RESTORE is one batch; a sorted set member is two items).
+pub const RESTORE_ELEMENTS_MAX: usize = copse::limits::WRITE_BATCH_OPS_MAX;
+/// Bytes of strings a payload may decode to.
+pub const RESTORE_BYTES_MAX: usize = copse::limits::WRITE_BATCH_BYTES_MAX;
 const BAD_DATA: &str = "ERR Bad data format";
 const BUSY_KEY: &str = "BUSYKEY Target key name already exists.";
 
@@ -81,7 +88,9 @@ pub fn specs() -> Vec<Spec> {
 
 fn dump(call: &mut Call<'_>) -> Outcome {
     let key = std::mem::take(&mut call.args[1]);
-    let mut reader = SnapshotReader::new(key.clone());
+    let reply_bytes_max =
+        call.server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
+    let mut reader = SnapshotReader::for_reply(key.clone(), reply_bytes_max);
     on_key(KeyTarget::of(call.db(), &key), move |view, input| {
         let step = match input {
             Input::Start => reader.start(view),
@@ -104,7 +113,7 @@ fn dump(call: &mut Call<'_>) -> Outcome {
 fn restore(call: &mut Call<'_>) -> Outcome {
     let mut replace = false;
     let mut absolute = false;
-    let (mut idle, mut freq) = (false, false);
+    let (mut idle_s, mut freq) = (None, false);
     let mut at = 4;
     while at < call.args.len() {
         let more = at + 1 < call.args.len();
@@ -114,12 +123,12 @@ fn restore(call: &mut Call<'_>) -> Outcome {
             "idletime" if more && !freq => {
                 at += 1;
                 match parse_i64(&call.args[at]) {
-                    Some(seconds) if seconds >= 0 => idle = true,
+                    Some(seconds) if seconds >= 0 => idle_s = Some(seconds),
                     Some(_) => return Outcome::error("ERR Invalid IDLETIME value, must be >= 0"),
                     None => return Outcome::error(NOT_INTEGER),
                 }
             }
-            "freq" if more && !idle => {
+            "freq" if more && idle_s.is_none() => {
                 at += 1;
                 match parse_i64(&call.args[at]) {
                     Some(count) if (0..=255).contains(&count) => freq = true,
@@ -133,23 +142,27 @@ fn restore(call: &mut Call<'_>) -> Outcome {
         }
         at += 1;
     }
-    let ttl = match parse_i64(&call.args[2]) {
-        Some(ttl) if ttl >= 0 => ttl as u64,
-        Some(_) => return Outcome::error("ERR Invalid TTL value, must be >= 0"),
-        None => return Outcome::error(NOT_INTEGER),
-    };
-    let value = match decode(&call.args[3]) {
-        Ok(value) => value,
-        Err(error) => return Outcome::error(error),
-    };
+    // Redis's order: options, then BUSYKEY (in the exec), then the TTL, then the payload. The
+    // TTL and the payload are checked here; their errors are answered after BUSYKEY's.
     let now = now_ms();
-    let deadline = match (ttl, absolute) {
-        (0, _) => None,
-        (ttl, true) => Some(ttl),
-        (ttl, false) => Some(now.saturating_add(ttl)),
+    let deadline = match parse_i64(&call.args[2]) {
+        Some(0) => Ok(None),
+        Some(ttl) if ttl > 0 && absolute => Ok(Some(ttl as u64)),
+        // A relative TTL past what a deadline holds has, as in Redis, already expired.
+        Some(ttl) if ttl > 0 => Ok(Some(
+            i64::try_from(now).ok().and_then(|now| now.checked_add(ttl)).map_or(0, |at| at as u64),
+        )),
+        Some(_) => Err(Reply::error("ERR Invalid TTL value, must be >= 0")),
+        None => Err(Reply::error(NOT_INTEGER)),
     };
+    let snapshot = deadline.and_then(|deadline| match decode(&call.args[3]) {
+        Ok(value) => Ok(Snapshot::of_value(&value, deadline)),
+        Err(error) => Err(Reply::error(error)),
+    });
     let key = std::mem::take(&mut call.args[1]);
-    let snapshot = Snapshot::of_value(&value, deadline);
+    let server = call.server.clone();
+    let database = super::namespace::current_number();
+    let mut restored = None;
     on_key(KeyTarget::of(call.db(), &key), move |view, input| match input {
         Input::Start => {
             let expiry = Expiry::of(view, &key);
@@ -157,14 +170,19 @@ fn restore(call: &mut Call<'_>) -> Outcome {
             if exists && !replace {
                 return Next::Reply(Reply::error(BUSY_KEY));
             }
-            let ops = if deadline.is_some_and(|deadline| deadline <= now) {
+            let snapshot = match &snapshot {
+                Ok(snapshot) => snapshot,
+                Err(error) => return Next::Reply(error.clone()),
+            };
+            let ops = if snapshot.deadline_ms.is_some_and(|deadline| deadline <= now) {
                 // Already expired: as Redis, the key is only deleted (if REPLACE found one).
                 match super::stored_type(view, &key) {
                     Some(ty) if exists => expiry.before(super::delete_ops(&key, ty, &expiry)),
                     _ => Vec::new(),
                 }
             } else {
-                replace_ops(view, &key, &snapshot, true).unwrap_or_default()
+                restored = Some(snapshot.ty);
+                replace_ops(view, &key, snapshot, true).unwrap_or_default()
             };
             if ops.is_empty() {
                 return Next::Reply(Reply::ok());
@@ -174,7 +192,15 @@ fn restore(call: &mut Call<'_>) -> Outcome {
             }
             Next::Write(ops)
         }
-        Input::Written => Next::Reply(Reply::ok()),
+        Input::Written => {
+            if let Some(ty) = restored {
+                if let Some(seconds) = idle_s {
+                    server.access.set_idle(&key, server.access_clock_s(), seconds);
+                }
+                super::objects::wake_waiters(&server, ty, database, &key);
+            }
+            Next::Reply(Reply::ok())
+        }
         Input::Read(_) => unexpected(),
     })
 }
@@ -248,8 +274,20 @@ pub fn decode(payload: &[u8]) -> Result<Value, &'static str> {
     if version > RDB_VERSION_READ_MAX || CRC.checksum(&payload[..body_len + 2]) != crc {
         return Err(BAD_PAYLOAD);
     }
-    let mut reader = Reader { bytes: &payload[..body_len], at: 0 };
-    let value = reader.object().ok_or(BAD_DATA)?;
+    let mut reader = Reader {
+        bytes: &payload[..body_len],
+        at: 0,
+        budget: Budget {
+            elements_left: RESTORE_ELEMENTS_MAX,
+            bytes_left: RESTORE_BYTES_MAX,
+            exceeded: false,
+        },
+    };
+    let value = reader.object();
+    if reader.budget.exceeded {
+        return Err(TOO_LARGE);
+    }
+    let value = value.ok_or(BAD_DATA)?;
     if reader.at != body_len || !well_formed(&value) {
         return Err(BAD_DATA);
     }
@@ -277,10 +315,44 @@ fn well_formed(value: &Value) -> bool {
     }
 }
 
-/// A cursor over an RDB object's bytes: every read checks the bytes left (None past them).
+/// A cursor over an RDB object's bytes: every read checks the bytes left (None past them), and
+/// what it decodes is charged to its budget.
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    budget: Budget,
+}
+
+/// What a payload may still decode to: past either figure decoding stops (None) with `exceeded`
+/// set, so a small payload (LZF, or many tiny entries) never takes more memory than a batch.
+struct Budget {
+    elements_left: usize,
+    bytes_left: usize,
+    exceeded: bool,
+}
+
+impl Budget {
+    fn elements(&mut self, count: usize) -> Option<()> {
+        self.charge(count, true)
+    }
+
+    fn bytes(&mut self, count: usize) -> Option<()> {
+        self.charge(count, false)
+    }
+
+    fn charge(&mut self, count: usize, elements: bool) -> Option<()> {
+        let left = if elements { &mut self.elements_left } else { &mut self.bytes_left };
+        match left.checked_sub(count) {
+            Some(rest) => {
+                *left = rest;
+                Some(())
+            }
+            None => {
+                self.exceeded = true;
+                None
+            }
+        }
+    }
 }
 
 /// An RDB length: a plain one, or the special encoding of a string (integers, LZF).
@@ -326,7 +398,12 @@ impl<'a> Reader<'a> {
 
     fn string(&mut self) -> Option<Vec<u8>> {
         match self.raw_len()? {
-            Len::Plain(len) => Some(self.take(usize::try_from(len).ok()?)?.to_vec()),
+            Len::Plain(len) => {
+                let len = usize::try_from(len).ok()?;
+                let bytes = self.take(len)?;
+                self.budget.bytes(len)?;
+                Some(bytes.to_vec())
+            }
             Len::Special(0) => Some((self.take(1)?[0] as i8).to_string().into_bytes()),
             Len::Special(1) => {
                 Some(i16::from_le_bytes(self.take(2)?.try_into().ok()?).to_string().into_bytes())
@@ -343,7 +420,9 @@ impl<'a> Reader<'a> {
                 if len > most.min(copse::limits::VALUE_BYTES_MAX as u64) {
                     return None;
                 }
-                lzf_decompress(self.take(compressed)?, len as usize)
+                let input = self.take(compressed)?;
+                self.budget.bytes(len as usize)?;
+                lzf_decompress(input, len as usize)
             }
             Len::Special(_) => None,
         }
@@ -355,14 +434,17 @@ impl<'a> Reader<'a> {
             rdb_type::STRING => Value::String(self.string()?),
             rdb_type::LIST => {
                 let count = self.len()?;
+                self.budget.elements(count)?;
                 Value::List((0..count).map(|_| self.string()).collect::<Option<_>>()?)
             }
             rdb_type::SET => {
                 let count = self.len()?;
+                self.budget.elements(count)?;
                 Value::Set((0..count).map(|_| self.string()).collect::<Option<_>>()?)
             }
             rdb_type::ZSET | rdb_type::ZSET_2 => {
                 let count = self.len()?;
+                self.budget.elements(count.saturating_mul(2))?;
                 let mut pairs = Vec::with_capacity(count);
                 for _ in 0..count {
                     let member = self.string()?;
@@ -376,24 +458,33 @@ impl<'a> Reader<'a> {
             }
             rdb_type::HASH => {
                 let count = self.len()?;
+                self.budget.elements(count)?;
                 let mut pairs = Vec::with_capacity(count);
                 for _ in 0..count {
                     pairs.push((self.string()?, self.string()?));
                 }
                 Value::Hash(pairs)
             }
-            rdb_type::SET_INTSET => Value::Set(intset(&self.string()?)?),
-            rdb_type::SET_LISTPACK => Value::Set(listpack(&self.string()?)?),
-            rdb_type::LIST_ZIPLIST => Value::List(ziplist(&self.string()?)?),
-            rdb_type::ZSET_ZIPLIST => Value::ZSet(scored(ziplist(&self.string()?)?)?),
-            rdb_type::ZSET_LISTPACK => Value::ZSet(scored(listpack(&self.string()?)?)?),
-            rdb_type::HASH_ZIPLIST => Value::Hash(paired(ziplist(&self.string()?)?)?),
-            rdb_type::HASH_LISTPACK => Value::Hash(paired(listpack(&self.string()?)?)?),
+            rdb_type::SET_INTSET => Value::Set(intset(&self.string()?, &mut self.budget)?),
+            rdb_type::SET_LISTPACK => Value::Set(listpack(&self.string()?, &mut self.budget)?),
+            rdb_type::LIST_ZIPLIST => Value::List(ziplist(&self.string()?, &mut self.budget)?),
+            rdb_type::ZSET_ZIPLIST => {
+                Value::ZSet(scored(ziplist(&self.string()?, &mut self.budget)?)?)
+            }
+            rdb_type::ZSET_LISTPACK => {
+                Value::ZSet(scored(listpack(&self.string()?, &mut self.budget)?)?)
+            }
+            rdb_type::HASH_ZIPLIST => {
+                Value::Hash(paired(ziplist(&self.string()?, &mut self.budget)?)?)
+            }
+            rdb_type::HASH_LISTPACK => {
+                Value::Hash(paired(listpack(&self.string()?, &mut self.budget)?)?)
+            }
             rdb_type::LIST_QUICKLIST => {
                 let nodes = self.len()?;
                 let mut items = Vec::new();
                 for _ in 0..nodes {
-                    items.extend(ziplist(&self.string()?)?);
+                    items.extend(ziplist(&self.string()?, &mut self.budget)?);
                 }
                 Value::List(items)
             }
@@ -405,7 +496,7 @@ impl<'a> Reader<'a> {
                         // PLAIN: one element, as is.
                         1 => items.push(self.string()?),
                         // PACKED: a listpack of elements.
-                        2 => items.extend(listpack(&self.string()?)?),
+                        2 => items.extend(listpack(&self.string()?, &mut self.budget)?),
                         _ => return None,
                     }
                 }
@@ -447,13 +538,14 @@ fn paired(flat: Vec<Vec<u8>>) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 }
 
 /// An intset: encoding (2, 4 or 8 bytes per value), count, values; all little endian.
-fn intset(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+fn intset(bytes: &[u8], budget: &mut Budget) -> Option<Vec<Vec<u8>>> {
     let width = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
     let count = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?) as usize;
     let values = bytes.get(8..)?;
     if ![2, 4, 8].contains(&width) || values.len() != count.checked_mul(width)? {
         return None;
     }
+    budget.elements(count)?;
     Some(
         values
             .chunks(width)
@@ -470,7 +562,7 @@ fn intset(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
 }
 
 /// A listpack's entries (integers as their decimal text).
-fn listpack(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+fn listpack(bytes: &[u8], budget: &mut Budget) -> Option<Vec<Vec<u8>>> {
     let total = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
     if total != bytes.len() {
         return None;
@@ -517,6 +609,7 @@ fn listpack(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
                 _ => return None,
             }
         };
+        budget.elements(1)?;
         out.push(entry);
         // The entry's back length: 7 bits per byte.
         let backlen = match size {
@@ -531,7 +624,7 @@ fn listpack(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
 }
 
 /// A ziplist's entries (integers as their decimal text).
-fn ziplist(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+fn ziplist(bytes: &[u8], budget: &mut Budget) -> Option<Vec<Vec<u8>>> {
     let total = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
     if total != bytes.len() {
         return None;
@@ -585,6 +678,7 @@ fn ziplist(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
                 (value.to_string().into_bytes(), 1 + len)
             }
         };
+        budget.elements(1)?;
         out.push(entry);
         at = at.checked_add(size)?;
     }

@@ -103,13 +103,18 @@ fn object(call: &mut Call<'_>) -> Outcome {
         return help(OBJECT_HELP);
     }
     let key = call.args[2].clone();
-    let idle_s = call.server.access.idle_s(&key, call.server.uptime_s());
+    let idle_s = call.server.access.idle_s(&key, call.server.access_clock_s());
     let knobs = Knobs::of(call.server);
-    let mut reader = SnapshotReader::new(key.clone());
+    let uncounted = super::namespace::Namespace::current().uncounted();
+    let reply_bytes_max =
+        call.server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
+    let mut reader = SnapshotReader::for_reply(key.clone(), reply_bytes_max);
     on_key(KeyTarget::of(call.db(), &key), move |view, input| {
         let step = match input {
             Input::Start => {
-                let Some(ty) = Expiry::of(view, &key).live(stored_type(view, &key)) else {
+                let live = Expiry::of(view, &key).live(stored_type(view, &key));
+                view.note_lookup(live.is_some());
+                let Some(ty) = live else {
                     return Next::Reply(Reply::Null);
                 };
                 match sub.as_str() {
@@ -119,7 +124,8 @@ fn object(call: &mut Call<'_>) -> Outcome {
                     "encoding" if ty == KeyType::List => {
                         return Next::Reply(Reply::Bulk(b"quicklist".to_vec()))
                     }
-                    _ => reader.start(view),
+                    // Looked up above: the reader's own lookup is not counted again.
+                    _ => reader.start(&view.in_namespace(&uncounted)),
                 }
             }
             Input::Read(results) => {
@@ -257,7 +263,8 @@ fn memory(call: &mut Call<'_>) -> Outcome {
             "samples" if at + 1 < call.args.len() => match parse_i64(&call.args[at + 1]) {
                 Some(0) => samples = MEMORY_SAMPLES_MAX,
                 Some(count) if count > 0 => samples = (count as usize).min(MEMORY_SAMPLES_MAX),
-                Some(_) => return Outcome::error(NOT_INTEGER),
+                // As Redis: a negative count is a syntax error.
+                Some(_) => return Outcome::error(SYNTAX),
                 None => return Outcome::error(NOT_INTEGER),
             },
             _ => return Outcome::error(SYNTAX),

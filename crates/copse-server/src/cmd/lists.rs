@@ -1263,8 +1263,12 @@ where
     F: FnMut(Arc<Server>) -> Fut,
     Fut: std::future::Future<Output = Option<Reply>>,
 {
-    let namespace = super::namespace::current_number();
-    let keys: Vec<Vec<u8>> = keys.iter().map(|key| queue_key(kind, namespace, key)).collect();
+    let redis_keys = keys;
+    let mut namespace = super::namespace::current_number();
+    let queue_keys = |namespace: u8| -> Vec<Vec<u8>> {
+        redis_keys.iter().map(|key| queue_key(kind, namespace, key)).collect()
+    };
+    let mut keys = queue_keys(namespace);
     // A deadline past what the clock can hold is no deadline: it never comes.
     let deadline = timeout.and_then(|timeout| tokio::time::Instant::now().checked_add(timeout));
     // A newcomer tries at once, unless clients already wait on one of its keys: they go first.
@@ -1275,8 +1279,17 @@ where
     }
     // Dropped on every way out (served, timed out, connection gone): leaves the queues and
     // passes its turn on.
-    let registration = server.waiters.register(&keys);
+    let mut registration = server.waiters.register(&keys);
     loop {
+        // After a SWAPDB the client's database may be another namespace: it waits there now
+        // (at the back of its queues, which it joins anew).
+        let now = super::namespace::current_number();
+        if now != namespace {
+            namespace = now;
+            keys = queue_keys(namespace);
+            drop(registration);
+            registration = server.waiters.register(&keys);
+        }
         // Only the first in line on one of its keys tries (always once right after
         // registering: an element may have come in between).
         if server.waiters.is_first_anywhere(&registration.waiter, &keys) {

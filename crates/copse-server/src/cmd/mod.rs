@@ -107,29 +107,33 @@ where
         };
         let behind_group = self.joins_write_groups && view.behind_write_group();
         let namespace = &self.namespace;
-        match (self.step)(&View::new(view, namespace), input) {
+        let mut next = (self.step)(&View::new(view, namespace), input);
+        let fits = match &mut next {
+            Next::Write(ops) | Next::WriteLast(ops) | Next::Prepare(_, ops) => {
+                namespace.write_ops(ops).is_ok()
+            }
+            _ => true,
+        };
+        match next {
             Next::Read(mut reads) => {
                 namespace.read_ops(&mut reads);
                 ExecStep::Read(reads)
             }
             // A program that joins write groups writes once, as its last step (`on_key_grouped`):
             // so its write may start a group, or join the one it runs behind.
-            Next::Write(mut ops) if self.joins_write_groups => {
-                namespace.write_ops(&mut ops);
-                ExecStep::WriteLast(ops)
+            Next::Write(ops) | Next::WriteLast(ops) if !fits => {
+                let error = namespace::too_long(&ops);
+                self.finish(error)
             }
-            Next::Write(mut ops) => {
-                namespace.write_ops(&mut ops);
-                ExecStep::Write(ops)
+            Next::Prepare(vote, ops) if !fits => {
+                let error = namespace::too_long(&ops);
+                vote.refuse(copse::WriteError::Aborted("an item key is too long".into()));
+                self.finish(error)
             }
-            Next::WriteLast(mut ops) => {
-                namespace.write_ops(&mut ops);
-                ExecStep::WriteLast(ops)
-            }
-            Next::Prepare(vote, mut ops) => {
-                namespace.write_ops(&mut ops);
-                ExecStep::Prepare { vote, ops }
-            }
+            Next::Write(ops) if self.joins_write_groups => ExecStep::WriteLast(ops),
+            Next::Write(ops) => ExecStep::Write(ops),
+            Next::WriteLast(ops) => ExecStep::WriteLast(ops),
+            Next::Prepare(vote, ops) => ExecStep::Prepare { vote, ops },
             Next::Reply(reply) if behind_group => {
                 // What it saw includes the group's writes: answered once they are durable.
                 self.held = Some(reply);
@@ -928,11 +932,12 @@ pub fn unexpected() -> Next {
     Next::Reply(Reply::error("ERR internal error: unexpected step"))
 }
 
-/// Refuses a Redis key copse cannot store.
-pub fn check_key(key: &[u8]) -> Result<(), Reply> {
-    if key.len() > REDIS_KEY_BYTES_MAX {
+/// Refuses a Redis key longer than `key_bytes_max` (a namespace's limit: `REDIS_KEY_BYTES_MAX`
+/// in namespace 0, one byte less in the others).
+pub fn check_key_within(key: &[u8], key_bytes_max: usize) -> Result<(), Reply> {
+    if key.len() > key_bytes_max {
         return Err(Reply::Error(format!(
-            "ERR key of {} bytes is too long (copse keys are at most {REDIS_KEY_BYTES_MAX} bytes)",
+            "ERR key of {} bytes is too long (copse keys are at most {REDIS_KEY_BYTES_MAX} bytes in database 0, one less in the others)",
             key.len()
         )));
     }
@@ -1199,6 +1204,8 @@ const LOOKUP_COUNTING_WRITES: &[&str] = &[
     "getex",
     "getset",
     "sdiffstore",
+    // SET ... GET: only its GET's lookup is noted.
+    "set",
     "sinterstore",
     "sunionstore",
     "zdiffstore",
@@ -1243,16 +1250,27 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     if !conn.authenticated && !ALLOWED_BEFORE_AUTH.contains(&spec.name) {
         return refused(Outcome::error("NOAUTH Authentication required."));
     }
-    // Every key a command names must fit copse's keys; checked once here for all commands,
-    // and noted as used (OBJECT IDLETIME) unless the command only looks (`NO_TOUCH`).
+    // The command's execs, built now or by its future later, are in its database's namespace.
+    // SWAPDB holds no map generation: it waits for every holder of the old one to finish.
+    let namespace = match spec.name {
+        "swapdb" => namespace::Namespace::detached(0),
+        _ if spec.flags.contains(&"readonly") || LOOKUP_COUNTING_WRITES.contains(&spec.name) => {
+            server.databases.resolve(conn.db).counting_lookups()
+        }
+        _ => server.databases.resolve(conn.db),
+    };
+    // Every key a command names must fit copse's keys (in its namespace: one byte less outside
+    // namespace 0); checked once here for all commands, and noted as used (OBJECT IDLETIME)
+    // unless the command only looks (`NO_TOUCH`).
+    let key_bytes_max = REDIS_KEY_BYTES_MAX - namespace.prefix_bytes();
     if spec.first_key > 0 {
         let last = if spec.last_key < 0 { count + spec.last_key } else { spec.last_key };
         let touch = !NO_TOUCH.contains(&spec.name);
-        let now_s = server.uptime_s();
+        let now_s = server.access_clock_s();
         let mut at = spec.first_key;
         while at <= last && at < count {
             let key = &args[at as usize];
-            if let Err(reply) = check_key(key) {
+            if let Err(reply) = check_key_within(key, key_bytes_max) {
                 return refused(Outcome::Reply(reply));
             }
             if touch {
@@ -1267,21 +1285,19 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
         raise_value_bytes_bound(&server.value_bytes_bound, spec, &args);
     }
     let reply_size = reply_size(spec, &args);
-    // The command's execs, built now or by its future later, are in its database's namespace.
-    // SWAPDB holds no map generation: it waits for every holder of the old one to finish.
-    let namespace = match spec.name {
-        "swapdb" => namespace::Namespace::detached(0),
-        _ if spec.flags.contains(&"readonly") || LOOKUP_COUNTING_WRITES.contains(&spec.name) => {
-            server.databases.resolve(conn.db).counting_lookups()
-        }
-        _ => server.databases.resolve(conn.db),
-    };
+    let database = conn.db;
     let (outcome, namespace) = namespace.enter(|| (spec.handler)(&mut Call { server, conn, args }));
+    let blocking = spec.flags.contains(&"blocking");
     let outcome = match outcome {
+        // A blocked client may wait for ever: it must not hold the database map (SWAPDB waits
+        // for every holder), and after a swap it waits in its database's new namespace.
+        Outcome::AfterPending(future) if blocking => Outcome::AfterPending(Box::pin(
+            namespace::InDatabase::new(server.clone(), database, false, future),
+        )),
         Outcome::AfterPending(future) => Outcome::AfterPending(Box::pin(namespace.bind(future))),
         other => other,
     };
-    Dispatched { outcome, reply_size, blocking: spec.flags.contains(&"blocking") }
+    Dispatched { outcome, reply_size, blocking }
 }
 
 /// How large a command's reply can be, before it runs.

@@ -60,8 +60,9 @@ pub struct Namespace {
     pub space: Space,
     /// Whether its execs count their key lookups (`context::Lookups`): a read command's do.
     counts_lookups: bool,
-    // Held, not read: SWAPDB waits for the old map's execs to drop it.
-    _generation: Option<Arc<()>>,
+    // The database map this namespace was resolved under; SWAPDB waits for the execs holding
+    // the map it replaced to drop it.
+    _generation: Option<Arc<[u8; DATABASES]>>,
 }
 
 thread_local! {
@@ -113,6 +114,20 @@ impl Namespace {
     /// it), and holding `self`'s generation until it is done.
     pub fn bind<F: Future>(self, future: F) -> InNamespace<F> {
         InNamespace { namespace: Some(self), future: Box::pin(future) }
+    }
+
+    /// Database `database`'s namespace under the same map as this one (COPY ... DB, MOVE: both
+    /// ends of the command from one map, whatever SWAPDB does meanwhile).
+    pub fn sibling(&self, database: u8) -> Namespace {
+        let number = match &self._generation {
+            Some(map) => map[database as usize],
+            None => database,
+        };
+        Namespace {
+            space: Space::Db(number),
+            counts_lookups: false,
+            _generation: self._generation.clone(),
+        }
     }
 
     /// This namespace, its execs counting key lookups (a read command's).
@@ -216,16 +231,38 @@ impl Namespace {
         }
     }
 
-    /// A program's writes, as stored.
-    pub fn write_ops(&self, ops: &mut [BatchOp]) {
+    /// A program's writes, as stored; Err when the prefix made an item key longer than copse's
+    /// limit (the command then answers `too_long` and writes nothing).
+    pub fn write_ops(&self, ops: &mut [BatchOp]) -> Result<(), ()> {
         if self.prefix().is_none() {
-            return;
+            return Ok(());
         }
+        let mut fits = true;
         for op in ops {
             let (BatchOp::Put { key, .. } | BatchOp::Delete { key }) = op;
             *key = self.item(key);
+            fits &= key.len() <= copse::limits::KEY_BYTES_MAX;
+        }
+        if fits {
+            Ok(())
+        } else {
+            Err(())
         }
     }
+
+    /// Bytes this namespace adds to every item key.
+    pub fn prefix_bytes(&self) -> usize {
+        usize::from(self.prefix().is_some())
+    }
+}
+
+/// The error of a write whose item keys, with the namespace's byte, pass copse's key limit:
+/// every limit on keys, fields and members is one byte less outside namespace 0.
+pub fn too_long(ops: &[BatchOp]) -> crate::resp::Reply {
+    let longest = ops.iter().map(|op| op.key().len()).max().unwrap_or(0);
+    crate::resp::Reply::Error(format!(
+        "ERR an item of {longest} bytes is too long: outside database 0 every key, field and member limit is one byte less (docs/format/redis-keyspace.md, \"Limits\"); nothing was changed"
+    ))
 }
 
 fn bound_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
@@ -340,9 +377,11 @@ impl<F: Future> Future for InNamespace<F> {
     }
 }
 
-/// The database map: which namespace holds each database's keys, and its generation.
+/// The database map: which namespace holds each database's keys. The map is shared (`Arc`) by
+/// every namespace resolved under it, and that count is its generation: SWAPDB installs a new
+/// map, then waits until nothing holds the old one.
 pub struct Databases {
-    map: RwLock<([u8; DATABASES], Arc<()>)>,
+    map: RwLock<Arc<[u8; DATABASES]>>,
     /// SWAPDBs one at a time.
     swapping: tokio::sync::Mutex<()>,
 }
@@ -350,28 +389,35 @@ pub struct Databases {
 impl Databases {
     /// The map as stored (`decode`), or the identity for a store without one.
     pub fn new(map: [u8; DATABASES]) -> Databases {
-        Databases { map: RwLock::new((map, Arc::new(()))), swapping: tokio::sync::Mutex::new(()) }
+        Databases { map: RwLock::new(Arc::new(map)), swapping: tokio::sync::Mutex::new(()) }
     }
 
     /// The namespace of database `database` (< DATABASES) now.
     pub fn resolve(&self, database: u8) -> Namespace {
-        let map = self.map.read().unwrap_or_else(|poison| poison.into_inner());
+        let map = self.map.read().unwrap_or_else(|poison| poison.into_inner()).clone();
         Namespace {
-            space: Space::Db(map.0[database as usize]),
+            space: Space::Db(map[database as usize]),
             counts_lookups: false,
-            _generation: Some(map.1.clone()),
+            _generation: Some(map),
         }
     }
 
     /// The map now.
     pub fn map(&self) -> [u8; DATABASES] {
-        self.map.read().unwrap_or_else(|poison| poison.into_inner()).0
+        **self.map.read().unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Swaps databases `a` and `b`: `persist` makes the new map durable (its future answers
-    /// whether it did), then the map is installed and this waits for every exec built under the
-    /// old one to be done. Nothing changes if `persist` fails.
-    pub async fn swap<P, Fut>(&self, a: u8, b: u8, persist: P) -> Result<(), String>
+    /// whether it did), then the map is installed, `installed` runs (blocked clients look again),
+    /// and this waits for every exec built under the old map to be done. Nothing changes if
+    /// `persist` fails.
+    pub async fn swap<P, Fut>(
+        &self,
+        a: u8,
+        b: u8,
+        persist: P,
+        installed: impl FnOnce(),
+    ) -> Result<(), String>
     where
         P: FnOnce(Vec<u8>) -> Fut,
         Fut: Future<Output = Result<(), String>>,
@@ -382,14 +428,49 @@ impl Databases {
         persist(new.to_vec()).await?;
         let old = {
             let mut map = self.map.write().unwrap_or_else(|poison| poison.into_inner());
-            std::mem::replace(&mut *map, (new, Arc::new(()))).1
+            std::mem::replace(&mut *map, Arc::new(new))
         };
+        installed();
         // Commands concurrent with the swap may still run under the old map; once they are done,
-        // anything that follows the reply sees only the new one.
+        // anything that follows the reply sees only the new one. (Blocked clients hold no map
+        // while they wait: `InDatabase`.)
         while Arc::strong_count(&old) > 1 {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         Ok(())
+    }
+}
+
+/// A blocking command's future (BLPOP and the like), polled in its database's namespace as the
+/// map has it at each poll: it holds no map while it waits, so SWAPDB never waits for it, and
+/// after a swap it looks in the namespace its database now names (`lists::blocking` moves its
+/// place in the queues there).
+pub struct InDatabase<F: Future> {
+    server: Arc<crate::context::Server>,
+    database: u8,
+    counts_lookups: bool,
+    future: Pin<Box<F>>,
+}
+
+impl<F: Future> InDatabase<F> {
+    pub fn new(
+        server: Arc<crate::context::Server>,
+        database: u8,
+        counts_lookups: bool,
+        future: F,
+    ) -> InDatabase<F> {
+        InDatabase { server, database, counts_lookups, future: Box::pin(future) }
+    }
+}
+
+impl<F: Future> Future for InDatabase<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        let mut namespace = this.server.databases.resolve(this.database);
+        namespace.counts_lookups = this.counts_lookups;
+        namespace.enter(|| this.future.as_mut().poll(cx)).0
     }
 }
 

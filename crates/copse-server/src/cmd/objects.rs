@@ -271,11 +271,30 @@ pub struct SnapshotReader {
     read: usize,
     asked: usize,
     elements: Vec<(Vec<u8>, Vec<u8>)>,
+    /// A copy's reader refuses a key larger than one batch; a reader for a reply (DUMP, OBJECT)
+    /// refuses one whose items pass `reply_bytes_max` instead.
+    for_copy: bool,
+    reply_bytes_max: usize,
+    bytes_read: usize,
 }
 
 impl SnapshotReader {
+    /// A reader for a copy: the key must fit one batch.
     pub fn new(key: Vec<u8>) -> SnapshotReader {
+        SnapshotReader::bounded(key, true, usize::MAX)
+    }
+
+    /// A reader for a reply (DUMP, OBJECT ENCODING): any number of elements, at most
+    /// `reply_bytes_max` bytes of items.
+    pub fn for_reply(key: Vec<u8>, reply_bytes_max: usize) -> SnapshotReader {
+        SnapshotReader::bounded(key, false, reply_bytes_max)
+    }
+
+    fn bounded(key: Vec<u8>, for_copy: bool, reply_bytes_max: usize) -> SnapshotReader {
         SnapshotReader {
+            for_copy,
+            reply_bytes_max,
+            bytes_read: 0,
             key,
             ty: KeyType::String,
             deadline_ms: None,
@@ -317,7 +336,11 @@ impl SnapshotReader {
                 let Some(value) = value_of(Some(result)) else {
                     return Step::Failed(Reply::error("ERR internal error: an element vanished"));
                 };
+                self.bytes_read += item.len() + value.len();
                 self.elements.push((item[self.prefix_bytes..].to_vec(), value));
+            }
+            if self.bytes_read > self.reply_bytes_max {
+                return Step::Failed(super::reply_too_large(self.bytes_read, self.reply_bytes_max));
             }
             self.read += self.asked;
         }
@@ -343,7 +366,7 @@ impl SnapshotReader {
         };
         let per_element = if self.ty == KeyType::ZSet { 2 } else { 1 };
         let items = (meta.count as usize).saturating_mul(per_element);
-        if items.saturating_add(COPY_OVERHEAD_ITEMS) > WRITE_BATCH_OPS_MAX {
+        if self.for_copy && items.saturating_add(COPY_OVERHEAD_ITEMS) > WRITE_BATCH_OPS_MAX {
             return Err(Reply::Error(format!(
                 "ERR this key has {} elements, more than copse copies in one atomic batch ({}); nothing was changed",
                 meta.count,
@@ -439,7 +462,7 @@ fn copy(call: &mut Call<'_>) -> Outcome {
     let copy = Copy {
         source: call.args[1].clone(),
         destination: call.args[2].clone(),
-        destination_namespace: call.server.databases.resolve(database),
+        destination_namespace: Namespace::current().sibling(database),
         replace,
         delete_source: false,
         missing: Reply::Integer(0),
@@ -461,7 +484,7 @@ fn move_key(call: &mut Call<'_>) -> Outcome {
     let copy = Copy {
         source: key.clone(),
         destination: key,
-        destination_namespace: call.server.databases.resolve(database),
+        destination_namespace: Namespace::current().sibling(database),
         replace: false,
         delete_source: true,
         missing: Reply::Integer(0),
@@ -499,7 +522,13 @@ impl Copy {
                     Ok(None) => return self.missing.clone(),
                     Err(error) => return error,
                 };
+                let ty = snapshot.ty;
                 match self.across_shards(&server.db, snapshot).await {
+                    Some(Ok(true)) => {
+                        let namespace = self.destination_namespace.number().unwrap_or(0);
+                        wake_waiters(&server, ty, namespace, &self.destination);
+                        return answer(true);
+                    }
                     Some(copied) => return copied.map_or_else(|error| error, &answer),
                     None => tokio::task::yield_now().await,
                 }
@@ -516,14 +545,21 @@ impl Copy {
         let shard = call.db().shard_of(&self.source);
         let locks = vec![self.source.clone(), self.destination.clone()];
         let mut reader = SnapshotReader::new(self.source.clone());
-        let mut copied = false;
+        let mut copied = None;
+        let server = call.server.clone();
         let mut plan = Plan::new();
         let step = move |view: &View<'_>, input: Input| {
             let source_view = view.in_namespace(&source_namespace);
             let step = match input {
                 Input::Start => reader.start(&source_view),
                 Input::Read(results) => reader.resume(&source_view, results),
-                Input::Written => return Next::Reply(answer(copied)),
+                Input::Written => {
+                    if let Some(ty) = copied {
+                        let namespace = self.destination_namespace.number().unwrap_or(0);
+                        wake_waiters(&server, ty, namespace, &self.destination);
+                    }
+                    return Next::Reply(answer(copied.is_some()));
+                }
             };
             let snapshot = match step {
                 Step::Read(mut reads) => {
@@ -540,17 +576,20 @@ impl Copy {
             else {
                 return Next::Reply(answer(false));
             };
-            self.destination_namespace.write_ops(&mut ops);
+            let mut fits = self.destination_namespace.write_ops(&mut ops).is_ok();
             if self.delete_source {
                 let expiry = Expiry::of(&source_view, &self.source);
                 let mut deletes = delete_ops(&self.source, snapshot.ty, &expiry);
-                source_namespace.write_ops(&mut deletes);
+                fits &= source_namespace.write_ops(&mut deletes).is_ok();
                 ops.splice(0..0, deletes);
+            }
+            if !fits {
+                return Next::Reply(super::namespace::too_long(&ops));
             }
             if let Err(error) = check_batch(&ops) {
                 return Next::Reply(error);
             }
-            copied = true;
+            copied = Some(snapshot.ty);
             Next::Write(ops)
         };
         raw.scope(|| plan.add(shard, locks, step));
@@ -663,6 +702,18 @@ impl Copy {
             other => Some(Err(other)),
         }
     }
+}
+
+/// Wakes the first client blocked on `key` of namespace `namespace` that a new `ty` there can
+/// serve (a list for BLPOP and the like, a sorted set for BZPOPMIN and the like), as Redis
+/// signals a key made by RENAME, COPY, MOVE or RESTORE.
+pub fn wake_waiters(server: &crate::context::Server, ty: KeyType, namespace: u8, key: &[u8]) {
+    let kind = match ty {
+        KeyType::List => crate::waiters::Kind::List,
+        KeyType::ZSet => crate::waiters::Kind::ZSet,
+        _ => return,
+    };
+    server.waiters.wake(kind, namespace, key);
 }
 
 /// What a part of a copy's batch answers when the source changed since it was read.

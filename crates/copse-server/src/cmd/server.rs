@@ -178,6 +178,9 @@ fn select(call: &mut Call<'_>) -> Outcome {
             call.conn.select(database as u8);
             Outcome::Reply(Reply::ok())
         }
+        Some(database) if i32::try_from(database).is_err() => Outcome::error(
+            "ERR value is out of range, value must between -2147483648 and 2147483647",
+        ),
         Some(_) => Outcome::error(DB_OUT_OF_RANGE),
         None => Outcome::error(NOT_INTEGER),
     }
@@ -188,15 +191,20 @@ const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range";
 /// SWAPDB: one durable write of the database map (`namespace.rs`), whatever the databases hold;
 /// answered once no command still runs under the old map.
 fn swapdb(call: &mut Call<'_>) -> Outcome {
+    // As Redis: both indexes must be integers of C's int first, then in range.
     let index = |at: usize, which: &str| match parse_i64(&call.args[at]) {
-        Some(database) if (0..DATABASES as i64).contains(&database) => Ok(database as u8),
-        Some(_) => Err(Reply::error(DB_OUT_OF_RANGE)),
-        None => Err(Reply::Error(format!("ERR invalid {which} DB index"))),
+        Some(database) if i32::try_from(database).is_ok() => Ok(database),
+        _ => Err(Reply::Error(format!("ERR invalid {which} DB index"))),
     };
     let (a, b) = match (index(1, "first"), index(2, "second")) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(reply), _) | (_, Err(reply)) => return Outcome::Reply(reply),
     };
+    let in_range = |database: i64| (0..DATABASES as i64).contains(&database);
+    if !in_range(a) || !in_range(b) {
+        return Outcome::error(DB_OUT_OF_RANGE);
+    }
+    let (a, b) = (a as u8, b as u8);
     let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
         let persist = |map: Vec<u8>| async {
@@ -220,7 +228,8 @@ fn swapdb(call: &mut Call<'_>) -> Outcome {
                 other => Err(format!("ERR unexpected answer {other:?}")),
             }
         };
-        match server.databases.swap(a, b, persist).await {
+        let waiters = &server.waiters;
+        match server.databases.swap(a, b, persist, || waiters.wake_everyone()).await {
             Ok(()) => Reply::ok(),
             Err(error) => Reply::Error(error),
         }

@@ -405,8 +405,8 @@ fn set_with(call: &mut Call<'_>, options: SetOptions, kind: SetAnswer) -> Outcom
                     stored_type(view, &key)
                 });
                 if options.get {
-                    // The old value is looked up as a read (counted only where the command is
-                    // one that counts lookups: GETSET; SET ... GET is counted as a write).
+                    // The old value is looked up as a read, as Redis counts it (GETSET, SET ...
+                    // GET; a plain SET notes nothing).
                     view.note_lookup(existing.is_some());
                 }
                 if options.get && existing.is_some_and(|ty| ty != KeyType::String) {
