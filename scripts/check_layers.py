@@ -67,7 +67,7 @@ CRATES = {
     "crates/copse-server": (
         [
             ["config", "resp", "fds", "waiters"],
-            ["keyspace"],
+            ["keyspace", "databases"],
             ["context"],
             ["cmd"],
             ["net"],

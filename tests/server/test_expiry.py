@@ -368,17 +368,20 @@ def test_active_expiry_reclaims_many_keys_in_bounded_rounds(r):
     """5,000 keys of all three types expire at once; active expiry deletes every one (more than
     one batch per shard), leaves the keys without expiry alone, and INFO counts them."""
     before = int(r.info("stats")["expired_keys"])
+    # Deadlines far enough ahead that the 15,000 writes are in before the first one passes,
+    # even on a loaded machine (at 300 ms, a run beside a compile saw keys expire mid-load).
+    ttl_ms = 3_000
     pipe = r.pipeline(transaction=False)
     for i in range(5_000):
         kind = i % 3
         if kind == 0:
-            pipe.set(f"s{i}", "v", px=300)
+            pipe.set(f"s{i}", "v", px=ttl_ms)
         elif kind == 1:
             pipe.hset(f"h{i}", "f", "v")
-            pipe.pexpire(f"h{i}", 300)
+            pipe.pexpire(f"h{i}", ttl_ms)
         else:
             pipe.zadd(f"z{i}", {"m": 1})
-            pipe.pexpire(f"z{i}", 300)
+            pipe.pexpire(f"z{i}", ttl_ms)
     for i in range(100):
         pipe.set(f"keep{i}", i)
     pipe.execute()

@@ -279,7 +279,7 @@ pub struct Server {
     /// Clients blocked on list keys (BLPOP and the like).
     pub waiters: crate::waiters::Waiters,
     /// Which namespace holds each database's keys (SELECT, SWAPDB).
-    pub databases: crate::cmd::namespace::Databases,
+    pub databases: crate::databases::Databases,
     /// When keys were last used (OBJECT IDLETIME).
     pub access: AccessClock,
     /// `access_clock_s`, kept by the clock task.
@@ -310,7 +310,7 @@ impl Server {
         run_id: String,
         local_addr: SocketAddr,
         value_bytes_bound: usize,
-        databases: crate::cmd::namespace::Databases,
+        databases: crate::databases::Databases,
     ) -> Server {
         Server {
             db,

@@ -8,7 +8,7 @@
 //!
 //! Layers, bottom to top (`scripts/check_layers.py` keeps them): `config`, `resp`, `fds`,
 //! `waiters` →
-//! `keyspace` → `context` → `cmd` → `net`.
+//! `keyspace`, `databases` → `context` → `cmd` → `net`.
 
 //! The public API is what this file exports: start or serve a server from a [`ServerConfig`],
 //! and wait for a stop signal. The modules are crate-private; the `testing` cargo feature (the
@@ -28,6 +28,7 @@ macro_rules! module {
 module!(cmd);
 module!(config);
 module!(context);
+module!(databases);
 module!(fds);
 module!(keyspace);
 module!(net);

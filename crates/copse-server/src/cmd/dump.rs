@@ -519,7 +519,7 @@ impl<'a> Reader<'a> {
 }
 
 fn scored(flat: Vec<Vec<u8>>) -> Option<Vec<(Vec<u8>, f64)>> {
-    if flat.len() % 2 != 0 {
+    if !flat.len().is_multiple_of(2) {
         return None;
     }
     flat.chunks(2)
@@ -531,7 +531,7 @@ fn scored(flat: Vec<Vec<u8>>) -> Option<Vec<(Vec<u8>, f64)>> {
 }
 
 fn paired(flat: Vec<Vec<u8>>) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
-    if flat.len() % 2 != 0 {
+    if !flat.len().is_multiple_of(2) {
         return None;
     }
     Some(flat.chunks(2).map(|pair| (pair[0].clone(), pair[1].clone())).collect())
@@ -546,19 +546,17 @@ fn intset(bytes: &[u8], budget: &mut Budget) -> Option<Vec<Vec<u8>>> {
         return None;
     }
     budget.elements(count)?;
-    Some(
-        values
-            .chunks(width)
-            .map(|value| {
-                let number = match width {
-                    2 => i16::from_le_bytes(value.try_into().ok()?) as i64,
-                    4 => i32::from_le_bytes(value.try_into().ok()?) as i64,
-                    _ => i64::from_le_bytes(value.try_into().ok()?),
-                };
-                Some(number.to_string().into_bytes())
-            })
-            .collect::<Option<_>>()?,
-    )
+    values
+        .chunks(width)
+        .map(|value| {
+            let number = match width {
+                2 => i16::from_le_bytes(value.try_into().ok()?) as i64,
+                4 => i32::from_le_bytes(value.try_into().ok()?) as i64,
+                _ => i64::from_le_bytes(value.try_into().ok()?),
+            };
+            Some(number.to_string().into_bytes())
+        })
+        .collect::<Option<_>>()
 }
 
 /// A listpack's entries (integers as their decimal text).

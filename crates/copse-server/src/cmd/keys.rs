@@ -417,8 +417,9 @@ fn flushall(call: &mut Call<'_>) -> Outcome {
     let db = call.db().clone();
     let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
-        let namespaces: Vec<Namespace> =
-            (0..DATABASES as u8).map(|database| server.databases.resolve(database)).collect();
+        let namespaces: Vec<Namespace> = (0..DATABASES as u8)
+            .map(|database| super::namespace::resolve(&server.databases, database))
+            .collect();
         flush(&db, &namespaces).await
     }))
 }

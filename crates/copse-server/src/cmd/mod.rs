@@ -1255,9 +1255,9 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     let namespace = match spec.name {
         "swapdb" => namespace::Namespace::detached(0),
         _ if spec.flags.contains(&"readonly") || LOOKUP_COUNTING_WRITES.contains(&spec.name) => {
-            server.databases.resolve(conn.db).counting_lookups()
+            namespace::resolve(&server.databases, conn.db).counting_lookups()
         }
-        _ => server.databases.resolve(conn.db),
+        _ => namespace::resolve(&server.databases, conn.db),
     };
     // Every key a command names must fit copse's keys (in its namespace: one byte less outside
     // namespace 0); checked once here for all commands, and noted as used (OBJECT IDLETIME)

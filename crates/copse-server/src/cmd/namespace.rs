@@ -30,20 +30,16 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::ops::Bound;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use copse::exec::{ExecView, ReadOp, ReadResult};
 use copse::BatchOp;
 
-/// Redis's default number of databases (`databases 16`): SELECT takes 0..DATABASES.
-pub const DATABASES: usize = 16;
+pub use crate::databases::{Databases, DATABASES, DATABASE_MAP_KEY};
 /// The lowest first byte of a namespace-0 item: every tag is above it, and the prefixes of the
 /// other namespaces (1..=15) are below it.
 pub const NAMESPACE_FIRST_BYTE_MIN: u8 = 0x10;
-/// The item that holds the database map (`Databases`): 16 bytes, byte `d` the namespace of
-/// database `d`. Its 0xff first byte puts it beside the marker, where no command's range goes.
-pub const DATABASE_MAP_KEY: &[u8] = b"\xffcopse:redis-databases";
 
 /// Where an exec's item keys live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,7 +229,7 @@ impl Namespace {
 
     /// A program's writes, as stored; Err when the prefix made an item key longer than copse's
     /// limit (the command then answers `too_long` and writes nothing).
-    pub fn write_ops(&self, ops: &mut [BatchOp]) -> Result<(), ()> {
+    pub fn write_ops(&self, ops: &mut [BatchOp]) -> Result<(), TooLong> {
         if self.prefix().is_none() {
             return Ok(());
         }
@@ -246,7 +242,7 @@ impl Namespace {
         if fits {
             Ok(())
         } else {
-            Err(())
+            Err(TooLong)
         }
     }
 
@@ -255,6 +251,10 @@ impl Namespace {
         usize::from(self.prefix().is_some())
     }
 }
+
+/// A write whose item keys, with the namespace's byte, pass copse's key limit (`too_long`).
+#[derive(Debug)]
+pub struct TooLong;
 
 /// The error of a write whose item keys, with the namespace's byte, pass copse's key limit:
 /// every limit on keys, fields and members is one byte less outside namespace 0.
@@ -377,67 +377,13 @@ impl<F: Future> Future for InNamespace<F> {
     }
 }
 
-/// The database map: which namespace holds each database's keys. The map is shared (`Arc`) by
-/// every namespace resolved under it, and that count is its generation: SWAPDB installs a new
-/// map, then waits until nothing holds the old one.
-pub struct Databases {
-    map: RwLock<Arc<[u8; DATABASES]>>,
-    /// SWAPDBs one at a time.
-    swapping: tokio::sync::Mutex<()>,
-}
-
-impl Databases {
-    /// The map as stored (`decode`), or the identity for a store without one.
-    pub fn new(map: [u8; DATABASES]) -> Databases {
-        Databases { map: RwLock::new(Arc::new(map)), swapping: tokio::sync::Mutex::new(()) }
-    }
-
-    /// The namespace of database `database` (< DATABASES) now.
-    pub fn resolve(&self, database: u8) -> Namespace {
-        let map = self.map.read().unwrap_or_else(|poison| poison.into_inner()).clone();
-        Namespace {
-            space: Space::Db(map[database as usize]),
-            counts_lookups: false,
-            _generation: Some(map),
-        }
-    }
-
-    /// The map now.
-    pub fn map(&self) -> [u8; DATABASES] {
-        **self.map.read().unwrap_or_else(|poison| poison.into_inner())
-    }
-
-    /// Swaps databases `a` and `b`: `persist` makes the new map durable (its future answers
-    /// whether it did), then the map is installed, `installed` runs (blocked clients look again),
-    /// and this waits for every exec built under the old map to be done. Nothing changes if
-    /// `persist` fails.
-    pub async fn swap<P, Fut>(
-        &self,
-        a: u8,
-        b: u8,
-        persist: P,
-        installed: impl FnOnce(),
-    ) -> Result<(), String>
-    where
-        P: FnOnce(Vec<u8>) -> Fut,
-        Fut: Future<Output = Result<(), String>>,
-    {
-        let _one_at_a_time = self.swapping.lock().await;
-        let mut new = self.map();
-        new.swap(a as usize, b as usize);
-        persist(new.to_vec()).await?;
-        let old = {
-            let mut map = self.map.write().unwrap_or_else(|poison| poison.into_inner());
-            std::mem::replace(&mut *map, Arc::new(new))
-        };
-        installed();
-        // Commands concurrent with the swap may still run under the old map; once they are done,
-        // anything that follows the reply sees only the new one. (Blocked clients hold no map
-        // while they wait: `InDatabase`.)
-        while Arc::strong_count(&old) > 1 {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        Ok(())
+/// The namespace of database `database` (< DATABASES) under `databases`' map now.
+pub fn resolve(databases: &Databases, database: u8) -> Namespace {
+    let map = databases.current();
+    Namespace {
+        space: Space::Db(map[database as usize]),
+        counts_lookups: false,
+        _generation: Some(map),
     }
 }
 
@@ -468,28 +414,10 @@ impl<F: Future> Future for InDatabase<F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = &mut *self;
-        let mut namespace = this.server.databases.resolve(this.database);
+        let mut namespace = resolve(&this.server.databases, this.database);
         namespace.counts_lookups = this.counts_lookups;
         namespace.enter(|| this.future.as_mut().poll(cx)).0
     }
-}
-
-/// The database map stored in `value`, None if it is not a permutation of 0..DATABASES.
-pub fn decode_map(value: &[u8]) -> Option<[u8; DATABASES]> {
-    let map: [u8; DATABASES] = value.try_into().ok()?;
-    let mut seen = [false; DATABASES];
-    for &number in &map {
-        let slot = seen.get_mut(number as usize)?;
-        if std::mem::replace(slot, true) {
-            return None;
-        }
-    }
-    Some(map)
-}
-
-/// The identity map: database `d` in namespace `d`.
-pub fn identity_map() -> [u8; DATABASES] {
-    std::array::from_fn(|at| at as u8)
 }
 
 #[cfg(test)]
@@ -513,18 +441,5 @@ mod tests {
             assert!(tag >= NAMESPACE_FIRST_BYTE_MIN);
         }
         assert!(DATABASES as u8 <= NAMESPACE_FIRST_BYTE_MIN);
-    }
-
-    #[test]
-    fn a_map_must_be_a_permutation() {
-        assert_eq!(decode_map(&identity_map()), Some(identity_map()));
-        let mut swapped = identity_map();
-        swapped.swap(0, 9);
-        assert_eq!(decode_map(&swapped), Some(swapped));
-        let mut twice = identity_map();
-        twice[1] = 0;
-        assert_eq!(decode_map(&twice), None);
-        assert_eq!(decode_map(&[16; 16]), None);
-        assert_eq!(decode_map(&[0; 15]), None);
     }
 }

@@ -672,7 +672,7 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
         false => Vec::new(),
     };
     for database in 0..DATABASES as u8 {
-        let namespace = server.databases.resolve(database);
+        let namespace = super::namespace::resolve(&server.databases, database);
         if !namespace.number().is_some_and(|number| used.contains(&number)) {
             continue;
         }

@@ -93,8 +93,8 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
 fn load_database_map(
     db: &Db,
     config: &ServerConfig,
-) -> Result<[u8; crate::cmd::namespace::DATABASES], ServeError> {
-    use crate::cmd::namespace::{decode_map, identity_map, DATABASE_MAP_KEY};
+) -> Result<[u8; crate::databases::DATABASES], ServeError> {
+    use crate::databases::{decode_map, identity_map, DATABASE_MAP_KEY};
     match db.get(DATABASE_MAP_KEY).map_err(|err| ServeError::Store(err.to_string()))? {
         None => Ok(identity_map()),
         Some(value) => decode_map(&value).ok_or_else(|| {
@@ -196,7 +196,7 @@ pub fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
         return Err(err);
     }
     let databases = match load_database_map(&db, &config) {
-        Ok(map) => crate::cmd::namespace::Databases::new(map),
+        Ok(map) => crate::databases::Databases::new(map),
         Err(err) => {
             let _ = db.close();
             return Err(err);
