@@ -236,7 +236,14 @@ pub struct ClientInfo {
     pub last_command: Mutex<&'static str>,
     pub protocol: AtomicU8,
     pub db: AtomicU8,
+    /// The database map epoch the connection's current wave started under, `IDLE_EPOCH` between
+    /// waves and while a blocked command waits (`databases.rs`: SWAPDB waits on it). Written by
+    /// the connection's own task only.
+    pub busy_epoch: AtomicU64,
 }
+
+/// `ClientInfo::busy_epoch` of a connection running no wave.
+pub const IDLE_EPOCH: u64 = u64::MAX;
 
 impl ClientInfo {
     /// One line of CLIENT LIST, in Redis's field=value form.
@@ -296,6 +303,16 @@ impl Server {
         self.clock_s.load(Ordering::Relaxed)
     }
 
+    /// Whether every connection but `except` is idle or runs a wave started under `epoch` or
+    /// later (SWAPDB's wait).
+    pub fn waves_past(&self, epoch: u64, except: u64) -> bool {
+        let clients = self.clients.lock().unwrap_or_else(|poison| poison.into_inner());
+        clients.values().filter(|client| client.id != except).all(|client| {
+            let busy = client.busy_epoch.load(Ordering::SeqCst);
+            busy == IDLE_EPOCH || busy >= epoch
+        })
+    }
+
     /// Moves `access_clock_s` to now (the clock task, every `CLOCK_TICK_MS`).
     pub fn tick_clock(&self) {
         let elapsed = self.started.elapsed().as_secs().min((u32::MAX - CLOCK_START_S) as u64);
@@ -343,6 +360,7 @@ impl Server {
             last_command: Mutex::new(""),
             protocol: AtomicU8::new(2),
             db: AtomicU8::new(0),
+            busy_epoch: AtomicU64::new(IDLE_EPOCH),
         });
         self.clients.lock().unwrap_or_else(|poison| poison.into_inner()).insert(id, info.clone());
         info

@@ -22,9 +22,9 @@
 //!   item of namespace `n` > 0 always starts with `n`: so no item belongs to two namespaces, and
 //!   a range of one namespace never reaches into another (`View` clamps ranges).
 //! - The database map is a permutation of 0..DATABASES.
-//! - Every exec built under a map holds that map's generation until it is dropped; SWAPDB answers
-//!   only once no exec of the map it replaced is left, so a client that saw SWAPDB's reply never
-//!   meets a command still writing through the old map.
+//! - A command's namespaces come from one read of the database map. SWAPDB answers only once no
+//!   connection runs a wave started under the map it replaced (`databases.rs`), so a client that
+//!   saw SWAPDB's reply never meets a command still writing through the old map.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -50,15 +50,15 @@ pub enum Space {
     Raw,
 }
 
-/// An exec's namespace and the database map generation it was built under.
+/// An exec's namespace and the database map it was resolved under.
 #[derive(Clone, Debug)]
 pub struct Namespace {
     pub space: Space,
     /// Whether its execs count their key lookups (`context::Lookups`): a read command's do.
     counts_lookups: bool,
-    // The database map this namespace was resolved under; SWAPDB waits for the execs holding
-    // the map it replaced to drop it.
-    _generation: Option<Arc<[u8; DATABASES]>>,
+    /// The database map (packed, `databases::namespace_of`) this namespace was resolved under:
+    /// a command's other databases (COPY ... DB, MOVE) come from the same map.
+    map: Option<u64>,
 }
 
 thread_local! {
@@ -72,20 +72,16 @@ impl Namespace {
     /// for it.
     pub fn detached(number: u8) -> Namespace {
         assert!((number as usize) < DATABASES);
-        Namespace { space: Space::Db(number), counts_lookups: false, _generation: None }
+        Namespace { space: Space::Db(number), counts_lookups: false, map: None }
     }
 
     pub fn raw() -> Namespace {
-        Namespace { space: Space::Raw, counts_lookups: false, _generation: None }
+        Namespace { space: Space::Raw, counts_lookups: false, map: None }
     }
 
-    /// A raw namespace holding this one's map generation (an exec over two databases).
+    /// A raw namespace under this one's map (an exec over two databases).
     pub fn as_raw(&self) -> Namespace {
-        Namespace {
-            space: Space::Raw,
-            counts_lookups: self.counts_lookups,
-            _generation: self._generation.clone(),
-        }
+        Namespace { space: Space::Raw, counts_lookups: self.counts_lookups, map: self.map }
     }
 
     /// The namespace of the command being handled on this thread.
@@ -107,7 +103,7 @@ impl Namespace {
     }
 
     /// `future`, polled with `self` as the current namespace (so the execs it builds later are in
-    /// it), and holding `self`'s generation until it is done.
+    /// it).
     pub fn bind<F: Future>(self, future: F) -> InNamespace<F> {
         InNamespace { namespace: Some(self), future: Box::pin(future) }
     }
@@ -115,15 +111,11 @@ impl Namespace {
     /// Database `database`'s namespace under the same map as this one (COPY ... DB, MOVE: both
     /// ends of the command from one map, whatever SWAPDB does meanwhile).
     pub fn sibling(&self, database: u8) -> Namespace {
-        let number = match &self._generation {
-            Some(map) => map[database as usize],
+        let number = match self.map {
+            Some(map) => crate::databases::namespace_of(map, database),
             None => database,
         };
-        Namespace {
-            space: Space::Db(number),
-            counts_lookups: false,
-            _generation: self._generation.clone(),
-        }
+        Namespace { space: Space::Db(number), counts_lookups: false, map: self.map }
     }
 
     /// This namespace, its execs counting key lookups (a read command's).
@@ -380,11 +372,8 @@ impl<F: Future> Future for InNamespace<F> {
 /// The namespace of database `database` (< DATABASES) under `databases`' map now.
 pub fn resolve(databases: &Databases, database: u8) -> Namespace {
     let map = databases.current();
-    Namespace {
-        space: Space::Db(map[database as usize]),
-        counts_lookups: false,
-        _generation: Some(map),
-    }
+    let number = crate::databases::namespace_of(map, database);
+    Namespace { space: Space::Db(number), counts_lookups: false, map: Some(map) }
 }
 
 /// A blocking command's future (BLPOP and the like), polled in its database's namespace as the

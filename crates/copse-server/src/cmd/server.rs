@@ -206,6 +206,8 @@ fn swapdb(call: &mut Call<'_>) -> Outcome {
     }
     let (a, b) = (a as u8, b as u8);
     let server = call.server.clone();
+    // Its own connection's wave is this one: the commands before it are answered already.
+    let own_id = call.conn.info.id;
     Outcome::AfterPending(Box::pin(async move {
         let persist = |map: Vec<u8>| async {
             let shard = server.db.shard_of(DATABASE_MAP_KEY);
@@ -229,7 +231,9 @@ fn swapdb(call: &mut Call<'_>) -> Outcome {
             }
         };
         let waiters = &server.waiters;
-        match server.databases.swap(a, b, persist, || waiters.wake_everyone()).await {
+        let installed = || waiters.wake_everyone();
+        let quiet = |epoch| server.waves_past(epoch, own_id);
+        match server.databases.swap(a, b, persist, installed, quiet).await {
             Ok(()) => Reply::ok(),
             Err(error) => Reply::Error(error),
         }

@@ -42,7 +42,7 @@ use crate::config::{
     CLIENT_INPUT_CHUNK_BYTES, INLINE_BYTES_MAX, MULTIBULK_ARGS_MAX, PIPELINE_COMMANDS_MAX,
     UNAUTHENTICATED_ARGS_MAX, UNAUTHENTICATED_BULK_BYTES_MAX,
 };
-use crate::context::{ConnState, Server};
+use crate::context::{ConnState, Server, IDLE_EPOCH};
 use crate::resp::parse::UnauthenticatedLimits;
 use crate::resp::{
     encode_reply, parse_command_resumed, ParseLimits, ParseState, Parsed, Protocol, Reply,
@@ -241,6 +241,8 @@ async fn connection_loop(
         let write_deadline = auth_deadline_at(unauthenticated_since, auth_timeout_secs);
         let writer = &mut Writer { stream, deadline: write_deadline };
         assert!(pending.slots.is_empty() && pending.reserved_bytes == 0, "a wave left replies");
+        // SWAPDB waits for waves started under the map it replaces (`databases.rs`).
+        conn.info.busy_epoch.store(server.databases.epoch(), Ordering::SeqCst);
         let mut close = false;
         for args in wave.drain(..) {
             let Dispatched { outcome, reply_size, blocking } = dispatch(server, conn, args);
@@ -285,6 +287,9 @@ async fn connection_loop(
                     if *shutdown.borrow() {
                         return Ok(End::Done);
                     }
+                    // Waiting, it holds no map (`InDatabase` reads it at each poll): SWAPDB does
+                    // not wait for it.
+                    conn.info.busy_epoch.store(IDLE_EPOCH, Ordering::SeqCst);
                     let mut future = future;
                     let query_buffer_max = server.config.client_query_buffer_bytes_max;
                     let reply = loop {
@@ -301,6 +306,7 @@ async fn connection_loop(
                         }
                     };
                     pending.push(Slot::Ready(reply), conn.protocol, 0);
+                    conn.info.busy_epoch.store(server.databases.epoch(), Ordering::SeqCst);
                 }
                 Outcome::Close(reply) => {
                     pending.push(Slot::Ready(reply), conn.protocol, 0);
@@ -315,6 +321,7 @@ async fn connection_loop(
         {
             return Ok(end);
         }
+        conn.info.busy_epoch.store(IDLE_EPOCH, Ordering::SeqCst);
         write_out(server, writer, &mut out, shutdown).await?;
         // A deep pipeline's lists shrink back: an idle connection keeps a few KiB, not the most
         // a wave ever needed.
