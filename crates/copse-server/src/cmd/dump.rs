@@ -16,7 +16,7 @@
 
 use std::collections::HashSet;
 
-use super::objects::{replace_ops, Snapshot, SnapshotReader, Step, Value};
+use super::objects::{replace_ops, snapshot_step, Snapshot, SnapshotReader, Value};
 use super::{
     check_batch, now_ms, on_key, parse_i64, unexpected, Call, Expiry, Input, KeyTarget, Next,
     Outcome, Spec, NOT_INTEGER, SYNTAX,
@@ -90,23 +90,13 @@ fn dump(call: &mut Call<'_>) -> Outcome {
     let key = std::mem::take(&mut call.args[1]);
     let reply_bytes_max =
         call.server.settings.client_output_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
-    let mut reader = SnapshotReader::for_reply(key.clone(), reply_bytes_max);
-    on_key(KeyTarget::of(call.db(), &key), move |view, input| {
-        let step = match input {
-            Input::Start => reader.start(view),
-            Input::Read(results) => reader.resume(view, results),
-            Input::Written => return unexpected(),
-        };
-        match step {
-            Step::Read(reads) => Next::Read(reads),
-            Step::Failed(error) => Next::Reply(error),
-            Step::Done(None) => Next::Reply(Reply::Null),
-            Step::Done(Some(snapshot)) => match snapshot.value() {
-                Some(value) => Next::Reply(Reply::Bulk(encode(&value))),
-                None => Next::Reply(Reply::error(super::CORRUPT_META)),
-            },
-        }
-    })
+    let reader = SnapshotReader::for_reply(key.clone(), reply_bytes_max);
+    let step = snapshot_step(reader, |snapshot| match snapshot.map(|snapshot| snapshot.value()) {
+        None => Next::Reply(Reply::Null),
+        Some(Some(value)) => Next::Reply(Reply::Bulk(encode(&value))),
+        Some(None) => Next::Reply(Reply::error(super::CORRUPT_META)),
+    });
+    on_key(KeyTarget::of(call.db(), &key), step)
 }
 
 /// RESTORE key ttl payload [REPLACE] [ABSTTL] [IDLETIME seconds] [FREQ frequency].

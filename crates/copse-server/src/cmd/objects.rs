@@ -722,13 +722,16 @@ const CHANGED: &str = "CHANGED";
 /// What the destination's part answers when a live destination is not to be replaced.
 const NOT_COPIED: &str = "NOT-COPIED";
 
-/// `key`'s snapshot, read by one exec in the current namespace (None: missing).
-pub async fn read_snapshot(db: &copse::Db, key: &[u8]) -> Result<Option<Snapshot>, Reply> {
-    let slot: Arc<Mutex<Option<Snapshot>>> = Arc::new(Mutex::new(None));
-    let filled = slot.clone();
-    let mut reader = SnapshotReader::new(key.to_vec());
-    let mut plan = Plan::new();
-    plan.add(db.shard_of(key), vec![key.to_vec()], move |view, input| {
+/// An exec program that reads `reader`'s key whole, then answers `done` of its snapshot (None:
+/// a missing key); a failed read answers its error.
+pub fn snapshot_step<F>(
+    mut reader: SnapshotReader,
+    mut done: F,
+) -> impl FnMut(&View<'_>, Input) -> Next + Send + 'static
+where
+    F: FnMut(Option<Snapshot>) -> Next + Send + 'static,
+{
+    move |view, input| {
         let step = match input {
             Input::Start => reader.start(view),
             Input::Read(results) => reader.resume(view, results),
@@ -737,12 +740,22 @@ pub async fn read_snapshot(db: &copse::Db, key: &[u8]) -> Result<Option<Snapshot
         match step {
             Step::Read(reads) => Next::Read(reads),
             Step::Failed(error) => Next::Reply(error),
-            Step::Done(snapshot) => {
-                *filled.lock().unwrap_or_else(|poison| poison.into_inner()) = snapshot;
-                Next::Reply(Reply::ok())
-            }
+            Step::Done(snapshot) => done(snapshot),
         }
+    }
+}
+
+/// `key`'s snapshot, read by one exec in the current namespace (None: missing).
+pub async fn read_snapshot(db: &copse::Db, key: &[u8]) -> Result<Option<Snapshot>, Reply> {
+    let slot: Arc<Mutex<Option<Snapshot>>> = Arc::new(Mutex::new(None));
+    let filled = slot.clone();
+    let reader = SnapshotReader::new(key.to_vec());
+    let mut plan = Plan::new();
+    let step = snapshot_step(reader, move |snapshot| {
+        *filled.lock().unwrap_or_else(|poison| poison.into_inner()) = snapshot;
+        Next::Reply(Reply::ok())
     });
+    plan.add(db.shard_of(key), vec![key.to_vec()], step);
     match run_outcome(db, plan.finish(Box::new(|mut replies| replies.pop().unwrap_or(Reply::Null))))
         .await
     {
