@@ -849,3 +849,87 @@ def test_restore_idletime_sets_the_idle_time(r):
     dumped = r.dump("src")
     r.restore("old", 0, dumped, idletime=1000)
     assert 1000 <= r.object("idletime", "old") <= 1002
+
+
+def test_renames_moves_and_swaps_keep_every_acknowledged_state_across_kills(make_server):
+    """Clients rename keys back and forth between two names (some pairs in one shard, some
+    across two), move keys between databases, and swap databases, while the server is killed
+    three times. After each restart every key is in exactly one of its places with its value:
+    where its last acknowledged command left it, or where the command in flight at the kill
+    would have put it."""
+    server = make_server()
+    pairs = 24
+    setup = server.client()
+    for at in range(pairs):
+        setup.set(f"r{at}:a", f"value-{at}")
+        setup.set(f"m{at}", f"moved-{at}")
+    setup.close()
+    # Per pair: the acknowledged place, and the place an unacknowledged command may have left.
+    renamed = {at: ("a", None) for at in range(pairs)}
+    moved = {at: (0, None) for at in range(pairs)}
+    acknowledged = {"rename": 0, "move": 0}
+    for cycle in range(3):
+        stop = threading.Event()
+        before = dict(acknowledged)
+
+        def renamer(first: int):
+            client = server.client()
+            try:
+                while not stop.is_set():
+                    for at in range(first, pairs, 2):
+                        here, _ = renamed[at]
+                        there = "b" if here == "a" else "a"
+                        renamed[at] = (here, there)
+                        client.rename(f"r{at}:{here}", f"r{at}:{there}")
+                        renamed[at] = (there, None)
+                        acknowledged["rename"] += 1
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass
+
+        def mover():
+            client = server.client()
+            try:
+                while not stop.is_set():
+                    for at in range(pairs):
+                        here, _ = moved[at]
+                        there = 5 if here == 0 else 0
+                        moved[at] = (here, there)
+                        client.execute_command("SELECT", str(here))
+                        if client.move(f"m{at}", there) != 1:
+                            return  # the check after the restart finds the key where it is
+                        moved[at] = (there, None)
+                        acknowledged["move"] += 1
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass
+
+        threads = [threading.Thread(target=renamer, args=(0,)),
+                   threading.Thread(target=renamer, args=(1,)),
+                   threading.Thread(target=mover)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5 + 0.3 * cycle)
+        server.kill()
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        server.restart()
+        assert acknowledged["rename"] > before["rename"] and acknowledged["move"] > before["move"]
+        client = server.client()
+        for at in range(pairs):
+            here, maybe = renamed[at]
+            present = [name for name in ("a", "b") if client.exists(f"r{at}:{name}")]
+            assert len(present) == 1, (at, present)
+            assert present[0] in (here, maybe), (at, present, here, maybe)
+            assert client.get(f"r{at}:{present[0]}") == f"value-{at}".encode()
+            renamed[at] = (present[0], None)
+        for at in range(pairs):
+            here, maybe = moved[at]
+            found = []
+            for database in (0, 5):
+                client.execute_command("SELECT", str(database))
+                if client.get(f"m{at}") == f"moved-{at}".encode():
+                    found.append(database)
+            assert len(found) == 1, (at, found)
+            assert found[0] in (here, maybe), (at, found, here, maybe)
+            moved[at] = (found[0], None)
+        client.close()
