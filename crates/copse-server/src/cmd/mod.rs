@@ -1251,14 +1251,12 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
         return refused(Outcome::error("NOAUTH Authentication required."));
     }
     // The command's execs, built now or by its future later, are in its database's namespace.
-    // SWAPDB holds no map generation: it waits for every holder of the old one to finish.
-    let namespace = match spec.name {
-        "swapdb" => namespace::Namespace::detached(0),
-        _ if spec.flags.contains(&"readonly") || LOOKUP_COUNTING_WRITES.contains(&spec.name) => {
-            namespace::resolve(&server.databases, conn.db).counting_lookups()
-        }
-        _ => namespace::resolve(&server.databases, conn.db),
-    };
+    let namespace = namespace::resolve(&server.databases, conn.db);
+    let namespace =
+        match spec.flags.contains(&"readonly") || LOOKUP_COUNTING_WRITES.contains(&spec.name) {
+            true => namespace.counting_lookups(),
+            false => namespace,
+        };
     // Every key a command names must fit copse's keys (in its namespace: one byte less outside
     // namespace 0); checked once here for all commands, and noted as used (OBJECT IDLETIME)
     // unless the command only looks (`NO_TOUCH`).
@@ -1286,7 +1284,7 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     }
     let reply_size = reply_size(spec, &args);
     let database = conn.db;
-    let (outcome, namespace) = namespace.enter(|| (spec.handler)(&mut Call { server, conn, args }));
+    let outcome = namespace.scope(|| (spec.handler)(&mut Call { server, conn, args }));
     let blocking = spec.flags.contains(&"blocking");
     let outcome = match outcome {
         // A blocked client may wait for ever: it must not hold the database map (SWAPDB waits

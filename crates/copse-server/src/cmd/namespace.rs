@@ -26,7 +26,7 @@
 //!   connection runs a wave started under the map it replaced (`databases.rs`), so a client that
 //!   saw SWAPDB's reply never meets a command still writing through the old map.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::future::Future;
 use std::ops::Bound;
 use std::pin::Pin;
@@ -51,7 +51,7 @@ pub enum Space {
 }
 
 /// An exec's namespace and the database map it was resolved under.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Namespace {
     pub space: Space,
     /// Whether its execs count their key lookups (`context::Lookups`): a read command's do.
@@ -64,12 +64,11 @@ pub struct Namespace {
 thread_local! {
     /// The namespace of the command being handled on this thread (`scope`), read by the exec
     /// programs it builds. Outside any scope: namespace 0 (tests, the open-time upgrade).
-    static CURRENT: RefCell<Option<Namespace>> = const { RefCell::new(None) };
+    static CURRENT: Cell<Option<Namespace>> = const { Cell::new(None) };
 }
 
 impl Namespace {
-    /// Namespace `number` outside any database map (background work, tests): SWAPDB does not wait
-    /// for it.
+    /// Namespace `number` outside any database map (background work, tests).
     pub fn detached(number: u8) -> Namespace {
         assert!((number as usize) < DATABASES);
         Namespace { space: Space::Db(number), counts_lookups: false, map: None }
@@ -86,26 +85,21 @@ impl Namespace {
 
     /// The namespace of the command being handled on this thread.
     pub fn current() -> Namespace {
-        CURRENT.with(|current| current.borrow().clone()).unwrap_or_else(|| Namespace::detached(0))
+        CURRENT.get().unwrap_or_else(|| Namespace::detached(0))
     }
 
     /// Runs `f` with `self` as the current namespace.
-    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
-        self.clone().enter(f).0
-    }
-
-    /// `scope`, moving `self` in and handing it back (no copy: a command's hot path).
-    pub fn enter<R>(self, f: impl FnOnce() -> R) -> (R, Namespace) {
-        let previous = CURRENT.with(|current| current.replace(Some(self)));
+    pub fn scope<R>(self, f: impl FnOnce() -> R) -> R {
+        let previous = CURRENT.replace(Some(self));
         let result = f();
-        let this = CURRENT.with(|current| std::mem::replace(&mut *current.borrow_mut(), previous));
-        (result, this.expect("the namespace entered"))
+        CURRENT.set(previous);
+        result
     }
 
     /// `future`, polled with `self` as the current namespace (so the execs it builds later are in
     /// it).
     pub fn bind<F: Future>(self, future: F) -> InNamespace<F> {
-        InNamespace { namespace: Some(self), future: Box::pin(future) }
+        InNamespace { namespace: self, future: Box::pin(future) }
     }
 
     /// Database `database`'s namespace under the same map as this one (COPY ... DB, MOVE: both
@@ -352,8 +346,7 @@ impl<'a> View<'a> {
 
 /// A future polled in a namespace (`Namespace::bind`).
 pub struct InNamespace<F: Future> {
-    /// Always Some but while a poll holds it.
-    namespace: Option<Namespace>,
+    namespace: Namespace,
     future: Pin<Box<F>>,
 }
 
@@ -362,10 +355,7 @@ impl<F: Future> Future for InNamespace<F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = &mut *self;
-        let namespace = this.namespace.take().expect("not polled inside its own poll");
-        let (poll, namespace) = namespace.enter(|| this.future.as_mut().poll(cx));
-        this.namespace = Some(namespace);
-        poll
+        this.namespace.scope(|| this.future.as_mut().poll(cx))
     }
 }
 
@@ -405,7 +395,7 @@ impl<F: Future> Future for InDatabase<F> {
         let this = &mut *self;
         let mut namespace = resolve(&this.server.databases, this.database);
         namespace.counts_lookups = this.counts_lookups;
-        namespace.enter(|| this.future.as_mut().poll(cx)).0
+        namespace.scope(|| this.future.as_mut().poll(cx))
     }
 }
 

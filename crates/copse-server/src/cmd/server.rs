@@ -680,7 +680,7 @@ pub async fn info_text(server: &Arc<Server>, wanted: &[String]) -> String {
         if !namespace.number().is_some_and(|number| used.contains(&number)) {
             continue;
         }
-        let keys = namespace.clone().bind(keys::key_count(&server.db)).await.unwrap_or(0);
+        let keys = namespace.bind(keys::key_count(&server.db)).await.unwrap_or(0);
         if keys > 0 {
             let expires = namespace.bind(keys::expiring_key_count(&server.db)).await.unwrap_or(0);
             keyspace.push((database, keys, expires));
