@@ -933,3 +933,27 @@ def test_renames_moves_and_swaps_keep_every_acknowledged_state_across_kills(make
             assert found[0] in (here, maybe), (at, found, here, maybe)
             moved[at] = (found[0], None)
         client.close()
+
+
+def test_active_expiry_and_the_collector_work_in_every_database(r):
+    """Keys expiring and collections deleted in databases 3 and 15 are reclaimed in the
+    background like database 0's: their keys leave the keyspace and their elements the store."""
+    r.execute_command("DEBUG", "SET-ACTIVE-EXPIRE", "1")
+    items_before = int(r.info("copse")["items"])
+    for database in (3, 15):
+        r.execute_command("SELECT", str(database))
+        for at in range(50):
+            r.set(f"gone{at}", "v", px=100)
+        r.hset("big", mapping={f"f{at}": "v" for at in range(500)})
+        r.delete("big")  # its 500 fields go to the orphan collector
+    r.execute_command("SELECT", "0")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        keyspace = r.info("keyspace")
+        copse = r.info("copse")
+        if (not keyspace and int(copse["orphan_records_seen"]) == 0
+                and int(copse["items"]) == items_before):
+            break
+        time.sleep(0.1)
+    assert r.info("keyspace") == {}
+    assert int(r.info("copse")["items"]) == items_before
