@@ -57,7 +57,7 @@ test: test-deps
 # this build (see docs/engines.md).
 ROCKSDB_CI_DIR := target/rocksdb-ci
 ROCKSDB_SYSTEM_LIB_DIR ?= /usr/lib/x86_64-linux-gnu
-ROCKSDB_CI_TESTS ?= --test basic --test model --test kill --test scan --test exec --test engines --test batches --test idle
+ROCKSDB_CI_TESTS ?= --test basic --test model --test kill --test scan --test exec --test engines --test batches --test large_batches --test idle
 # Native-only tests in those files: the simulated device, slab files, copse's device counters,
 # clustering (append placement).
 ROCKSDB_CI_SKIP := --skip simulated --skip updates_alternating_between_small_and_large \

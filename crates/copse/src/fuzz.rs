@@ -270,6 +270,11 @@ pub fn slab_page(data: &[u8]) {
                         assert_eq!(again, *value, "a part decoded but encodes otherwise");
                     }
                 }
+                RecordKind::Chunk => {
+                    if let Ok(chunk) = crate::engine::native::chain::decode_chunk(value) {
+                        assert!(chunk.index < chunk.count, "a chunk past its chain");
+                    }
+                }
                 _ => {}
             }
         }
@@ -305,7 +310,8 @@ fn seal_slot(bytes: &mut [u8], layout: RecordLayout, shard_id: u32, loc: Loc) {
 }
 
 /// Valid pages: a slab header, and pages of records of every kind (puts, tombstones, free
-/// records, a batch, parts prepared and committed), with the selector byte in front.
+/// records, a batch, parts prepared and committed, a batch chained in two Chunk records), with
+/// the selector byte in front.
 pub fn slab_corpus() -> Vec<Vec<u8>> {
     let mut corpus = Vec::new();
     let mut header = vec![0u8; PAGE_BYTES];
@@ -337,7 +343,13 @@ pub fn slab_corpus() -> Vec<Vec<u8>> {
         for index in 0..class.slots_per_unit as usize {
             let loc = Loc::new(class_id, class.slots_starting_in_page(1).start + index as u64, 0);
             let key = format!("k{}", index % 3).into_bytes();
-            let (kind, key, value): (RecordKind, Vec<u8>, Vec<u8>) = match index % 6 {
+            // A batch (24 bytes) chained in two Chunk records, both with one seq.
+            let chunks = crate::engine::native::chain::encode_chunks(
+                RecordKind::Batch,
+                &encode_batch(&ops),
+                12 + crate::engine::native::chain::CHUNK_HEADER_BYTES,
+            );
+            let (kind, key, value): (RecordKind, Vec<u8>, Vec<u8>) = match index % 8 {
                 0 => (RecordKind::Put, key, b"value".to_vec()),
                 1 => (RecordKind::Tombstone, key, Vec::new()),
                 2 => (RecordKind::Free, Vec::new(), Vec::new()),
@@ -347,18 +359,30 @@ pub fn slab_corpus() -> Vec<Vec<u8>> {
                     Vec::new(),
                     part::encode(PartState::Prepared, 7, &[0, 1], &ops),
                 ),
-                _ => (
+                5 => (
                     RecordKind::Part,
                     Vec::new(),
                     part::encode(PartState::Committed, 7, &[0, 1], &ops),
                 ),
+                chunk => (RecordKind::Chunk, Vec::new(), chunks[chunk % 2].clone()),
             };
             let total = crate::engine::native::format::record_bytes(key.len(), value.len());
             if total > slot_bytes {
                 continue;
             }
             let slot = &mut page[index * slot_bytes..(index + 1) * slot_bytes];
-            encode_record(slot, layout, 0, loc, kind, seq, seq.saturating_sub(2), &key, &value);
+            let record_seq = if kind == RecordKind::Chunk { 1_000 } else { seq };
+            encode_record(
+                slot,
+                layout,
+                0,
+                loc,
+                kind,
+                record_seq,
+                seq.saturating_sub(2),
+                &key,
+                &value,
+            );
             seq += 1;
         }
         corpus.push([&[class_id | layout_bit][..], &page].concat());

@@ -40,13 +40,34 @@ pub const FREE_SLOTS_IN_MEMORY_MAX: usize = 4096;
 /// free slots can be found per round without reading tombstones in sequence).
 pub const FREE_CHAINS_PER_CLASS: usize = 64;
 
-/// Operations in one `write_batch`, and the encoded bytes of all of them (the batch is first
-/// written as one record, so it must fit the largest slot).
-pub const WRITE_BATCH_OPS_MAX: usize = 10_000;
-pub const WRITE_BATCH_BYTES_MAX: usize = VALUE_BYTES_MAX;
+/// Operations in one `write_batch`, and the encoded bytes of all of them. A batch is atomic at
+/// any size within these: it is first recorded whole, as one record up to
+/// `BATCH_RECORD_BYTES_MAX` or a chain of such records beyond (docs/format/slab.md, "Chunk
+/// records"). They sit above what one Redis request can carry (`MULTIBULK_ARGS_MAX` arguments
+/// of a few items each; the default query buffer limit of 256 MiB), so that an MSET or DEL the
+/// server accepts is one atomic write whatever its size.
+pub const WRITE_BATCH_OPS_MAX: usize = 4 * 1024 * 1024;
+pub const WRITE_BATCH_BYTES_MAX: usize = 1024 * 1024 * 1024;
+/// The largest value of one batch (or part) record. A batch whose encoding is larger is recorded
+/// as a chain of Chunk records of at most this many bytes each (`Options::batch_record_bytes_max`
+/// lowers it, for tests that want long chains from small batches).
+pub const BATCH_RECORD_BYTES_MAX: usize = VALUE_BYTES_MAX;
+/// The least `Options::batch_record_bytes_max` accepts: room for a chunk's header and a piece.
+pub const BATCH_RECORD_BYTES_MIN: usize = 64;
+/// Members of one batch written at once: the rest wait until these are durable, so the page
+/// images and I/O a huge batch holds stay bounded (its members are applied together at the end
+/// whatever their number). A batch within these limits is written in one go, as before chains.
+pub const BATCH_MEMBERS_IN_FLIGHT_MAX: usize = 10_000;
+pub const BATCH_MEMBER_BYTES_IN_FLIGHT_MAX: usize = VALUE_BYTES_MAX;
 
 /// Items one `scan` call returns at most.
 pub const SCAN_ITEMS_MAX: usize = 100_000;
+
+/// Operations, and encoded bytes, of one write group's batch (`shard::exec`: the last writes of
+/// execs queued on one lock key, merged): past these, an exec writes alone after the group. A
+/// group is latency its members share, so it stays this small whatever one batch may hold.
+pub const EXEC_WRITE_GROUP_OPS_MAX: usize = 10_000;
+pub const EXEC_WRITE_GROUP_BYTES_MAX: usize = VALUE_BYTES_MAX;
 
 /// Execs one write group takes at most (`shard::exec`: consecutive last writes on one lock key
 /// made durable by one write). Bounds the work and the memory a hot key's group holds.

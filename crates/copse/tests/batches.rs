@@ -259,9 +259,10 @@ fn writer_value(writer: usize, n: u64) -> Option<Vec<u8>> {
     (n % 4 != 3).then(|| format!("w{writer}-{n}").into_bytes())
 }
 
-fn open_sim(disk: &SimDisk, shards: usize) -> Result<Db, copse::OpenError> {
+fn open_sim(disk: &SimDisk, shards: usize, record_max: usize) -> Result<Db, copse::OpenError> {
     let options = Options {
         shards,
+        batch_record_bytes_max: record_max,
         cache_bytes: 1 << 20,
         show_progress: false,
         pin_threads: false,
@@ -290,15 +291,21 @@ fn check_groups(db: &Db, groups: &[Vec<Vec<u8>>], logs: &[WriterLog]) -> Result<
     Ok(())
 }
 
-/// Parts the final recovery of a seed found: (prepared only, committed).
-fn run_crash_seed(seed: u64) -> Result<(u64, u64), String> {
+/// Parts the final recovery of a seed found: (prepared only, committed), and the records of
+/// incomplete chains it erased.
+fn run_crash_seed(seed: u64) -> Result<(u64, u64, u64), String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ba7_c4e5);
     let shards = 2 + (seed % 3) as usize;
+    // Half the seeds record each part in a chain of small records (prepared and committed).
+    let record_max = match seed % 2 {
+        0 => copse::limits::BATCH_RECORD_BYTES_MAX,
+        _ => copse::limits::BATCH_RECORD_BYTES_MIN << (seed / 2 % 2),
+    };
     let disk = SimDisk::new(seed);
     let groups: Vec<Vec<Vec<u8>>> =
         (0..CRASH_WRITERS).map(|w| group_keys(&format!("g{w}"), shards)).collect();
     disk.crash_after_ops(rng.gen_range(0..CRASH_OPS_MAX));
-    let logs: Vec<WriterLog> = match open_sim(&disk, shards) {
+    let logs: Vec<WriterLog> = match open_sim(&disk, shards, record_max) {
         Err(_) if disk.has_crashed() => {
             (0..CRASH_WRITERS).map(|_| WriterLog { attempted: 0, acked: 0 }).collect()
         }
@@ -335,7 +342,7 @@ fn run_crash_seed(seed: u64) -> Result<(u64, u64), String> {
     let mut rebooted = disk.restart();
     if rng.gen_bool(0.33) {
         rebooted.crash_after_ops(rng.gen_range(0..60));
-        if let Ok(db) = open_sim(&rebooted, shards) {
+        if let Ok(db) = open_sim(&rebooted, shards, record_max) {
             if !rebooted.has_crashed() {
                 let checked = check_groups(&db, &groups, &logs);
                 // The crash point may fall among the check's own reads, which then fail.
@@ -348,17 +355,20 @@ fn run_crash_seed(seed: u64) -> Result<(u64, u64), String> {
         }
         rebooted = rebooted.restart();
     }
-    let db = open_sim(&rebooted, shards).map_err(|err| format!("recovery failed: {err}"))?;
+    let db =
+        open_sim(&rebooted, shards, record_max).map_err(|err| format!("recovery failed: {err}"))?;
     let recovered = db.stats().map_err(|err| format!("stats: {err}"))?;
     let parts: u64 = recovered.shards.iter().map(|shard| shard.recovery.parts).sum();
     let committed: u64 = recovered.shards.iter().map(|shard| shard.recovery.parts_committed).sum();
+    let broken: u64 =
+        recovered.shards.iter().map(|shard| shard.recovery.broken_chain_records).sum();
     check_groups(&db, &groups, &logs)?;
     // The store is whole again: a new batch over every group works.
     for keys in &groups {
         db.write_batch(batch_of(keys, Some(b"after"))).map_err(|e| format!("after: {e}"))?;
     }
     db.close().map_err(|err| format!("close: {err}"))?;
-    Ok((parts - committed, committed))
+    Ok((parts - committed, committed, broken))
 }
 
 #[test]
@@ -366,12 +376,13 @@ fn simulated_crashes_leave_every_cross_shard_batch_whole_or_absent() {
     let start = env_u64("COPSE_BATCH_CRASH_SEED_START", 0);
     let seeds = env_u64("COPSE_BATCH_CRASH_SEEDS", CRASH_SEEDS_DEFAULT);
     let mut failures = Vec::new();
-    let (mut prepared, mut committed) = (0, 0);
+    let (mut prepared, mut committed, mut broken) = (0, 0, 0);
     for seed in start..start + seeds {
         match run_crash_seed(seed) {
             Ok(found) => {
                 prepared += found.0;
                 committed += found.1;
+                broken += found.2;
             }
             Err(failure) => failures.push(format!(
                 "seed {seed}: {failure} (replay: COPSE_BATCH_CRASH_SEED_START={seed} COPSE_BATCH_CRASH_SEEDS=1)"
@@ -385,10 +396,12 @@ fn simulated_crashes_leave_every_cross_shard_batch_whole_or_absent() {
         failures.join("\n")
     );
     eprintln!(
-        "{seeds} seeds: recoveries found {prepared} prepared and {committed} committed parts"
+        "{seeds} seeds: recoveries found {prepared} prepared and {committed} committed parts, \
+         and erased {broken} records of incomplete chains"
     );
     if seeds >= CRASH_SEEDS_DEFAULT {
         // Otherwise the crashes never hit the protocol's windows and the test shows nothing.
         assert!(prepared > 0 && committed > 0, "prepared {prepared}, committed {committed}");
+        assert!(broken > 0, "no crash left a part's chain incomplete");
     }
 }

@@ -748,6 +748,8 @@ struct Totals {
     restart: RestartStats,
     torn_or_corrupt: u64,
     batches_replayed: u64,
+    /// Records of chains recovery found incomplete (and erased).
+    broken_chain_records: u64,
     acked_writes: u64,
     unacked_writes: u64,
     reads_checked: u64,
@@ -762,6 +764,8 @@ struct Config {
     /// Every in-page class appended, in one-page blocks under a tight space ceiling, so that
     /// crashes also strike collections (docs/placement.md).
     append: bool,
+    /// `Options::batch_record_bytes_max`: small in some seeds, so batches are chains.
+    batch_record_bytes_max: usize,
 }
 
 impl Config {
@@ -778,6 +782,7 @@ impl Config {
             },
             append_block_pages: 1,
             space_amplification_max: 1.2,
+            batch_record_bytes_max: self.batch_record_bytes_max,
             ..Options::default()
         };
         Db::open_with_storage(Arc::new(disk.storage(self.durability)), options)
@@ -1056,6 +1061,12 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
         shards: 1 + (seed / 2 % 3) as usize,
         // Every third seed, from its own bits so the other seeds run as they did before.
         append: (seed / 6).is_multiple_of(3),
+        // Every third seed records its batches in chains of small records (256 B to 4 KiB),
+        // so that crashes strike chains half written and half erased.
+        batch_record_bytes_max: match (seed / 18) % 3 == 1 {
+            true => 256 << (seed / 54 % 5),
+            false => copse::limits::BATCH_RECORD_BYTES_MAX,
+        },
     };
     let rounds =
         if seed % SECOND_CRASH_EVERY_SEEDS == SECOND_CRASH_EVERY_SEEDS - 1 { 2 } else { 1 };
@@ -1193,6 +1204,8 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Vec<String> {
             totals.torn_or_corrupt += torn_or_corrupt(&stats);
             totals.batches_replayed +=
                 stats.shards.iter().map(|s| s.recovery.batches_replayed).sum::<u64>();
+            totals.broken_chain_records +=
+                stats.shards.iter().map(|s| s.recovery.broken_chain_records).sum::<u64>();
             totals.grown_slab_files += stats
                 .shards
                 .iter()
@@ -1319,6 +1332,10 @@ fn every_acknowledged_write_survives_a_crash_at_any_device_operation() {
             "no crash landed while the store was created: {totals:?}"
         );
         assert!(totals.batches_replayed > 0, "no crash left a batch to replay: {totals:?}");
+        assert!(
+            totals.broken_chain_records > 0,
+            "no crash left a chain of batch records incomplete: {totals:?}"
+        );
         assert!(totals.grown_slab_files > 0, "no slab file ever grew: {totals:?}");
         assert!(
             totals.never_crashed * 10 < totals.rounds,
@@ -1359,8 +1376,13 @@ fn slab_creation_while_writes_are_in_flight_loses_no_completion() {
     for seed in 0..200u64 {
         let finished = finishes_within(10, move || {
             let disk = SimDisk::new(seed);
-            let config =
-                Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
+            let config = Config {
+                seed,
+                durability: WriteDurability::Dsync,
+                shards: 1,
+                append: false,
+                batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
+            };
             let db = config.open(&disk).unwrap();
             // Small puts (one page write in flight), then the first item of another size class.
             let keys: Vec<[u8; 2]> = (0..8u8).map(|i| [b'k', i]).collect();
@@ -1395,7 +1417,13 @@ fn slab_creation_while_writes_are_in_flight_loses_no_completion() {
 #[test]
 fn recovery_that_cannot_erase_a_replayed_batch_record_returns() {
     let seed = 1;
-    let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
+    let config = Config {
+        seed,
+        durability: WriteDurability::Dsync,
+        shards: 1,
+        append: false,
+        batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
+    };
     let disk = SimDisk::new(seed);
     let db = config.open(&disk).unwrap();
     // Create both size classes first: the members' (133-byte records) and the batch record's.
@@ -1454,7 +1482,13 @@ fn recovery_that_cannot_erase_a_replayed_batch_record_returns() {
 #[test]
 fn open_returns_the_error_of_a_shard_that_fails_to_open() {
     let seed = 2;
-    let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
+    let config = Config {
+        seed,
+        durability: WriteDurability::Dsync,
+        shards: 1,
+        append: false,
+        batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
+    };
     let disk = SimDisk::new(seed);
     let db = config.open(&disk).unwrap();
     db.put(b"a", b"1").unwrap();
@@ -1464,7 +1498,13 @@ fn open_returns_the_error_of_a_shard_that_fails_to_open() {
     for attempt_number in 0..20 {
         let attempt = image.restart();
         attempt.crash_after_ops(1);
-        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
+        let config = Config {
+            seed,
+            durability: WriteDurability::Dsync,
+            shards: 1,
+            append: false,
+            batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
+        };
         let result = finishes_within(10, move || {
             config.open(&attempt).map(drop).map_err(|err| err.to_string())
         });
@@ -1496,7 +1536,13 @@ fn open_returns_the_error_of_a_shard_that_fails_to_open() {
 fn a_batch_racing_a_newer_put_leaves_the_same_value_in_memory_and_on_disk() {
     for seed in 0..20u64 {
         let disk = SimDisk::new(seed);
-        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
+        let config = Config {
+            seed,
+            durability: WriteDurability::Dsync,
+            shards: 1,
+            append: false,
+            batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
+        };
         let db = config.open(&disk).unwrap();
         // The put's record is in another size class than the batch record, so their page
         // writes complete in either order.
@@ -1542,7 +1588,13 @@ fn a_batch_racing_a_newer_put_leaves_the_same_value_in_memory_and_on_disk() {
 fn a_delete_racing_an_older_put_stays_deleted_after_reopen() {
     for seed in 0..40u64 {
         let disk = SimDisk::new(seed);
-        let config = Config { seed, durability: WriteDurability::Dsync, shards: 1, append: false };
+        let config = Config {
+            seed,
+            durability: WriteDurability::Dsync,
+            shards: 1,
+            append: false,
+            batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
+        };
         let db = config.open(&disk).unwrap();
         db.put(b"k", b"v1").unwrap();
         let v2 = vec![b'2'; 300];

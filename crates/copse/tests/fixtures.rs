@@ -14,11 +14,18 @@
 //! `COPSE_FREEZE_FIXTURE=<name>:<in-place|append> cargo test --release -p copse --test fixtures
 //! -- --ignored freeze`, then commit `tests/fixtures/<name>/`. Each fixture is opened from a
 //! copy, so the checked-in bytes stay as written.
+//!
+//! `<name>:crashed-chain` freezes a store that did not close: the recipe written with batch
+//! records of at most `CHAIN_RECORD_BYTES` (so its batch and parts are chains of Chunk records),
+//! then a single-shard batch whose chain became durable when the disk crashed, before any of its
+//! members was written (on the simulated device, whose durable image is then written out as the
+//! store). Opening it must replay that batch from its chain.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use common::make_value;
 use copse::interfaces::check::{check_store, CheckOptions};
@@ -27,6 +34,10 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// Shards of every fixture the recipe writes: two, so that its batch crosses shards.
 const FIXTURE_SHARDS: usize = 2;
+/// Batch records of a crashed-chain fixture hold at most this many bytes (so they chain).
+const CHAIN_RECORD_BYTES: usize = 512;
+/// Puts of the batch a crashed-chain fixture leaves recorded but not applied.
+const CHAIN_BATCH_PUTS: usize = 24;
 /// Keys the recipe writes (each a few times, some deleted).
 const RECIPE_KEYS: usize = 160;
 
@@ -186,13 +197,20 @@ fn freeze() {
     let spec = std::env::var("COPSE_FREEZE_FIXTURE")
         .expect("COPSE_FREEZE_FIXTURE=<name>:<in-place|append>");
     let (name, placement) = spec.split_once(':').expect("<name>:<placement>");
-    let placement: PlacementSetting = placement.parse().unwrap();
     let fixture = fixtures_dir().join(name);
     assert!(!fixture.exists(), "{} exists: fixtures are never rewritten", fixture.display());
     let store = fixture.join("store");
-    let db = Db::open(&store, options(EngineKind::Native, FIXTURE_SHARDS, placement)).unwrap();
-    let model = write_recipe(&db);
-    db.close().unwrap();
+    let (placement, model) = match placement {
+        "crashed-chain" => (PlacementSetting::InPlace, freeze_crashed_chain(&store)),
+        placement => {
+            let placement: PlacementSetting = placement.parse().unwrap();
+            let db =
+                Db::open(&store, options(EngineKind::Native, FIXTURE_SHARDS, placement)).unwrap();
+            let model = write_recipe(&db);
+            db.close().unwrap();
+            (placement, model)
+        }
+    };
     let contents: Vec<String> = model.iter().map(|(key, value)| describe(key, value)).collect();
     std::fs::write(fixture.join("contents.txt"), contents.join("\n") + "\n").unwrap();
     let commit = std::process::Command::new("git")
@@ -209,10 +227,76 @@ fn freeze() {
     verify_fixture(&fixture);
 }
 
+/// Writes a crashed-chain fixture's store into `store` (see the module header) and returns what
+/// it must read as once opened.
+fn freeze_crashed_chain(store: &Path) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+    use copse::device::sim::{PointFault, SimDisk};
+    use copse::device::{FaultPoint, WriteDurability};
+    let disk = SimDisk::new(20_261_128);
+    let chained = Options {
+        batch_record_bytes_max: CHAIN_RECORD_BYTES,
+        ..options(EngineKind::Native, FIXTURE_SHARDS, PlacementSetting::InPlace)
+    };
+    let storage = Arc::new(disk.storage(WriteDurability::FlushPerRound));
+    let db = Db::open_with_storage(storage, chained).unwrap();
+    let mut model = write_recipe(&db);
+    // One shard's batch, recorded as a chain; the disk dies once the chain is durable.
+    let mut batch = WriteBatch::default();
+    let mut i = 0;
+    while batch.len() < CHAIN_BATCH_PUTS {
+        let key = format!("chained-{i:03}").into_bytes();
+        if copse::router::shard_of(&key, FIXTURE_SHARDS as u32) == 0 {
+            let value = make_value(&format!("chained-{i}"), 300);
+            batch.put(key.clone(), value.clone());
+            model.insert(key, Some(value));
+        }
+        i += 1;
+    }
+    disk.fault_at_point(FaultPoint::BatchRecordedBeforeMembers, 1, PointFault::Crash);
+    assert!(db.write_batch(batch).is_err(), "the disk crashed before the batch's members");
+    drop(db);
+    let image = disk.restart();
+    for name in image.file_names() {
+        let path = store.join(&name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, image.read_file(&name).unwrap()).unwrap();
+    }
+    model
+}
+
 fn placement_name(placement: PlacementSetting) -> &'static str {
     match placement {
         PlacementSetting::InPlace => "in-place",
         PlacementSetting::Append => "append",
         _ => "auto",
     }
+}
+
+/// The crashed-chain fixture holds a whole chain of Chunk records and none of its batch's
+/// members: opening it replays the batch from the chain, and erases the chain.
+#[test]
+fn the_crashed_chain_fixture_replays_its_batch_from_the_chain() {
+    let fixture = fixtures_dir().join("native-chain-v0.3");
+    let copy = tempfile::tempdir().unwrap();
+    let store = copy.path().join("store");
+    copy_dir(&fixture.join("store"), &store);
+    let before = check_store(&store, &CheckOptions::default()).unwrap();
+    assert!(before.slots.chunk_records >= 2, "no chain in the fixture: {:?}", before.slots);
+    let db =
+        Db::open(&store, options(EngineKind::Native, FIXTURE_SHARDS, PlacementSetting::InPlace))
+            .unwrap();
+    let stats = db.stats().unwrap();
+    assert_eq!(stats.shards[0].recovery.batches_replayed, 1, "{:?}", stats.shards[0].recovery);
+    assert_eq!(stats.shards[0].recovery.broken_chain_records, 0);
+    let contents = std::fs::read_to_string(fixture.join("contents.txt")).unwrap();
+    let chained: Vec<&str> = contents.lines().filter(|line| line.starts_with("chained-")).collect();
+    assert_eq!(chained.len(), CHAIN_BATCH_PUTS);
+    for line in chained {
+        let key = line.split(' ').next().unwrap().as_bytes();
+        assert_eq!(describe(key, &db.get(key).unwrap()), line, "not replayed");
+    }
+    db.close().unwrap();
+    let after = check_store(&store, &CheckOptions::default()).unwrap();
+    assert!(after.is_clean(), "{:?}", after.problems);
+    assert_eq!(after.slots.chunk_records, 0, "the chain was not erased: {:?}", after.slots);
 }

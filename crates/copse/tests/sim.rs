@@ -356,6 +356,7 @@ impl Sim {
                 // Collections all the time in these small stores: the collector's safety is what is
                 // tested, not its pace (`limits::GC_ROOM_BLOCKS_MIN` in a store).
                 gc_room_blocks_min: 0,
+                batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
                 poisoned: self.poisoned.clone(),
             };
             let device = Box::new(self.disk.device(self.durability));
@@ -1631,6 +1632,7 @@ fn a_failed_batch_replay_fails_the_open() {
             append_block_pages: 1,
             space_amplification_max: 1.5,
             gc_room_blocks_min: 0,
+            batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
             poisoned: Default::default(),
         };
         let mut engine = NativeEngine::open(Box::new(disk.device(durability)), config(), None)
@@ -1767,6 +1769,7 @@ fn one_shard_config(placement: Placement, growth_pages: u64) -> EngineConfig {
         append_block_pages: 1,
         space_amplification_max: 1.2,
         gc_room_blocks_min: 0,
+        batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
         poisoned: Default::default(),
     }
 }

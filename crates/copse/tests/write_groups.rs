@@ -92,12 +92,14 @@ fn a_hot_key_s_writes_share_flushes_and_are_answered_in_order() {
 
 /// A group takes at most `EXEC_WRITE_GROUP_MEMBERS_MAX` members: a longer run of one key's
 /// writes is split into that many groups or more (each a flush of its own), answered in order.
-/// (The batch bound, `WRITE_BATCH_OPS_MAX`, would split this run in two only.)
+/// (The group's operation bound, `EXEC_WRITE_GROUP_OPS_MAX`, would split this run in two only.)
 #[test]
 fn a_write_group_takes_at_most_its_member_bound() {
-    use copse::limits::{EXEC_WRITE_GROUP_MEMBERS_MAX, WRITE_BATCH_OPS_MAX};
+    use copse::limits::{EXEC_WRITE_GROUP_MEMBERS_MAX, EXEC_WRITE_GROUP_OPS_MAX};
     let count = 3 * EXEC_WRITE_GROUP_MEMBERS_MAX + 1;
-    assert!(count.div_ceil(WRITE_BATCH_OPS_MAX) < count.div_ceil(EXEC_WRITE_GROUP_MEMBERS_MAX));
+    assert!(
+        count.div_ceil(EXEC_WRITE_GROUP_OPS_MAX) < count.div_ceil(EXEC_WRITE_GROUP_MEMBERS_MAX)
+    );
     let (order, flushes) = hot_key_writes(true, count);
     assert_eq!(order, (0..count).collect::<Vec<_>>());
     let groups_min = count.div_ceil(EXEC_WRITE_GROUP_MEMBERS_MAX) as u64;

@@ -36,6 +36,9 @@ pub struct SlotCounts {
     pub batch_records: u64,
     /// Cross-shard parts (prepared or committed) not yet forgotten.
     pub part_records: u64,
+    /// Records of chains holding a batch or part too large for one record (whole chains, or
+    /// the leftovers of a crash the next open erases).
+    pub chunk_records: u64,
     /// Slots that do not verify (torn writes, bit flips) and batch or part records that do not
     /// decode.
     pub defective: u64,
@@ -50,6 +53,7 @@ impl SlotCounts {
         self.empty += other.empty;
         self.batch_records += other.batch_records;
         self.part_records += other.part_records;
+        self.chunk_records += other.chunk_records;
         self.defective += other.defective;
     }
 }

@@ -46,6 +46,7 @@ pub struct StoreSetup {
     placements: Vec<Placement>,
     append_block_pages: u32,
     space_amplification_max: f64,
+    batch_record_bytes_max: usize,
     /// Raised by any shard whose write or flush failed; every shard then refuses writes.
     poisoned: Arc<AtomicBool>,
     progress: Option<indicatif::ProgressBar>,
@@ -63,6 +64,7 @@ pub struct SetupSettings {
     pub placements: [Placement; PLACED_CLASS_COUNT],
     pub append_block_pages: u32,
     pub space_amplification_max: f64,
+    pub batch_record_bytes_max: usize,
     pub progress: Option<indicatif::ProgressBar>,
 }
 
@@ -107,6 +109,7 @@ impl StoreSetup {
             placements: settings.placements.to_vec(),
             append_block_pages: settings.append_block_pages,
             space_amplification_max: settings.space_amplification_max,
+            batch_record_bytes_max: settings.batch_record_bytes_max,
             poisoned: Arc::new(AtomicBool::new(false)),
             progress: settings.progress,
             #[cfg(feature = "rocksdb")]
@@ -127,6 +130,7 @@ impl StoreSetup {
                     append_block_pages: self.append_block_pages,
                     space_amplification_max: self.space_amplification_max,
                     gc_room_blocks_min: GC_ROOM_BLOCKS_MIN,
+                    batch_record_bytes_max: self.batch_record_bytes_max,
                     poisoned: self.poisoned.clone(),
                 };
                 let storage = self.storage.clone();

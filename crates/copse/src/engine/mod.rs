@@ -238,6 +238,10 @@ pub struct RecoveryStats {
     /// where to look when `torn_or_corrupt` is not zero.
     pub defects_sample: Vec<String>,
     pub batches_replayed: u64,
+    /// Records of chains (a batch or part too large for one record) found incomplete and erased:
+    /// the crash came before the chain was whole (nothing of it was written or acknowledged) or
+    /// while it was being erased.
+    pub broken_chain_records: u64,
     /// 1 if the shard was last closed cleanly, nothing was written since, and the live items
     /// found differ from the digest that close recorded: a write acknowledged before the close
     /// was lost or misdirected by the device, or a record's name rotted away. Which key, the

@@ -61,8 +61,8 @@ use crate::engine::batch_codec::{encoded_op_bytes, BATCH_HEADER_BYTES};
 use crate::engine::{is_empty_range, BatchOp, KeyValue, Request, ShardEngine};
 use crate::error::{InputError, ReadError, WriteError};
 use crate::limits::{
-    EXEC_READS_MAX, EXEC_WRITE_GROUP_MEMBERS_MAX, SCAN_ITEMS_MAX, WRITE_BATCH_BYTES_MAX,
-    WRITE_BATCH_OPS_MAX,
+    EXEC_READS_MAX, EXEC_WRITE_GROUP_BYTES_MAX, EXEC_WRITE_GROUP_MEMBERS_MAX,
+    EXEC_WRITE_GROUP_OPS_MAX, SCAN_ITEMS_MAX,
 };
 
 /// A command that runs atomically in one shard.
@@ -648,7 +648,7 @@ impl ExecTable {
         }
         // One operation is written without a batch record (its own checks passed above).
         let fits = ops_after <= 1
-            || (ops_after <= WRITE_BATCH_OPS_MAX && bytes_after <= WRITE_BATCH_BYTES_MAX);
+            || (ops_after <= EXEC_WRITE_GROUP_OPS_MAX && bytes_after <= EXEC_WRITE_GROUP_BYTES_MAX);
         if !fits {
             // Too much for one batch: this exec writes alone once the group is done.
             group.closed = true;

@@ -429,10 +429,10 @@ mod tests {
     }
 
     const MANIFEST_EXAMPLE_20_52: [u8; 32] = [
-        4, 0, 0, 0, 1, 0, 0, 0, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 0, 0, 0x03, 0x14, 0, 0,
+        5, 0, 0, 0, 1, 0, 0, 0, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 0, 0, 0x03, 0x14, 0, 0,
         1, 1, 1, 1,
     ];
-    const MANIFEST_EXAMPLE_124_132: [u8; 8] = [0, 0, 0, 0, 0xa5, 0xc1, 0xb5, 0xbe];
+    const MANIFEST_EXAMPLE_124_132: [u8; 8] = [0, 0, 0, 0, 0x68, 0xa0, 0x8b, 0x28];
 
     #[test]
     fn manifest_round_trips_and_detects_damage() {

@@ -170,6 +170,7 @@ impl Store {
                 placements: manifest.placements,
                 append_block_pages: options.append_block_pages,
                 space_amplification_max: options.space_amplification_max,
+                batch_record_bytes_max: options.batch_record_bytes_max,
                 progress,
             },
             storage.clone(),

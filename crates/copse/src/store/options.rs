@@ -5,7 +5,7 @@ use crate::engine::placement::{PlacementSetting, PLACED_CLASS_COUNT};
 use crate::engine::EngineKind;
 use crate::error::OpenError;
 use crate::limits::{
-    APPEND_BLOCK_PAGES_MAX, CACHE_BYTES_DEFAULT, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, SHARDS_MAX,
+    APPEND_BLOCK_PAGES_MAX, BATCH_RECORD_BYTES_MAX, BATCH_RECORD_BYTES_MIN, CACHE_BYTES_DEFAULT, IO_DEPTH_DEFAULT, IO_DEPTH_MAX, SHARDS_MAX,
     SPACE_AMPLIFICATION_MAX, SPACE_AMPLIFICATION_MIN,
 };
 
@@ -43,6 +43,10 @@ pub struct Options {
     pub space_amplification_max: f64,
     /// Pages per block of an append class (the unit the collector empties and reuses).
     pub append_block_pages: u32,
+    /// The largest value of one batch record (native engine): a batch encoded larger is recorded
+    /// as a chain of records of at most this size. `BATCH_RECORD_BYTES_MAX` unless a test wants
+    /// chains from small batches; `BATCH_RECORD_BYTES_MIN` at least.
+    pub batch_record_bytes_max: usize,
 }
 
 impl Default for Options {
@@ -64,6 +68,7 @@ impl Default for Options {
             placement_by_class: Vec::new(),
             space_amplification_max: crate::limits::SPACE_AMPLIFICATION_DEFAULT,
             append_block_pages: crate::limits::APPEND_BLOCK_PAGES,
+            batch_record_bytes_max: BATCH_RECORD_BYTES_MAX,
         }
     }
 }
@@ -93,6 +98,14 @@ impl Options {
             return Err(OpenError::InvalidOption(format!(
                 "append_block_pages {} is out of range (1 to {APPEND_BLOCK_PAGES_MAX})",
                 self.append_block_pages
+            )));
+        }
+        if !(BATCH_RECORD_BYTES_MIN..=BATCH_RECORD_BYTES_MAX).contains(&self.batch_record_bytes_max)
+        {
+            return Err(OpenError::InvalidOption(format!(
+                "batch_record_bytes_max {} is out of range ({BATCH_RECORD_BYTES_MIN} to \
+                 {BATCH_RECORD_BYTES_MAX})",
+                self.batch_record_bytes_max
             )));
         }
         if let Some((class, _)) = self

@@ -1,22 +1,31 @@
 //! Write batches, all-or-nothing within a shard, also across a crash.
 //!
 //! A batch is first written whole as one `Batch` record (one checksum, so it is either entirely
-//! on disk or detected as torn). Once that record is durable, each operation is written as an
-//! ordinary record with the batch's sequence number. When all of them are durable they are applied
-//! to the index together (readers never see part of a batch) and the batch is answered. Last, the
-//! batch record is erased. Until that erasure is durable, each key of the batch counts as having a
-//! stale copy (the batch record mentions it), so a tombstone of such a key outlives the record.
+//! on disk or detected as torn), or, when its encoding is larger than one record may be, as a
+//! chain of Chunk records (`chain.rs`) that recovery replays only when it finds all of them.
+//! Once every record of the batch is durable, each operation is written as an ordinary record
+//! with the batch's sequence number, at most `BATCH_MEMBERS_IN_FLIGHT_MAX` (and
+//! `BATCH_MEMBER_BYTES_IN_FLIGHT_MAX` bytes) at a time, the next ones once those are durable.
+//! When all of them are durable they are applied to the index together (readers never see part
+//! of a batch) and the batch is answered. Last, the batch's records are erased. Until that
+//! erasure is durable, each key of the batch counts as having a stale copy (the batch's records
+//! mention it), so a tombstone of such a key outlives them.
 //!
-//! Recovery replays a batch record it finds: each operation whose key has no record at least as
-//! new as the batch is written again with the batch's sequence number (see `recovery.rs`).
+//! Recovery replays a batch record (or whole chain) it finds: each operation whose key has no
+//! record at least as new as the batch is written again with the batch's sequence number (see
+//! `recovery.rs`).
 //!
-//! The batch record's value is the engine-neutral encoding of `engine/batch_codec.rs`.
+//! The batch's value is the engine-neutral encoding of `engine/batch_codec.rs`.
 //!
 //! `Batches` holds the batches under way, by id: a batch is in it from `start_batch` until it
-//! fails or its record's erasure is durable (a committed part's batch until it is applied), and
-//! `members_waiting` counts its members not yet durable, so it is applied once, when that count
-//! reaches zero.
+//! fails or the erasure of its records is durable (a committed part's batch until it is
+//! applied); `members_waiting` counts its members written and not yet durable and `queued` those
+//! not yet written, so it is applied once, when both are empty.
 
+use std::borrow::Cow;
+use std::collections::VecDeque;
+
+use super::chain::{encode_chunk, record_value_lens};
 use super::numbered::Numbered;
 use super::format::{Loc, RecordKind};
 use super::seqs::key_hash;
@@ -26,22 +35,38 @@ use crate::device::FaultPoint;
 use crate::engine::batch_codec::{dedupe_batch, encode_batch};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
+use crate::limits::{BATCH_MEMBERS_IN_FLIGHT_MAX, BATCH_MEMBER_BYTES_IN_FLIGHT_MAX};
+
+/// A slot for a record, and the stale key hash of what it held (`allocate_for`).
+pub(super) type Allocation = (Loc, Option<u64>);
 
 pub(super) struct BatchState {
-    ops: Vec<BatchOp>,
-    /// The slot of each operation, allocated before anything is written so that a batch that
-    /// cannot get its slots fails without leaving a record behind.
-    slots: Vec<(Loc, Option<u64>)>,
+    /// The members not yet written, each with its slot, allocated before anything is written
+    /// so that a batch that cannot get its slots fails without leaving a record behind.
+    queued: VecDeque<(BatchOp, Allocation)>,
     seq: u64,
-    record: Option<Loc>,
+    /// The batch's durable records: its Batch (or committed Part) record, or its chain's.
+    records: Vec<Loc>,
+    /// Its records not yet durable.
+    records_waiting: usize,
+    /// Members written and not yet durable.
     members_waiting: usize,
+    /// Erasures of its records not yet durable, once it is applied.
+    erasures_waiting: usize,
     durable: Vec<(Key, u64, Loc, RecordKind)>,
     reply: Option<Reply<(), WriteError>>,
-    /// Key hashes counted as stale while the batch record exists.
+    /// Key hashes counted as stale while the batch's records exist.
     held: Vec<u64>,
-    /// The gsn when this is a cross-shard part being committed (`parts.rs`): its record is a
-    /// committed Part record, kept (not erased) once the members are applied.
+    /// The gsn when this is a cross-shard part being committed (`parts.rs`): its records are the
+    /// committed Part record (or chain), kept (not erased) once the members are applied.
     part: Option<u64>,
+}
+
+impl BatchState {
+    /// Every record of the batch is durable: recovery would replay it.
+    fn recorded(&self) -> bool {
+        self.records_waiting == 0 && !self.records.is_empty()
+    }
 }
 
 /// The write batches under way (and the committed parts being applied as batches), by id.
@@ -63,8 +88,9 @@ impl NativeEngine {
     }
 
     /// Writes `ops` all or nothing: first the record of `kind` holding `value` (which names every
-    /// operation), then the members. `part`: the gsn of a cross-shard part being committed. If no
-    /// slot can be had, answers `reply` with the error (and `part` stays as it was).
+    /// operation), or its chain, then the members. `part`: the gsn of a cross-shard part being
+    /// committed. If no slot can be had, answers `reply` with the error (and `part` stays as it
+    /// was).
     pub(super) fn start_recorded_batch(
         &mut self,
         ops: Vec<BatchOp>,
@@ -73,34 +99,82 @@ impl NativeEngine {
         part: Option<u64>,
         reply: Reply<(), WriteError>,
     ) {
-        let mut slots = match self.allocate_members(&ops) {
+        let slots = match self.allocate_members(&ops) {
             Ok(slots) => slots,
             Err(err) => {
                 let _ = reply.send(Err(err));
                 return;
             }
         };
-        // The record has no key: `allocate_for` sizes its slot and finds no old copy to sit by.
-        let (loc, overwritten) = match self.allocate_for(&[], value.len()) {
-            Ok(allocation) => allocation,
+        let records = match self.allocate_records(value.len()) {
+            Ok(records) => records,
             Err(err) => {
-                for (loc, tag) in slots.drain(..) {
-                    self.place_free(loc.slot_only(), tag, false, None);
-                }
+                self.free_allocations(slots);
                 let _ = reply.send(Err(err));
                 return;
             }
         };
         let seq = self.seqs.take();
         let held = self.hold_batch_keys(&ops);
-        let batch = self.start_batch(ops, slots, seq, held, None, Some(reply), part);
-        let write = self.writes.add(loc, overwritten, Effect::BatchRecord { batch });
+        let batch = self.start_batch(ops, slots, seq, held, Vec::new(), Some(reply), part);
+        self.batches.get_mut(batch).expect("just started").records_waiting = records.len();
+        self.place_records(records, kind, seq, value, || Effect::BatchRecord { batch });
+    }
+
+    /// Slots for the records of a value of `value_bytes` (Batch or Part): one, or a chain's,
+    /// or none at all.
+    pub(super) fn allocate_records(
+        &mut self,
+        value_bytes: usize,
+    ) -> Result<Vec<Allocation>, WriteError> {
+        let lens = record_value_lens(value_bytes, self.batch_record_bytes_max);
+        let mut records = Vec::with_capacity(lens.len());
+        for len in lens {
+            // A record has no key: `allocate_for` sizes its slot and finds no old copy to sit by.
+            match self.allocate_for(&[], len) {
+                Ok(allocation) => records.push(allocation),
+                Err(err) => {
+                    self.free_allocations(records);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(records)
+    }
+
+    /// Writes the record of `kind` holding `value` into the one slot of `records`, or its chain
+    /// of Chunk records into theirs, each with sequence number `seq` and an effect `effect` makes.
+    pub(super) fn place_records(
+        &mut self,
+        records: Vec<Allocation>,
+        kind: RecordKind,
+        seq: u64,
+        value: &[u8],
+        effect: impl Fn() -> Effect,
+    ) {
+        let chained = records.len() > 1;
         let watermark = self.seqs.durable_watermark();
-        self.place(write, loc, kind, seq, watermark, &[], value);
+        for (index, (loc, overwritten)) in records.into_iter().enumerate() {
+            let (record_kind, record_value) = match chained {
+                false => (kind, Cow::Borrowed(value)),
+                true => (
+                    RecordKind::Chunk,
+                    Cow::Owned(encode_chunk(kind, value, index, self.batch_record_bytes_max)),
+                ),
+            };
+            let write = self.writes.add(loc, overwritten, effect());
+            self.place(write, loc, record_kind, seq, watermark, &[], &record_value);
+        }
+    }
+
+    fn free_allocations(&mut self, allocations: Vec<Allocation>) {
+        for (loc, tag) in allocations {
+            self.place_free(loc.slot_only(), tag, false, None);
+        }
     }
 
     /// Allocates a slot for each operation, or none at all.
-    fn allocate_members(&mut self, ops: &[BatchOp]) -> Result<Vec<(Loc, Option<u64>)>, WriteError> {
+    fn allocate_members(&mut self, ops: &[BatchOp]) -> Result<Vec<Allocation>, WriteError> {
         let mut slots = Vec::with_capacity(ops.len());
         for op in ops {
             let value_bytes = match op {
@@ -110,9 +184,7 @@ impl NativeEngine {
             match self.allocate_for(op.key(), value_bytes) {
                 Ok(slot) => slots.push(slot),
                 Err(err) => {
-                    for (loc, tag) in slots {
-                        self.place_free(loc.slot_only(), tag, false, None);
-                    }
+                    self.free_allocations(slots);
                     return Err(err);
                 }
             }
@@ -128,12 +200,12 @@ impl NativeEngine {
         held
     }
 
-    /// Recovery found a durable batch record (or committed Part record, `part`): write again the
-    /// operations in `ops` (those whose keys have nothing newer on disk), then erase the batch
-    /// record (a Part record is kept until its part is forgotten).
+    /// Recovery found a durable batch record or whole chain (or committed Part record or chain,
+    /// `part`) at `records`: write again the operations in `ops` (those whose keys have nothing
+    /// newer on disk), then erase the batch's records (a part's are kept until it is forgotten).
     pub(super) fn replay_batch(
         &mut self,
-        record: Loc,
+        records: Vec<Loc>,
         seq: u64,
         all_ops: &[BatchOp],
         ops: Vec<BatchOp>,
@@ -141,7 +213,7 @@ impl NativeEngine {
     ) -> Result<(), WriteError> {
         let slots = self.allocate_members(&ops)?;
         let held = self.hold_batch_keys(all_ops);
-        let batch = self.start_batch(ops, slots, seq, held, Some(record), None, part);
+        let batch = self.start_batch(ops, slots, seq, held, records, None, part);
         self.write_batch_members(batch);
         Ok(())
     }
@@ -154,10 +226,10 @@ impl NativeEngine {
     fn start_batch(
         &mut self,
         ops: Vec<BatchOp>,
-        slots: Vec<(Loc, Option<u64>)>,
+        slots: Vec<Allocation>,
         seq: u64,
         held: Vec<u64>,
-        record: Option<Loc>,
+        records: Vec<Loc>,
         reply: Option<Reply<(), WriteError>>,
         part: Option<u64>,
     ) -> u64 {
@@ -166,11 +238,12 @@ impl NativeEngine {
             self.seqs.flight_begin(op.key());
         }
         let state = BatchState {
-            ops,
-            slots,
+            queued: ops.into_iter().zip(slots).collect(),
             seq,
-            record,
+            records,
+            records_waiting: 0,
             members_waiting: 0,
+            erasures_waiting: 0,
             durable: Vec::new(),
             reply,
             held,
@@ -179,11 +252,17 @@ impl NativeEngine {
         self.batches.insert(state)
     }
 
+    /// One record of the batch (its only one, or one of its chain's) is durable; once all are,
+    /// so is the batch, and its members are written.
     pub(super) fn batch_record_durable(&mut self, batch: u64, loc: Loc) {
         let Some(state) = self.batches.get_mut(batch) else { return };
-        state.record = Some(loc);
+        state.records.push(loc);
+        state.records_waiting -= 1;
+        if state.records_waiting > 0 {
+            return;
+        }
         if let Err(err) = self.io.device.fault_point(FaultPoint::BatchRecordedBeforeMembers) {
-            // The record is durable: batch_member_failed poisons the store, and recovery
+            // The records are durable: batch_member_failed poisons the store, and recovery
             // replays the batch.
             self.batch_member_failed(batch, WriteError::from_device(err));
             return;
@@ -191,30 +270,40 @@ impl NativeEngine {
         self.write_batch_members(batch);
     }
 
+    /// Writes the batch's next members: as many as are queued, up to the bounds of one wave.
     fn write_batch_members(&mut self, batch: u64) {
-        let state = self.batches.get_mut(batch).expect("unknown batch");
-        let ops = std::mem::take(&mut state.ops);
-        let slots = std::mem::take(&mut state.slots);
-        let seq = state.seq;
-        state.members_waiting = ops.len();
-        if ops.is_empty() {
+        let Some(state) = self.batches.get(batch) else { return };
+        if state.queued.is_empty() && state.members_waiting == 0 {
             self.batch_applied(batch);
             return;
         }
-        for (op, slot) in ops.into_iter().zip(slots) {
+        let seq = state.seq;
+        let mut wave_bytes = 0usize;
+        for _ in 0..BATCH_MEMBERS_IN_FLIGHT_MAX {
+            // A member may fail at once (a poisoned store), which forgets the batch.
+            let Some(state) = self.batches.get_mut(batch) else { return };
+            if wave_bytes >= BATCH_MEMBER_BYTES_IN_FLIGHT_MAX {
+                break;
+            }
+            let Some((op, slot)) = state.queued.pop_front() else { break };
+            state.members_waiting += 1;
             let origin = Origin::Batch(batch);
             match op {
                 BatchOp::Put { key, value } => {
+                    wave_bytes += key.len() + value.len();
                     self.write_record(key, value, origin, Some(seq), RecordKind::Put, Some(slot))
                 }
-                BatchOp::Delete { key } => self.write_record(
-                    key,
-                    Vec::new(),
-                    origin,
-                    Some(seq),
-                    RecordKind::Tombstone,
-                    Some(slot),
-                ),
+                BatchOp::Delete { key } => {
+                    wave_bytes += key.len();
+                    self.write_record(
+                        key,
+                        Vec::new(),
+                        origin,
+                        Some(seq),
+                        RecordKind::Tombstone,
+                        Some(slot),
+                    )
+                }
             }
         }
     }
@@ -236,17 +325,20 @@ impl NativeEngine {
         state.durable.push((key, seq, loc, kind));
         state.members_waiting -= 1;
         if state.members_waiting == 0 {
-            self.batch_applied(batch);
+            // The wave is durable: the next one, or, if none is left, the batch is applied.
+            self.write_batch_members(batch);
         }
     }
 
-    /// Every member is durable: apply them together, answer, and erase the batch record (or hand
-    /// a committed part's record and held keys to its part).
+    /// Every member is durable: apply them together, answer, and erase the batch's records (or
+    /// hand a committed part's records and held keys to its part).
     fn batch_applied(&mut self, batch: u64) {
         let state = self.batches.get_mut(batch).expect("unknown batch");
+        assert!(state.recorded(), "members are written after the batch's records");
+        assert!(state.queued.is_empty() && state.members_waiting == 0);
         let durable = std::mem::take(&mut state.durable);
         let reply = state.reply.take();
-        let record = state.record.expect("members are written after the record");
+        let records = std::mem::take(&mut state.records);
         let batch_seq = state.seq;
         let part = state.part;
         self.seqs.finish(batch_seq);
@@ -264,37 +356,55 @@ impl NativeEngine {
         match part {
             Some(gsn) => {
                 let state = self.batches.remove(batch).expect("applied above");
-                self.part_committed(gsn, record, state.held);
+                self.part_committed(gsn, records, state.held);
             }
-            None => self.erase_batch_record(record, batch),
+            None => {
+                self.batches.get_mut(batch).expect("applied above").erasures_waiting =
+                    records.len();
+                for record in records {
+                    self.erase_batch_record(record, batch);
+                }
+            }
         }
     }
 
-    /// The batch record's erasure is durable: its keys no longer have a copy in it.
+    /// The erasure of one of the batch's records is durable; once all are, its keys no longer
+    /// have a copy in them.
     pub(super) fn batch_erased(&mut self, batch: u64) {
-        let state = self.batches.remove(batch).expect("erased an unknown batch");
+        // Gone if an erasure of another of its records failed (`write_failed`).
+        let Some(state) = self.batches.get_mut(batch) else { return };
+        state.erasures_waiting -= 1;
+        if state.erasures_waiting > 0 {
+            return;
+        }
+        let state = self.batches.remove(batch).expect("looked up above");
         for hash in state.held {
             self.release_tag(Some(hash));
         }
     }
 
-    /// A member or the record failed (the store is poisoned by then, or the batch never got a
-    /// slot): answer the error and forget the batch; members that still complete are dropped.
+    /// A member or a record failed (the store is poisoned by then, or the batch never got a
+    /// slot): answer the error and forget the batch; members and records that still complete
+    /// are dropped.
     pub(super) fn batch_member_failed(&mut self, batch: u64, err: WriteError) {
         let Some(mut state) = self.batches.remove(batch) else { return };
-        if state.record.is_some() && !self.is_poisoned() {
-            // The batch record is durable, so recovery will apply the batch: refuse further
+        let recorded = state.recorded();
+        if recorded && !self.is_poisoned() {
+            // The batch's records are durable, so recovery will apply the batch: refuse further
             // writes rather than carry on as if it had not happened.
             tracing::error!(shard = self.shard_id, %err, "a write batch failed after its record was durable");
             self.poison();
         }
-        if state.record.is_none() {
-            // Nothing of the batch is durable: undo what it registered when it started. (Its
-            // member slots stay allocated until the next recovery.)
-            for op in std::mem::take(&mut state.ops) {
-                self.seqs.flight_end(op.key(), state.seq, false);
-                self.release_guards(key_hash(op.key()));
-            }
+        // Members never written end their flights here; written ones end theirs as they
+        // complete (`batch_member_durable` of a forgotten batch, or `write_failed`).
+        for (op, _) in std::mem::take(&mut state.queued) {
+            self.seqs.flight_end(op.key(), state.seq, false);
+            self.release_guards(key_hash(op.key()));
+        }
+        if !recorded {
+            // The batch is not durable whole (a chain missing a record is not replayed), and no
+            // member was written: undo what it registered when it started. (Its member slots
+            // stay allocated until the next recovery.)
             for hash in std::mem::take(&mut state.held) {
                 self.release_tag(Some(hash));
             }
@@ -302,7 +412,7 @@ impl NativeEngine {
                 self.seqs.finish(state.seq);
             }
         }
-        if let (Some(gsn), None) = (state.part, state.record) {
+        if let (Some(gsn), false) = (state.part, recorded) {
             self.part_commit_failed(gsn);
         }
         if let Some(reply) = state.reply.take() {

@@ -8,6 +8,7 @@
 //! may leave reads in flight on the old one); memory is one entry per distinct key of the shard
 //! being checked, freed before the next shard.
 
+use super::chain::decode_chunk;
 use super::format::{
     class_of_file_name, shard_dir, Loc, RecordKind, RecordLayout, SizeClass, Slot, SlotDefect,
     CLASS_COUNT,
@@ -217,6 +218,13 @@ fn check_file(
                         None
                     }
                     Err(reason) => Some(format!("part record does not decode: {reason}")),
+                },
+                RecordKind::Chunk => match decode_chunk(value) {
+                    Ok(_) => {
+                        counts.chunk_records += 1;
+                        None
+                    }
+                    Err(reason) => Some(format!("chunk record does not decode: {reason}")),
                 },
             },
             Err(defect) => Some(defect.to_string()),

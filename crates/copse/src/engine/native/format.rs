@@ -22,9 +22,9 @@ use crate::limits::{KEY_BYTES_MAX, PAGE_BYTES, VALUE_BYTES_MAX};
 pub const SLAB_MAGIC: [u8; 8] = *b"COPSLAB\x01";
 /// Version of the slab format (header page, record header, record kinds, class table) that this
 /// build writes into new files. Version 2 added the Part record kind; version 3 replaced the
-/// record magic with a header checksum; version 4 added the packed classes. Older files are
-/// read, and written, as they are.
-pub const SLAB_FORMAT_VERSION: u32 = 4;
+/// record magic with a header checksum; version 4 added the packed classes; version 5 added the
+/// Chunk record kind. Older files are read, and written, as they are.
+pub const SLAB_FORMAT_VERSION: u32 = 5;
 /// Oldest slab format version this build reads.
 pub const SLAB_FORMAT_VERSION_READ_MIN: u32 = 1;
 /// Bytes 28..30 of a record header in format versions 1 and 2: tells a record from garbage
@@ -86,6 +86,10 @@ pub enum RecordKind {
     /// One shard's part of a cross-shard batch (`engine/part.rs`), prepared or committed; kept
     /// until the router forgets the batch (see `part.rs` in this folder). Since format version 2.
     Part = 6,
+    /// One record of a chain holding a Batch or Part value too large for one record
+    /// (`chain.rs`): the whole's kind, its index, the chain's length and a piece of the value.
+    /// Since format version 5.
+    Chunk = 7,
 }
 
 impl RecordKind {
@@ -97,6 +101,7 @@ impl RecordKind {
             4 => Some(RecordKind::Batch),
             5 => Some(RecordKind::Watermark),
             6 => Some(RecordKind::Part),
+            7 => Some(RecordKind::Chunk),
             _ => None,
         }
     }
@@ -639,7 +644,7 @@ pub fn peek_damaged_key<'a>(
     Some(DamagedRecord { header, key, attributable })
 }
 
-/// The header of a Batch or Part record that failed verification, if its header check holds
+/// The header of a Batch, Part or Chunk record that failed verification, if its header check holds
 /// (format 3 only: the damage is then in its value, so its seq is its own). Recovery needs the
 /// seq of such a record, which a torn write in flight at a crash leaves behind: no later record
 /// may reuse the number, and the watermark stays below it until the record is erased.
@@ -654,7 +659,7 @@ pub fn peek_damaged_unkeyed(
         return None;
     }
     let header = peek_header(bytes, layout)?;
-    if !matches!(header.kind, RecordKind::Batch | RecordKind::Part) {
+    if !matches!(header.kind, RecordKind::Batch | RecordKind::Part | RecordKind::Chunk) {
         return None;
     }
     let key = key_of(bytes, slot_bytes).ok()?;

@@ -39,6 +39,7 @@
 //!    the seq and the slot the index pointed to, recovery indexes each key once.
 
 pub mod batch;
+pub mod chain;
 pub mod cache;
 pub mod check;
 mod cluster;
@@ -103,6 +104,9 @@ pub struct EngineConfig {
     /// `limits::GC_ROOM_BLOCKS_MIN` in a store; the simulator sets 0 so that its small stores
     /// collect all the time (what it tests is the collector's safety, not its pace).
     pub gc_room_blocks_min: u64,
+    /// The largest value of one batch or part record; a larger one is a chain (`chain.rs`):
+    /// `limits::BATCH_RECORD_BYTES_MAX` unless a test asks for less (`Options`).
+    pub batch_record_bytes_max: usize,
     /// Shared by all shards: once any write or flush fails, every shard refuses writes.
     pub poisoned: Arc<AtomicBool>,
 }
@@ -163,6 +167,8 @@ pub struct NativeEngine {
     /// An in-page record being encoded (`write::place`), kept between records so that placing
     /// one allocates nothing; a record that must wait for its page takes it along.
     record_scratch: Vec<u8>,
+    /// The largest value of one batch or part record (`EngineConfig`).
+    batch_record_bytes_max: usize,
 }
 
 impl NativeEngine {
@@ -198,6 +204,7 @@ impl NativeEngine {
             scrub: None,
             record_scratch: Vec::new(),
             recovery: RecoveryStats::default(),
+            batch_record_bytes_max: config.batch_record_bytes_max,
         };
         engine.recover(progress)?;
         engine.seqs.mark_open();

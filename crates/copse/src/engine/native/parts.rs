@@ -1,7 +1,9 @@
 //! Cross-shard parts in the native engine (the contract: `engine/part.rs`; the protocol:
 //! docs/atomic-batches.md).
 //!
-//! A part lives in at most two Part records, each in a slot of its own:
+//! A part lives in at most two Part records, each in a slot of its own (or each a chain of
+//! Chunk records, `chain.rs`, when its operations are too large for one record: below, "the
+//! record" is then the whole chain):
 //! - `PreparePart` writes the *prepared* record. The part's operations are written nowhere else,
 //!   so preparing changes no key and nothing reads them.
 //! - `CommitPart` writes the *committed* record, with a fresh sequence number, and then the
@@ -44,8 +46,10 @@ pub struct Part {
     participants: Vec<u32>,
     ops: Vec<BatchOp>,
     stage: Stage,
-    /// Durable records of the part, in erasure order.
+    /// Durable records of the part, in erasure order (a chain's records one after the other).
     records: Vec<Loc>,
+    /// Records of the prepared record's chain not yet durable, while preparing.
+    records_waiting: usize,
     /// Key hashes counted as stale while the committed record exists.
     held: Vec<u64>,
     /// Who waits for the prepare or the forget under way.
@@ -64,6 +68,7 @@ impl Part {
                 PartState::Committed => Stage::Committing,
             },
             records,
+            records_waiting: 0,
             held: Vec::new(),
             reply: None,
         }
@@ -95,8 +100,8 @@ impl NativeEngine {
             return;
         }
         let value = part::encode(PartState::Prepared, gsn, &participants, &ops);
-        let (loc, overwritten) = match self.allocate_for(&[], value.len()) {
-            Ok(allocation) => allocation,
+        let records = match self.allocate_records(value.len()) {
+            Ok(records) => records,
             Err(err) => {
                 let _ = reply.send(Err(err));
                 return;
@@ -111,22 +116,31 @@ impl NativeEngine {
                 ops,
                 stage: Stage::Preparing,
                 records: Vec::new(),
+                records_waiting: records.len(),
                 held: Vec::new(),
                 reply: Some(reply),
             },
         );
-        let write = self.writes.add(loc, overwritten, Effect::PartPrepared { gsn, seq });
-        let watermark = self.seqs.durable_watermark();
-        self.place(write, loc, RecordKind::Part, seq, watermark, &[], &value);
+        self.place_records(records, RecordKind::Part, seq, &value, || Effect::PartPrepared {
+            gsn,
+            seq,
+        });
     }
 
-    /// The prepared record is durable: so is the part.
+    /// A record of the prepared record's chain (or the one record) is durable; once all are, so
+    /// is the part.
     pub(super) fn part_prepared(&mut self, gsn: u64, seq: u64, loc: Loc) {
-        self.seqs.finish(seq);
-        let part = self.parts.get_mut(&gsn).expect("a prepared record of an unknown part");
+        // Gone if another record of its chain failed (the store is poisoned then).
+        let Some(part) = self.parts.get_mut(&gsn) else { return };
         assert_eq!(part.stage, Stage::Preparing);
-        part.stage = Stage::Prepared;
         part.records.push(loc);
+        part.records_waiting -= 1;
+        if part.records_waiting > 0 {
+            return;
+        }
+        self.seqs.finish(seq);
+        let part = self.parts.get_mut(&gsn).expect("looked up above");
+        part.stage = Stage::Prepared;
         if let Some(reply) = part.reply.take() {
             let _ = reply.send(Ok(()));
         }
@@ -175,11 +189,11 @@ impl NativeEngine {
 
     /// The committed record and every operation are durable and applied (`batch.rs`); the
     /// record stays until the part is forgotten, holding the part's keys.
-    pub(super) fn part_committed(&mut self, gsn: u64, record: Loc, held: Vec<u64>) {
+    pub(super) fn part_committed(&mut self, gsn: u64, records: Vec<Loc>, held: Vec<u64>) {
         let part = self.parts.get_mut(&gsn).expect("committed an unknown part");
         assert_eq!(part.stage, Stage::Committing);
         part.stage = Stage::Committed;
-        part.records.push(record);
+        part.records.extend(records);
         part.held = held;
     }
 

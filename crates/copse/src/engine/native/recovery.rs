@@ -6,11 +6,14 @@
 //! and is freed (counted under the key's hash, invariant 4 of `mod.rs`). Slots that do not
 //! verify are counted, logged with their location, erased and never indexed. A durable batch
 //! record is replayed (see `batch.rs`), and so is a committed Part record (`parts.rs`); a prepared
-//! Part record is only reported. The sequence counter restarts above every number seen.
+//! Part record is only reported. A chain of Chunk records counts as the record it holds only if
+//! every record of it is found; the records of any other chain are erased (`chain.rs`). The
+//! sequence counter restarts above every number seen.
 
 use crate::hash::{HashMap, HashSet};
 use std::time::Instant;
 
+use super::chain::{decode_chunk, FoundChains};
 use super::format::{
     class_of_file_name, decode_slab_header, decode_slot, pages_for, peek_damaged_key,
     peek_damaged_unkeyed, shard_dir, DamagedRecord, LiveDigest, Loc, RecordKind, RecordLayout,
@@ -213,10 +216,16 @@ struct Found {
     corrupt: Vec<Loc>,
     /// The first defective slots with what is wrong with them, for `RecoveryStats`.
     corrupt_sample: Vec<String>,
-    batches: Vec<(Loc, u64, Vec<BatchOp>)>,
-    /// Part records: location, sequence number, content.
-    parts: Vec<(Loc, u64, PartRecord)>,
-    /// Damaged Batch and Part records whose own header still holds: their sequence numbers.
+    /// Batch records (or whole chains): their records, sequence number and operations.
+    batches: Vec<(Vec<Loc>, u64, Vec<BatchOp>)>,
+    /// Part records (or whole chains): records, sequence number, content.
+    parts: Vec<(Vec<Loc>, u64, PartRecord)>,
+    /// Chunk records, until `sort_chains` makes whole records of complete chains.
+    chains: FoundChains,
+    /// The records of chains found incomplete: erased.
+    broken_chains: Vec<Loc>,
+    /// Damaged Batch, Part and Chunk records whose own header still holds: their sequence
+    /// numbers.
     damaged_unkeyed: HashMap<Loc, u64>,
     /// The Watermark record with the highest seq: its seq and the live digest it carries.
     last_watermark: Option<(u64, Option<LiveDigest>)>,
@@ -281,11 +290,15 @@ impl Found {
                         self.free.push(loc);
                     }
                     RecordKind::Batch => match decode_batch(value) {
-                        Ok(ops) => self.batches.push((loc, header.seq, ops)),
+                        Ok(ops) => self.batches.push((vec![loc], header.seq, ops)),
                         Err(reason) => self.corrupt_slot(shard_id, loc, &reason),
                     },
                     RecordKind::Part => match part::decode(value) {
-                        Ok(record) => self.parts.push((loc, header.seq, record)),
+                        Ok(record) => self.parts.push((vec![loc], header.seq, record)),
+                        Err(reason) => self.corrupt_slot(shard_id, loc, &reason),
+                    },
+                    RecordKind::Chunk => match decode_chunk(value) {
+                        Ok(chunk) => self.chains.add(loc, header.seq, chunk),
                         Err(reason) => self.corrupt_slot(shard_id, loc, &reason),
                     },
                 }
@@ -335,6 +348,10 @@ impl Found {
     }
 }
 
+/// A batch recovery replays: its records (one, or a chain's), sequence number, every operation,
+/// and the operations it writes again.
+type BatchReplay = (Vec<Loc>, u64, Vec<BatchOp>, Vec<BatchOp>);
+
 /// How recovery judged the damaged records that still name their key.
 struct DamagedJudged {
     /// Damaged records that decide their key (rot in its newest record): kept, not erased.
@@ -349,6 +366,34 @@ struct DamagedJudged {
 }
 
 impl Found {
+    /// Makes the whole record of each complete chain of Chunk records, as if it had been found
+    /// as one record; the records of incomplete chains are to be erased. Called once, after
+    /// every slot was visited.
+    fn sort_chains(&mut self, shard_id: u32) {
+        let sorted = std::mem::take(&mut self.chains).sort();
+        for (seq, what) in sorted.malformed {
+            if !self.quiet {
+                tracing::warn!(shard = shard_id, seq, "{what}");
+            }
+            self.corrupt_sample.push(what);
+        }
+        self.broken_chains = sorted.incomplete;
+        for chain in sorted.whole {
+            let decoded = match chain.whole {
+                RecordKind::Batch => decode_batch(&chain.value)
+                    .map(|ops| self.batches.push((chain.records.clone(), chain.seq, ops))),
+                _ => part::decode(&chain.value)
+                    .map(|record| self.parts.push((chain.records.clone(), chain.seq, record))),
+            };
+            if let Err(reason) = decoded {
+                let reason = format!("a whole chain of seq {} does not decode: {reason}", chain.seq);
+                for loc in chain.records {
+                    self.corrupt_slot(shard_id, loc, &reason);
+                }
+            }
+        }
+    }
+
     /// A damaged record that was durable once (rot) and is the newest of its key decides the
     /// key: a put makes the key read as corrupt, a tombstone keeps it deleted; either way no
     /// older copy comes back. One that may be a torn in-flight write is to be erased, and the
@@ -403,7 +448,7 @@ impl Found {
 
     /// The batch records in sequence order, each with the operations recovery writes again:
     /// those whose key has no record at least as new as the batch.
-    fn batch_replays(&mut self) -> Vec<(Loc, u64, Vec<BatchOp>, Vec<BatchOp>)> {
+    fn batch_replays(&mut self) -> Vec<BatchReplay> {
         let mut batches = std::mem::take(&mut self.batches);
         batches.sort_by_key(|(_, seq, _)| *seq);
         batches
@@ -439,16 +484,16 @@ impl Found {
 struct FoundPart {
     /// The part, committed if any of its records says so.
     record: PartRecord,
-    /// Its prepared records (normally one), in erasure order.
+    /// Its prepared records (normally one, or one chain's), in erasure order.
     prepared: Vec<Loc>,
-    /// The committed record and its sequence number, with the operations recovery writes again:
-    /// those whose key has no record at least as new.
-    committed: Option<(Loc, u64, Vec<BatchOp>)>,
+    /// The committed record (or chain) and its sequence number, with the operations recovery
+    /// writes again: those whose key has no record at least as new.
+    committed: Option<(Vec<Loc>, u64, Vec<BatchOp>)>,
 }
 
 impl Found {
     fn part_replays(&mut self) -> Vec<FoundPart> {
-        let mut by_gsn: std::collections::BTreeMap<u64, Vec<(Loc, u64, PartRecord)>> =
+        let mut by_gsn: std::collections::BTreeMap<u64, Vec<(Vec<Loc>, u64, PartRecord)>> =
             std::collections::BTreeMap::new();
         for (loc, seq, record) in std::mem::take(&mut self.parts) {
             by_gsn.entry(record.gsn).or_default().push((loc, seq, record));
@@ -457,13 +502,13 @@ impl Found {
         for (_, mut records) in by_gsn {
             records.sort_by_key(|(_, seq, record)| (record.state, *seq));
             let (last_loc, last_seq, last) = records.pop().expect("grouped from at least one");
-            let mut prepared: Vec<Loc> = records.into_iter().map(|(loc, _, _)| loc).collect();
+            let mut prepared: Vec<Loc> = records.into_iter().flat_map(|(locs, _, _)| locs).collect();
             let committed = match last.state {
                 PartState::Committed => {
                     Some((last_loc, last_seq, self.needed(&last.ops, last_seq)))
                 }
                 PartState::Prepared => {
-                    prepared.push(last_loc);
+                    prepared.extend(last_loc);
                     None
                 }
             };
@@ -511,6 +556,7 @@ impl ShardScan {
     }
 
     pub fn key_counts(mut self) -> KeyCounts {
+        self.found.sort_chains(0);
         self.found.judge_damaged();
         for (_, seq, _, needed) in self.found.batch_replays() {
             self.found.assume_replayed(needed, seq);
@@ -622,6 +668,7 @@ impl NativeEngine {
             .max()
             .unwrap_or(0);
         self.seqs.restart_above(found.max_seq.max(damaged_seq_max));
+        found.sort_chains(self.shard_id);
         let judged = found.judge_damaged();
         let replays = found.batch_replays();
         let parts = found.part_replays();
@@ -640,6 +687,7 @@ impl NativeEngine {
             frontier,
             corrupt_sample,
             damaged_unkeyed,
+            broken_chains,
             lost_headers: found_lost_headers,
             ..
         } = found;
@@ -674,6 +722,12 @@ impl NativeEngine {
                     self.release_slot(loc.slot_only(), tag, true)
                 }
             }
+        }
+        // A chain found incomplete was never durable whole (nothing of it was acknowledged or
+        // written), or its erasure had begun (its members are all durable): erased either way.
+        self.recovery.broken_chain_records = broken_chains.len() as u64;
+        for loc in broken_chains {
+            self.release_slot(loc.slot_only(), None, true);
         }
         // Batches hold their keys before tombstones are judged (a tombstone must outlive a batch
         // record that mentions its key).

@@ -655,7 +655,8 @@ impl NativeEngine {
                 }
             }
             Effect::PartPrepared { gsn, seq } => {
-                if nothing_on_disk {
+                // Once per part: a chain's other records find it gone.
+                if nothing_on_disk && self.parts.contains_key(&gsn) {
                     self.seqs.finish(seq);
                 }
                 self.part_prepare_failed(gsn, err);
@@ -878,6 +879,7 @@ mod tests {
             append_block_pages: 4,
             space_amplification_max: 1.5,
             gc_room_blocks_min: 0,
+            batch_record_bytes_max: crate::limits::BATCH_RECORD_BYTES_MAX,
             poisoned: Default::default(),
         };
         match NativeEngine::open(Box::new(device), config, None) {

@@ -1,0 +1,172 @@
+//! Write batches larger than one record (issue 23, item 7): within one shard, a batch of any
+//! size the limits allow is one atomic write. The native engine records such a batch as a chain
+//! of Chunk records and writes its members in waves (`engine/native/chain.rs`, `batch.rs`);
+//! these tests run over real files with the engine under test (`COPSE_TEST_ENGINE`). Crashes
+//! in the middle of chains are the simulated-device tests' job (`crash.rs`, `batches.rs` set
+//! small records in some seeds).
+
+mod common;
+use common::make_value;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use copse::interfaces::check::{check_store, CheckOptions};
+use copse::limits::{BATCH_MEMBERS_IN_FLIGHT_MAX, BATCH_RECORD_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+use copse::{Db, Options, WriteBatch, WriteError};
+
+/// Keys of the large batches: four waves of members.
+const KEYS: usize = BATCH_MEMBERS_IN_FLIGHT_MAX * 4;
+/// Values of 600 bytes: the batch's encoding (~25 MiB) takes two records of the default size.
+const VALUE_BYTES: usize = 600;
+const _: () = assert!(KEYS * VALUE_BYTES > BATCH_RECORD_BYTES_MAX, "the batches must chain");
+
+fn key(i: usize) -> Vec<u8> {
+    format!("large-batch-{i:06}").into_bytes()
+}
+
+fn value(round: usize, i: usize) -> Vec<u8> {
+    make_value(&format!("r{round}-{i}"), VALUE_BYTES)
+}
+
+fn batch(round: usize) -> WriteBatch {
+    let mut batch = WriteBatch::new();
+    for i in 0..KEYS {
+        batch.put(key(i), value(round, i));
+    }
+    batch
+}
+
+/// One shard, so the whole batch is one shard's write, not a cross-shard batch.
+fn options() -> Options {
+    common::options(1)
+}
+
+/// Which round's batch each of a few probe keys holds, if they agree.
+fn round_of(db: &Db, probes: &[usize]) -> Result<Option<usize>, String> {
+    let keys: Vec<Vec<u8>> = probes.iter().map(|&i| key(i)).collect();
+    let values = db.multi_get(&keys).map_err(|err| err.to_string())?;
+    let rounds: Vec<Option<usize>> = values
+        .iter()
+        .map(|value| {
+            value.as_ref().map(|value| {
+                let tag_end = value.iter().position(|&b| b == b'|').expect("a tagged value");
+                let tag = std::str::from_utf8(&value[1..tag_end]).expect("ascii");
+                tag.split('-').next().unwrap().parse().expect("a round")
+            })
+        })
+        .collect();
+    if rounds.windows(2).all(|pair| pair[0] == pair[1]) {
+        Ok(rounds[0])
+    } else {
+        Err(format!("half a batch: rounds {rounds:?} at keys {probes:?}"))
+    }
+}
+
+#[test]
+fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    // A reader probes keys from the first wave, the middle and the last wave while batches of
+    // every key are written: it must never see two rounds at once.
+    let probes = [0, 1, KEYS / 2, KEYS - 2, KEYS - 1];
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (db, stop, reads) = (db.clone(), stop.clone(), reads.clone());
+        std::thread::spawn(move || -> Result<(), String> {
+            while !stop.load(Ordering::Relaxed) {
+                round_of(&db, &probes)?;
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        })
+    };
+    for round in 1..=3 {
+        db.write_batch(batch(round)).unwrap();
+        assert_eq!(round_of(&db, &probes).unwrap(), Some(round));
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().unwrap().unwrap();
+    assert!(reads.load(Ordering::Relaxed) > 0);
+    for i in (0..KEYS).step_by(97) {
+        assert_eq!(db.get(&key(i)).unwrap(), Some(value(3, i)), "key {i}");
+    }
+    db.close().unwrap();
+
+    // After a clean close no record of any batch is left (chains included), and a reopen finds
+    // every item of the last one.
+    let report = check_store(dir.path(), &CheckOptions::default()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.slots.batch_records + report.slots.chunk_records, 0, "{report:?}");
+    let db = Db::open(dir.path(), options()).unwrap();
+    assert_eq!(db.stats().unwrap().items, KEYS as u64);
+    for i in (0..KEYS).step_by(89) {
+        assert_eq!(db.get(&key(i)).unwrap(), Some(value(3, i)), "key {i} after reopen");
+    }
+    // Deleting them all is one batch too.
+    let mut delete_all = WriteBatch::new();
+    for i in 0..KEYS {
+        delete_all.delete(key(i));
+    }
+    db.write_batch(delete_all).unwrap();
+    assert_eq!(db.stats().unwrap().items, 0);
+    assert_eq!(round_of(&db, &probes).unwrap(), None);
+}
+
+/// With records of 256 bytes, even small batches are chains of many records: a mix of batch
+/// sizes, overwrites and deletes reads back exactly, before and after a reopen.
+#[test]
+fn batches_recorded_in_chains_of_small_records_read_back_exactly() {
+    if common::engine() != copse::EngineKind::Native {
+        return; // The record size is the native engine's.
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options { batch_record_bytes_max: 256, ..common::options(2) };
+    let db = Db::open(dir.path(), options.clone()).unwrap();
+    let mut model = std::collections::BTreeMap::new();
+    for round in 0..40usize {
+        let mut batch = WriteBatch::new();
+        let size = [1, 2, 7, 50, 300][round % 5];
+        for j in 0..size {
+            let i = (round * 31 + j * 7) % 400;
+            if (round + j) % 6 == 5 {
+                batch.delete(key(i));
+                model.insert(i, None);
+            } else {
+                let value = make_value(&format!("c{round}-{i}"), 10 + (round * j) % 900);
+                batch.put(key(i), value.clone());
+                model.insert(i, Some(value));
+            }
+        }
+        db.write_batch(batch).unwrap();
+    }
+    let check = |db: &Db, when: &str| {
+        for (&i, expected) in &model {
+            assert_eq!(&db.get(&key(i)).unwrap(), expected, "key {i} {when}");
+        }
+    };
+    check(&db, "before the close");
+    db.close().unwrap();
+    let report = check_store(dir.path(), &CheckOptions::default()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.slots.chunk_records, 0, "a chain was left behind: {report:?}");
+    let db = Db::open(dir.path(), options).unwrap();
+    check(&db, "after a reopen");
+    let recovered = db.stats().unwrap();
+    assert!(recovered.shards.iter().all(|shard| shard.recovery.broken_chain_records == 0));
+}
+
+#[test]
+fn a_batch_over_the_limits_is_refused_whole_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    db.put(b"kept", b"before").unwrap();
+    let mut batch = WriteBatch::new();
+    batch.put(b"kept".to_vec(), b"after".to_vec());
+    for i in 0..WRITE_BATCH_OPS_MAX {
+        batch.delete(format!("{i:x}").into_bytes());
+    }
+    assert!(matches!(db.write_batch(batch), Err(WriteError::Input(_))));
+    assert_eq!(db.get(b"kept").unwrap(), Some(b"before".to_vec()));
+}
