@@ -309,16 +309,26 @@ def test_swapdb_waits_for_commands_under_the_old_map(server):
     assert total == len(written)
 
 
-def test_the_largest_copy_is_refused_whole(r):
+def test_copies_past_the_old_batch_limit_work_and_the_copy_byte_bound_refuses_whole(r):
+    # 12,000 items: more than the 10,000 one batch held before batches could be chains.
     members = [f"m{at}" for at in range(6_000)]
     for start in range(0, len(members), 2_000):
         r.zadd("big", {member: start + at for at, member in enumerate(members[start:start + 2_000])})
-    with pytest.raises(redis.ResponseError, match="one atomic batch"):
-        r.rename("big", "bigger")
-    assert r.zcard("big") == 6_000 and not r.exists("bigger")
+    assert r.rename("big", "bigger") is True
+    assert r.zcard("bigger") == 6_000 and not r.exists("big")
+    assert r.zscore("bigger", "m5999") == 5999
     r.sadd("set", *members)
     r.rename("set", "set2")
     assert r.scard("set2") == 6_000 and not r.exists("set")
+    # 17 fields of almost 16 MiB: past COPY_BYTES_MAX (256 MiB), so refused, and nothing moves.
+    value = b"v" * (16 * 1024 * 1024 - 4096)
+    for field in range(17):
+        r.hset("huge", f"f{field}", value)
+    for copy in (lambda: r.rename("huge", "huge2"), lambda: r.copy("huge", "huge3")):
+        with pytest.raises(redis.ResponseError, match="one atomic batch; nothing was changed"):
+            copy()
+    assert r.hlen("huge") == 17 and not r.exists("huge2") and not r.exists("huge3")
+    r.delete("huge", "bigger", "set2")
 
 
 def test_object_encoding_is_what_redis_would_report(diff):
@@ -705,8 +715,8 @@ def rdb_len(n: int) -> bytes:
 
 
 def test_a_payload_larger_than_a_batch_is_refused_before_it_takes_memory(r, server):
-    # 20,000 one-byte elements in 40 KB: more elements than one batch.
-    many = payload(b"\x01" + rdb_len(20_000) + b"\x01x" * 20_000)
+    # 1,100,000 one-byte elements in 2.2 MB: more than RESTORE_ELEMENTS_MAX (1,048,576).
+    many = payload(b"\x01" + rdb_len(1_100_000) + b"\x01x" * 1_100_000)
     rss_before = server.rss_bytes()
     started = time.monotonic()
     with pytest.raises(redis.ResponseError, match="more than copse restores in one atomic batch"):

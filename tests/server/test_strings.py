@@ -378,15 +378,15 @@ def test_value_of_exactly_the_limit_is_accepted(r):
     assert r.get("max") == value
 
 
-def test_mset_too_large_for_one_atomic_batch_is_refused_whole(r):
+def test_mset_of_parts_larger_than_one_batch_record_is_atomic(r):
     """Eight 9 MiB values over four shards: at least two share a shard, 18 MiB in one part,
-    more than one atomic batch holds (16 MiB): refused, and nothing is set."""
+    more than one batch record holds (16 MiB): the part is a chain of records (before chains,
+    this was refused)."""
     r.set("large:0", "before")
     values = {f"large:{i}": bytes([65 + i]) * (9 * MiB) for i in range(8)}
-    with pytest.raises(redis.ResponseError, match="exceeds the limit"):
-        r.mset(values)
-    assert r.get("large:0") == b"before"
-    assert r.exists(*[f"large:{i}" for i in range(1, 8)]) == 0
+    assert r.mset(values) is True
+    assert r.mget(list(values)) == list(values.values())
+    r.delete(*values)
 
 
 def test_mset_of_thirty_thousand_keys(r):
@@ -396,12 +396,15 @@ def test_mset_of_thirty_thousand_keys(r):
     assert r.mget(["many:0", "many:29999"]) == [b"0", b"29999"]
 
 
-def test_mset_over_the_batch_limit_in_one_shard_is_refused_whole(r):
-    """50,000 keys over four shards put over 10,000 keys (WRITE_BATCH_OPS_MAX) in each part."""
+def test_mset_past_the_old_batch_limit_in_each_shard(r):
+    """50,000 keys over four shards put over 10,000 keys in each part: the old limit of one
+    batch (WRITE_BATCH_OPS_MAX was 10,000), refused before chains. test_large_writes.py has the
+    large single-shard writes."""
+    r.flushdb()
     pairs = {f"many:{i}": str(i) for i in range(50_000)}
-    with pytest.raises(redis.ResponseError, match="exceeds the limit"):
-        r.mset(pairs)
-    assert r.dbsize() == 0
+    assert r.mset(pairs) is True
+    assert r.dbsize() == 50_000
+    assert r.delete(*pairs) == 50_000
 
 
 def test_mget_never_sees_half_of_an_mset_across_shards(server, r):

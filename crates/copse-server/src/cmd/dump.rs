@@ -53,13 +53,16 @@ const LZF_EXPANSION_MAX: u64 = 88;
 const CRC: crc::Crc<u64> = crc::Crc::<u64>::new(&crc::CRC_64_REDIS);
 
 const BAD_PAYLOAD: &str = "ERR DUMP payload version or checksum are wrong";
-/// A payload larger than one atomic batch: refused while it is decoded, before it takes more
-/// memory than the batch would.
-const TOO_LARGE: &str = "ERR this payload holds more than copse restores in one atomic batch (10,000 items, 16 MiB); nothing was changed";
-/// Elements a payload may decode to (a RESTORE is one batch; a sorted set member is two items).
-pub const RESTORE_ELEMENTS_MAX: usize = copse::limits::WRITE_BATCH_OPS_MAX;
+/// A payload that decodes to more than `RESTORE_ELEMENTS_MAX` elements or `RESTORE_BYTES_MAX`
+/// bytes: refused while it is decoded, before it takes more memory than that.
+const TOO_LARGE: &str = "ERR this payload holds more than copse restores in one atomic batch (1,048,576 elements, 64 MiB decoded); nothing was changed";
+/// Elements a payload may decode to. A RESTORE is one atomic batch of any size the batch limits
+/// allow; these bounds are the memory a crafted payload may make the server spend (LZF expands
+/// 88 times). A payload is at most `proto-max-bulk-len` (16 MiB by default), and real data
+/// compresses far less than 4 times, so they do not refuse what Redis's DUMP writes.
+pub const RESTORE_ELEMENTS_MAX: usize = 1024 * 1024;
 /// Bytes of strings a payload may decode to.
-pub const RESTORE_BYTES_MAX: usize = copse::limits::WRITE_BATCH_BYTES_MAX;
+pub const RESTORE_BYTES_MAX: usize = 64 * 1024 * 1024;
 const BAD_DATA: &str = "ERR Bad data format";
 const BUSY_KEY: &str = "BUSYKEY Target key name already exists.";
 

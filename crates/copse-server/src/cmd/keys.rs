@@ -14,7 +14,7 @@ use copse::Db;
 use super::namespace::{Namespace, DATABASES};
 use super::View;
 use super::{
-    by_shard, delete_ops, key_type, lowercase, on_key, pack_batches, parse_i64, stored_type,
+    by_shard, delete_ops, key_type, lowercase, on_key, one_batch, parse_i64, stored_type,
     unexpected, Call, Expiry, Input, KeyTarget, Next, Outcome, Plan, Spec, NOT_INTEGER, SYNTAX,
 };
 use crate::cmd::run_outcome;
@@ -57,7 +57,6 @@ fn del(call: &mut Call<'_>) -> Outcome {
         group.sort();
         group.dedup();
         let mut deleted = 0;
-        let mut batches = std::collections::VecDeque::new();
         plan.add(shard, group.clone(), move |view, input| match input {
             Input::Start => {
                 let mut per_key = Vec::new();
@@ -73,16 +72,14 @@ fn del(call: &mut Call<'_>) -> Outcome {
                         None => {}
                     }
                 }
-                batches = pack_batches(per_key);
-                match batches.pop_front() {
-                    Some(batch) => Next::Write(batch),
-                    None => Next::Reply(Reply::Integer(0)),
+                // Every key of the shard in one atomic write, however many.
+                match one_batch(per_key) {
+                    Ok(batch) if batch.is_empty() => Next::Reply(Reply::Integer(0)),
+                    Ok(batch) => Next::Write(batch),
+                    Err(reply) => Next::Reply(reply),
                 }
             }
-            Input::Written => match batches.pop_front() {
-                Some(batch) => Next::Write(batch),
-                None => Next::Reply(Reply::Integer(deleted)),
-            },
+            Input::Written => Next::Reply(Reply::Integer(deleted)),
             Input::Read(_) => unexpected(),
         });
     }

@@ -16,13 +16,13 @@
 //! Invariants:
 //! - A snapshot of a collection holds exactly its live elements (`count` of them; a list's from
 //!   `head` on) and its meta value; it is written under a version no element item uses.
-//! - A copy is one atomic batch: a key too large for one batch (`WRITE_BATCH_OPS_MAX`) is
-//!   refused before anything is written.
+//! - A copy is one atomic batch: a key with more than `COPY_ITEMS_MAX` items or
+//!   `COPY_BYTES_MAX` bytes is refused before anything is written.
 
 use std::sync::{Arc, Mutex};
 
 use copse::exec::{ReadOp, ReadOps, ReadResults};
-use copse::limits::{EXEC_READS_MAX, WRITE_BATCH_OPS_MAX};
+use copse::limits::EXEC_READS_MAX;
 use copse::BatchOp;
 
 use super::namespace::{Namespace, DATABASES};
@@ -37,9 +37,13 @@ use crate::resp::Reply;
 /// How many times a cross-shard RENAME or COPY reads its source again when it changed before
 /// the batch.
 pub const COPY_ATTEMPTS_MAX: usize = 100;
-/// Items a copy writes besides the elements: meta items, expiry and due items, orphan records
-/// of both keys.
-const COPY_OVERHEAD_ITEMS: usize = 16;
+/// Element items, and bytes of them, that one copy (RENAME, COPY, MOVE) takes at most: a copy
+/// holds the key's items in memory, once read and once in its batch, so it is bounded by what one
+/// request may carry (the default query buffer limit, 256 MiB), not by the batch limits, which
+/// sit far above (`WRITE_BATCH_OPS_MAX`: room for the copy's meta, expiry and orphan items).
+pub const COPY_ITEMS_MAX: usize = 2 * 1024 * 1024;
+pub const COPY_BYTES_MAX: usize = 256 * 1024 * 1024;
+const _: () = assert!(COPY_ITEMS_MAX + 64 < copse::limits::WRITE_BATCH_OPS_MAX);
 
 pub const NO_SUCH_KEY: &str = "ERR no such key";
 pub const SAME_OBJECT: &str = "ERR source and destination objects are the same";
@@ -282,7 +286,7 @@ pub struct SnapshotReader {
 impl SnapshotReader {
     /// A reader for a copy: the key must fit one batch.
     pub fn new(key: Vec<u8>) -> SnapshotReader {
-        SnapshotReader::bounded(key, true, usize::MAX)
+        SnapshotReader::bounded(key, true, COPY_BYTES_MAX)
     }
 
     /// A reader for a reply (DUMP, OBJECT ENCODING): any number of elements, at most
@@ -341,7 +345,13 @@ impl SnapshotReader {
                 self.elements.push((item[self.prefix_bytes..].to_vec(), value));
             }
             if self.bytes_read > self.reply_bytes_max {
-                return Step::Failed(super::reply_too_large(self.bytes_read, self.reply_bytes_max));
+                return Step::Failed(match self.for_copy {
+                    true => Reply::Error(format!(
+                        "ERR this key holds more than {COPY_BYTES_MAX} bytes, more than copse \
+                         copies in one atomic batch; nothing was changed"
+                    )),
+                    false => super::reply_too_large(self.bytes_read, self.reply_bytes_max),
+                });
             }
             self.read += self.asked;
         }
@@ -367,11 +377,11 @@ impl SnapshotReader {
         };
         let per_element = if self.ty == KeyType::ZSet { 2 } else { 1 };
         let items = (meta.count as usize).saturating_mul(per_element);
-        if self.for_copy && items.saturating_add(COPY_OVERHEAD_ITEMS) > WRITE_BATCH_OPS_MAX {
+        if self.for_copy && items > COPY_ITEMS_MAX {
             return Err(Reply::Error(format!(
                 "ERR this key has {} elements, more than copse copies in one atomic batch ({}); nothing was changed",
                 meta.count,
-                (WRITE_BATCH_OPS_MAX - COPY_OVERHEAD_ITEMS) / per_element
+                COPY_ITEMS_MAX / per_element
             )));
         }
         let id = keyspace::collection_id(&self.key, meta.version);

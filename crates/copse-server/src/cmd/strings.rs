@@ -10,10 +10,10 @@ use copse::exec::{ReadOp, ReadResults};
 use copse::BatchOp;
 
 use super::{
-    answer, by_shard, check_value, delete_ops, key_type, now_ms, on_key, on_key_grouped,
-    pack_batches, parse_f64, parse_i64, stored_collection_type, stored_type, ttl_ops,
-    type_delete_ops, unexpected, value_of, Call, Expiry, Input, KeyTarget, Next, Outcome, Plan,
-    Spec, NOT_FLOAT, NOT_INTEGER, SYNTAX, WRONGTYPE,
+    answer, by_shard, check_value, delete_ops, key_type, now_ms, on_key, on_key_grouped, one_batch,
+    parse_f64, parse_i64, stored_collection_type, stored_type, ttl_ops, type_delete_ops,
+    unexpected, value_of, Call, Expiry, Input, KeyTarget, Next, Outcome, Plan, Spec, NOT_FLOAT,
+    NOT_INTEGER, SYNTAX, WRONGTYPE,
 };
 use crate::keyspace::{meta_key, KeyType};
 use crate::resp::{format_double, Reply};
@@ -731,14 +731,18 @@ fn mset_combine(only_new: bool) -> super::Combine {
 }
 
 /// The (key, value) pairs of one shard, the last value of a key named twice winning (Redis).
+/// Linear in the pairs: an MSET may name a million keys.
 fn shard_group(pairs: &KeyValues, at: Vec<usize>) -> KeyValues {
-    let mut group: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    for i in at {
-        let (key, value) = pairs[i].clone();
-        group.retain(|(other, _)| *other != key);
-        group.push((key, value));
+    let mut last: std::collections::HashMap<&[u8], usize> =
+        std::collections::HashMap::with_capacity(at.len());
+    for (position, &i) in at.iter().enumerate() {
+        last.insert(&pairs[i].0, position);
     }
-    group
+    at.iter()
+        .enumerate()
+        .filter(|&(position, &i)| last[&pairs[i].0[..]] == position)
+        .map(|(_, &i)| pairs[i].clone())
+        .collect()
 }
 
 /// MSET's execs: one exec on one shard, or one part per shard of a cross-shard batch; with
@@ -778,7 +782,6 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
         let group = shard_group(&pairs, at);
         let locks = group.iter().map(|(key, _)| key.clone()).collect();
         let mut group = Some(group);
-        let mut batches = std::collections::VecDeque::new();
         plan.add(shard, locks, move |view, input| match input {
             Input::Start => {
                 let Some(group) = group.take() else { return unexpected() };
@@ -790,16 +793,13 @@ fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
                 if let Some(reply) = per_key.iter().find_map(|ops| super::check_batch(ops).err()) {
                     return Next::Reply(reply);
                 }
-                batches = pack_batches(per_key);
-                match batches.pop_front() {
-                    Some(batch) => Next::Write(batch),
-                    None => Next::Reply(Reply::ok()),
+                // Every pair of the shard in one atomic write, however many.
+                match one_batch(per_key) {
+                    Ok(batch) => Next::Write(batch),
+                    Err(reply) => Next::Reply(reply),
                 }
             }
-            Input::Written => match batches.pop_front() {
-                Some(batch) => Next::Write(batch),
-                None => Next::Reply(Reply::ok()),
-            },
+            Input::Written => Next::Reply(Reply::ok()),
             Input::Read(_) => unexpected(),
         });
     }

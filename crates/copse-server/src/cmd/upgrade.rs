@@ -177,7 +177,8 @@ fn upgrade_step(db: &Db, key: Vec<u8>, ty: KeyType) -> super::Outcome {
         }
         Input::Read(results) => {
             // The values of format 1 fields, moved in as many batches as they need (each field
-            // moves whole: its new item and the old one's delete share a batch).
+            // moves whole: its new item and the old one's delete share a batch), each the size of
+            // one batch record, as before batches could be chains.
             let mut ops = Vec::new();
             let mut bytes = 0;
             for (item, result) in std::mem::take(&mut fields).into_iter().zip(results) {
@@ -185,7 +186,7 @@ fn upgrade_step(db: &Db, key: Vec<u8>, ty: KeyType) -> super::Outcome {
                 let Some((_, field)) = decode_field(&item, key.len()) else { return unexpected() };
                 let new = field_key(&id, field);
                 let size = 2 * (new.len() + item.len()) + value.len() + 64;
-                if !ops.is_empty() && bytes + size > copse::limits::WRITE_BATCH_BYTES_MAX {
+                if !ops.is_empty() && bytes + size > copse::limits::BATCH_RECORD_BYTES_MAX {
                     batches.push_back(std::mem::take(&mut ops));
                     bytes = 0;
                 }
