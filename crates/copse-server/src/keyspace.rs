@@ -674,6 +674,24 @@ mod tests {
             set_member_key(&collection_id(b"tags", 1), b"x"),
             bytes("73 00 00 00 0c 74 61 67 73 00 00 00 00 00 00 00 01 75 78 36 32 40 59 66 89 78")
         );
+        // Version 7: the 2000-byte key of 'a's is stored under its surrogate, whose name item
+        // holds it.
+        let name = stored_name(&[b'a'; 2000]).into_owned();
+        assert_eq!(
+            name,
+            bytes(
+                "ff c0 23 4e c4 a7 00 f8 5b 7e 9e 5c db dc 51 17 04 09 ee 2a d4 8b eb e2 f2 f0 95 \
+                 7a 06 79 37 53 1a 0a 3c 42"
+            )
+        );
+        assert_eq!(scan_hash(&name), 0x7235_5de2_23dd_2ff6);
+        let mut meta = bytes("6d 72 35 5d e2 23 dd 2f f6");
+        meta.extend_from_slice(&name);
+        meta.push(b's');
+        assert_eq!(meta_key(&name, KeyType::String), meta);
+        let mut item = vec![TAG_NAME];
+        item.extend_from_slice(&name);
+        assert_eq!(name_key(&name), item);
         // Version 3: expiry and due items.
         let deadline = 1_795_741_200_000; // 2026-11-27 01:00 UTC
         assert_eq!(
