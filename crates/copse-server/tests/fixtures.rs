@@ -17,7 +17,9 @@
 //!   `KEY field FIELD LEN XXH3` per field (sorted by field: HGETALL's order is not specified);
 //!   `KEY zset MEMBERS` and then `KEY member RANK MEMBER SCORE` in ZRANGE order. `XXH3` is the
 //!   value's xxh3-64 in hex; a score is printed as Rust prints the f64 (`-inf`, `0.1`, `2.5`).
-//!   The file is what the store must answer, whatever the recipe of a later build does.
+//!   The file is what the store must answer, whatever the recipe of a later build does. A key
+//!   of database D > 0 is written `dD:KEY` (version 6 on), a long key `%long:TAG:LEN` and one
+//!   starting with the surrogate prefix `%prefix:TAIL` (version 7 on; `expand_key`).
 //!
 //! The check starts a server on a copy of each fixture (so the checked-in bytes stay as
 //! written), reads every key with TYPE, EXISTS, GET/STRLEN, HGETALL/HLEN, ZRANGE ... WITHSCORES/
