@@ -17,7 +17,7 @@ from support import assert_store_checks, raw_command, run_clients
 
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 KEY_AND_FIELD_BYTES_MAX = 1003  # item key 1024 - FIELD_OVERHEAD_BYTES 21
-REDIS_KEY_BYTES_MAX = 1014
+REDIS_KEY_BYTES_MAX = 1 << 20  # keyspace::REDIS_KEY_BYTES_MAX
 VALUE_BYTES_MAX = 16 * 1024 * 1024
 MiB = 1024 * 1024
 
@@ -425,10 +425,15 @@ def test_key_and_field_length_limit(rc):
     assert rc.hset(long_key, b"f" * (KEY_AND_FIELD_BYTES_MAX - 1000), "v") == 1
     with pytest.raises(redis.ResponseError, match="too long"):
         rc.hset(long_key, b"f" * (KEY_AND_FIELD_BYTES_MAX - 999), "v")
+    # Past 1013 bytes a key is stored under a 36-byte name: the budget of a 36-byte key.
+    longer_key = b"K" * 5000
+    assert rc.hset(longer_key, b"f" * (KEY_AND_FIELD_BYTES_MAX - 36), "v") == 1
+    with pytest.raises(redis.ResponseError, match="too long"):
+        rc.hset(longer_key, b"f" * (KEY_AND_FIELD_BYTES_MAX - 35), "v")
     # A key past the Redis key limit is refused as for strings.
     with pytest.raises(redis.ResponseError, match="too long"):
         rc.hset(b"K" * (REDIS_KEY_BYTES_MAX + 1), "f", "v")
-    assert rc.dbsize() == 2
+    assert rc.dbsize() == 3
 
 
 # -- types -------------------------------------------------------------------------------------

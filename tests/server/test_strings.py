@@ -10,7 +10,7 @@ import redis
 from support import encode_command, raw_command, recv_all_until_close, run_clients
 
 VALUE_BYTES_MAX = 16 * 1024 * 1024
-REDIS_KEY_BYTES_MAX = 1014
+REDIS_KEY_BYTES_MAX = 1 << 20  # keyspace::REDIS_KEY_BYTES_MAX
 MiB = 1024 * 1024
 
 

@@ -489,9 +489,16 @@ def test_key_and_member_length_limit(rc):
     assert rc.zrank(key, too_long) is None
     assert rc.zmscore(key, [too_long, longest]) == [None, 1.0]
     assert rc.zrem(key, too_long) == 0
+    # A key longer than 1013 bytes is stored under a 36-byte name (docs/format/redis-keyspace.md,
+    # "Stored names"): it gets the budget of a 36-byte key, and one past the 1 MiB key limit is
+    # refused whatever the member.
+    long_key = b"K" * 1015
+    assert rc.zadd(long_key, {b"m" * (KEY_AND_MEMBER_BYTES_MAX - 36): 1}) == 1
     with pytest.raises(redis.ResponseError, match="too long"):
-        rc.zadd(b"K" * 1015, {"m": 1})
-    assert rc.dbsize() == 1
+        rc.zadd(long_key, {b"m" * (KEY_AND_MEMBER_BYTES_MAX - 35): 1})
+    with pytest.raises(redis.ResponseError, match="too long"):
+        rc.zadd(b"K" * ((1 << 20) + 1), {"m": 1})
+    assert rc.dbsize() == 2
 
 
 # -- types -------------------------------------------------------------------------------------

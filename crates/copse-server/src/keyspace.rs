@@ -17,7 +17,14 @@
 //! orphans  'o' len(K):u32be K                 -> empty: K has elements of dead versions
 //! expiry   'e' len(K):u32be K deadline_ms:u64be -> empty: K expires at deadline_ms
 //! due      't' deadline_ms:u64be K            -> empty: the same expiry, in deadline order
+//! name     'n' N                              -> K: the Redis key of surrogate name N
 //! ```
+//!
+//! `K` above is the key's *stored name* `N(K)` (`stored_name`), never a Redis key longer than
+//! an item key can hold: `N(K)` is `K` itself when `K` is at most `NAME_INLINE_BYTES_MAX`
+//! bytes and does not start with `SURROGATE_PREFIX`, else `SURROGATE_PREFIX ++ sha256(K)` (a
+//! *surrogate*), and then a name item holds `K`. Commands see names only: the server converts
+//! every key argument at dispatch (`cmd/names.rs`).
 //!
 //! A key's expiry lives in item keys, not values, so every command learns whether its key
 //! expired from the index alone (no I/O), whatever the key's type; the due items are the
@@ -41,6 +48,11 @@
 //! - A key has at most one expiry item, and it has one exactly when it has a due item with the
 //!   same deadline: both are written and deleted in one batch. An expiry item belongs to a key
 //!   whose meta item exists (a key's expiry is deleted with it).
+//! - A stored name starting with `SURROGATE_PREFIX` is a surrogate, and an inline name never
+//!   starts with it, so the two never meet. `NAME_INLINE_BYTES_MAX` is the same in every
+//!   namespace, so a key keeps its name across databases (MOVE, COPY ... DB).
+//! - A surrogate has a name item exactly while it has a meta item (`cmd/names.rs` adds the put
+//!   or the delete to the batch that writes or deletes the meta item).
 
 use std::ops::Bound;
 
@@ -55,13 +67,16 @@ pub const MARKER_MAGIC: &[u8; 4] = b"CRKS";
 /// the collection's id; orphan records). A store in version 1 is upgraded at open
 /// (`cmd/upgrade.rs`); 3 (2026-11-27: expiry and due items; a version 2 store has neither, so
 /// it is upgraded by rewriting the marker); 4 (2026-11-27: lists); 5 (2026-11-27: sets); 6
-/// (2026-11-28: databases 1-15 as namespaces, `cmd/namespace.rs`, and the database map).
-pub const KEYSPACE_FORMAT_VERSION: u32 = 6;
+/// (2026-11-28: databases 1-15 as namespaces, `cmd/namespace.rs`, and the database map); 7
+/// (2026-11-28: stored names, surrogates for long keys, and name items).
+pub const KEYSPACE_FORMAT_VERSION: u32 = 7;
 /// The version whose collections `copse serve` moves to the current format at open.
 pub const KEYSPACE_FORMAT_VERSION_UNVERSIONED: u32 = 1;
 /// The versions that differ from the current one only by items they never wrote (expiry,
-/// lists): their stores are upgraded by rewriting the marker.
-pub const KEYSPACE_FORMAT_VERSIONS_SUBSET: [u32; 4] = [2, 3, 4, 5];
+/// lists, databases, name items): their stores are upgraded by rewriting the marker, once no
+/// stored key starts with `SURROGATE_PREFIX` (such a key would change its name; `cmd/names.rs`,
+/// `prefixed_key_in_store`).
+pub const KEYSPACE_FORMAT_VERSIONS_SUBSET: [u32; 5] = [2, 3, 4, 5, 6];
 
 pub fn marker_value() -> Vec<u8> {
     let mut out = MARKER_MAGIC.to_vec();
@@ -86,6 +101,7 @@ pub const TAG_SET: u8 = b's';
 pub const TAG_ORPHANS: u8 = b'o';
 pub const TAG_EXPIRY: u8 = b'e';
 pub const TAG_DUE: u8 = b't';
+pub const TAG_NAME: u8 = b'n';
 /// Sub-tags of a sorted set's items. persisted: never renumber
 pub const ZSET_MEMBER: u8 = b'm';
 pub const ZSET_SCORE: u8 = b's';
@@ -102,12 +118,60 @@ pub const MEMBER_OVERHEAD_BYTES: usize = 1 + 4 + VERSION_BYTES + 1 + 8;
 /// The version of every collection upgraded from format 1 (`cmd/upgrade.rs`). New collections
 /// take versions from the clock (`new_version`), which are never 0.
 pub const UPGRADED_VERSION: u64 = 0;
-/// The longest Redis key copse stores (its meta item must fit an item key).
-pub const REDIS_KEY_BYTES_MAX: usize = KEY_BYTES_MAX - META_OVERHEAD_BYTES;
+/// The longest Redis key copse serves: 1 MiB. Longer keys are refused at dispatch, whatever
+/// the command, so a read and a write of one key get the same error. Any length up to it is
+/// stored under a name that fits an item key (`stored_name`); the limit only bounds what the
+/// server holds per key argument (the name item's value and the copies a command makes).
+pub const REDIS_KEY_BYTES_MAX: usize = 1 << 20;
+/// The longest stored name kept inline (the key itself): the longest key whose meta item fits
+/// an item key in every namespace (a namespace other than 0 adds one byte), so a key has one
+/// name in every database and no key of a version 6 store changes form (but one starting with
+/// `SURROGATE_PREFIX`). Longer keys are surrogates.
+pub const NAME_INLINE_BYTES_MAX: usize = KEY_BYTES_MAX - META_OVERHEAD_BYTES - 1;
+/// What every surrogate name starts with: bytes no UTF-8 text contains (0xff and 0xc0 never
+/// occur in UTF-8) and no byte-order mark starts with. A Redis key that starts with them is a
+/// surrogate too, whatever its length, so an inline name never starts with them.
+/// persisted: never change
+pub const SURROGATE_PREFIX: &[u8; 4] = b"\xff\xc0#N";
+/// Bytes of a surrogate name: the prefix and a SHA-256 digest.
+pub const SURROGATE_NAME_BYTES: usize = SURROGATE_PREFIX.len() + 32;
 /// Bytes an expiry item adds around a Redis key: tag, key length, deadline.
 pub const EXPIRY_OVERHEAD_BYTES: usize = 1 + 4 + 8;
-/// The longest Redis key that can carry an expiry (its expiry item must fit an item key).
+/// The longest stored name that can carry an expiry (its expiry item must fit an item key):
+/// inline names of 1012 and 1013 bytes cannot, surrogates always can.
 pub const EXPIRY_KEY_BYTES_MAX: usize = KEY_BYTES_MAX - EXPIRY_OVERHEAD_BYTES;
+
+/// The name under which Redis key `key` is stored (module header): the key itself, or its
+/// surrogate when it is longer than `NAME_INLINE_BYTES_MAX` or starts with `SURROGATE_PREFIX`.
+/// A pure function of the key: every build, every database, every shard agrees.
+pub fn stored_name(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if !needs_surrogate(key) {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    use sha2::Digest;
+    let mut name = Vec::with_capacity(SURROGATE_NAME_BYTES);
+    name.extend_from_slice(SURROGATE_PREFIX);
+    name.extend_from_slice(&sha2::Sha256::digest(key));
+    std::borrow::Cow::Owned(name)
+}
+
+/// Whether `key` is stored under a surrogate (the one test on every key argument's hot path).
+pub fn needs_surrogate(key: &[u8]) -> bool {
+    key.len() > NAME_INLINE_BYTES_MAX || key.starts_with(SURROGATE_PREFIX)
+}
+
+/// Whether stored name `name` is a surrogate (its Redis key is in its name item).
+pub fn is_surrogate(name: &[u8]) -> bool {
+    name.starts_with(SURROGATE_PREFIX)
+}
+
+/// The name item of surrogate `name`: its value is the Redis key.
+pub fn name_key(name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + name.len());
+    out.push(TAG_NAME);
+    out.extend_from_slice(name);
+    out
+}
 
 /// The type of a Redis key, as its meta item's last byte. persisted: never renumber
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -610,6 +674,24 @@ mod tests {
             set_member_key(&collection_id(b"tags", 1), b"x"),
             bytes("73 00 00 00 0c 74 61 67 73 00 00 00 00 00 00 00 01 75 78 36 32 40 59 66 89 78")
         );
+        // Version 7: the 2000-byte key of 'a's is stored under its surrogate, whose name item
+        // holds it.
+        let name = stored_name(&[b'a'; 2000]).into_owned();
+        assert_eq!(
+            name,
+            bytes(
+                "ff c0 23 4e c4 a7 00 f8 5b 7e 9e 5c db dc 51 17 04 09 ee 2a d4 8b eb e2 f2 f0 95 \
+                 7a 06 79 37 53 1a 0a 3c 42"
+            )
+        );
+        assert_eq!(scan_hash(&name), 0x7235_5de2_23dd_2ff6);
+        let mut meta = bytes("6d 72 35 5d e2 23 dd 2f f6");
+        meta.extend_from_slice(&name);
+        meta.push(b's');
+        assert_eq!(meta_key(&name, KeyType::String), meta);
+        let mut item = vec![TAG_NAME];
+        item.extend_from_slice(&name);
+        assert_eq!(name_key(&name), item);
         // Version 3: expiry and due items.
         let deadline = 1_795_741_200_000; // 2026-11-27 01:00 UTC
         assert_eq!(

@@ -17,7 +17,9 @@
 //!   `KEY field FIELD LEN XXH3` per field (sorted by field: HGETALL's order is not specified);
 //!   `KEY zset MEMBERS` and then `KEY member RANK MEMBER SCORE` in ZRANGE order. `XXH3` is the
 //!   value's xxh3-64 in hex; a score is printed as Rust prints the f64 (`-inf`, `0.1`, `2.5`).
-//!   The file is what the store must answer, whatever the recipe of a later build does.
+//!   The file is what the store must answer, whatever the recipe of a later build does. A key
+//!   of database D > 0 is written `dD:KEY` (version 6 on), a long key `%long:TAG:LEN` and one
+//!   starting with the surrogate prefix `%prefix:TAIL` (version 7 on; `expand_key`).
 //!
 //! The check starts a server on a copy of each fixture (so the checked-in bytes stay as
 //! written), reads every key with TYPE, EXISTS, GET/STRLEN, HGETALL/HLEN, ZRANGE ... WITHSCORES/
@@ -267,7 +269,7 @@ fn parse_score(bytes: &[u8]) -> f64 {
 /// deadline (PEXPIRETIME; TTL and EXPIRETIME must agree with it).
 fn read_back(client: &mut Client, key: &[u8]) -> (Option<Value>, Option<u64>) {
     let value = read_value(client, key);
-    let shown = text(key);
+    let shown = shown_key(key);
     let deadline = client.integer(&[b"PEXPIRETIME", key]);
     let ttl = client.integer(&[b"TTL", key]);
     match (&value, deadline) {
@@ -291,7 +293,7 @@ fn read_back(client: &mut Client, key: &[u8]) -> (Option<Value>, Option<u64>) {
 fn read_value(client: &mut Client, key: &[u8]) -> Option<Value> {
     let exists = client.integer(&[b"EXISTS", key]);
     let ty = client.status(&[b"TYPE", key]);
-    let shown = text(key);
+    let shown = shown_key(key);
     let value = match ty.as_str() {
         "none" => {
             assert_eq!(client.bulk(&[b"GET", key]), None, "{shown}: GET of a missing key");
@@ -747,7 +749,108 @@ fn write_recipe(client: Client) -> (Model, Deadlines) {
     model.insert(b"d4:z".to_vec(), Some(Value::ZSet(scores)));
     model.insert(b"d9:h".to_vec(), None);
 
+    // Long keys (key space version 7): a key of each type past the 1013 bytes kept inline, one
+    // with a deadline, one deleted, renamed to and from a short key, moved and copied to
+    // database 3, and a short key starting with the surrogate prefix. Model keys are named as
+    // `expand_key` reads them.
+    let long = |name: &str| expand_key(name.as_bytes());
+    let (string, hash) = (long("%long:str:65536"), long("%long:hash:65537"));
+    let (zset, list, set) =
+        (long("%long:zset:65600"), long("%long:list:65601"), long("%long:set:66000"));
+    r.client.ok(&[b"SET", &string, b"long value"]);
+    assert_eq!(r.client.integer(&[b"HSET", &hash, b"f", b"v", b"g", &make_bytes("lh", 1_900)]), 2);
+    assert_eq!(r.client.integer(&[b"ZADD", &zset, b"1", b"a", b"2.5", b"b"]), 2);
+    assert_eq!(r.client.integer(&[b"RPUSH", &list, b"a", b"b", b"c"]), 3);
+    assert_eq!(r.client.bulk(&[b"LPOP", &list]), Some(b"a".to_vec()));
+    assert_eq!(r.client.integer(&[b"SADD", &set, b"x", b"y"]), 2);
+    let far = (FAR + 7).to_string();
+    assert_eq!(r.client.integer(&[b"PEXPIREAT", &hash, far.as_bytes()]), 1);
+    let gone = long("%long:gone:65538");
+    r.client.ok(&[b"SET", &gone, b"v"]);
+    assert_eq!(r.client.integer(&[b"DEL", &gone]), 1);
+    let (renamed_from, renamed_to) = (long("%long:from:65539"), long("%long:to:65540"));
+    r.client.ok(&[b"SET", &renamed_from, b"first"]);
+    r.client.ok(&[b"RENAME", &renamed_from, b"short-from-long"]);
+    r.client.ok(&[b"SET", b"short-to-long", b"second"]);
+    r.client.ok(&[b"RENAME", b"short-to-long", &renamed_to]);
+    let prefixed = long("%prefix:abc");
+    r.client.ok(&[b"SET", &prefixed, b"p"]);
+    let (moved, in_three) = (long("%long:moved:65541"), long("%long:three:65542"));
+    r.client.ok(&[b"SET", &moved, b"moved"]);
+    assert_eq!(r.client.integer(&[b"MOVE", &moved, b"3"]), 1);
+    assert_eq!(r.client.integer(&[b"COPY", &zset, &zset, b"DB", b"3"]), 1);
+    select(&mut r.client, 3);
+    assert_eq!(r.client.integer(&[b"HSET", &in_three, b"f", b"3"]), 1);
+    let far3 = (FAR + 9).to_string();
+    assert_eq!(r.client.integer(&[b"PEXPIREAT", &in_three, far3.as_bytes()]), 1);
+    select(&mut r.client, 0);
+    let text_pairs = |items: &[(&str, &[u8])]| -> BTreeMap<Vec<u8>, Vec<u8>> {
+        items.iter().map(|(a, b)| (a.as_bytes().to_vec(), b.to_vec())).collect()
+    };
+    let zset_value: BTreeMap<Vec<u8>, f64> =
+        [(b"a".to_vec(), 1.0), (b"b".to_vec(), 2.5)].into_iter().collect();
+    let model = &mut r.model;
+    model.insert(b"%long:str:65536".to_vec(), Some(Value::String(b"long value".to_vec())));
+    let fields = text_pairs(&[("f", b"v"), ("g", &make_bytes("lh", 1_900))]);
+    model.insert(b"%long:hash:65537".to_vec(), Some(Value::Hash(fields)));
+    r.deadlines.insert(b"%long:hash:65537".to_vec(), FAR + 7);
+    model.insert(b"%long:zset:65600".to_vec(), Some(Value::ZSet(zset_value.clone())));
+    model.insert(b"d3:%long:zset:65600".to_vec(), Some(Value::ZSet(zset_value)));
+    model.insert(
+        b"%long:list:65601".to_vec(),
+        Some(Value::List(vec![b"b".to_vec(), b"c".to_vec()])),
+    );
+    let members = [b"x".to_vec(), b"y".to_vec()].into_iter().collect();
+    model.insert(b"%long:set:66000".to_vec(), Some(Value::Set(members)));
+    model.insert(b"%long:gone:65538".to_vec(), None);
+    model.insert(b"%long:from:65539".to_vec(), None);
+    model.insert(b"short-from-long".to_vec(), Some(Value::String(b"first".to_vec())));
+    model.insert(b"short-to-long".to_vec(), None);
+    model.insert(b"%long:to:65540".to_vec(), Some(Value::String(b"second".to_vec())));
+    model.insert(b"%prefix:abc".to_vec(), Some(Value::String(b"p".to_vec())));
+    model.insert(b"%long:moved:65541".to_vec(), None);
+    model.insert(b"d3:%long:moved:65541".to_vec(), Some(Value::String(b"moved".to_vec())));
+    let three = text_pairs(&[("f", b"3")]);
+    model.insert(b"d3:%long:three:65542".to_vec(), Some(Value::Hash(three)));
+    r.deadlines.insert(b"d3:%long:three:65542".to_vec(), FAR + 9);
+
     (r.model, r.deadlines)
+}
+
+/// The Redis key a model key (a line of `contents.txt`) names, in its database: `%long:TAG:LEN`
+/// is `long:TAG:` then the bytes 0, 1, ..., 255, 0, ... up to LEN bytes; `%prefix:TAIL` is the
+/// surrogate prefix `ff c0 23 4e` then TAIL (key space version 7); any other name is itself.
+/// Frozen: the contents of fixtures depend on it.
+fn expand_key(name: &[u8]) -> Vec<u8> {
+    if let Some(rest) = name.strip_prefix(b"%long:") {
+        let rest = std::str::from_utf8(rest).expect("a long key's notation is text");
+        let (tag, len) = rest.rsplit_once(':').expect("%long:TAG:LEN");
+        let len: usize = len.parse().expect("%long:TAG:LEN");
+        let mut key = format!("long:{tag}:").into_bytes();
+        let mut byte = 0u8;
+        while key.len() < len {
+            key.push(byte);
+            byte = byte.wrapping_add(1);
+        }
+        key.truncate(len);
+        return key;
+    }
+    if let Some(tail) = name.strip_prefix(b"%prefix:") {
+        let mut key = b"\xff\xc0#N".to_vec();
+        key.extend_from_slice(tail);
+        return key;
+    }
+    name.to_vec()
+}
+
+/// A key for messages: lossy text, long ones shortened.
+fn shown_key(key: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&key[..key.len().min(40)]).into_owned();
+    if key.len() > 40 {
+        format!("{text}... ({} bytes)", key.len())
+    } else {
+        text
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -843,11 +946,12 @@ fn check_served(
     let mut live: BTreeMap<u8, BTreeSet<Vec<u8>>> = BTreeMap::from([(0, BTreeSet::new())]);
     for (key, lines) in expected {
         let (database, redis_key) = in_database(key.as_bytes());
+        let redis_key = expand_key(redis_key);
         select(&mut client, database);
-        let (value, deadline) = read_back(&mut client, redis_key);
+        let (value, deadline) = read_back(&mut client, &redis_key);
         let keys = live.entry(database).or_default();
         if value.is_some() {
-            keys.insert(redis_key.to_vec());
+            keys.insert(redis_key);
         }
         let got = describe(key.as_bytes(), &value, deadline);
         assert_eq!(
@@ -861,9 +965,14 @@ fn check_served(
         let dbsize = client.integer(&[b"DBSIZE"]);
         assert_eq!(dbsize as usize, keys.len(), "fixture {name}: DBSIZE of db {database}");
         let scanned = scan_all(&mut client);
-        let scanned: Vec<String> = scanned.iter().map(|key| text(key)).collect();
-        let keys: Vec<String> = keys.iter().map(|key| text(key)).collect();
-        assert_eq!(scanned, keys, "fixture {name}: SCAN of db {database} is not its live keys");
+        let shown =
+            |set: &BTreeSet<Vec<u8>>| set.iter().map(|key| shown_key(key)).collect::<Vec<_>>();
+        assert!(
+            scanned == *keys,
+            "fixture {name}: SCAN of db {database} is not its live keys: {:?} against {:?}",
+            shown(&scanned),
+            shown(keys)
+        );
     }
     drop(client);
     running.stop().unwrap_or_else(|err| panic!("fixture {name}: the server does not stop: {err}"));

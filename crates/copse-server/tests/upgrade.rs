@@ -129,3 +129,70 @@ fn an_element_too_long_for_format_2_refuses_the_store_before_any_write() {
     assert_eq!(db.get(&keyspace::field_key(b"ok", b"x")).unwrap(), Some(b"1".to_vec()));
     db.close().unwrap();
 }
+
+/// A marker of format `version`.
+fn marker(version: u32) -> Vec<u8> {
+    let mut value = keyspace::MARKER_MAGIC.to_vec();
+    value.extend_from_slice(&version.to_le_bytes());
+    value
+}
+
+/// Writes a format 6 store of strings `(namespace, key, value)`.
+fn write_v6_store(path: &Path, strings: &[(u8, &[u8], &[u8])]) {
+    let db = copse::Db::open(path, options()).unwrap();
+    db.put(keyspace::MARKER_KEY, &marker(6)).unwrap();
+    for (namespace, key, value) in strings {
+        let mut item = if *namespace > 0 { vec![*namespace] } else { Vec::new() };
+        item.extend_from_slice(&keyspace::meta_key(key, KeyType::String));
+        db.put(&item, value).unwrap();
+    }
+    db.close().unwrap();
+}
+
+/// Format 7 keeps every key of a format 6 store under the same name (the longest, 1013 bytes
+/// outside database 0, included): the upgrade rewrites the marker only, and long keys work.
+#[test]
+fn a_format_6_store_is_upgraded_by_its_marker_when_no_key_changes_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let longest = vec![b'k'; keyspace::NAME_INLINE_BYTES_MAX];
+    write_v6_store(&store, &[(0, b"plain", b"1"), (4, &longest, b"2"), (4, b"\xff\xc0#", b"3")]);
+    for open in 0..2 {
+        let running = copse_server::start(config(&store)).unwrap();
+        let stream = TcpStream::connect(running.local_addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut stream = BufReader::new(stream);
+        assert_eq!(ask(&mut stream, &[b"GET", b"plain"], 2), ["$1", "1"], "open {open}");
+        assert_eq!(ask(&mut stream, &[b"SELECT", b"4"], 1), ["+OK"]);
+        assert_eq!(ask(&mut stream, &[b"GET", &longest], 2), ["$1", "2"]);
+        assert_eq!(ask(&mut stream, &[b"GET", b"\xff\xc0#"], 2), ["$1", "3"]);
+        let long = vec![b'L'; 70_000];
+        assert_eq!(ask(&mut stream, &[b"SET", &long, b"v"], 1), ["+OK"]);
+        assert_eq!(ask(&mut stream, &[b"DBSIZE"], 1), [":3"]);
+        drop(stream);
+        running.stop().unwrap();
+    }
+    let db = copse::Db::open(&store, options()).unwrap();
+    assert_eq!(db.get(keyspace::MARKER_KEY).unwrap(), Some(keyspace::marker_value()));
+    db.close().unwrap();
+}
+
+/// A key that starts with the surrogate prefix would be looked up under another name by format
+/// 7: the store is refused, naming the key and what to do, and nothing is written.
+#[test]
+fn a_format_6_store_with_a_key_starting_with_the_surrogate_prefix_is_refused_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let prefixed = b"\xff\xc0#Nuser:1";
+    write_v6_store(&store, &[(0, b"plain", b"1"), (9, prefixed, b"2")]);
+    let error = copse_server::start(config(&store)).err().expect("the store is refused");
+    let text = error.to_string();
+    assert!(text.contains(r"\xff\xc0#Nuser:1"), "{text}");
+    assert!(text.contains("namespace 9") && text.contains("RENAME"), "{text}");
+    let db = copse::Db::open(&store, options()).unwrap();
+    assert_eq!(db.get(keyspace::MARKER_KEY).unwrap(), Some(marker(6)));
+    let mut item = vec![9];
+    item.extend_from_slice(&keyspace::meta_key(prefixed, KeyType::String));
+    assert_eq!(db.get(&item).unwrap(), Some(b"2".to_vec()));
+    db.close().unwrap();
+}

@@ -69,11 +69,14 @@ pub fn specs() -> Vec<Spec> {
 fn check_field(key: &[u8], field: &[u8]) -> Result<(), Reply> {
     if key.len() + field.len() + FIELD_OVERHEAD_BYTES > KEY_BYTES_MAX {
         return Err(Reply::Error(format!(
-            "ERR hash field of {} bytes is too long for a key of {} bytes (copse allows key and \
-             field together up to {} bytes)",
+            "ERR hash field of {} bytes is too long for a key stored under a name of {} bytes \
+             (copse allows name and field together up to {} bytes; a key of over {} bytes is \
+             stored under a name of {} bytes)",
             field.len(),
             key.len(),
-            KEY_BYTES_MAX - FIELD_OVERHEAD_BYTES
+            KEY_BYTES_MAX - FIELD_OVERHEAD_BYTES,
+            crate::keyspace::NAME_INLINE_BYTES_MAX,
+            crate::keyspace::SURROGATE_NAME_BYTES,
         )));
     }
     Ok(())

@@ -335,8 +335,20 @@ fn randomkey(call: &mut Call<'_>) -> Outcome {
         for shard in (0..shards).map(|at| (first + at) % shards) {
             let mut plan = Plan::new();
             plan.add(shard, vec![], move |view, input| match input {
-                Input::Start => Next::Reply(random_in_shard(view, cursor)),
-                _ => unexpected(),
+                Input::Start => match random_in_shard(view, cursor) {
+                    // A surrogate: the client's key is in its name item.
+                    Some(name) if keyspace::is_surrogate(&name) => {
+                        let read = copse::exec::ReadOp::Get(keyspace::name_key(&name));
+                        Next::Read(smallvec::smallvec![read])
+                    }
+                    Some(name) => Next::Reply(Reply::Bulk(name)),
+                    None => Next::Reply(Reply::Null),
+                },
+                Input::Read(mut results) => match super::value_of(results.pop()) {
+                    Some(key) => Next::Reply(Reply::Bulk(key)),
+                    None => Next::Reply(Reply::error(super::names::NAME_ITEM_MISSING)),
+                },
+                Input::Written => unexpected(),
             });
             let combine = Box::new(|mut replies: Vec<Reply>| replies.pop().unwrap_or(Reply::Null));
             match run_outcome(&db, plan.finish(combine)).await {
@@ -351,8 +363,9 @@ fn randomkey(call: &mut Call<'_>) -> Outcome {
 /// Keys RANDOMKEY looks at per step of its walk over one shard's meta items.
 const RANDOMKEY_STEP_KEYS: usize = 64;
 
-/// The first live key of the shard at or after scan hash `cursor`, wrapping to the first.
-fn random_in_shard(view: &View<'_>, cursor: u64) -> Reply {
+/// The stored name of the first live key of the shard at or after scan hash `cursor`, wrapping
+/// to the first.
+fn random_in_shard(view: &View<'_>, cursor: u64) -> Option<Vec<u8>> {
     let end = keyspace::meta_scan_end();
     for from in [cursor, 0] {
         let mut start = std::ops::Bound::Included(keyspace::meta_scan_start(from));
@@ -362,7 +375,7 @@ fn random_in_shard(view: &View<'_>, cursor: u64) -> Reply {
             for item in &items {
                 let Some((_, key, _)) = keyspace::decode_meta(item) else { continue };
                 if !Expiry::of(view, key).expired() {
-                    return Reply::Bulk(key.to_vec());
+                    return Some(key.to_vec());
                 }
             }
             match items.last() {
@@ -373,7 +386,7 @@ fn random_in_shard(view: &View<'_>, cursor: u64) -> Reply {
             }
         }
     }
-    Reply::Null
+    None
 }
 
 #[cfg(test)]

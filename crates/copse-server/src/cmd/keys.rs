@@ -8,9 +8,11 @@
 
 use std::ops::Bound;
 
+use copse::exec::ReadOp;
 use copse::BatchOp;
 use copse::Db;
 
+use super::names;
 use super::namespace::{Namespace, DATABASES};
 use super::View;
 use super::{
@@ -130,51 +132,91 @@ fn type_of(call: &mut Call<'_>) -> Outcome {
     })
 }
 
-/// One page of the key space in SCAN order, from `cursor`: up to `count` meta items of live
-/// keys (an expired key is listed by no SCAN or KEYS), and the cursor after the page's items
-/// (0 when the key space is exhausted).
-async fn scan_page(db: &Db, cursor: u64, count: usize) -> Result<(Vec<Vec<u8>>, u64), Reply> {
+/// One page of the key space in SCAN order, from `cursor`: up to `count` live keys (an
+/// expired key is listed by no SCAN or KEYS) as the client wrote them, with their types, and
+/// the cursor after the page's items (0 when the key space is exhausted).
+async fn scan_page(
+    db: &Db,
+    cursor: u64,
+    count: usize,
+) -> Result<(Vec<(Vec<u8>, KeyType)>, u64), Reply> {
     let mut plan = Plan::new();
     let start = keyspace::meta_scan_start(cursor);
     let end = keyspace::meta_scan_end();
     for shard in 0..db.shard_count() {
         let (start, end) = (start.clone(), end.clone());
-        // One more than asked: its hash is the next cursor.
-        plan.add(shard, vec![], move |view, input| match input {
-            Input::Start => {
-                let items = view.keys(Bound::Included(&start), Bound::Excluded(&end), count + 1);
-                // An expired key's item still moves the cursor: it comes back as an array.
-                let listed = items.into_iter().map(|item| {
-                    let expired = decode_meta(&item)
-                        .is_some_and(|(_, key, _)| Expiry::of(view, key).expired());
-                    if expired {
-                        Reply::Array(vec![Reply::Bulk(item)])
-                    } else {
-                        Reply::Bulk(item)
+        // Each listed meta item as [item, key] (a live key) or [item] (an expired one, which
+        // still moves the cursor); a surrogate's key is read from its name item.
+        let mut listed: Vec<Vec<Reply>> = Vec::new();
+        let mut unnamed: Vec<usize> = Vec::new();
+        let mut asked = 0..0;
+        plan.add(shard, vec![], move |view, input| {
+            match input {
+                Input::Start => {
+                    // One more than asked: its hash is the next cursor.
+                    let items =
+                        view.keys(Bound::Included(&start), Bound::Excluded(&end), count + 1);
+                    for item in items {
+                        let live = decode_meta(&item)
+                            .filter(|(_, name, _)| !Expiry::of(view, name).expired())
+                            .map(|(_, name, _)| name.to_vec());
+                        let mut entry = vec![Reply::Bulk(item)];
+                        if let Some(name) = live {
+                            if keyspace::is_surrogate(&name) {
+                                unnamed.push(listed.len());
+                            }
+                            entry.push(Reply::Bulk(name));
+                        }
+                        listed.push(entry);
                     }
-                });
-                Next::Reply(Reply::Array(listed.collect()))
+                }
+                Input::Read(results) => {
+                    for (&at, result) in unnamed[asked.clone()].iter().zip(results) {
+                        match super::value_of(Some(result)) {
+                            Some(key) => listed[at][1] = Reply::Bulk(key),
+                            None => return Next::Reply(Reply::error(names::NAME_ITEM_MISSING)),
+                        }
+                    }
+                }
+                Input::Written => return unexpected(),
             }
-            _ => unexpected(),
+            asked = asked.end..(asked.end + copse::limits::EXEC_READS_MAX).min(unnamed.len());
+            if asked.is_empty() {
+                let listed = std::mem::take(&mut listed).into_iter().map(Reply::Array);
+                return Next::Reply(Reply::Array(listed.collect()));
+            }
+            Next::Read(
+                unnamed[asked.clone()]
+                    .iter()
+                    .map(|&at| match &listed[at][1] {
+                        Reply::Bulk(name) => ReadOp::Get(keyspace::name_key(name)),
+                        _ => unreachable!("a live key's entry holds its name"),
+                    })
+                    .collect(),
+            )
         });
     }
     let pages = match run_outcome(db, plan.finish(Box::new(Reply::Array))).await {
         Reply::Array(pages) => pages,
         other => return Err(other),
     };
-    // (item, live)
-    let mut items: Vec<(Vec<u8>, bool)> = Vec::new();
+    // (item, the key if it is live)
+    let mut items: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
     for page in pages {
-        match page {
-            Reply::Array(page) => items.extend(page.into_iter().filter_map(|item| match item {
-                Reply::Bulk(item) => Some((item, true)),
-                Reply::Array(mut expired) => match expired.pop() {
-                    Some(Reply::Bulk(item)) => Some((item, false)),
-                    _ => None,
-                },
-                _ => None,
-            })),
-            other => return Err(other),
+        let Reply::Array(page) = page else { return Err(page) };
+        for entry in page {
+            let Reply::Array(mut entry) = entry else { continue };
+            let key = match entry.pop() {
+                Some(Reply::Bulk(key)) if !entry.is_empty() => Some(key),
+                Some(Reply::Bulk(item)) => {
+                    items.push((item, None));
+                    continue;
+                }
+                _ => continue,
+            };
+            if let Some(Reply::Bulk(item)) = entry.pop() {
+                items.push((item, key));
+            }
         }
     }
     items.sort_unstable();
@@ -183,7 +225,11 @@ async fn scan_page(db: &Db, cursor: u64, count: usize) -> Result<(Vec<Vec<u8>>, 
         None => 0,
     };
     items.truncate(count);
-    Ok((items.into_iter().filter_map(|(item, live)| live.then_some(item)).collect(), next))
+    let live = items.into_iter().filter_map(|(item, key)| {
+        let (_, _, ty) = decode_meta(&item)?;
+        Some((key?, ty))
+    });
+    Ok((live.collect(), next))
 }
 
 /// Redis's glob matching (`*`, `?`, `[...]` with ranges and `^`, `\` escapes), byte-wise.
@@ -302,13 +348,12 @@ fn scan(call: &mut Call<'_>) -> Outcome {
             Err(reply) => return reply,
         };
         let keys = items
-            .iter()
-            .filter_map(|item| decode_meta(item))
-            .filter(|(_, key, ty)| {
+            .into_iter()
+            .filter(|(key, ty)| {
                 pattern.as_ref().is_none_or(|pattern| glob_match(pattern, key))
                     && only_type.as_ref().is_none_or(|wanted| wanted == ty.name())
             })
-            .map(|(_, key, _)| Reply::Bulk(key.to_vec()))
+            .map(|(key, _)| Reply::Bulk(key))
             .collect();
         Reply::Array(vec![Reply::Bulk(next.to_string().into_bytes()), Reply::Array(keys)])
     }))
@@ -330,10 +375,10 @@ fn keys(call: &mut Call<'_>) -> Outcome {
                 Ok(page) => page,
                 Err(reply) => return reply,
             };
-            for (_, key, _) in items.iter().filter_map(|item| decode_meta(item)) {
-                if glob_match(&pattern, key) {
+            for (key, _) in items {
+                if glob_match(&pattern, &key) {
                     reply_bytes += key.len() + KEY_REPLY_OVERHEAD_BYTES;
-                    keys.push(Reply::Bulk(key.to_vec()));
+                    keys.push(Reply::Bulk(key));
                 }
             }
             if reply_bytes > reply_bytes_max {

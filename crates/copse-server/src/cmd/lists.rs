@@ -86,12 +86,16 @@ pub fn specs() -> Vec<Spec> {
     ]
 }
 
-/// Refuses a key whose list elements would not fit copse's item keys.
+/// Refuses a key whose list elements would not fit copse's item keys: `key` is a stored name,
+/// so only a key stored inline past `LIST_KEY_BYTES_MAX` (1004 to 1013 bytes) is refused; a
+/// longer one has a short surrogate name.
 fn check_list_key(key: &[u8]) -> Result<(), Reply> {
     if key.len() > LIST_KEY_BYTES_MAX {
         return Err(Reply::Error(format!(
-            "ERR key of {} bytes is too long for a list (copse lists have keys of at most {LIST_KEY_BYTES_MAX} bytes)",
-            key.len()
+            "ERR key of {} bytes cannot hold a list (a key of {} to {} bytes is stored as it is and leaves no room for a list element's index; shorter and longer keys can)",
+            key.len(),
+            LIST_KEY_BYTES_MAX + 1,
+            crate::keyspace::NAME_INLINE_BYTES_MAX,
         )));
     }
     Ok(())

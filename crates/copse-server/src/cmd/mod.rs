@@ -17,6 +17,7 @@ pub mod hashes;
 pub mod inspect;
 pub mod keys;
 pub mod lists;
+pub mod names;
 pub mod namespace;
 pub mod objects;
 pub mod orphans;
@@ -44,7 +45,7 @@ use namespace::Namespace;
 pub use namespace::View;
 
 use crate::context::{ConnState, Server};
-use crate::keyspace::{self, KeyType, REDIS_KEY_BYTES_MAX};
+use crate::keyspace::{self, KeyType};
 use crate::resp::{Args, Reply};
 
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -85,6 +86,9 @@ struct CommandExec<F> {
     /// The database whose items the program sees (`namespace.rs`): its item keys are
     /// translated here, at the exec's boundary.
     namespace: Namespace,
+    /// The command's long keys (`names.rs`): the name items its writes need. None for a
+    /// command of short keys only and for background work.
+    names: Option<Arc<names::Names>>,
 }
 
 impl<F> Exec for CommandExec<F>
@@ -114,6 +118,19 @@ where
             }
             _ => true,
         };
+        // The name items of long keys go with their meta items (`names.rs`), as stored.
+        let named = match &mut next {
+            Next::Write(ops) | Next::WriteLast(ops) | Next::Prepare(_, ops) if fits => {
+                names::maintain(view, ops, self.names.as_deref())
+            }
+            _ => Ok(()),
+        };
+        if let Err(error) = named {
+            if let Next::Prepare(vote, _) = next {
+                vote.refuse(copse::WriteError::Aborted("a long key's name is unknown".into()));
+            }
+            return self.finish(error);
+        }
         match next {
             Next::Read(mut reads) => {
                 namespace.read_ops(&mut reads);
@@ -151,7 +168,8 @@ where
 impl<F> CommandExec<F> {
     /// A program in the namespace of the command being handled (`Namespace::current`).
     fn new(step: F, answer: oneshot::Sender<Reply>, joins_write_groups: bool) -> CommandExec<F> {
-        CommandExec::in_namespace(step, answer, joins_write_groups, Namespace::current())
+        let namespace = Namespace::current();
+        CommandExec::in_namespace(step, answer, joins_write_groups, namespace, names::current())
     }
 
     fn in_namespace(
@@ -159,8 +177,10 @@ impl<F> CommandExec<F> {
         answer: oneshot::Sender<Reply>,
         joins_write_groups: bool,
         namespace: Namespace,
+        names: Option<Arc<names::Names>>,
     ) -> CommandExec<F> {
-        CommandExec { step, answer: Some(answer), joins_write_groups, held: None, namespace }
+        let answer = Some(answer);
+        CommandExec { step, answer, joins_write_groups, held: None, namespace, names }
     }
 
     fn finish(&mut self, reply: Reply) -> ExecStep {
@@ -266,12 +286,12 @@ impl AtomicPlan {
     {
         let (answer, receiver) = oneshot::channel();
         // Built later, when the coordinator queues it: in the namespace of now.
-        let namespace = Namespace::current();
+        let (namespace, names) = (Namespace::current(), names::current());
         self.parts.push(copse::exec::AtomicExec {
             shard,
             locks: keys,
             build: Box::new(move |vote| {
-                let exec = CommandExec::in_namespace(make(vote), answer, false, namespace);
+                let exec = CommandExec::in_namespace(make(vote), answer, false, namespace, names);
                 Box::new(exec) as Box<dyn Exec>
             }),
         });
@@ -920,18 +940,6 @@ pub fn unexpected() -> Next {
     Next::Reply(Reply::error("ERR internal error: unexpected step"))
 }
 
-/// Refuses a Redis key longer than `key_bytes_max` (a namespace's limit: `REDIS_KEY_BYTES_MAX`
-/// in namespace 0, one byte less in the others).
-pub fn check_key_within(key: &[u8], key_bytes_max: usize) -> Result<(), Reply> {
-    if key.len() > key_bytes_max {
-        return Err(Reply::Error(format!(
-            "ERR key of {} bytes is too long (copse keys are at most {REDIS_KEY_BYTES_MAX} bytes in database 0, one less in the others)",
-            key.len()
-        )));
-    }
-    Ok(())
-}
-
 /// Refuses a string value copse cannot store.
 pub fn check_value(value: &[u8]) -> Result<(), Reply> {
     if value.len() > copse::limits::VALUE_BYTES_MAX {
@@ -1088,6 +1096,8 @@ pub struct Spec {
     pub group: &'static str,
     pub summary: &'static str,
     pub handler: Handler,
+    /// Where its keys are: the positions above, or counted by a numkeys argument (`names.rs`).
+    pub keys: names::KeySpec,
 }
 
 pub type Handler = fn(&mut Call<'_>) -> Outcome;
@@ -1104,7 +1114,8 @@ impl Spec {
         summary: &'static str,
         handler: Handler,
     ) -> Spec {
-        Spec { name, arity, flags, first_key, last_key, key_step, group, summary, handler }
+        let keys = names::KeySpec::Positions;
+        Spec { name, arity, flags, first_key, last_key, key_step, group, summary, handler, keys }
     }
 }
 
@@ -1144,6 +1155,9 @@ pub fn table() -> &'static [Spec] {
         specs.extend(zset_ops::specs());
         specs.extend(server::specs());
         specs.sort_by_key(|spec| spec.name);
+        for spec in &mut specs {
+            spec.keys = names::key_spec_of(spec.name);
+        }
         specs
     })
 }
@@ -1245,26 +1259,20 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
             true => namespace.counting_lookups(),
             false => namespace,
         };
-    // Every key a command names must fit copse's keys (in its namespace: one byte less outside
-    // namespace 0); checked once here for all commands, and noted as used (OBJECT IDLETIME)
-    // unless the command only looks (`NO_TOUCH`).
-    let key_bytes_max = REDIS_KEY_BYTES_MAX - namespace.prefix_bytes();
-    if spec.first_key > 0 {
-        let last = if spec.last_key < 0 { count + spec.last_key } else { spec.last_key };
-        let touch = !NO_TOUCH.contains(&spec.name);
-        let now_s = server.access_clock_s();
-        let mut at = spec.first_key;
-        while at <= last && at < count {
-            let key = &args[at as usize];
-            if let Err(reply) = check_key_within(key, key_bytes_max) {
-                return refused(Outcome::Reply(reply));
-            }
-            if touch {
-                server.access.touch(key, now_s);
-            }
-            at += spec.key_step.max(1);
+    // Every key a command names must be at most `REDIS_KEY_BYTES_MAX` bytes, and becomes its
+    // stored name (`names.rs`): checked and converted once here for all commands, and noted as
+    // used (OBJECT IDLETIME) unless the command only looks (`NO_TOUCH`).
+    let mut args = args;
+    let touch = !NO_TOUCH.contains(&spec.name);
+    let now_s = server.access_clock_s();
+    let names = match names::convert_keys(spec, &mut args, |name| {
+        if touch {
+            server.access.touch(name, now_s);
         }
-    }
+    }) {
+        Ok(names) => names,
+        Err(reply) => return refused(Outcome::Reply(reply)),
+    };
     server.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     *conn.info.last_command.lock().unwrap_or_else(|poison| poison.into_inner()) = spec.name;
     if spec.flags.contains(&"write") {
@@ -1272,7 +1280,9 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     }
     let reply_size = reply_size(spec, &args);
     let database = conn.db;
-    let outcome = namespace.scope(|| (spec.handler)(&mut Call { server, conn, args }));
+    let outcome = names::scope(names.clone(), || {
+        namespace.scope(|| (spec.handler)(&mut Call { server, conn, args }))
+    });
     let blocking = spec.flags.contains(&"blocking");
     let outcome = match outcome {
         // A blocked client may wait for ever: it must not hold the database map (SWAPDB waits
@@ -1282,6 +1292,24 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
         )),
         Outcome::AfterPending(future) => Outcome::AfterPending(Box::pin(namespace.bind(future))),
         other => other,
+    };
+    // The execs such a future builds later carry the command's long keys too; a pop's reply
+    // shows the key it popped from as the client wrote it.
+    let outcome = match names {
+        None => outcome,
+        Some(names) => {
+            let outcome = match outcome {
+                Outcome::AfterPending(future) => {
+                    Outcome::AfterPending(Box::pin(names::bind(names.clone(), future)))
+                }
+                other => other,
+            };
+            if names::REPLIES_NAMING_A_KEY.contains(&spec.name) {
+                names::map_reply(outcome, move |reply| names::key_back_in_reply(reply, &names))
+            } else {
+                outcome
+            }
+        }
     };
     Dispatched { outcome, reply_size, blocking }
 }

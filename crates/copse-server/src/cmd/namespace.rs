@@ -231,11 +231,6 @@ impl Namespace {
             Err(TooLong)
         }
     }
-
-    /// Bytes this namespace adds to every item key.
-    pub fn prefix_bytes(&self) -> usize {
-        usize::from(self.prefix().is_some())
-    }
 }
 
 /// A write whose item keys, with the namespace's byte, pass copse's key limit (`too_long`).

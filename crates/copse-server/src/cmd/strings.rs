@@ -263,13 +263,16 @@ fn set(call: &mut Call<'_>) -> Outcome {
     set_with(call, options, SetAnswer::Plain)
 }
 
-/// Refuses a key too long to carry an expiry (its expiry item must fit an item key).
+/// Refuses a key too long to carry an expiry (its expiry item must fit an item key): `key` is a
+/// stored name, so only a key stored inline past `EXPIRY_KEY_BYTES_MAX` (1012 or 1013 bytes)
+/// is refused; a longer one has a short surrogate name.
 pub fn check_expiring_key(key: &[u8]) -> Result<(), Reply> {
-    use crate::keyspace::EXPIRY_KEY_BYTES_MAX;
+    use crate::keyspace::{EXPIRY_KEY_BYTES_MAX, NAME_INLINE_BYTES_MAX};
     if key.len() > EXPIRY_KEY_BYTES_MAX {
         return Err(Reply::Error(format!(
-            "ERR key of {} bytes is too long to expire (copse keys with an expiry are at most {EXPIRY_KEY_BYTES_MAX} bytes); nothing was changed",
-            key.len()
+            "ERR key of {} bytes cannot expire (a key of {} to {NAME_INLINE_BYTES_MAX} bytes is stored as it is and leaves no room for the deadline, while keys of at most {EXPIRY_KEY_BYTES_MAX} bytes and longer ones can); nothing was changed",
+            key.len(),
+            EXPIRY_KEY_BYTES_MAX + 1,
         )));
     }
     Ok(())

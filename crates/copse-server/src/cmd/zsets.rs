@@ -93,11 +93,14 @@ pub(super) fn by_score(
 pub(super) fn check_member(key: &[u8], member: &[u8]) -> Result<(), Reply> {
     if key.len() + member.len() + MEMBER_OVERHEAD_BYTES > KEY_BYTES_MAX {
         return Err(Reply::Error(format!(
-            "ERR sorted set member of {} bytes is too long for a key of {} bytes (copse allows \
-             key and member together up to {} bytes)",
+            "ERR sorted set member of {} bytes is too long for a key stored under a name of {} \
+             bytes (copse allows name and member together up to {} bytes; a key of over {} \
+             bytes is stored under a name of {} bytes)",
             member.len(),
             key.len(),
-            KEY_BYTES_MAX - MEMBER_OVERHEAD_BYTES
+            KEY_BYTES_MAX - MEMBER_OVERHEAD_BYTES,
+            crate::keyspace::NAME_INLINE_BYTES_MAX,
+            crate::keyspace::SURROGATE_NAME_BYTES,
         )));
     }
     Ok(())

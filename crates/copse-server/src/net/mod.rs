@@ -47,16 +47,31 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
     let path = config.path.display().to_string();
     let mark =
         || db.put(MARKER_KEY, &marker_value()).map_err(|err| ServeError::Store(err.to_string()));
+    // An older store is upgraded only if none of its keys would change its stored name.
+    let no_prefixed_keys = |version: u32| -> Result<(), ServeError> {
+        let found = crate::cmd::names::prefixed_key_in_store(db);
+        match futures::executor::block_on(found) {
+            Ok(None) => Ok(()),
+            Ok(Some((namespace, key))) => {
+                Err(prefixed_key_refused(&path, version, namespace, &key))
+            }
+            Err(reply) => Err(ServeError::Keyspace(format!(
+                "store at {path}: listing its keys before the upgrade failed: {reply:?}"
+            ))),
+        }
+    };
     match db.get(MARKER_KEY).map_err(|err| ServeError::Store(err.to_string()))? {
         Some(value) => match marker_version(&value) {
             Some(KEYSPACE_FORMAT_VERSION) => Ok(()),
             Some(version) if KEYSPACE_FORMAT_VERSIONS_SUBSET.contains(&version) => {
+                no_prefixed_keys(version)?;
                 // These versions wrote only items this one reads the same: the marker changes.
                 mark()?;
                 tracing::info!(%path, from = version, to = KEYSPACE_FORMAT_VERSION, "key space upgraded");
                 Ok(())
             }
             Some(KEYSPACE_FORMAT_VERSION_UNVERSIONED) => {
+                no_prefixed_keys(KEYSPACE_FORMAT_VERSION_UNVERSIONED)?;
                 tracing::info!(
                     %path,
                     from = KEYSPACE_FORMAT_VERSION_UNVERSIONED,
@@ -86,6 +101,25 @@ fn check_keyspace_marker(db: &Db, config: &ServerConfig) -> Result<(), ServeErro
             mark()
         }
     }
+}
+
+/// The refusal of an older store holding `key` (in namespace `namespace`), which starts with the
+/// bytes format 7 reserves for surrogate names (`keyspace::SURROGATE_PREFIX`).
+fn prefixed_key_refused(path: &str, version: u32, namespace: u8, key: &[u8]) -> ServeError {
+    const SHOWN_BYTES_MAX: usize = 64;
+    let shown: String = key[..key.len().min(SHOWN_BYTES_MAX)].escape_ascii().to_string();
+    let more = if key.len() > SHOWN_BYTES_MAX { "..." } else { "" };
+    ServeError::Keyspace(format!(
+        "store at {path} holds Redis key space format version {version} and a key that this build \
+         would read under another name: \"{shown}{more}\" ({} bytes, in namespace {namespace}, which \
+         is database {namespace} unless SWAPDB moved it) starts with the bytes {} that key space \
+         format {} reserves for the names of long keys (docs/format/redis-keyspace.md, \
+         \"Upgrading\"). Nothing was changed. Serve the store with the build that wrote it, RENAME \
+         (or DEL) every key starting with those bytes, stop it, then open the store with this build",
+        key.len(),
+        crate::keyspace::SURROGATE_PREFIX.escape_ascii(),
+        crate::keyspace::KEYSPACE_FORMAT_VERSION,
+    ))
 }
 
 /// The database map (`cmd/namespace.rs`): as stored, or the identity in a store SWAPDB never
