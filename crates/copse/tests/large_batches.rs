@@ -9,10 +9,11 @@ mod common;
 use common::make_value;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use copse::interfaces::check::{check_store, CheckOptions};
 use copse::limits::{BATCH_MEMBERS_IN_FLIGHT_MAX, BATCH_RECORD_BYTES_MAX, WRITE_BATCH_OPS_MAX};
+use copse::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput};
 use copse::{Db, Options, WriteBatch, WriteError};
 
 /// Keys of the large batches: four waves of members.
@@ -42,10 +43,46 @@ fn options() -> Options {
     common::options(1)
 }
 
-/// Which round's batch each of a few probe keys holds, if they agree.
+/// Reads keys in one step of an exec program: the reads of one step see the shard at one moment
+/// (the embedded `multi_get` sends each key as its own request, which may straddle a batch).
+struct ReadTogether {
+    keys: Vec<Vec<u8>>,
+    answer: Option<mpsc::Sender<Result<Vec<Option<Vec<u8>>>, String>>>,
+}
+
+impl Exec for ReadTogether {
+    fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
+        let answer = self.answer.take().expect("answered once");
+        match input {
+            StepInput::Start => {
+                self.answer = Some(answer);
+                ExecStep::Read(self.keys.iter().map(|key| ReadOp::Get(key.clone())).collect())
+            }
+            StepInput::Read(Ok(results)) => {
+                let values = results
+                    .into_iter()
+                    .map(|result| match result {
+                        ReadResult::Value(value) => value,
+                        other => panic!("a get answered {other:?}"),
+                    })
+                    .collect();
+                let _ = answer.send(Ok(values));
+                ExecStep::Done
+            }
+            other => {
+                let _ = answer.send(Err(format!("{other:?}")));
+                ExecStep::Done
+            }
+        }
+    }
+}
+
+/// Which round's batch each of a few probe keys holds, if they agree (one shard: `options`).
 fn round_of(db: &Db, probes: &[usize]) -> Result<Option<usize>, String> {
     let keys: Vec<Vec<u8>> = probes.iter().map(|&i| key(i)).collect();
-    let values = db.multi_get(&keys).map_err(|err| err.to_string())?;
+    let (answer, receiver) = mpsc::channel();
+    db.exec(0, Vec::new(), Box::new(ReadTogether { keys, answer: Some(answer) }));
+    let values = receiver.recv().map_err(|err| err.to_string())??;
     let rounds: Vec<Option<usize>> = values
         .iter()
         .map(|value| {
