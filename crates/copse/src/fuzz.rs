@@ -371,7 +371,8 @@ pub fn slab_corpus() -> Vec<Vec<u8>> {
                 continue;
             }
             let slot = &mut page[index * slot_bytes..(index + 1) * slot_bytes];
-            let record_seq = if kind == RecordKind::Chunk { 1_000 } else { seq };
+            // Each pair of chunks (slots 8n+6 and 8n+7) shares a seq: a whole chain of two.
+            let record_seq = if kind == RecordKind::Chunk { 1_000 + index as u64 / 8 } else { seq };
             encode_record(
                 slot,
                 layout,

@@ -335,6 +335,9 @@ struct Sim {
     poisoned_at: Option<u64>,
     /// The collector scenario: small values and many deletes.
     collector_workload: bool,
+    /// The largest batch record: small in a quarter of the seeds, so batches and parts are
+    /// chains of Chunk records (and their failures strike chains half written).
+    batch_record_bytes_max: usize,
     totals: Totals,
 }
 
@@ -356,7 +359,7 @@ impl Sim {
                 // Collections all the time in these small stores: the collector's safety is what is
                 // tested, not its pace (`limits::GC_ROOM_BLOCKS_MIN` in a store).
                 gc_room_blocks_min: 0,
-                batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
+                batch_record_bytes_max: self.batch_record_bytes_max,
                 poisoned: self.poisoned.clone(),
             };
             let device = Box::new(self.disk.device(self.durability));
@@ -917,6 +920,11 @@ fn run_seed_as(seed: u64, totals: &mut Totals, forced: Option<Scenario>) -> Vec<
         unattributable: BTreeSet::new(),
         poisoned_at: None,
         collector_workload: collector,
+        // From the seed's own bits, so the other seeds run as they did before chains.
+        batch_record_bytes_max: match (seed / 7) % 4 == 3 {
+            true => copse::limits::BATCH_RECORD_BYTES_MIN << (seed / 28 % 5),
+            false => copse::limits::BATCH_RECORD_BYTES_MAX,
+        },
         totals: Totals::default(),
     };
     *sim.totals.by_scenario.entry(format!("{scenario:?}")).or_default() += 1;

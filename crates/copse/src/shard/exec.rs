@@ -608,8 +608,9 @@ impl ExecTable {
         }
         let lock = running.locks[0];
         let group = match self.groups.entry(lock) {
-            // The lock's holder: a group of one, which the execs behind it may join. Its write
-            // passed `check_write`, so it fits the group's batch.
+            // The lock's holder: a group of one, which the execs behind it may join. (A holder
+            // whose write alone passes the group's bound closes the group at once, below, and
+            // writes alone after it.)
             Entry::Vacant(vacant) => {
                 assert_eq!(running.blocked_by, 0, "an exec outside a group wrote before its turn");
                 vacant.insert(WriteGroup {

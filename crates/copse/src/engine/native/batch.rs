@@ -47,8 +47,9 @@ pub(super) struct BatchState {
     seq: u64,
     /// The batch's durable records: its Batch (or committed Part) record, or its chain's.
     records: Vec<Loc>,
-    /// Its records not yet durable.
+    /// Its records not yet durable, and how many it has (one, or its chain's).
     records_waiting: usize,
+    records_total: usize,
     /// Members written and not yet durable.
     members_waiting: usize,
     /// Erasures of its records not yet durable, once it is applied.
@@ -99,17 +100,22 @@ impl NativeEngine {
         part: Option<u64>,
         reply: Reply<(), WriteError>,
     ) {
-        let slots = match self.allocate_members(&ops) {
-            Ok(slots) => slots,
-            Err(err) => {
-                let _ = reply.send(Err(err));
-                return;
+        let allocated = self.allocate_members(&ops).and_then(|slots| {
+            match self.allocate_records(value.len()) {
+                Ok(records) => Ok((slots, records)),
+                Err(err) => {
+                    self.free_allocations(slots);
+                    Err(err)
+                }
             }
-        };
-        let records = match self.allocate_records(value.len()) {
-            Ok(records) => records,
+        });
+        let (slots, records) = match allocated {
+            Ok(allocated) => allocated,
             Err(err) => {
-                self.free_allocations(slots);
+                // Nothing was written: a part being committed is only prepared still.
+                if let Some(gsn) = part {
+                    self.part_commit_failed(gsn);
+                }
                 let _ = reply.send(Err(err));
                 return;
             }
@@ -117,7 +123,8 @@ impl NativeEngine {
         let seq = self.seqs.take();
         let held = self.hold_batch_keys(&ops);
         let batch = self.start_batch(ops, slots, seq, held, Vec::new(), Some(reply), part);
-        self.batches.get_mut(batch).expect("just started").records_waiting = records.len();
+        let state = self.batches.get_mut(batch).expect("just started");
+        (state.records_waiting, state.records_total) = (records.len(), records.len());
         self.place_records(records, kind, seq, value, || Effect::BatchRecord { batch });
     }
 
@@ -240,6 +247,7 @@ impl NativeEngine {
         let state = BatchState {
             queued: ops.into_iter().zip(slots).collect(),
             seq,
+            records_total: records.len(),
             records,
             records_waiting: 0,
             members_waiting: 0,
@@ -278,6 +286,11 @@ impl NativeEngine {
             return;
         }
         let seq = state.seq;
+        if self.is_poisoned() {
+            // Nothing more is written; the members not yet written end their flights there.
+            self.batch_member_failed(batch, WriteError::Poisoned);
+            return;
+        }
         let mut wave_bytes = 0usize;
         for _ in 0..BATCH_MEMBERS_IN_FLIGHT_MAX {
             // A member may fail at once (a poisoned store), which forgets the batch.
@@ -389,17 +402,30 @@ impl NativeEngine {
     pub(super) fn batch_member_failed(&mut self, batch: u64, err: WriteError) {
         let Some(mut state) = self.batches.remove(batch) else { return };
         let recorded = state.recorded();
+        if !recorded && state.records_total > 1 && !self.is_poisoned() {
+            // A record of a chain failed while others may still be in flight or durable: their
+            // sequence number cannot be finished, nor their slots freed, until they complete,
+            // and a half-written chain is recovery's to erase. The engine stops writing (the
+            // failure is a device's: a page read or write failed).
+            tracing::error!(shard = self.shard_id, %err, "a record of a batch's chain failed");
+            self.poison();
+        }
         if recorded && !self.is_poisoned() {
             // The batch's records are durable, so recovery will apply the batch: refuse further
             // writes rather than carry on as if it had not happened.
             tracing::error!(shard = self.shard_id, %err, "a write batch failed after its record was durable");
             self.poison();
         }
-        // Members never written end their flights here; written ones end theirs as they
-        // complete (`batch_member_durable` of a forgotten batch, or `write_failed`).
+        // Members never written, and members durable but never to be applied, end their
+        // flights here; those in flight end theirs as they complete (`batch_member_durable` of
+        // a forgotten batch, or `write_failed`).
         for (op, _) in std::mem::take(&mut state.queued) {
             self.seqs.flight_end(op.key(), state.seq, false);
             self.release_guards(key_hash(op.key()));
+        }
+        for (key, seq, _, _) in std::mem::take(&mut state.durable) {
+            self.seqs.flight_end(&key, seq, false);
+            self.release_guards(key_hash(&key));
         }
         if !recorded {
             // The batch is not durable whole (a chain missing a record is not replayed), and no

@@ -48,8 +48,10 @@ pub struct Part {
     stage: Stage,
     /// Durable records of the part, in erasure order (a chain's records one after the other).
     records: Vec<Loc>,
-    /// Records of the prepared record's chain not yet durable, while preparing.
+    /// Records of the prepared record's chain not yet durable, while preparing, and how many it
+    /// has.
     records_waiting: usize,
+    records_total: usize,
     /// Key hashes counted as stale while the committed record exists.
     held: Vec<u64>,
     /// Who waits for the prepare or the forget under way.
@@ -69,6 +71,7 @@ impl Part {
             },
             records,
             records_waiting: 0,
+            records_total: 0,
             held: Vec::new(),
             reply: None,
         }
@@ -117,6 +120,7 @@ impl NativeEngine {
                 stage: Stage::Preparing,
                 records: Vec::new(),
                 records_waiting: records.len(),
+                records_total: records.len(),
                 held: Vec::new(),
                 reply: Some(reply),
             },
@@ -144,6 +148,14 @@ impl NativeEngine {
         if let Some(reply) = part.reply.take() {
             let _ = reply.send(Ok(()));
         }
+    }
+
+    /// Whether the part of `gsn` is preparing a chain of several records (whose siblings may be
+    /// in flight when one fails).
+    pub(super) fn part_preparing_a_chain(&self, gsn: u64) -> bool {
+        self.parts.get(&gsn).is_some_and(|part| {
+            part.stage == Stage::Preparing && part.records_total > 1
+        })
     }
 
     pub(super) fn part_prepare_failed(&mut self, gsn: u64, err: WriteError) {

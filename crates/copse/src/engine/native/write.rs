@@ -655,8 +655,15 @@ impl NativeEngine {
                 }
             }
             Effect::PartPrepared { gsn, seq } => {
-                // Once per part: a chain's other records find it gone.
-                if nothing_on_disk && self.parts.contains_key(&gsn) {
+                if self.part_preparing_a_chain(gsn) && !self.is_poisoned() {
+                    // Its sibling records may be in flight or durable: as for a batch's chain
+                    // (`batch_member_failed`), the engine stops writing.
+                    tracing::error!(shard = self.shard_id, %err, "a record of a part's chain failed");
+                    self.poison();
+                }
+                // Once per part (a chain's other records find it gone), and only when nothing
+                // of it can be on disk.
+                if !self.is_poisoned() && self.parts.contains_key(&gsn) {
                     self.seqs.finish(seq);
                 }
                 self.part_prepare_failed(gsn, err);
