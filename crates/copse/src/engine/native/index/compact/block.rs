@@ -59,6 +59,10 @@ pub(super) fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 }
 
 /// Entry header: (shared, suffix) in one byte when both are small, else an escape and varints.
+/// Inlined: it runs once per entry a search steps over (docs/benchmarks.md, 2026-11-28: left to
+/// itself the compiler stopped inlining it and `block_find` as the crate grew, +600
+/// instructions per SET).
+#[inline(always)]
 pub(super) fn get_header(bytes: &[u8], pos: &mut usize) -> (usize, usize) {
     let byte = bytes[*pos];
     *pos += 1;
@@ -141,6 +145,7 @@ fn skip_value_bytewise(bytes: &[u8], pos: &mut usize) {
 /// Searches one block for `key` without rebuilding keys: tracks how much of `key` the previous
 /// entry matched and compares only suffixes that start exactly there. Returns the entry and
 /// where its value's bytes are (`start..end`), so an update can rewrite just those.
+#[inline(always)]
 pub(super) fn block_find(bytes: &[u8], key: &[u8]) -> Option<(Entry, std::ops::Range<usize>)> {
     let mut pos = 0;
     let base = get_varint(bytes, &mut pos);
