@@ -196,3 +196,22 @@ fn a_format_6_store_with_a_key_starting_with_the_surrogate_prefix_is_refused_unc
     assert_eq!(db.get(&item).unwrap(), Some(b"2".to_vec()));
     db.close().unwrap();
 }
+
+/// Format 6 allowed 1014-byte keys in database 0, one byte past format 7's inline names: format
+/// 7 would look such a key up under its surrogate, list it and never find it (a review's
+/// upgraded store showed it in KEYS, answered GET with nil and DEL with 0). The store is
+/// refused, naming the key, and nothing is written.
+#[test]
+fn a_format_6_store_with_a_1014_byte_key_in_database_0_is_refused_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let long = vec![b'q'; keyspace::NAME_INLINE_BYTES_MAX + 1];
+    write_v6_store(&store, &[(0, b"plain", b"1"), (0, &long, b"2")]);
+    let error = copse_server::start(config(&store)).err().expect("the store is refused");
+    let text = error.to_string();
+    assert!(text.contains("(1014 bytes, in namespace 0") && text.contains("RENAME"), "{text}");
+    let db = copse::Db::open(&store, options()).unwrap();
+    assert_eq!(db.get(keyspace::MARKER_KEY).unwrap(), Some(marker(6)));
+    assert_eq!(db.get(&keyspace::meta_key(&long, KeyType::String)).unwrap(), Some(b"2".to_vec()));
+    db.close().unwrap();
+}

@@ -47,8 +47,11 @@ fn options() -> Options {
 /// (the embedded `multi_get` sends each key as its own request, which may straddle a batch).
 struct ReadTogether {
     keys: Vec<Vec<u8>>,
-    answer: Option<mpsc::Sender<Result<Vec<Option<Vec<u8>>>, String>>>,
+    answer: Option<mpsc::Sender<Values>>,
 }
+
+/// The values `ReadTogether` read, or what failed.
+type Values = Result<Vec<Option<Vec<u8>>>, String>;
 
 impl Exec for ReadTogether {
     fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
@@ -244,7 +247,8 @@ fn simulated_crashes_during_a_batch_of_several_waves_leave_it_whole_or_absent() 
         let keys: Vec<Vec<u8>> = (0..PUTS).map(wave_key).collect();
         for chunk in keys.chunks(5_000) {
             for value in db.multi_get(chunk).unwrap() {
-                let tag = value.map(|v| String::from_utf8(v).unwrap().split('-').next().unwrap().to_string());
+                let tag = value
+                    .map(|v| String::from_utf8(v).unwrap().split('-').next().unwrap().to_string());
                 *tags.entry(tag).or_insert(0usize) += 1;
             }
         }

@@ -272,6 +272,10 @@ fn memory(call: &mut Call<'_>) -> Outcome {
         at += 2;
     }
     let key = call.args[2].clone();
+    // A long key's name item holds the key (`names.rs`): its bytes count too.
+    let name_item_bytes = super::names::current()
+        .and_then(|names| names.key_of(&key).map(|long| long.len()))
+        .map_or(0, |long| keyspace::name_key(&key).len() + long + ITEM_OVERHEAD_BYTES);
     let mut ty = KeyType::String;
     let mut meta_bytes = 0;
     let mut count = 0u64;
@@ -286,8 +290,11 @@ fn memory(call: &mut Call<'_>) -> Outcome {
         },
         Input::Read(results) if meta_bytes == 0 => {
             let meta = value_of(results.into_iter().next()).unwrap_or_default();
-            meta_bytes =
-                keyspace::META_OVERHEAD_BYTES + key.len() + meta.len() + ITEM_OVERHEAD_BYTES;
+            meta_bytes = keyspace::META_OVERHEAD_BYTES
+                + key.len()
+                + meta.len()
+                + ITEM_OVERHEAD_BYTES
+                + name_item_bytes;
             let (Some(tag), Some(collection)) = (ty.element_tag(), CollectionMeta::decode(&meta))
             else {
                 return Next::Reply(Reply::Integer(meta_bytes as i64));

@@ -504,13 +504,20 @@ fn flush_step(view: &View<'_>, input: Input) -> Next {
         return unexpected();
     }
     // Meta items first, so that no key reappears without its expiry between batches; then
-    // everything else up to the marker's tag (the store stays marked as a Redis key space).
+    // everything else up to the marker's tag (the store stays marked as a Redis key space),
+    // but the name items of long keys: those go with their meta items' deletes (`names.rs`),
+    // so a key a writer recreates during the flush never loses its name to a later batch.
     let metas = (keyspace::meta_scan_start(0), keyspace::meta_scan_end());
     let mut keys =
         view.keys(Bound::Included(&metas.0), Bound::Excluded(&metas.1), FLUSH_BATCH_KEYS);
     if keys.is_empty() {
+        let names = [keyspace::TAG_NAME];
+        keys = view.keys(Bound::Unbounded, Bound::Excluded(&names), FLUSH_BATCH_KEYS);
+    }
+    if keys.is_empty() {
+        let after_names = [keyspace::TAG_NAME + 1];
         let end = [keyspace::MARKER_KEY[0]];
-        keys = view.keys(Bound::Unbounded, Bound::Excluded(&end), FLUSH_BATCH_KEYS);
+        keys = view.keys(Bound::Included(&after_names), Bound::Excluded(&end), FLUSH_BATCH_KEYS);
     }
     if keys.is_empty() {
         return Next::Reply(Reply::ok());

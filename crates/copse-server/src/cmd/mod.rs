@@ -121,7 +121,7 @@ where
         // The name items of long keys go with their meta items (`names.rs`), as stored.
         let named = match &mut next {
             Next::Write(ops) | Next::WriteLast(ops) | Next::Prepare(_, ops) if fits => {
-                names::maintain(view, ops, self.names.as_deref())
+                names::maintain(ops, self.names.as_deref())
             }
             _ => Ok(()),
         };

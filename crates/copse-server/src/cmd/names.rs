@@ -13,8 +13,8 @@
 //! The Redis key of a surrogate lives in its *name item* (`keyspace::name_key`), which
 //! `maintain` adds to the write batches as they leave a command's exec (`CommandExec::step`,
 //! after the namespace translation, so raw execs such as MOVE and COPY ... DB are covered
-//! alike): a batch that puts a surrogate's meta item also puts its name item if the index does
-//! not hold it yet, with the key taken from the command's own conversion (`Names`, carried into
+//! alike): a batch that puts a surrogate's meta item also puts its name item, with the key
+//! taken from the command's own conversion (`Names`, carried into
 //! every exec the command builds as the namespace is: `current`, `scope`, `bind`); a batch that
 //! deletes a surrogate's meta item and puts none also deletes its name item. Background
 //! deletions (active expiry, FLUSHDB, the orphan collector) delete meta items only through
@@ -39,7 +39,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use copse::exec::ExecView;
 use copse::BatchOp;
 
 use super::namespace::NAMESPACE_FIRST_BYTE_MIN;
@@ -235,62 +234,74 @@ fn surrogate_meta(stored: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 /// Adds to `ops` (stored item keys, as they go to the engine) the name items its meta items of
-/// surrogates call for (module header). `view` is the exec's index. Err (nothing to write)
-/// when a meta item of a surrogate is put with no name item and the command did not name its
-/// key: no command does.
-pub fn maintain(
-    view: &ExecView<'_>,
-    ops: &mut Vec<BatchOp>,
-    names: Option<&Names>,
-) -> Result<(), Reply> {
+/// surrogates call for (module header): a batch that puts a surrogate's meta item puts its name
+/// item too, and one that deletes the meta item and puts none deletes the name item. Always,
+/// whatever the index says: a batch is one sequence number, so the last batch that touched a
+/// meta item touched its name item alike, even when it raced a writer that holds no lock on the
+/// key (FLUSHDB; a review found a flush racing a SET that left a meta item without its name when
+/// the name item was put only if missing). The cost is a long key's bytes rewritten with each
+/// write of its meta item. Err (nothing to write) when a meta item of a surrogate is put and the
+/// command did not name its key: no command does. Linear in the batch.
+pub fn maintain(ops: &mut Vec<BatchOp>, names: Option<&Names>) -> Result<(), Reply> {
     // The common batch has no surrogate at all: one look at each op's first bytes.
     if !ops.iter().any(|op| surrogate_meta(op.key()).is_some()) {
         return Ok(());
     }
-    // (name item as stored, whether a meta item of it is put)
-    let mut touched: Vec<(Vec<u8>, &[u8], bool)> = Vec::new();
+    // Name item as stored -> (the surrogate, whether a meta item of it is put), in first-seen
+    // order so the batch comes out the same every time.
+    let mut touched: HashMap<Vec<u8>, (&[u8], bool)> = HashMap::new();
+    let mut order: Vec<Vec<u8>> = Vec::new();
     for op in ops.iter() {
         let Some((prefix, name)) = surrogate_meta(op.key()) else { continue };
         let mut item = prefix.to_vec();
         item.extend_from_slice(&keyspace::name_key(name));
         let put = matches!(op, BatchOp::Put { .. });
-        match touched.iter_mut().find(|(known, _, _)| *known == item) {
-            Some(entry) => entry.2 |= put,
-            None => touched.push((item, name, put)),
+        match touched.get_mut(&item) {
+            Some(entry) => entry.1 |= put,
+            None => {
+                order.push(item.clone());
+                touched.insert(item, (name, put));
+            }
         }
     }
+    // A batch that names a name item itself decides it.
+    let named: std::collections::HashSet<&[u8]> =
+        ops.iter().map(|op| op.key()).filter(|key| touched.contains_key(*key)).collect();
     let mut added = Vec::new();
-    for (item, name, put) in touched {
-        // A batch that names the item itself (FLUSHDB's) decides it.
-        if ops.iter().any(|op| op.key() == item.as_slice()) {
+    for item in order {
+        if named.contains(item.as_slice()) {
             continue;
         }
-        let exists = view.contains(&item);
-        if put && !exists {
+        let (name, put) = touched[&item];
+        if put {
             let Some(key) = names.and_then(|names| names.key_of(name)) else {
                 return Err(Reply::error(
                     "ERR internal error: a long key's meta item would be written without its name; nothing was changed",
                 ));
             };
             added.push(BatchOp::Put { key: item, value: key.to_vec() });
-        } else if !put && exists {
+        } else {
             added.push(BatchOp::Delete { key: item });
         }
     }
+    drop(named);
     ops.extend(added);
     Ok(())
 }
 
 /// The error of a listing that met a surrogate with no name item (module invariant 1 broken).
 pub const NAME_ITEM_MISSING: &str =
-    "ERR internal error: a long key has no name item (the store breaks its invariants; run copse check)";
+    "ERR internal error: a long key has no name item (the key space breaks its invariants; please report it)";
 
 /// Meta items listed per step of `prefixed_key_in_store`'s walk (index only).
 const UPGRADE_METAS_PER_STEP: usize = 10_000;
 
-/// A key of a store of format 6 or earlier that starts with `SURROGATE_PREFIX`, as (namespace,
-/// key), if any: format 7 would take it for a surrogate, so such a store cannot be upgraded
-/// (net/mod.rs refuses it). Walks every meta item of every namespace once, from the indexes.
+/// A key of a store of format 6 or earlier that format 7 stores under a surrogate (it starts
+/// with `SURROGATE_PREFIX`, or it is longer than `NAME_INLINE_BYTES_MAX`: 1014 bytes was allowed
+/// in database 0), as (namespace, key), if any: format 7 would look it up under another name, so
+/// such a store cannot be upgraded (net/mod.rs refuses it; a review found a 1014-byte key listed
+/// but unreadable after the upgrade). Walks every meta item of every namespace once, from the
+/// indexes.
 pub async fn prefixed_key_in_store(db: &copse::Db) -> Result<Option<(u8, Vec<u8>)>, Reply> {
     use super::namespace::{prefixed, Namespace, DATABASES};
     for shard in 0..db.shard_count() {
@@ -310,7 +321,7 @@ pub async fn prefixed_key_in_store(db: &copse::Db) -> Result<Option<(u8, Vec<u8>
                 for meta in &metas {
                     let item = &meta[usize::from(number > 0)..];
                     if let Some((_, key, _)) = keyspace::decode_meta(item) {
-                        if key.starts_with(keyspace::SURROGATE_PREFIX) {
+                        if keyspace::needs_surrogate(key) {
                             return Ok(Some((number, key.to_vec())));
                         }
                     }

@@ -112,11 +112,12 @@ fn prefixed_key_refused(path: &str, version: u32, namespace: u8, key: &[u8]) -> 
     ServeError::Keyspace(format!(
         "store at {path} holds Redis key space format version {version} and a key that this build \
          would read under another name: \"{shown}{more}\" ({} bytes, in namespace {namespace}, which \
-         is database {namespace} unless SWAPDB moved it) starts with the bytes {} that key space \
-         format {} reserves for the names of long keys (docs/format/redis-keyspace.md, \
+         is database {namespace} unless SWAPDB moved it) is longer than {} bytes or starts with the \
+         bytes {}, which key space format {} stores under a SHA-256 name (docs/format/redis-keyspace.md, \
          \"Upgrading\"). Nothing was changed. Serve the store with the build that wrote it, RENAME \
-         (or DEL) every key starting with those bytes, stop it, then open the store with this build",
+         (or DEL) every such key, stop it, then open the store with this build",
         key.len(),
+        crate::keyspace::NAME_INLINE_BYTES_MAX,
         crate::keyspace::SURROGATE_PREFIX.escape_ascii(),
         crate::keyspace::KEYSPACE_FORMAT_VERSION,
     ))
