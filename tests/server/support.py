@@ -563,8 +563,18 @@ class Differential:
         if unordered:
             ours, theirs = _sorted_deep(ours), _sorted_deep(theirs)
         assert ours == theirs and type(ours) is type(theirs), (
-            f"{' '.join(map(str, args))}: copse answered {ours!r}, redis-server {theirs!r}")
+            f"{' '.join(shown(arg) for arg in args)}: copse answered {shown(ours)}, "
+            f"redis-server {shown(theirs)}")
         return ours
+
+
+def shown(value) -> str:
+    """A value for a failure message: long byte strings (a 1 MiB key) shortened."""
+    if isinstance(value, (bytes, bytearray)) and len(value) > 48:
+        return f"<{len(value)} bytes {bytes(value[:16])!r}...>"
+    if isinstance(value, list):
+        return "[" + ", ".join(shown(item) for item in value) + "]"
+    return value if isinstance(value, str) else repr(value)
 
 
 def _sorted_deep(reply):

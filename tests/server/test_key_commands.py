@@ -973,3 +973,41 @@ def test_active_expiry_and_the_collector_work_in_every_database(r):
         time.sleep(0.1)
     assert r.info("keyspace") == {}
     assert int(r.info("copse")["items"]) == items_before
+
+
+def test_pipelined_swapdbs_from_several_connections_do_not_deadlock(make_server):
+    """Each SWAPDB waits until no other connection runs a wave started under the old map. Two
+    connections whose waves each held a SWAPDB waited for each other for ever: pipelines of SETs
+    and SWAPDBs from three connections hung the server, and its shutdown (found by a review,
+    also at 9462a76). A SWAPDB waiting now counts as holding no map."""
+    import random
+
+    server = make_server()
+    failures = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        client = server.client()
+        client.connection_pool.connection_kwargs["socket_timeout"] = 10
+        for _ in range(40):
+            pipe = client.pipeline(transaction=False)
+            for _ in range(50):
+                if rng.random() < 0.5:
+                    pipe.set(rng.choice(["a", "b", "c"]), "v")
+                else:
+                    pipe.execute_command("SWAPDB", 0, rng.randrange(3))
+            try:
+                pipe.execute(raise_on_error=False)
+            except redis.TimeoutError as err:
+                failures.append(f"worker {seed}: {err}")
+                return
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a pipeline never got its replies"
+    assert failures == [], failures
+    assert server.client().ping()
+    assert server.stop() == 0, "the server stops cleanly"

@@ -19,7 +19,7 @@ import time
 import pytest
 import redis
 
-from support import Differential
+from support import Differential, shown
 
 KEY_BYTES_MAX = 1 << 20  # keyspace::REDIS_KEY_BYTES_MAX
 NAME_INLINE_BYTES_MAX = 1013  # keyspace::NAME_INLINE_BYTES_MAX
@@ -36,32 +36,6 @@ def long_key(tag: str, length: int) -> bytes:
     head = tag.encode() + b":"
     body = bytes(range(256)) * (length // 256 + 1)
     return (head + body)[:length]
-
-
-def shown(value) -> str:
-    if isinstance(value, (bytes, bytearray)) and len(value) > 48:
-        return f"<{len(value)} bytes {bytes(value[:16])!r}...>"
-    if isinstance(value, list):
-        return "[" + ", ".join(shown(item) for item in value) + "]"
-    return repr(value)
-
-
-def both(diff: Differential, *args, unordered: bool = False):
-    """`diff.both` with long arguments and replies shortened in the failure message."""
-    ours = diff._call(diff.copse, args)
-    theirs = diff._call(diff.oracle, args)
-    if unordered:
-        ours, theirs = sort_deep(ours), sort_deep(theirs)
-    assert ours == theirs and type(ours) is type(theirs), (
-        f"{' '.join(shown(arg) for arg in args)}: copse answered {shown(ours)}, "
-        f"redis-server {shown(theirs)}")
-    return ours
-
-
-def sort_deep(reply):
-    if isinstance(reply, list):
-        return sorted((sort_deep(item) for item in reply), key=repr)
-    return reply
 
 
 # Every command that takes keys, each line a command whose words K, K2, K3 (long keys, or the
@@ -249,7 +223,7 @@ def run(diff: Differential, keys: dict[str, bytes], script: str = SCRIPT) -> Non
         words = line.split()
         args = [keys.get(word, word.replace("DEADLINE", str(DEADLINE_MS)).encode())
                 for word in words]
-        both(diff, *args, unordered=words[0].upper() in UNORDERED)
+        diff.both(*args, unordered=words[0].upper() in UNORDERED)
 
 
 def key_set(tag: str, length: int) -> dict[str, bytes]:
@@ -273,7 +247,7 @@ def test_every_key_command_is_exercised(r):
 @pytest.mark.parametrize("length", [65_536, KEY_BYTES_MAX], ids=["64KiB", "1MiB"])
 def test_every_command_answers_as_redis_with_long_keys(diff, length):
     run(diff, key_set("long", length))
-    both(diff, "DBSIZE")
+    diff.both("DBSIZE")
 
 
 @pytest.mark.parametrize("length", [NAME_INLINE_BYTES_MAX + 1, NAME_INLINE_BYTES_MAX + 2])
@@ -287,8 +261,8 @@ def test_a_short_key_starting_with_the_surrogate_prefix_is_its_own_key(diff, r):
     keys = {"K": SURROGATE_PREFIX + b"a", "K2": SURROGATE_PREFIX, "K3": SURROGATE_PREFIX + b"\x00",
             "S": b"short"}
     run(diff, keys)
-    both(diff, "MSET", keys["K"], "1", keys["K2"], "2", "plain", "3")
-    both(diff, "KEYS", "*", unordered=True)
+    diff.both("MSET", keys["K"], "1", keys["K2"], "2", "plain", "3")
+    diff.both("KEYS", "*", unordered=True)
     assert sorted(r.scan_iter(count=1000)) == sorted([keys["K"], keys["K2"], b"plain"])
 
 
@@ -319,20 +293,20 @@ def test_the_inline_limit_keeps_keys_as_they_were(diff, r):
 
 def test_scan_keys_and_randomkey_show_the_keys_and_match_on_them(diff, r):
     string, hash_key = long_key("scan:s", 70_000), long_key("scan:h", 80_000)
-    both(diff, "SET", string, "v")
-    both(diff, "HSET", hash_key, "f", "v")
-    both(diff, "SET", "scan:short", "v")
-    both(diff, "SET", "other", "v")
+    diff.both("SET", string, "v")
+    diff.both("HSET", hash_key, "f", "v")
+    diff.both("SET", "scan:short", "v")
+    diff.both("SET", "other", "v")
     for pattern in ("*", "scan:*", "scan:?:*", "*\x00\x01\x02*", "nomatch*", "scan:h:*"):
-        both(diff, "KEYS", pattern, unordered=True)
-        both(diff, "SCAN", "0", "MATCH", pattern, "COUNT", "1000", unordered=True)
+        diff.both("KEYS", pattern, unordered=True)
+        diff.both("SCAN", "0", "MATCH", pattern, "COUNT", "1000", unordered=True)
     for kind in ("string", "hash", "zset"):
-        both(diff, "SCAN", "0", "TYPE", kind, "COUNT", "1000", unordered=True)
-    both(diff, "SCAN", "0", "MATCH", "scan:*", "TYPE", "hash", "COUNT", "1000", unordered=True)
+        diff.both("SCAN", "0", "TYPE", kind, "COUNT", "1000", unordered=True)
+    diff.both("SCAN", "0", "MATCH", "scan:*", "TYPE", "hash", "COUNT", "1000", unordered=True)
     # A walk one key at a time finds each key once, as its client wrote it.
     assert sorted(r.scan_iter(count=1)) == sorted([string, hash_key, b"scan:short", b"other"])
-    both(diff, "DEL", "scan:short", "other", string)
-    both(diff, "RANDOMKEY")
+    diff.both("DEL", "scan:short", "other", string)
+    diff.both("RANDOMKEY")
     assert r.randomkey() == hash_key
 
 
@@ -378,11 +352,11 @@ def test_dump_and_restore_carry_long_keys(diff, server, oracle, r):
     """)
     for key in (keys["K"], keys["K2"]):
         ours_payload, their_payload = r.dump(key), theirs.dump(key)
-        both(diff, "RESTORE", keys["K3"], "0", their_payload, "REPLACE")
-        both(diff, "TYPE", keys["K3"])
+        diff.both("RESTORE", keys["K3"], "0", their_payload, "REPLACE")
+        diff.both("TYPE", keys["K3"])
         assert r.restore(keys["K3"], 0, ours_payload, replace=True) in (True, b"OK")
         assert r.dump(keys["K3"]) == ours_payload
-    both(diff, "HGETALL", keys["K3"], unordered=True)
+    diff.both("HGETALL", keys["K3"], unordered=True)
     theirs.close()
 
 

@@ -769,6 +769,17 @@ struct Config {
 }
 
 impl Config {
+    /// One in-place shard, RWF_DSYNC writes, batches of one record: the reduced reproductions'.
+    fn plain(seed: u64) -> Config {
+        Config {
+            seed,
+            durability: WriteDurability::Dsync,
+            shards: 1,
+            append: false,
+            batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
+        }
+    }
+
     fn open(&self, disk: &SimDisk) -> Result<Db, OpenError> {
         let options = Options {
             shards: self.shards,
@@ -1376,13 +1387,7 @@ fn slab_creation_while_writes_are_in_flight_loses_no_completion() {
     for seed in 0..200u64 {
         let finished = finishes_within(10, move || {
             let disk = SimDisk::new(seed);
-            let config = Config {
-                seed,
-                durability: WriteDurability::Dsync,
-                shards: 1,
-                append: false,
-                batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
-            };
+            let config = Config::plain(seed);
             let db = config.open(&disk).unwrap();
             // Small puts (one page write in flight), then the first item of another size class.
             let keys: Vec<[u8; 2]> = (0..8u8).map(|i| [b'k', i]).collect();
@@ -1417,13 +1422,7 @@ fn slab_creation_while_writes_are_in_flight_loses_no_completion() {
 #[test]
 fn recovery_that_cannot_erase_a_replayed_batch_record_returns() {
     let seed = 1;
-    let config = Config {
-        seed,
-        durability: WriteDurability::Dsync,
-        shards: 1,
-        append: false,
-        batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
-    };
+    let config = Config::plain(seed);
     let disk = SimDisk::new(seed);
     let db = config.open(&disk).unwrap();
     // Create both size classes first: the members' (133-byte records) and the batch record's.
@@ -1482,13 +1481,7 @@ fn recovery_that_cannot_erase_a_replayed_batch_record_returns() {
 #[test]
 fn open_returns_the_error_of_a_shard_that_fails_to_open() {
     let seed = 2;
-    let config = Config {
-        seed,
-        durability: WriteDurability::Dsync,
-        shards: 1,
-        append: false,
-        batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
-    };
+    let config = Config::plain(seed);
     let disk = SimDisk::new(seed);
     let db = config.open(&disk).unwrap();
     db.put(b"a", b"1").unwrap();
@@ -1498,13 +1491,7 @@ fn open_returns_the_error_of_a_shard_that_fails_to_open() {
     for attempt_number in 0..20 {
         let attempt = image.restart();
         attempt.crash_after_ops(1);
-        let config = Config {
-            seed,
-            durability: WriteDurability::Dsync,
-            shards: 1,
-            append: false,
-            batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
-        };
+        let config = Config::plain(seed);
         let result = finishes_within(10, move || {
             config.open(&attempt).map(drop).map_err(|err| err.to_string())
         });
@@ -1536,13 +1523,7 @@ fn open_returns_the_error_of_a_shard_that_fails_to_open() {
 fn a_batch_racing_a_newer_put_leaves_the_same_value_in_memory_and_on_disk() {
     for seed in 0..20u64 {
         let disk = SimDisk::new(seed);
-        let config = Config {
-            seed,
-            durability: WriteDurability::Dsync,
-            shards: 1,
-            append: false,
-            batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
-        };
+        let config = Config::plain(seed);
         let db = config.open(&disk).unwrap();
         // The put's record is in another size class than the batch record, so their page
         // writes complete in either order.
@@ -1588,13 +1569,7 @@ fn a_batch_racing_a_newer_put_leaves_the_same_value_in_memory_and_on_disk() {
 fn a_delete_racing_an_older_put_stays_deleted_after_reopen() {
     for seed in 0..40u64 {
         let disk = SimDisk::new(seed);
-        let config = Config {
-            seed,
-            durability: WriteDurability::Dsync,
-            shards: 1,
-            append: false,
-            batch_record_bytes_max: copse::limits::BATCH_RECORD_BYTES_MAX,
-        };
+        let config = Config::plain(seed);
         let db = config.open(&disk).unwrap();
         db.put(b"k", b"v1").unwrap();
         let v2 = vec![b'2'; 300];

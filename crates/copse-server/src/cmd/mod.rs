@@ -1234,11 +1234,21 @@ pub struct Dispatched {
     /// A blocking command (BLPOP and the like): it may wait for a long time, so the connection
     /// sends the replies before it first and watches for its client going away meanwhile.
     pub blocking: bool,
+    /// SWAPDB: while it waits (for the swap, and for the other connections' waves), its
+    /// connection runs nothing under any map, so it must not count as busy under the old one:
+    /// two connections each waiting in a SWAPDB for the other's wave deadlocked (found by the
+    /// long keys' review: pipelined SETs and SWAPDBs from three connections hung the server).
+    pub holds_no_map: bool,
 }
 
 /// Handles one command: checks it is known, its arity and authentication, then runs it.
 pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispatched {
-    let refused = |outcome| Dispatched { outcome, reply_size: ReplySize::Small, blocking: false };
+    let refused = |outcome| Dispatched {
+        outcome,
+        reply_size: ReplySize::Small,
+        blocking: false,
+        holds_no_map: false,
+    };
     let Some(spec) = find_ignoring_case(&args[0]) else {
         return refused(Outcome::error(unknown_command(&args)));
     };
@@ -1311,7 +1321,8 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
             }
         }
     };
-    Dispatched { outcome, reply_size, blocking }
+    let holds_no_map = spec.name == "swapdb";
+    Dispatched { outcome, reply_size, blocking, holds_no_map }
 }
 
 /// How large a command's reply can be, before it runs.

@@ -245,7 +245,8 @@ async fn connection_loop(
         conn.info.busy_epoch.store(server.databases.epoch(), Ordering::SeqCst);
         let mut close = false;
         for args in wave.drain(..) {
-            let Dispatched { outcome, reply_size, blocking } = dispatch(server, conn, args);
+            let Dispatched { outcome, reply_size, blocking, holds_no_map } =
+                dispatch(server, conn, args);
             match outcome {
                 Outcome::Reply(reply) => pending.push(Slot::Ready(reply), conn.protocol, 0),
                 Outcome::Execs(execs) => {
@@ -274,7 +275,14 @@ async fn connection_loop(
                         return Ok(end);
                     }
                     if !blocking {
+                        // Everything before it is answered: a SWAPDB's wait holds no map.
+                        if holds_no_map {
+                            conn.info.busy_epoch.store(IDLE_EPOCH, Ordering::SeqCst);
+                        }
                         let reply = future.await;
+                        if holds_no_map {
+                            conn.info.busy_epoch.store(server.databases.epoch(), Ordering::SeqCst);
+                        }
                         pending.push(Slot::Ready(reply), conn.protocol, 0);
                         continue;
                     }
