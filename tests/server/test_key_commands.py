@@ -717,16 +717,18 @@ def rdb_len(n: int) -> bytes:
 def test_a_payload_larger_than_a_batch_is_refused_before_it_takes_memory(r, server):
     # 1,100,000 one-byte elements in 2.2 MB: more than RESTORE_ELEMENTS_MAX (1,048,576).
     many = payload(b"\x01" + rdb_len(1_100_000) + b"\x01x" * 1_100_000)
-    rss_before = server.rss_bytes()
-    started = time.monotonic()
-    with pytest.raises(redis.ResponseError, match="more than copse restores in one atomic batch"):
-        r.restore("bomb", 0, many)
     # A quicklist of LZF nodes that each claim 16 MiB: refused by the byte budget, not expanded
-    # into gigabytes (a review's 381 KB payload took 4 GB and 27 s).
+    # into gigabytes (a review's 381 KB payload took 4 GB and 27 s). Both payloads are built
+    # before the clock starts: their CRC, in Python, takes seconds on a loaded machine (a
+    # `make test` failed on it), the server's answers milliseconds.
     lzf = bytes([0, ord("a")]) + bytes([0xE0, 0xFF, 0x00]) * 63_000  # ~16.6 MB once expanded
     expanded = 1 + 264 * 63_000
     node = b"\x02" + b"\xc3" + rdb_len(len(lzf)) + rdb_len(expanded) + lzf
     bomb = payload(b"\x12" + rdb_len(40) + node * 40)
+    rss_before = server.rss_bytes()
+    started = time.monotonic()
+    with pytest.raises(redis.ResponseError, match="more than copse restores in one atomic batch"):
+        r.restore("bomb", 0, many)
     with pytest.raises(redis.ResponseError):
         r.restore("bomb", 0, bomb)
     assert time.monotonic() - started < 5
