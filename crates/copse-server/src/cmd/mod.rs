@@ -227,6 +227,31 @@ impl Outcome {
     pub fn error(text: impl Into<String>) -> Outcome {
         Outcome::Reply(Reply::Error(text.into()))
     }
+
+    /// This outcome with `change` applied to its reply, however it is answered.
+    pub fn map_reply(self, change: impl FnOnce(Reply) -> Reply + 'static) -> Outcome {
+        match self {
+            Outcome::Reply(reply) => Outcome::Reply(change(reply)),
+            Outcome::Close(reply) => Outcome::Close(change(reply)),
+            Outcome::AfterPending(future) => {
+                Outcome::AfterPending(Box::pin(async move { change(future.await) }))
+            }
+            Outcome::Execs(Execs::One { queued, answer }) => Outcome::Execs(Execs::Many {
+                queued: vec![queued],
+                answers: vec![answer],
+                combine: Box::new(move |mut replies| {
+                    change(replies.pop().unwrap_or_else(|| Reply::error("ERR internal error")))
+                }),
+            }),
+            Outcome::Execs(Execs::Many { queued, answers, combine }) => {
+                Outcome::Execs(Execs::Many {
+                    queued,
+                    answers,
+                    combine: Box::new(move |replies| change(combine(replies))),
+                })
+            }
+        }
+    }
 }
 
 /// A command's execs and how its answer comes from theirs.
@@ -1315,7 +1340,7 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
                 other => other,
             };
             if names::REPLIES_NAMING_A_KEY.contains(&spec.name) {
-                names::map_reply(outcome, move |reply| names::key_back_in_reply(reply, &names))
+                outcome.map_reply(move |reply| names::key_back_in_reply(reply, &names))
             } else {
                 outcome
             }

@@ -42,7 +42,7 @@ use std::task::{Context, Poll};
 use copse::BatchOp;
 
 use super::namespace::NAMESPACE_FIRST_BYTE_MIN;
-use super::{Execs, Outcome, Spec};
+use super::Spec;
 use crate::keyspace::{self, REDIS_KEY_BYTES_MAX};
 use crate::resp::Reply;
 
@@ -284,7 +284,6 @@ pub fn maintain(ops: &mut Vec<BatchOp>, names: Option<&Names>) -> Result<(), Rep
             added.push(BatchOp::Delete { key: item });
         }
     }
-    drop(named);
     ops.extend(added);
     Ok(())
 }
@@ -352,29 +351,6 @@ pub fn key_back_in_reply(reply: Reply, names: &Names) -> Reply {
             Reply::Array(items)
         }
         other => other,
-    }
-}
-
-/// `outcome` with `change` applied to its reply, however it is answered.
-pub fn map_reply(outcome: Outcome, change: impl FnOnce(Reply) -> Reply + 'static) -> Outcome {
-    match outcome {
-        Outcome::Reply(reply) => Outcome::Reply(change(reply)),
-        Outcome::Close(reply) => Outcome::Close(change(reply)),
-        Outcome::AfterPending(future) => {
-            Outcome::AfterPending(Box::pin(async move { change(future.await) }))
-        }
-        Outcome::Execs(Execs::One { queued, answer }) => Outcome::Execs(Execs::Many {
-            queued: vec![queued],
-            answers: vec![answer],
-            combine: Box::new(move |mut replies| {
-                change(replies.pop().unwrap_or_else(|| Reply::error("ERR internal error")))
-            }),
-        }),
-        Outcome::Execs(Execs::Many { queued, answers, combine }) => Outcome::Execs(Execs::Many {
-            queued,
-            answers,
-            combine: Box::new(move |replies| change(combine(replies))),
-        }),
     }
 }
 

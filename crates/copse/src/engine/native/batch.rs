@@ -47,9 +47,8 @@ pub(super) struct BatchState {
     seq: u64,
     /// The batch's durable records: its Batch (or committed Part) record, or its chain's.
     records: Vec<Loc>,
-    /// Its records not yet durable, and how many it has (one, or its chain's).
+    /// Its records not yet durable.
     records_waiting: usize,
-    records_total: usize,
     /// Members written and not yet durable.
     members_waiting: usize,
     /// Erasures of its records not yet durable, once it is applied.
@@ -123,8 +122,7 @@ impl NativeEngine {
         let seq = self.seqs.take();
         let held = self.hold_batch_keys(&ops);
         let batch = self.start_batch(ops, slots, seq, held, Vec::new(), Some(reply), part);
-        let state = self.batches.get_mut(batch).expect("just started");
-        (state.records_waiting, state.records_total) = (records.len(), records.len());
+        self.batches.get_mut(batch).expect("just started").records_waiting = records.len();
         self.place_records(records, kind, seq, value, || Effect::BatchRecord { batch });
     }
 
@@ -247,7 +245,6 @@ impl NativeEngine {
         let state = BatchState {
             queued: ops.into_iter().zip(slots).collect(),
             seq,
-            records_total: records.len(),
             records,
             records_waiting: 0,
             members_waiting: 0,
@@ -402,7 +399,8 @@ impl NativeEngine {
     pub(super) fn batch_member_failed(&mut self, batch: u64, err: WriteError) {
         let Some(mut state) = self.batches.remove(batch) else { return };
         let recorded = state.recorded();
-        if !recorded && state.records_total > 1 && !self.is_poisoned() {
+        let chained = state.records.len() + state.records_waiting > 1;
+        if !recorded && chained && !self.is_poisoned() {
             // A record of a chain failed while others may still be in flight or durable: their
             // sequence number cannot be finished, nor their slots freed, until they complete,
             // and a half-written chain is recovery's to erase. The engine stops writing (the

@@ -48,10 +48,8 @@ pub struct Part {
     stage: Stage,
     /// Durable records of the part, in erasure order (a chain's records one after the other).
     records: Vec<Loc>,
-    /// Records of the prepared record's chain not yet durable, while preparing, and how many it
-    /// has.
+    /// Records of the prepared record's chain not yet durable, while preparing.
     records_waiting: usize,
-    records_total: usize,
     /// Key hashes counted as stale while the committed record exists.
     held: Vec<u64>,
     /// Who waits for the prepare or the forget under way.
@@ -71,7 +69,6 @@ impl Part {
             },
             records,
             records_waiting: 0,
-            records_total: 0,
             held: Vec::new(),
             reply: None,
         }
@@ -120,7 +117,6 @@ impl NativeEngine {
                 stage: Stage::Preparing,
                 records: Vec::new(),
                 records_waiting: records.len(),
-                records_total: records.len(),
                 held: Vec::new(),
                 reply: Some(reply),
             },
@@ -154,7 +150,8 @@ impl NativeEngine {
     /// in flight when one fails).
     pub(super) fn part_preparing_a_chain(&self, gsn: u64) -> bool {
         self.parts.get(&gsn).is_some_and(|part| {
-            part.stage == Stage::Preparing && part.records_total > 1
+            // While preparing, `records` holds the chain's durable records only.
+            part.stage == Stage::Preparing && part.records.len() + part.records_waiting > 1
         })
     }
 

@@ -379,17 +379,25 @@ impl Found {
         }
         self.broken_chains = sorted.incomplete;
         for chain in sorted.whole {
-            let decoded = match chain.whole {
-                RecordKind::Batch => decode_batch(&chain.value)
-                    .map(|ops| self.batches.push((chain.records.clone(), chain.seq, ops))),
-                _ => part::decode(&chain.value)
-                    .map(|record| self.parts.push((chain.records.clone(), chain.seq, record))),
+            let reason = match chain.whole {
+                RecordKind::Batch => match decode_batch(&chain.value) {
+                    Ok(ops) => {
+                        self.batches.push((chain.records, chain.seq, ops));
+                        continue;
+                    }
+                    Err(reason) => reason,
+                },
+                _ => match part::decode(&chain.value) {
+                    Ok(record) => {
+                        self.parts.push((chain.records, chain.seq, record));
+                        continue;
+                    }
+                    Err(reason) => reason,
+                },
             };
-            if let Err(reason) = decoded {
-                let reason = format!("a whole chain of seq {} does not decode: {reason}", chain.seq);
-                for loc in chain.records {
-                    self.corrupt_slot(shard_id, loc, &reason);
-                }
+            let reason = format!("a whole chain of seq {} does not decode: {reason}", chain.seq);
+            for loc in chain.records {
+                self.corrupt_slot(shard_id, loc, &reason);
             }
         }
     }
