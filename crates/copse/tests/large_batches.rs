@@ -9,11 +9,10 @@ mod common;
 use common::make_value;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use copse::interfaces::check::{check_store, CheckOptions};
 use copse::limits::{BATCH_MEMBERS_IN_FLIGHT_MAX, BATCH_RECORD_BYTES_MAX, WRITE_BATCH_OPS_MAX};
-use copse::shard::exec::{Exec, ExecStep, ExecView, ReadOp, ReadResult, StepInput};
 use copse::{Db, Options, WriteBatch, WriteError};
 
 /// Keys of the large batches: four waves of members.
@@ -43,80 +42,58 @@ fn options() -> Options {
     common::options(1)
 }
 
-/// Reads keys in one step of an exec program: the reads of one step see the shard at one moment
-/// (the embedded `multi_get` sends each key as its own request, which may straddle a batch).
-struct ReadTogether {
-    keys: Vec<Vec<u8>>,
-    answer: Option<mpsc::Sender<Values>>,
+/// The round whose batch wrote `value` (0: no value).
+fn round_in(value: Option<Vec<u8>>) -> usize {
+    value.map_or(0, |value| {
+        let tag_end = value.iter().position(|&b| b == b'|').expect("a tagged value");
+        let tag = std::str::from_utf8(&value[1..tag_end]).expect("ascii");
+        tag.split('-').next().unwrap().parse().expect("a round")
+    })
 }
 
-/// The values `ReadTogether` read, or what failed.
-type Values = Result<Vec<Option<Vec<u8>>>, String>;
-
-impl Exec for ReadTogether {
-    fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
-        let answer = self.answer.take().expect("answered once");
-        match input {
-            StepInput::Start => {
-                self.answer = Some(answer);
-                ExecStep::Read(self.keys.iter().map(|key| ReadOp::Get(key.clone())).collect())
-            }
-            StepInput::Read(Ok(results)) => {
-                let values = results
-                    .into_iter()
-                    .map(|result| match result {
-                        ReadResult::Value(value) => value,
-                        other => panic!("a get answered {other:?}"),
-                    })
-                    .collect();
-                let _ = answer.send(Ok(values));
-                ExecStep::Done
-            }
-            other => {
-                let _ = answer.send(Err(format!("{other:?}")));
-                ExecStep::Done
-            }
-        }
+/// Reads the probe keys one after another, each read starting once the one before is answered,
+/// and returns the rounds found, in `probes` order. Each get returns the value live at some
+/// moment between its start and its answer, and batches are written in increasing rounds; so
+/// if every batch becomes visible at one moment, the rounds never decrease along the reads. A
+/// batch applied key by key would show a later key older than an earlier one whenever the reads
+/// pass the keys in the other order than the batch applies them: the reader tries both orders.
+/// (The reads are not one snapshot: a batch applied between two of them shows, and that is
+/// allowed.)
+fn rounds_in_order(db: &Db, probes: &[usize]) -> Result<Vec<usize>, String> {
+    let mut rounds = Vec::with_capacity(probes.len());
+    for &i in probes {
+        rounds.push(round_in(db.get(&key(i)).map_err(|err| err.to_string())?));
     }
-}
-
-/// Which round's batch each of a few probe keys holds, if they agree (one shard: `options`).
-fn round_of(db: &Db, probes: &[usize]) -> Result<Option<usize>, String> {
-    let keys: Vec<Vec<u8>> = probes.iter().map(|&i| key(i)).collect();
-    let (answer, receiver) = mpsc::channel();
-    db.exec(0, Vec::new(), Box::new(ReadTogether { keys, answer: Some(answer) }));
-    let values = receiver.recv().map_err(|err| err.to_string())??;
-    let rounds: Vec<Option<usize>> = values
-        .iter()
-        .map(|value| {
-            value.as_ref().map(|value| {
-                let tag_end = value.iter().position(|&b| b == b'|').expect("a tagged value");
-                let tag = std::str::from_utf8(&value[1..tag_end]).expect("ascii");
-                tag.split('-').next().unwrap().parse().expect("a round")
-            })
-        })
-        .collect();
-    if rounds.windows(2).all(|pair| pair[0] == pair[1]) {
-        Ok(rounds[0])
+    if rounds.windows(2).all(|pair| pair[0] <= pair[1]) {
+        Ok(rounds)
     } else {
-        Err(format!("half a batch: rounds {rounds:?} at keys {probes:?}"))
+        Err(format!("half a batch: rounds {rounds:?} read in turn at keys {probes:?}"))
     }
+}
+
+/// The one round every probe key holds, with no batch being written.
+fn settled_round(db: &Db, probes: &[usize]) -> usize {
+    let rounds = rounds_in_order(db, probes).unwrap();
+    assert!(rounds.windows(2).all(|pair| pair[0] == pair[1]), "rounds {rounds:?}");
+    rounds[0]
 }
 
 #[test]
 fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), options()).unwrap();
-    // A reader probes keys from the first wave, the middle and the last wave while batches of
-    // every key are written: it must never see two rounds at once.
+    // A reader probes keys from the first wave, the middle and the last wave, forwards and
+    // backwards, while batches of every key are written: it must never see a batch in part.
     let probes = [0, 1, KEYS / 2, KEYS - 2, KEYS - 1];
+    let backwards: Vec<usize> = probes.iter().rev().copied().collect();
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicU64::new(0));
     let reader = {
         let (db, stop, reads) = (db.clone(), stop.clone(), reads.clone());
         std::thread::spawn(move || -> Result<(), String> {
             while !stop.load(Ordering::Relaxed) {
-                round_of(&db, &probes)?;
+                rounds_in_order(&db, &probes)?;
+                rounds_in_order(&db, &backwards)?;
                 reads.fetch_add(1, Ordering::Relaxed);
             }
             Ok(())
@@ -124,7 +101,7 @@ fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
     };
     for round in 1..=3 {
         db.write_batch(batch(round)).unwrap();
-        assert_eq!(round_of(&db, &probes).unwrap(), Some(round));
+        assert_eq!(settled_round(&db, &probes), round);
     }
     stop.store(true, Ordering::Relaxed);
     reader.join().unwrap().unwrap();
@@ -151,7 +128,7 @@ fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
     }
     db.write_batch(delete_all).unwrap();
     assert_eq!(db.stats().unwrap().items, 0);
-    assert_eq!(round_of(&db, &probes).unwrap(), None);
+    assert_eq!(settled_round(&db, &probes), 0);
 }
 
 /// With records of 256 bytes, even small batches are chains of many records: a mix of batch

@@ -182,7 +182,11 @@ impl Db {
         Ok(parts.into_iter().collect())
     }
 
-    /// Several keys' values, as of one moment: a cross-shard batch is seen whole or not at all.
+    /// Several keys' values. Each is a value its key held during the call, and a cross-shard
+    /// batch is seen whole or not at all (the read is retried if one was decided during it).
+    /// Not yet a snapshot within one shard: the shard answers each key as its own get, so a
+    /// batch of that shard applied between two of them is seen for the later keys only. (The
+    /// server's MGET is consistent: its execs hold the keys' locks.)
     pub fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, ReadError> {
         futures::executor::block_on(self.multi_get_async(keys))
     }
