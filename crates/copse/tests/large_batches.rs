@@ -71,6 +71,18 @@ fn rounds_in_order(db: &Db, probes: &[usize]) -> Result<Vec<usize>, String> {
     }
 }
 
+/// The round all the probe keys hold in one `multi_get`, which reads them at one moment.
+fn round_at_one_moment(db: &Db, probes: &[usize]) -> Result<usize, String> {
+    let keys: Vec<Vec<u8>> = probes.iter().map(|&i| key(i)).collect();
+    let values = db.multi_get(&keys).map_err(|err| err.to_string())?;
+    let rounds: Vec<usize> = values.into_iter().map(round_in).collect();
+    if rounds.windows(2).all(|pair| pair[0] == pair[1]) {
+        Ok(rounds[0])
+    } else {
+        Err(format!("half a batch: rounds {rounds:?} in one multi_get of keys {probes:?}"))
+    }
+}
+
 /// The one round every probe key holds, with no batch being written.
 fn settled_round(db: &Db, probes: &[usize]) -> usize {
     let rounds = rounds_in_order(db, probes).unwrap();
@@ -82,8 +94,9 @@ fn settled_round(db: &Db, probes: &[usize]) -> usize {
 fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), options()).unwrap();
-    // A reader probes keys from the first wave, the middle and the last wave, forwards and
-    // backwards, while batches of every key are written: it must never see a batch in part.
+    // A reader probes keys from the first wave, the middle and the last wave, in turn
+    // (forwards and backwards) and in one multi_get, while batches of every key are written:
+    // it must never see a batch in part.
     let probes = [0, 1, KEYS / 2, KEYS - 2, KEYS - 1];
     let backwards: Vec<usize> = probes.iter().rev().copied().collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -94,6 +107,7 @@ fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
             while !stop.load(Ordering::Relaxed) {
                 rounds_in_order(&db, &probes)?;
                 rounds_in_order(&db, &backwards)?;
+                round_at_one_moment(&db, &probes)?;
                 reads.fetch_add(1, Ordering::Relaxed);
             }
             Ok(())
@@ -129,6 +143,50 @@ fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
     db.write_batch(delete_all).unwrap();
     assert_eq!(db.stats().unwrap().items, 0);
     assert_eq!(settled_round(&db, &probes), 0);
+}
+
+/// A `multi_get` of one shard's keys reads them at one moment, also when some keys are
+/// answered from the cache at once and others need a read of the device: readers never see a
+/// batch in part, over batch after batch. Half the keys hold 100-byte values (their pages stay
+/// cached), half 20 KiB values (multi-page records, read from the device every time), so each
+/// multi-get has answered keys of both kinds while batches are applied.
+#[test]
+fn a_multi_get_of_one_shard_reads_its_keys_at_one_moment() {
+    const KEYS_HERE: usize = 64;
+    const ROUNDS: usize = 300;
+    const READERS: usize = 2;
+    let value_bytes = |i: usize| if i.is_multiple_of(2) { 100 } else { 20 << 10 };
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let probes: Vec<usize> = (0..KEYS_HERE).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            let (db, stop, reads, probes) =
+                (db.clone(), stop.clone(), reads.clone(), probes.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                while !stop.load(Ordering::Relaxed) {
+                    round_at_one_moment(&db, &probes)?;
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for round in 1..=ROUNDS {
+        let mut batch = WriteBatch::new();
+        for i in 0..KEYS_HERE {
+            batch.put(key(i), make_value(&format!("r{round}-{i}"), value_bytes(i)));
+        }
+        db.write_batch(batch).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().unwrap().unwrap();
+    }
+    assert!(reads.load(Ordering::Relaxed) > 0);
+    assert_eq!(round_at_one_moment(&db, &probes).unwrap(), ROUNDS);
 }
 
 /// With records of 256 bytes, even small batches are chains of many records: a mix of batch

@@ -125,6 +125,12 @@ pub enum Request {
         key: Vec<u8>,
         reply: Reply<Option<Vec<u8>>, ReadError>,
     },
+    /// Several keys' values, as of one moment (a batch is seen whole or not at all), in the
+    /// keys' order.
+    MultiGet {
+        keys: Vec<Vec<u8>>,
+        reply: Reply<Vec<Option<Vec<u8>>>, ReadError>,
+    },
     Put {
         key: Vec<u8>,
         value: Vec<u8>,
@@ -199,7 +205,7 @@ impl Request {
             Request::Put { .. } | Request::Delete { .. } | Request::Batch { .. } => {
                 RequestKind::Write
             }
-            Request::Scan { .. } => RequestKind::Scan,
+            Request::Scan { .. } | Request::MultiGet { .. } => RequestKind::Scan,
             Request::Flush { .. }
             | Request::Settle { .. }
             | Request::Stats { .. }
@@ -215,6 +221,7 @@ impl Request {
 pub enum RequestKind {
     Get,
     Write,
+    /// Reads of several keys at one moment: scans and multi-gets.
     Scan,
     Control,
     /// The cross-shard batch protocol; never parked behind the keys it holds.

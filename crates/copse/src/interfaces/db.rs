@@ -182,11 +182,9 @@ impl Db {
         Ok(parts.into_iter().collect())
     }
 
-    /// Several keys' values. Each is a value its key held during the call, and a cross-shard
-    /// batch is seen whole or not at all (the read is retried if one was decided during it).
-    /// Not yet a snapshot within one shard: the shard answers each key as its own get, so a
-    /// batch of that shard applied between two of them is seen for the later keys only. (The
-    /// server's MGET is consistent: its execs hold the keys' locks.)
+    /// Several keys' values, as of one moment: a batch is seen whole or not at all. Each shard
+    /// reads its keys at one moment (`Request::MultiGet`), and the read is retried if a
+    /// cross-shard batch was decided during it.
     pub fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, ReadError> {
         futures::executor::block_on(self.multi_get_async(keys))
     }
@@ -198,17 +196,26 @@ impl Db {
         for key in keys {
             check_key(key)?;
         }
+        // Each shard's keys, by their places in `keys`.
+        let mut places: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (place, key) in keys.iter().enumerate() {
+            places.entry(shard_of(key, self.shard_count())).or_default().push(place);
+        }
         self.read_consistently(|| async {
-            let pending: Vec<_> = keys
+            let pending: Vec<_> = places
                 .iter()
-                .map(|key| {
-                    self.router()
-                        .send(key, ReadError::Closed, |key, reply| Request::Get { key, reply })
+                .map(|(&shard, places)| {
+                    let (reply, receiver) = futures::channel::oneshot::channel();
+                    let keys = places.iter().map(|&place| keys[place].clone()).collect();
+                    let request = Request::MultiGet { keys, reply };
+                    self.router().send_to(shard, ReadError::Closed, request, receiver)
                 })
                 .collect();
-            let mut values = Vec::with_capacity(keys.len());
-            for reply in pending {
-                values.push(reply.into_future().await?);
+            let mut values = vec![None; keys.len()];
+            for (reply, places) in pending.into_iter().zip(places.values()) {
+                for (value, &place) in reply.into_future().await?.into_iter().zip(places) {
+                    values[place] = value;
+                }
             }
             Ok(values)
         })

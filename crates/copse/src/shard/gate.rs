@@ -50,6 +50,11 @@ enum Intercepted {
         receiver: oneshot::Receiver<Result<Option<Vec<u8>>, ReadError>>,
         reply: Reply<Option<Vec<u8>>, ReadError>,
     },
+    MultiGet {
+        keys: Vec<Vec<u8>>,
+        receiver: oneshot::Receiver<Result<Vec<Option<Vec<u8>>>, ReadError>>,
+        reply: Reply<Vec<Option<Vec<u8>>>, ReadError>,
+    },
     Scan {
         start: Bound<Vec<u8>>,
         end: Bound<Vec<u8>>,
@@ -195,6 +200,27 @@ impl Gate {
                         answered = true;
                     }
                 },
+                Intercepted::MultiGet { keys, mut receiver, reply } => match receiver.try_recv() {
+                    Ok(None) => {
+                        self.intercepted.push(Intercepted::MultiGet { keys, receiver, reply })
+                    }
+                    Ok(Some(result)) => {
+                        let result = result.map(|mut values| {
+                            for (key, value) in keys.iter().zip(&mut values) {
+                                if let Some(overlay) = self.overlay(key) {
+                                    *value = overlay.map(<[u8]>::to_vec);
+                                }
+                            }
+                            values
+                        });
+                        let _ = reply.send(result);
+                        answered = true;
+                    }
+                    Err(oneshot::Canceled) => {
+                        let _ = reply.send(Err(ReadError::Closed));
+                        answered = true;
+                    }
+                },
                 Intercepted::Scan { start, end, limit, mut receiver, reply } => {
                     match receiver.try_recv() {
                         Ok(None) => self.intercepted.push(Intercepted::Scan {
@@ -267,6 +293,7 @@ impl Gate {
             Request::Batch { ops, .. } => &mut ops.iter().map(BatchOp::key),
             // Reads of locked keys (failed ones included) are intercepted, not held back.
             Request::Get { .. }
+            | Request::MultiGet { .. }
             | Request::Scan { .. }
             | Request::Stats { .. }
             | Request::Scrub { .. } => return Blocked::No,
@@ -312,6 +339,14 @@ impl Gate {
                 let (inner, receiver) = oneshot::channel();
                 self.engine.handle(Request::Get { key: key.clone(), reply: inner });
                 self.intercepted.push(Intercepted::Get { key, receiver, reply });
+                None
+            }
+            Request::MultiGet { keys, reply }
+                if keys.iter().any(|key| self.locked.contains_key(key)) =>
+            {
+                let (inner, receiver) = oneshot::channel();
+                self.engine.handle(Request::MultiGet { keys: keys.clone(), reply: inner });
+                self.intercepted.push(Intercepted::MultiGet { keys, receiver, reply });
                 None
             }
             Request::Scan { start, end, limit, reply }

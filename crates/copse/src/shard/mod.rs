@@ -221,6 +221,9 @@ pub(crate) fn reject(request: Request) {
         Request::Scan { reply, .. } => {
             let _ = reply.send(Err(ReadError::Closed));
         }
+        Request::MultiGet { reply, .. } => {
+            let _ = reply.send(Err(ReadError::Closed));
+        }
         Request::Stats { reply } => {
             let _ = reply.send(Err(ReadError::Closed));
         }

@@ -160,6 +160,7 @@ pub struct NativeEngine {
     /// What recovery found, for `recovered_parts`.
     recovered_parts: Vec<crate::engine::part::PartRecord>,
     scans: Scans,
+    multi_gets: read::MultiGets,
     /// The online scrub under way, if any.
     scrub: Option<scrub::Scrub>,
 
@@ -201,6 +202,7 @@ impl NativeEngine {
             parts: HashMap::default(),
             recovered_parts: Vec::new(),
             scans: Scans::new(),
+            multi_gets: read::MultiGets::new(),
             scrub: None,
             record_scratch: Vec::new(),
             recovery: RecoveryStats::default(),
@@ -401,6 +403,7 @@ impl ShardEngine for NativeEngine {
     fn handle(&mut self, request: Request) {
         match request {
             Request::Get { key, reply } => self.get(key, reply),
+            Request::MultiGet { keys, reply } => self.multi_get(keys, reply),
             Request::Put { key, value, reply } => self.put(key, value, Origin::Put(reply), None),
             Request::Delete { key, reply } => self.delete(key, reply),
             Request::Batch { ops, reply } => self.batch(ops, reply),

@@ -57,6 +57,7 @@ pub(super) enum PageWaiter {
     /// `entry`: the index's, looked up when its index `changes` count was this.
     Get { key: Vec<u8>, reply: Reply<Option<Vec<u8>>, ReadError>, entry: Entry, changes: u64 },
     ScanItem { scan: u64, item: usize },
+    MultiGetItem { multi_get: u64, item: usize },
     ChainPop { class: u8, chain: usize, slot: u64 },
 }
 
@@ -428,6 +429,7 @@ impl NativeEngine {
                 self.get_after_pages(key, reply, entry, changes)
             }
             PageWaiter::ScanItem { scan, item } => self.scan_item(scan, item),
+            PageWaiter::MultiGetItem { multi_get, item } => self.multi_get_item(multi_get, item),
             PageWaiter::ChainPop { class, chain, slot } => self.pop_chain_head(class, chain, slot),
         }
     }
@@ -442,6 +444,9 @@ impl NativeEngine {
             }
             PageWaiter::ScanItem { scan, .. } => {
                 self.scan_item_failed(scan, ReadError::Device(err.clone()))
+            }
+            PageWaiter::MultiGetItem { multi_get, .. } => {
+                self.multi_get_finished(multi_get, Err(ReadError::Device(err.clone())))
             }
             PageWaiter::ChainPop { class, chain, .. } => {
                 self.slabs.free[class as usize].abort(chain)

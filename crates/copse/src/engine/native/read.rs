@@ -12,6 +12,12 @@
 //! break is asserted: an indexed in-page record lies in a page below its file's frontier (the
 //! collector and the scrub read nothing past it), checked in `resolve`.
 //!
+//! A multi-get (`Request::MultiGet`) is one snapshot: its keys are looked up together, at one
+//! moment, and each value is taken from the record its entry named then, checked to carry that
+//! entry's seq (a key's (key, seq) names one version). A slot freed and reused meanwhile fails
+//! that check; if the key's entry has changed since, the multi-get starts over at a new moment,
+//! else the record is corrupt and reported.
+//!
 //! `Scans` holds the scans under way: a scan is in it from its start until it is answered, once,
 //! when the last of its items is resolved (`waiting` counts those still out).
 
@@ -49,9 +55,27 @@ pub(super) struct ScanState {
     reply: Option<Reply<Vec<KeyValue>, ReadError>>,
 }
 
+/// Where a multi-get's answer goes: one value per key, in the keys' order.
+pub(super) type MultiGetReply = Reply<Vec<Option<Vec<u8>>>, ReadError>;
+
+/// A multi-get under way: in `MultiGets` from its start (or restart) until it is answered.
+pub(super) struct MultiGetState {
+    keys: Vec<Vec<u8>>,
+    /// Each key's index entry at the moment the multi-get was looked up.
+    entries: Vec<Option<Entry>>,
+    values: Vec<Option<Vec<u8>>>,
+    /// Keys whose value is not read yet.
+    waiting: usize,
+    reply: MultiGetReply,
+}
+
+/// The multi-gets under way, by id.
+pub(super) type MultiGets = Numbered<MultiGetState>;
+
 /// A read of exactly a record's pages (multi-page classes), or of a free chain's head.
 pub(super) enum DirectRead {
     Get { key: Vec<u8>, loc: Loc, reply: Reply<Option<Vec<u8>>, ReadError> },
+    MultiGetItem { multi_get: u64, item: usize, loc: Loc },
     ScanItem { scan: u64, item: usize, loc: Loc },
     ChainPop { class: u8, chain: usize, slot: u64 },
 }
@@ -184,6 +208,106 @@ impl NativeEngine {
             }
             Resolved::NeedRead(loc) => self.read_record(loc, DirectRead::Get { key, loc, reply }),
         }
+    }
+
+    /// Several keys' values as of one moment (see the module's header).
+    pub(super) fn multi_get(&mut self, keys: Vec<Vec<u8>>, reply: MultiGetReply) {
+        let mut entries = Vec::with_capacity(keys.len());
+        {
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            self.index.entries(&keys, &mut entries);
+        }
+        let count = keys.len();
+        let id = self.multi_gets.insert(MultiGetState {
+            keys,
+            entries,
+            values: vec![None; count],
+            waiting: count,
+            reply,
+        });
+        if count == 0 {
+            return self.multi_get_finished(id, Ok(()));
+        }
+        for item in 0..count {
+            // A failure or a restart ends the multi-get at once.
+            if self.multi_gets.get(id).is_none() {
+                return;
+            }
+            self.multi_get_item(id, item);
+        }
+    }
+
+    /// Reads one key of a multi-get from the record its entry named (again, after its pages
+    /// were read).
+    pub(super) fn multi_get_item(&mut self, multi_get: u64, item: usize) {
+        // Ended (failed or restarted) while this key's pages were read.
+        let Some(state) = self.multi_gets.get_mut(multi_get) else { return };
+        let entry = state.entries[item];
+        // Lent out of the state while it is resolved (an empty key costs no allocation).
+        let key = std::mem::take(&mut state.keys[item]);
+        let resolved = self.resolve_entry(&key, entry);
+        self.multi_gets.get_mut(multi_get).expect("resolving keeps it").keys[item] = key;
+        match resolved {
+            Resolved::Missing => self.multi_get_item_done(multi_get, item, None),
+            Resolved::Value(value) => self.multi_get_item_done(multi_get, item, Some(value)),
+            Resolved::Failed(err) => self.multi_get_item_failed(multi_get, item, err),
+            Resolved::NeedPages(entry, _) => {
+                self.wait_slot(entry.loc, PageWaiter::MultiGetItem { multi_get, item })
+            }
+            Resolved::NeedRead(loc) => {
+                self.read_record(loc, DirectRead::MultiGetItem { multi_get, item, loc })
+            }
+        }
+    }
+
+    fn direct_multi_get_item_done(&mut self, multi_get: u64, item: usize, loc: Loc, bytes: &[u8]) {
+        let Some(state) = self.multi_gets.get(multi_get) else { return };
+        let entry = state.entries[item].expect("a key read directly has an entry");
+        let key = state.keys[item].clone();
+        if self.index.entry(&key) != Some(entry) {
+            // Its slot may have been rewritten while the read was in flight (a torn image is
+            // no proof of corruption): start over.
+            return self.multi_get_restart(multi_get);
+        }
+        match self.verify_item(bytes, loc, &key, entry.seq) {
+            Ok(value) => self.multi_get_item_done(multi_get, item, Some(value)),
+            Err(err) => self.multi_get_finished(multi_get, Err(err)),
+        }
+    }
+
+    fn multi_get_item_done(&mut self, multi_get: u64, item: usize, value: Option<Vec<u8>>) {
+        let state = self.multi_gets.get_mut(multi_get).expect("an item of a live multi-get");
+        state.values[item] = value;
+        state.waiting -= 1;
+        if state.waiting == 0 {
+            self.multi_get_finished(multi_get, Ok(()));
+        }
+    }
+
+    /// A key's record did not hold the version its entry named: its slot was reused if the
+    /// key has changed since (then the multi-get starts over), else the record is corrupt.
+    fn multi_get_item_failed(&mut self, multi_get: u64, item: usize, err: ReadError) {
+        let state = self.multi_gets.get(multi_get).expect("an item of a live multi-get");
+        let moved = matches!(err, ReadError::Corrupt { .. })
+            && self.index.entry(&state.keys[item]) != state.entries[item];
+        if moved {
+            self.multi_get_restart(multi_get);
+        } else {
+            self.multi_get_finished(multi_get, Err(err));
+        }
+    }
+
+    /// Starts a multi-get over at a new moment; its reads still in flight find it gone.
+    fn multi_get_restart(&mut self, multi_get: u64) {
+        let state = self.multi_gets.remove(multi_get).expect("restarting a live multi-get");
+        self.multi_get(state.keys, state.reply);
+    }
+
+    /// Answers a multi-get with its values, or with `outcome`'s error; its reads still in
+    /// flight find it gone.
+    pub(super) fn multi_get_finished(&mut self, multi_get: u64, outcome: Result<(), ReadError>) {
+        let Some(state) = self.multi_gets.remove(multi_get) else { return };
+        let _ = state.reply.send(outcome.map(|()| state.values));
     }
 
     /// Reads a multi-page record: exactly the pages it uses, in one I/O.
@@ -347,6 +471,9 @@ impl NativeEngine {
                 DirectRead::Get { reply, .. } => {
                     let _ = reply.send(Err(ReadError::Device(err)));
                 }
+                DirectRead::MultiGetItem { multi_get, .. } => {
+                    self.multi_get_finished(multi_get, Err(ReadError::Device(err)))
+                }
                 DirectRead::ScanItem { scan, .. } => {
                     self.scan_item_failed(scan, ReadError::Device(err))
                 }
@@ -359,6 +486,9 @@ impl NativeEngine {
         match read {
             DirectRead::Get { key, loc, reply } => {
                 self.direct_get_done(key, loc, reply, &completion.buf)
+            }
+            DirectRead::MultiGetItem { multi_get, item, loc } => {
+                self.direct_multi_get_item_done(multi_get, item, loc, &completion.buf)
             }
             DirectRead::ScanItem { scan, item, loc } => {
                 self.direct_scan_item_done(scan, item, loc, &completion.buf)

@@ -660,6 +660,12 @@ impl ShardEngine for RocksEngine {
                 let result = self.db.get(&key).map_err(|err| self.read_error(err));
                 let _ = reply.send(result);
             }
+            Request::MultiGet { keys, reply } => {
+                // One thread runs the engine and applies a round's writes in one batch between
+                // messages, so the keys are read at one moment.
+                let results: Result<Vec<_>, _> = self.db.multi_get(&keys).into_iter().collect();
+                let _ = reply.send(results.map_err(|err| self.read_error(err)));
+            }
             write @ (Request::Put { .. }
             | Request::Delete { .. }
             | Request::Batch { .. }
