@@ -327,3 +327,77 @@ fn simulated_crashes_during_a_batch_of_several_waves_leave_it_whole_or_absent() 
     // The crash points must have struck the chain half written, the waves and the end.
     assert!(replayed > 0 && broken > 0 && acked_count > 0, "{replayed} {broken} {acked_count}");
 }
+
+/// The store of `large_batch_memory_child`, which runs only when the parent test starts it.
+const MEMORY_CHILD_DIR_ENV: &str = "COPSE_LARGE_BATCH_CHILD_DIR";
+/// The values of the batch the child writes: 256 MiB, in records of 4,000 bytes (16 chain
+/// records of 16 MiB, 67,108 members in 7 waves).
+const MEMORY_BATCH_BYTES: usize = 256 << 20;
+/// What a batch may hold beyond its operations while it is written: its encoding (1x) and its
+/// chain's page images (1x: the chain's records are placed at once, not in waves), plus
+/// `MEMORY_SLACK_BYTES` for one wave of members (16 MiB), the 4 MiB cache and the allocator.
+const MEMORY_BATCH_FACTOR_MAX: f64 = 2.0;
+const MEMORY_SLACK_BYTES: u64 = 96 << 20;
+
+/// A process's peak and current resident memory, from /proc (bytes).
+fn resident_bytes() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|line| line.starts_with(name)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+#[test]
+#[ignore = "the child process of the_memory_a_large_batch_takes_is_bounded; runs only when that test starts it"]
+fn large_batch_memory_child() {
+    let Ok(dir) = std::env::var(MEMORY_CHILD_DIR_ENV) else { return };
+    let db = Db::open(std::path::Path::new(&dir), options()).unwrap();
+    const VALUE_BYTES_HERE: usize = 4000;
+    let mut batch = WriteBatch::new();
+    for i in 0..MEMORY_BATCH_BYTES / VALUE_BYTES_HERE {
+        batch.put(key(i), make_value(&format!("m-{i}"), VALUE_BYTES_HERE));
+    }
+    let (_, before) = resident_bytes();
+    db.write_batch(batch).unwrap();
+    let (peak, _) = resident_bytes();
+    println!("MEMORY before={before} peak={peak}");
+}
+
+/// The memory a batch takes beyond its operations, measured as the peak resident size of a child
+/// process that writes one batch of `MEMORY_BATCH_BYTES` (the members go in waves of
+/// `BATCH_MEMBERS_IN_FLIGHT_MAX` / `BATCH_MEMBER_BYTES_IN_FLIGHT_MAX`: without them, the members'
+/// page images would add another 1x).
+#[test]
+fn the_memory_a_large_batch_takes_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "large_batch_memory_child",
+            "--nocapture",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .env(MEMORY_CHILD_DIR_ENV, dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    // The test harness may print the test's name on the same line first.
+    let line = stdout.split("MEMORY ").nth(1).and_then(|rest| rest.lines().next());
+    let line = line.expect("the child's figures");
+    let figure = |name: &str| -> u64 {
+        let part = line.split_whitespace().find(|part| part.starts_with(name)).unwrap();
+        part[name.len() + 1..].parse().unwrap()
+    };
+    let extra = figure("peak") - figure("before");
+    let bound = (MEMORY_BATCH_FACTOR_MAX * MEMORY_BATCH_BYTES as f64) as u64 + MEMORY_SLACK_BYTES;
+    println!(
+        "a batch of {MEMORY_BATCH_BYTES} bytes took {extra} bytes more at its peak ({:.2}x; \
+         bound {bound})",
+        extra as f64 / MEMORY_BATCH_BYTES as f64
+    );
+    assert!(extra <= bound, "a batch of {MEMORY_BATCH_BYTES} bytes took {extra} bytes more");
+}

@@ -43,6 +43,12 @@ struct Hold {
     value: Option<Vec<u8>>,
 }
 
+/// The parts holding a key when a read of several keys was handed to the engine, with what each
+/// writes there: the batches that read's moment comes before. Its answer is overlaid with the
+/// newest of them committed by then, even if that part was applied and unlocked meanwhile (the
+/// engine read the key before it was applied; the lock table no longer says so).
+type HoldsAt = Vec<(Arc<dyn Coordinator>, Option<Vec<u8>>)>;
+
 /// A read the gate answers itself once the engine did.
 enum Intercepted {
     Get {
@@ -51,13 +57,14 @@ enum Intercepted {
         reply: Reply<Option<Vec<u8>>, ReadError>,
     },
     MultiGet {
-        keys: Vec<Vec<u8>>,
+        /// Each key's holds when the engine read it.
+        holds: Vec<HoldsAt>,
         receiver: oneshot::Receiver<Result<Vec<Option<Vec<u8>>>, ReadError>>,
         reply: Reply<Vec<Option<Vec<u8>>>, ReadError>,
     },
     Scan {
-        start: Bound<Vec<u8>>,
-        end: Bound<Vec<u8>>,
+        /// The locked keys of the range, each with its holds, when the engine looked it up.
+        holds: Vec<(Vec<u8>, HoldsAt)>,
         limit: usize,
         receiver: oneshot::Receiver<Result<Vec<KeyValue>, ReadError>>,
         reply: Reply<Vec<KeyValue>, ReadError>,
@@ -154,6 +161,18 @@ impl Gate {
         holds.iter().rev().find(|hold| self.committed(hold.gsn)).map(|hold| hold.value.as_deref())
     }
 
+    /// The holds on `key` now, for a read handed to the engine now (`HoldsAt`).
+    fn holds_at(&self, key: &[u8]) -> HoldsAt {
+        let Some(holds) = self.locked.get(key) else { return Vec::new() };
+        holds
+            .iter()
+            .filter_map(|hold| {
+                let part = self.parts.get(&hold.gsn)?;
+                Some((part.clone(), hold.value.clone()))
+            })
+            .collect()
+    }
+
     fn committed(&self, gsn: u64) -> bool {
         self.parts.get(&gsn).is_some_and(|part| matches!(part.decision(), Decision::Committed))
     }
@@ -200,14 +219,14 @@ impl Gate {
                         answered = true;
                     }
                 },
-                Intercepted::MultiGet { keys, mut receiver, reply } => match receiver.try_recv() {
+                Intercepted::MultiGet { holds, mut receiver, reply } => match receiver.try_recv() {
                     Ok(None) => {
-                        self.intercepted.push(Intercepted::MultiGet { keys, receiver, reply })
+                        self.intercepted.push(Intercepted::MultiGet { holds, receiver, reply })
                     }
                     Ok(Some(result)) => {
                         let result = result.map(|mut values| {
-                            for (key, value) in keys.iter().zip(&mut values) {
-                                if let Some(overlay) = self.overlay(key) {
+                            for (holds, value) in holds.iter().zip(&mut values) {
+                                if let Some(overlay) = committed_hold(holds) {
                                     *value = overlay.map(<[u8]>::to_vec);
                                 }
                             }
@@ -221,18 +240,14 @@ impl Gate {
                         answered = true;
                     }
                 },
-                Intercepted::Scan { start, end, limit, mut receiver, reply } => {
+                Intercepted::Scan { holds, limit, mut receiver, reply } => {
                     match receiver.try_recv() {
-                        Ok(None) => self.intercepted.push(Intercepted::Scan {
-                            start,
-                            end,
-                            limit,
-                            receiver,
-                            reply,
-                        }),
+                        Ok(None) => {
+                            self.intercepted.push(Intercepted::Scan { holds, limit, receiver, reply })
+                        }
                         Ok(Some(result)) => {
                             let result = result.map(|items| {
-                                self.overlay_items(items, bound_ref(&start), bound_ref(&end), limit)
+                                overlay_items(items, overlay_of(&holds), holds.len(), limit)
                             });
                             let _ = reply.send(result);
                             answered = true;
@@ -246,42 +261,6 @@ impl Gate {
             }
         }
         answered
-    }
-
-    /// A scan's items with the committed overlay of the range applied, cut at `limit`. The
-    /// engine was asked for `limit` plus the locked keys of the range, so deletes in the overlay
-    /// never shorten the answer below what exists.
-    fn overlay_items(
-        &self,
-        items: Vec<KeyValue>,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        limit: usize,
-    ) -> Vec<KeyValue> {
-        let overlay = self.overlay_range(start, end);
-        if overlay.is_empty() {
-            let mut items = items;
-            items.truncate(limit);
-            return items;
-        }
-        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = items.into_iter().collect();
-        let asked_past = merged.keys().next_back().cloned();
-        let complete = merged.len() < limit + self.locked_in_range(start, end);
-        for (key, value) in overlay {
-            // A key past the last item of a cut answer may have neighbours the engine did not
-            // return; adding it would skip them.
-            let beyond = !complete && asked_past.as_deref().is_some_and(|last| key > last);
-            match value {
-                Some(value) if !beyond => {
-                    merged.insert(key.to_vec(), value.to_vec());
-                }
-                Some(_) => {}
-                None => {
-                    merged.remove(key);
-                }
-            }
-        }
-        merged.into_iter().take(limit).collect()
     }
 
     /// Whether `request` must wait for a locked key, or has a key whose part failed.
@@ -345,22 +324,25 @@ impl Gate {
                 if keys.iter().any(|key| self.locked.contains_key(key)) =>
             {
                 let (inner, receiver) = oneshot::channel();
-                self.engine.handle(Request::MultiGet { keys: keys.clone(), reply: inner });
-                self.intercepted.push(Intercepted::MultiGet { keys, receiver, reply });
+                let holds = keys.iter().map(|key| self.holds_at(key)).collect();
+                self.engine.handle(Request::MultiGet { keys, reply: inner });
+                self.intercepted.push(Intercepted::MultiGet { holds, receiver, reply });
                 None
             }
             Request::Scan { start, end, limit, reply }
                 if self.locked_in_range(bound_ref(&start), bound_ref(&end)) > 0 =>
             {
                 let (inner, receiver) = oneshot::channel();
-                let asked = limit + self.locked_in_range(bound_ref(&start), bound_ref(&end));
-                self.engine.handle(Request::Scan {
-                    start: start.clone(),
-                    end: end.clone(),
-                    limit: asked,
-                    reply: inner,
-                });
-                self.intercepted.push(Intercepted::Scan { start, end, limit, receiver, reply });
+                let holds: Vec<(Vec<u8>, HoldsAt)> = self
+                    .locked
+                    .range::<[u8], _>((bound_ref(&start), bound_ref(&end)))
+                    .map(|(key, _)| (key.clone(), self.holds_at(key)))
+                    .collect();
+                // Asked for the locked keys too, so that deletes in the overlay never shorten
+                // the answer below what exists.
+                let asked = limit + holds.len();
+                self.engine.handle(Request::Scan { start, end, limit: asked, reply: inner });
+                self.intercepted.push(Intercepted::Scan { holds, limit, receiver, reply });
                 None
             }
             other => Some(other),
@@ -427,6 +409,58 @@ fn refuse_failed(request: Request, shard: u32) {
         }
         other => unreachable!("only keyed requests are refused: {:?}", other.kind()),
     }
+}
+
+/// What the newest committed part of `holds` writes (Some(None): a delete); None if none of
+/// them is committed.
+fn committed_hold(holds: &HoldsAt) -> Option<Option<&[u8]>> {
+    holds
+        .iter()
+        .rev()
+        .find(|(part, _)| matches!(part.decision(), Decision::Committed))
+        .map(|(_, value)| value.as_deref())
+}
+
+/// The committed overlay of `holds` (a range's locked keys, in key order).
+fn overlay_of(holds: &[(Vec<u8>, HoldsAt)]) -> Vec<(&[u8], Option<&[u8]>)> {
+    holds
+        .iter()
+        .filter_map(|(key, holds)| committed_hold(holds).map(|value| (key.as_slice(), value)))
+        .collect()
+}
+
+/// A scan's items with `overlay` (committed values of locked keys in key order, Some(None) a
+/// delete) applied, cut at `limit`. The engine was asked for `limit` plus the range's `locked`
+/// keys, so deletes in the overlay never shorten the answer below what exists.
+fn overlay_items(
+    items: Vec<KeyValue>,
+    overlay: Vec<(&[u8], Option<&[u8]>)>,
+    locked: usize,
+    limit: usize,
+) -> Vec<KeyValue> {
+    if overlay.is_empty() {
+        let mut items = items;
+        items.truncate(limit);
+        return items;
+    }
+    let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = items.into_iter().collect();
+    let asked_past = merged.keys().next_back().cloned();
+    let complete = merged.len() < limit + locked;
+    for (key, value) in overlay {
+        // A key past the last item of a cut answer may have neighbours the engine did not
+        // return; adding it would skip them.
+        let beyond = !complete && asked_past.as_deref().is_some_and(|last| key > last);
+        match value {
+            Some(value) if !beyond => {
+                merged.insert(key.to_vec(), value.to_vec());
+            }
+            Some(_) => {}
+            None => {
+                merged.remove(key);
+            }
+        }
+    }
+    merged.into_iter().take(limit).collect()
 }
 
 fn bound_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
@@ -550,7 +584,7 @@ impl ShardEngine for Gate {
         let asked = limit + self.locked_in_range(start, end);
         let items =
             self.engine.index_keys(start, end, asked).into_iter().map(|key| (key, Vec::new()));
-        self.overlay_items(items.collect(), start, end, limit)
+        overlay_items(items.collect(), overlay, asked - limit, limit)
             .into_iter()
             .map(|(key, _)| key)
             .collect()
