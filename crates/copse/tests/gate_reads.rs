@@ -21,6 +21,9 @@ use copse::shard::gate::Gate;
 use copse::{ReadError, WriteError};
 use futures::channel::oneshot;
 
+type MultiGetAnswer = Result<Vec<Option<Vec<u8>>>, ReadError>;
+type ScanAnswer = Result<Vec<copse::engine::KeyValue>, ReadError>;
+
 /// A coordinator whose batch is committed.
 struct Committed;
 impl Coordinator for Committed {
@@ -105,11 +108,10 @@ fn run(seed: u64, multi_get_after_rounds: usize, scan: bool) -> Option<String> {
     disk.hold_completions(0.5, 4);
     let (reply, mut commit) = oneshot::channel();
     gate.handle(Request::CommitPart { gsn: 7, reply });
-    let mut y: Option<oneshot::Receiver<Result<Vec<Option<Vec<u8>>>, ReadError>>> = None;
-    let mut ys: Option<oneshot::Receiver<Result<Vec<copse::engine::KeyValue>, ReadError>>> = None;
+    let mut y: Option<oneshot::Receiver<MultiGetAnswer>> = None;
+    let mut ys: Option<oneshot::Receiver<ScanAnswer>> = None;
     let mut unlocked = false;
-    let mut round = 0;
-    for _ in 0..10_000 {
+    for round in 0..10_000 {
         if round == multi_get_after_rounds && y.is_none() && ys.is_none() {
             if unlocked {
                 return None; // too late to be intercepted
@@ -130,7 +132,6 @@ fn run(seed: u64, multi_get_after_rounds: usize, scan: bool) -> Option<String> {
                 y = Some(rx);
             }
         }
-        round += 1;
         gate.end_round();
         gate.reap(false);
         // exec.rs `pump`: poll first, then unlock a part whose commit answered.
