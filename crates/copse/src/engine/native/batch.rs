@@ -3,6 +3,8 @@
 //! A batch is first written whole as one `Batch` record (one checksum, so it is either entirely
 //! on disk or detected as torn), or, when its encoding is larger than one record may be, as a
 //! chain of Chunk records (`chain.rs`) that recovery replays only when it finds all of them.
+//! A chain's records are placed `CHAIN_RECORDS_IN_FLIGHT_MAX` at a time, the next as each is
+//! durable (`ChainRest`), so that its page images stay a few records' worth whatever its size.
 //! Once every record of the batch is durable, each operation is written as an ordinary record
 //! with the batch's sequence number, at most `BATCH_MEMBERS_IN_FLIGHT_MAX` (and
 //! `BATCH_MEMBER_BYTES_IN_FLIGHT_MAX` bytes) at a time, the next ones once those are durable.
@@ -22,7 +24,6 @@
 //! applied); `members_waiting` counts its members written and not yet durable and `queued` those
 //! not yet written, so it is applied once, when both are empty.
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use super::chain::{encode_chunk, record_value_lens};
@@ -35,10 +36,24 @@ use crate::device::FaultPoint;
 use crate::engine::batch_codec::{dedupe_batch, encode_batch};
 use crate::engine::{BatchOp, Reply};
 use crate::error::WriteError;
-use crate::limits::{BATCH_MEMBERS_IN_FLIGHT_MAX, BATCH_MEMBER_BYTES_IN_FLIGHT_MAX};
+use crate::limits::{
+    BATCH_MEMBERS_IN_FLIGHT_MAX, BATCH_MEMBER_BYTES_IN_FLIGHT_MAX, CHAIN_RECORDS_IN_FLIGHT_MAX,
+};
 
 /// A slot for a record, and the stale key hash of what it held (`allocate_for`).
 pub(super) type Allocation = (Loc, Option<u64>);
+
+/// The records of a chain not placed yet (`place_records`), and the value they carry pieces of.
+/// Its owner (a batch, or a part being prepared) places the next as each record is durable.
+pub(super) struct ChainRest {
+    /// The kind of the whole the chain records (Batch or Part).
+    kind: RecordKind,
+    seq: u64,
+    value: Vec<u8>,
+    /// The index in the chain of the record `slots` starts with.
+    next_index: usize,
+    slots: VecDeque<Allocation>,
+}
 
 pub(super) struct BatchState {
     /// The members not yet written, each with its slot, allocated before anything is written
@@ -47,8 +62,10 @@ pub(super) struct BatchState {
     seq: u64,
     /// The batch's durable records: its Batch (or committed Part) record, or its chain's.
     records: Vec<Loc>,
-    /// Its records not yet durable.
+    /// Its records not yet durable (placed or not).
     records_waiting: usize,
+    /// Its chain's records not placed yet.
+    chain_rest: Option<ChainRest>,
     /// Members written and not yet durable.
     members_waiting: usize,
     /// Erasures of its records not yet durable, once it is applied.
@@ -84,7 +101,7 @@ impl NativeEngine {
             return;
         }
         let value = encode_batch(&ops);
-        self.start_recorded_batch(ops, RecordKind::Batch, &value, None, reply);
+        self.start_recorded_batch(ops, RecordKind::Batch, value, None, reply);
     }
 
     /// Writes `ops` all or nothing: first the record of `kind` holding `value` (which names every
@@ -95,7 +112,7 @@ impl NativeEngine {
         &mut self,
         ops: Vec<BatchOp>,
         kind: RecordKind,
-        value: &[u8],
+        value: Vec<u8>,
         part: Option<u64>,
         reply: Reply<(), WriteError>,
     ) {
@@ -123,7 +140,11 @@ impl NativeEngine {
         let held = self.hold_batch_keys(&ops);
         let batch = self.start_batch(ops, slots, seq, held, Vec::new(), Some(reply), part);
         self.batches.get_mut(batch).expect("just started").records_waiting = records.len();
-        self.place_records(records, kind, seq, value, || Effect::BatchRecord { batch });
+        let rest = self.place_records(records, kind, seq, value, || Effect::BatchRecord { batch });
+        // Gone if a record failed at once (the store is poisoned then).
+        if let Some(state) = self.batches.get_mut(batch) {
+            state.chain_rest = rest;
+        }
     }
 
     /// Slots for the records of a value of `value_bytes` (Batch or Part): one, or a chain's,
@@ -147,29 +168,45 @@ impl NativeEngine {
         Ok(records)
     }
 
-    /// Writes the record of `kind` holding `value` into the one slot of `records`, or its chain
-    /// of Chunk records into theirs, each with sequence number `seq` and an effect `effect` makes.
+    /// Writes the record of `kind` holding `value` into the one slot of `records`, or the first
+    /// records of its chain of Chunk records into theirs (at most `CHAIN_RECORDS_IN_FLIGHT_MAX`),
+    /// each with sequence number `seq` and an effect `effect` makes. Returns the chain's records
+    /// not placed yet, for `place_chain_records` as earlier ones become durable.
     pub(super) fn place_records(
         &mut self,
         records: Vec<Allocation>,
         kind: RecordKind,
         seq: u64,
-        value: &[u8],
+        value: Vec<u8>,
         effect: impl Fn() -> Effect,
-    ) {
-        let chained = records.len() > 1;
-        let watermark = self.seqs.durable_watermark();
-        for (index, (loc, overwritten)) in records.into_iter().enumerate() {
-            let (record_kind, record_value) = match chained {
-                false => (kind, Cow::Borrowed(value)),
-                true => (
-                    RecordKind::Chunk,
-                    Cow::Owned(encode_chunk(kind, value, index, self.batch_record_bytes_max)),
-                ),
-            };
+    ) -> Option<ChainRest> {
+        if let [(loc, overwritten)] = records[..] {
+            let watermark = self.seqs.durable_watermark();
             let write = self.writes.add(loc, overwritten, effect());
-            self.place(write, loc, record_kind, seq, watermark, &[], &record_value);
+            self.place(write, loc, kind, seq, watermark, &[], &value);
+            return None;
         }
+        let rest = ChainRest { kind, seq, value, next_index: 0, slots: records.into() };
+        self.place_chain_records(rest, CHAIN_RECORDS_IN_FLIGHT_MAX, effect)
+    }
+
+    /// Places the next `count` records of a chain; returns the rest, if any.
+    pub(super) fn place_chain_records(
+        &mut self,
+        mut rest: ChainRest,
+        count: usize,
+        effect: impl Fn() -> Effect,
+    ) -> Option<ChainRest> {
+        let watermark = self.seqs.durable_watermark();
+        for _ in 0..count {
+            let Some((loc, overwritten)) = rest.slots.pop_front() else { break };
+            let piece =
+                encode_chunk(rest.kind, &rest.value, rest.next_index, self.batch_record_bytes_max);
+            rest.next_index += 1;
+            let write = self.writes.add(loc, overwritten, effect());
+            self.place(write, loc, RecordKind::Chunk, rest.seq, watermark, &[], &piece);
+        }
+        (!rest.slots.is_empty()).then_some(rest)
     }
 
     fn free_allocations(&mut self, allocations: Vec<Allocation>) {
@@ -247,6 +284,7 @@ impl NativeEngine {
             seq,
             records,
             records_waiting: 0,
+            chain_rest: None,
             members_waiting: 0,
             erasures_waiting: 0,
             durable: Vec::new(),
@@ -264,6 +302,16 @@ impl NativeEngine {
         state.records.push(loc);
         state.records_waiting -= 1;
         if state.records_waiting > 0 {
+            if let Some(rest) = state.chain_rest.take() {
+                if self.is_poisoned() {
+                    // Nothing more is written; the chain stays incomplete, recovery's to erase.
+                    return self.batch_member_failed(batch, WriteError::Poisoned);
+                }
+                let rest = self.place_chain_records(rest, 1, || Effect::BatchRecord { batch });
+                if let Some(state) = self.batches.get_mut(batch) {
+                    state.chain_rest = rest;
+                }
+            }
             return;
         }
         if let Err(err) = self.io.device.fault_point(FaultPoint::BatchRecordedBeforeMembers) {

@@ -23,6 +23,7 @@
 //! record is durable; `records` holds its durable records in the order they are to be erased
 //! (prepared first); `held` is non-empty only while the committed record exists.
 
+use super::batch::ChainRest;
 use super::format::{Loc, RecordKind};
 use super::write::{Effect, ErasedRecord};
 use super::NativeEngine;
@@ -50,6 +51,8 @@ pub struct Part {
     records: Vec<Loc>,
     /// Records of the prepared record's chain not yet durable, while preparing.
     records_waiting: usize,
+    /// Records of the prepared record's chain not placed yet, while preparing.
+    chain_rest: Option<ChainRest>,
     /// Key hashes counted as stale while the committed record exists.
     held: Vec<u64>,
     /// Who waits for the prepare or the forget under way.
@@ -69,6 +72,7 @@ impl Part {
             },
             records,
             records_waiting: 0,
+            chain_rest: None,
             held: Vec::new(),
             reply: None,
         }
@@ -117,14 +121,20 @@ impl NativeEngine {
                 stage: Stage::Preparing,
                 records: Vec::new(),
                 records_waiting: records.len(),
+                chain_rest: None,
                 held: Vec::new(),
                 reply: Some(reply),
             },
         );
-        self.place_records(records, RecordKind::Part, seq, &value, || Effect::PartPrepared {
-            gsn,
-            seq,
-        });
+        let rest =
+            self.place_records(records, RecordKind::Part, seq, value, || Effect::PartPrepared {
+                gsn,
+                seq,
+            });
+        // Gone if a record failed at once (the store is poisoned then).
+        if let Some(part) = self.parts.get_mut(&gsn) {
+            part.chain_rest = rest;
+        }
     }
 
     /// A record of the prepared record's chain (or the one record) is durable; once all are, so
@@ -136,6 +146,17 @@ impl NativeEngine {
         part.records.push(loc);
         part.records_waiting -= 1;
         if part.records_waiting > 0 {
+            if let Some(rest) = part.chain_rest.take() {
+                if self.is_poisoned() {
+                    // Nothing more is written; the chain stays incomplete, recovery's to erase.
+                    return self.part_prepare_failed(gsn, WriteError::Poisoned);
+                }
+                let rest =
+                    self.place_chain_records(rest, 1, || Effect::PartPrepared { gsn, seq });
+                if let Some(part) = self.parts.get_mut(&gsn) {
+                    part.chain_rest = rest;
+                }
+            }
             return;
         }
         self.seqs.finish(seq);
@@ -177,7 +198,7 @@ impl NativeEngine {
         let value = part::encode(PartState::Committed, gsn, &part.participants, &part.ops);
         let ops = part.ops.clone();
         // On failure the batch answers `reply` and calls `part_commit_failed`.
-        self.start_recorded_batch(ops, RecordKind::Part, &value, Some(gsn), reply);
+        self.start_recorded_batch(ops, RecordKind::Part, value, Some(gsn), reply);
     }
 
     /// Whether the part of `gsn` (which exists) may take a request now: it is in one of `stages`
