@@ -475,8 +475,10 @@ impl NativeEngine {
         }
         if !recorded {
             // The batch is not durable whole (a chain missing a record is not replayed), and no
-            // member was written: undo what it registered when it started. (Its member slots
-            // stay allocated until the next recovery.)
+            // member was written: undo what it registered when it started. (Its member slots,
+            // and the slots of chain records never placed, with the stale tags they carry, stay
+            // allocated until the next recovery: the store is poisoned whenever a chain is left
+            // unplaced.)
             for hash in std::mem::take(&mut state.held) {
                 self.release_tag(Some(hash));
             }
