@@ -8,9 +8,13 @@
 //! - reads are answered as of the batch's decision: once it is committed, a locked key reads as
 //!   the part's operation says (its value, or absent), even before the engine applied it; before
 //!   that (or if aborted) it reads as the engine has it, which is the value before the batch,
-//!   since nothing else may write the key. Gets and scans that may touch a locked key are sent to
-//!   the engine with the gate's own reply channel, and answered when the gate polls them (after
-//!   the round's completions, before any unlock), with the decision as of that moment;
+//!   since nothing else may write the key. Gets, multi-gets and scans that may touch a locked key
+//!   are sent to the engine with the gate's own reply channel, and answered when the gate polls
+//!   them (after the round's completions, before any unlock), with the decision as of that
+//!   moment. A multi-get or scan may be answered after its part was applied and unlocked, from
+//!   what the engine read before: it is overlaid from the holds recorded when it was handed over
+//!   (`HoldsAt`), not from the lock table then; a get needs no record, since the engine looks
+//!   its key up again when its read completes;
 //! - index questions (exec programs, the router's scan) get the same overlay.
 //!
 //! Invariants:
