@@ -58,11 +58,11 @@ pub const BATCH_RECORD_BYTES_MIN: usize = 64;
 /// images and I/O a huge batch holds stay bounded (its members are applied together at the end
 /// whatever their number). A batch within these limits is written in one go, as before chains.
 pub const BATCH_MEMBERS_IN_FLIGHT_MAX: usize = 10_000;
+pub const BATCH_MEMBER_BYTES_IN_FLIGHT_MAX: usize = VALUE_BYTES_MAX;
 /// Records of one chain (a batch or part larger than `BATCH_RECORD_BYTES_MAX`) placed at once;
 /// the next is placed as each is durable, so a chain's page images stay this many records'
 /// worth (`engine/native/batch.rs`, `ChainRest`).
 pub const CHAIN_RECORDS_IN_FLIGHT_MAX: usize = 2;
-pub const BATCH_MEMBER_BYTES_IN_FLIGHT_MAX: usize = VALUE_BYTES_MAX;
 
 /// Items one `scan` call returns at most.
 pub const SCAN_ITEMS_MAX: usize = 100_000;

@@ -83,13 +83,6 @@ fn round_at_one_moment(db: &Db, probes: &[usize]) -> Result<usize, String> {
     }
 }
 
-/// The one round every probe key holds, with no batch being written.
-fn settled_round(db: &Db, probes: &[usize]) -> usize {
-    let rounds = rounds_in_order(db, probes).unwrap();
-    assert!(rounds.windows(2).all(|pair| pair[0] == pair[1]), "rounds {rounds:?}");
-    rounds[0]
-}
-
 #[test]
 fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -115,7 +108,7 @@ fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
     };
     for round in 1..=3 {
         db.write_batch(batch(round)).unwrap();
-        assert_eq!(settled_round(&db, &probes), round);
+        assert_eq!(round_at_one_moment(&db, &probes).unwrap(), round);
     }
     stop.store(true, Ordering::Relaxed);
     reader.join().unwrap().unwrap();
@@ -142,7 +135,7 @@ fn a_batch_larger_than_one_record_is_one_atomic_write_and_survives_reopen() {
     }
     db.write_batch(delete_all).unwrap();
     assert_eq!(db.stats().unwrap().items, 0);
-    assert_eq!(settled_round(&db, &probes), 0);
+    assert_eq!(round_at_one_moment(&db, &probes).unwrap(), 0);
 }
 
 /// A `multi_get` of one shard's keys reads them at one moment, also when some keys are
@@ -339,14 +332,12 @@ const MEMORY_BATCH_BYTES: usize = 256 << 20;
 const MEMORY_BATCH_FACTOR_MAX: f64 = 1.0;
 const MEMORY_SLACK_BYTES: u64 = 128 << 20;
 
-/// A process's peak and current resident memory, from /proc (bytes).
-fn resident_bytes() -> (u64, u64) {
+/// A memory figure of this process from /proc/self/status (`VmHWM:` the peak resident size,
+/// `VmRSS:` the current one), in bytes.
+fn status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let field = |name: &str| -> u64 {
-        let line = status.lines().find(|line| line.starts_with(name)).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
-    };
-    (field("VmHWM:"), field("VmRSS:"))
+    let line = status.lines().find(|line| line.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
 #[test]
@@ -359,11 +350,11 @@ fn large_batch_memory_child() {
     for i in 0..MEMORY_BATCH_BYTES / VALUE_BYTES_HERE {
         batch.put(key(i), make_value(&format!("m-{i}"), VALUE_BYTES_HERE));
     }
-    let (_, before) = resident_bytes();
+    let before = status_bytes("VmRSS:");
     let started = std::time::Instant::now();
     db.write_batch(batch).unwrap();
     let write_ms = started.elapsed().as_millis();
-    let (peak, _) = resident_bytes();
+    let peak = status_bytes("VmHWM:");
     println!("MEMORY before={before} peak={peak} write_ms={write_ms}");
 }
 

@@ -247,9 +247,9 @@ pub fn maintain(ops: &mut Vec<BatchOp>, names: Option<&Names>) -> Result<(), Rep
     if !ops.iter().any(|op| surrogate_meta(op.key()).is_some()) {
         return Ok(());
     }
-    // Name item as stored -> (the surrogate, whether a meta item of it is put), in first-seen
-    // order so the batch comes out the same every time.
-    let mut touched: HashMap<Vec<u8>, (&[u8], bool)> = HashMap::new();
+    // Name item as stored -> (the surrogate, whether a meta item of it is put, whether the batch
+    // names the name item itself), in first-seen order so the batch comes out the same every time.
+    let mut touched: HashMap<Vec<u8>, (&[u8], bool, bool)> = HashMap::new();
     let mut order: Vec<Vec<u8>> = Vec::new();
     for op in ops.iter() {
         let Some((prefix, name)) = surrogate_meta(op.key()) else { continue };
@@ -260,19 +260,22 @@ pub fn maintain(ops: &mut Vec<BatchOp>, names: Option<&Names>) -> Result<(), Rep
             Some(entry) => entry.1 |= put,
             None => {
                 order.push(item.clone());
-                touched.insert(item, (name, put));
+                touched.insert(item, (name, put, false));
             }
         }
     }
-    // A batch that names a name item itself decides it.
-    let named: std::collections::HashSet<&[u8]> =
-        ops.iter().map(|op| op.key()).filter(|key| touched.contains_key(*key)).collect();
+    for op in ops.iter() {
+        if let Some(entry) = touched.get_mut(op.key()) {
+            entry.2 = true;
+        }
+    }
     let mut added = Vec::new();
     for item in order {
-        if named.contains(item.as_slice()) {
+        let (name, put, named) = touched[&item];
+        // A batch that names a name item itself (FLUSHDB's) decides it.
+        if named {
             continue;
         }
-        let (name, put) = touched[&item];
         if put {
             let Some(key) = names.and_then(|names| names.key_of(name)) else {
                 return Err(Reply::error(
