@@ -291,6 +291,12 @@ pub struct Server {
     pub access: AccessClock,
     /// `access_clock_s`, kept by the clock task.
     clock_s: std::sync::atomic::AtomicU32,
+    /// Moved by every FLUSHALL and FLUSHDB, at their start and end: they delete keys without
+    /// taking their locks, so a WATCH of a key that existed fails the EXEC after one
+    /// (`cmd/multi.rs`).
+    pub flush_epoch: AtomicU64,
+    /// Moved by every SWAPDB, at its start and end: a WATCH before one fails the EXEC after it.
+    pub swap_epoch: AtomicU64,
 }
 
 /// How often the clock task moves `Server::access_clock_s` (Redis's LRU clock ticks every 100 ms too).
@@ -343,6 +349,8 @@ impl Server {
             value_bytes_bound: Arc::new(AtomicUsize::new(value_bytes_bound)),
             waiters: crate::waiters::Waiters::default(),
             databases,
+            flush_epoch: AtomicU64::new(0),
+            swap_epoch: AtomicU64::new(0),
             access: AccessClock::default(),
             clock_s: std::sync::atomic::AtomicU32::new(CLOCK_START_S),
         }
@@ -382,9 +390,62 @@ pub struct ConnState {
     pub info: Arc<ClientInfo>,
     /// The database SELECT chose (0..DATABASES).
     pub db: u8,
+    /// Commands queued since MULTI, until EXEC or DISCARD (`cmd/multi.rs`).
+    pub transaction: Option<Transaction>,
+    /// The keys WATCH named, with the versions read (filled in when WATCH's reads answer, so
+    /// shared with that command's answer).
+    pub watched: Arc<Mutex<Watched>>,
+    /// Set while EXEC builds its commands' execs: they run inside one sequence per shard, so
+    /// a command that would make a cross-shard batch of its own (MSET) needs none.
+    pub in_exec: bool,
+}
+
+/// A transaction being queued (MULTI).
+#[derive(Default)]
+pub struct Transaction {
+    pub queued: Vec<crate::resp::Args>,
+    /// A command was refused while queueing: EXEC answers EXECABORT and runs nothing.
+    pub refused: bool,
+}
+
+/// What WATCH recorded.
+#[derive(Default)]
+pub struct Watched {
+    pub keys: Vec<WatchedKey>,
+    /// `Server::flush_epoch` and `swap_epoch` when the first key was watched.
+    pub flush_epoch: u64,
+    pub swap_epoch: u64,
+}
+
+/// One watched key: its shard, its lock id and the lock's version when WATCH read it, whether
+/// it existed then, and its deadline if it had one.
+#[derive(Clone, Copy)]
+pub struct WatchedKey {
+    pub shard: u32,
+    pub lock: u64,
+    pub version: u64,
+    pub existed: bool,
+    pub deadline_ms: Option<u64>,
 }
 
 impl ConnState {
+    /// A new connection's state: RESP2, database 0, nothing queued or watched.
+    pub fn new(info: Arc<ClientInfo>, authenticated: bool) -> ConnState {
+        ConnState {
+            protocol: Protocol::Resp2,
+            authenticated,
+            info,
+            db: 0,
+            transaction: None,
+            watched: Arc::default(),
+            in_exec: false,
+        }
+    }
+
+    /// Forgets every watched key (EXEC, DISCARD, UNWATCH, RESET).
+    pub fn unwatch(&mut self) {
+        *self.watched.lock().unwrap_or_else(|poison| poison.into_inner()) = Watched::default();
+    }
     pub fn select(&mut self, db: u8) {
         self.db = db;
         self.info.db.store(db, Ordering::Relaxed);

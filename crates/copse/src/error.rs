@@ -20,6 +20,8 @@ pub enum InputError {
     ScanLimitTooLarge { limit: usize, max: usize },
     #[error("{reads} reads in one exec step exceed the limit of {max}")]
     TooManyReads { reads: usize, max: usize },
+    #[error("a sequence of {steps} steps exceeds the limit of {max}")]
+    SequenceTooLong { steps: usize, max: usize },
 }
 
 /// Opening (or creating) a store.

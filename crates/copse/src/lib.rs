@@ -71,4 +71,5 @@ pub mod exec {
         lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, ReadOp, ReadOps, ReadResult,
         ReadResults, StepInput, Vote,
     };
+    pub use crate::shard::sequence::{Sequence, SequenceOutcome};
 }

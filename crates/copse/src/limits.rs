@@ -90,6 +90,15 @@ pub const WRITES_HELD_BEHIND_FLUSH_MAX: usize = 64;
 /// Reads one step of an exec program may ask for (MGET's keys of one shard, say).
 pub const EXEC_READS_MAX: usize = 10_000;
 
+/// Lock version counters per shard (`ExecView::lock_version`, Redis's WATCH): 512 KiB once the
+/// shard's execs first write. Two locks share a counter with odds of 1 in this many, which can
+/// only fail a watching transaction that would have passed.
+pub const LOCK_VERSION_SLOTS: usize = 65_536;
+
+/// Steps one sequence (`exec::Sequence`, Redis's MULTI ... EXEC) may run: each is a whole exec
+/// program, so the bound is on what one shard's lock holder may do at once.
+pub const SEQUENCE_STEPS_MAX: usize = 100_000;
+
 /// Slab files grow by this fraction of their size (at least `SLAB_GROWTH_BYTES_MIN`, at most
 /// `SLAB_GROWTH_BYTES_MAX`), so growth is rare and each growth is one fallocate and one
 /// zero-fill.

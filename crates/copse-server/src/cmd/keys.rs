@@ -445,9 +445,13 @@ fn flushdb(call: &mut Call<'_>) -> Outcome {
         return Outcome::Reply(reply);
     }
     let db = call.db().clone();
+    let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
         let namespace = Namespace::current();
-        flush(&db, &[namespace]).await
+        server.flush_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let reply = flush(&db, &[namespace]).await;
+        server.flush_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        reply
     }))
 }
 
@@ -462,7 +466,10 @@ fn flushall(call: &mut Call<'_>) -> Outcome {
         let namespaces: Vec<Namespace> = (0..DATABASES as u8)
             .map(|database| super::namespace::resolve(&server.databases, database))
             .collect();
-        flush(&db, &namespaces).await
+        server.flush_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let reply = flush(&db, &namespaces).await;
+        server.flush_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        reply
     }))
 }
 

@@ -17,6 +17,7 @@ pub mod hashes;
 pub mod inspect;
 pub mod keys;
 pub mod lists;
+pub mod multi;
 pub mod names;
 pub mod namespace;
 pub mod objects;
@@ -315,6 +316,7 @@ impl AtomicPlan {
         self.parts.push(copse::exec::AtomicExec {
             shard,
             locks: keys,
+            lock_ids: Default::default(),
             build: Box::new(move |vote| {
                 let exec = CommandExec::in_namespace(make(vote), answer, false, namespace, names);
                 Box::new(exec) as Box<dyn Exec>
@@ -1179,6 +1181,7 @@ pub fn table() -> &'static [Spec] {
         specs.extend(sets::specs());
         specs.extend(zset_ops::specs());
         specs.extend(server::specs());
+        specs.extend(multi::specs());
         specs.sort_by_key(|spec| spec.name);
         for spec in &mut specs {
             spec.keys = names::key_spec_of(spec.name);
@@ -1274,6 +1277,11 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
         blocking: false,
         holds_no_map: false,
     };
+    // After MULTI, commands are queued (`multi.rs`).
+    let args = match multi::queue(server, conn, args) {
+        Ok(outcome) => return refused(outcome),
+        Err(args) => args,
+    };
     let Some(spec) = find_ignoring_case(&args[0]) else {
         return refused(Outcome::error(unknown_command(&args)));
     };
@@ -1348,6 +1356,26 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     };
     let holds_no_map = spec.name == "swapdb";
     Dispatched { outcome, reply_size, blocking, holds_no_map }
+}
+
+/// Builds the outcome of `args` (command `spec`, checked) without running it: nothing is
+/// queued, touched or counted, and the outcome is dropped by the caller. Only for commands
+/// whose handlers build execs and change nothing themselves (`write` or `readonly`): MULTI's
+/// check of what it queues (`multi.rs`).
+pub(crate) fn dry_run(
+    server: &Arc<Server>,
+    conn: &mut ConnState,
+    spec: &'static Spec,
+    mut args: Args,
+) -> Result<Outcome, Reply> {
+    let namespace = namespace::resolve(&server.databases, conn.db);
+    let names = names::convert_keys(spec, &mut args, |_| {})?;
+    let in_exec = std::mem::replace(&mut conn.in_exec, true);
+    let outcome = names::scope(names, || {
+        namespace.scope(|| (spec.handler)(&mut Call { server, conn, args }))
+    });
+    conn.in_exec = in_exec;
+    Ok(outcome)
 }
 
 /// How large a command's reply can be, before it runs.
@@ -1478,7 +1506,7 @@ pub fn raise_value_bytes_bound(
     bound.fetch_max(written.min(copse::limits::VALUE_BYTES_MAX), Ordering::AcqRel);
 }
 
-fn unknown_command(args: &[Vec<u8>]) -> String {
+pub(crate) fn unknown_command(args: &[Vec<u8>]) -> String {
     let mut text = format!(
         "ERR unknown command '{}', with args beginning with: ",
         String::from_utf8_lossy(&args[0])

@@ -298,6 +298,11 @@ impl<'a> View<'a> {
         View { inner: self.inner, namespace }
     }
 
+    /// The version of lock `lock` in the shard (`ExecView::lock_version`; WATCH).
+    pub fn lock_version(&self, lock: u64) -> u64 {
+        self.inner.lock_version(lock)
+    }
+
     pub fn contains(&self, key: &[u8]) -> bool {
         match self.namespace.prefix() {
             None => self.inner.contains(key),

@@ -233,7 +233,10 @@ fn swapdb(call: &mut Call<'_>) -> Outcome {
         let waiters = &server.waiters;
         let installed = || waiters.wake_everyone();
         let quiet = |epoch| server.waves_past(epoch, own_id);
-        match server.databases.swap(a, b, persist, installed, quiet).await {
+        server.swap_epoch.fetch_add(1, Ordering::AcqRel);
+        let swapped = server.databases.swap(a, b, persist, installed, quiet).await;
+        server.swap_epoch.fetch_add(1, Ordering::AcqRel);
+        match swapped {
             Ok(()) => Reply::ok(),
             Err(error) => Reply::Error(error),
         }
@@ -249,6 +252,8 @@ fn reset(call: &mut Call<'_>) -> Outcome {
     call.conn.select(0);
     call.conn.authenticated = call.server.requirepass().is_empty();
     call.conn.info.name.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
+    call.conn.transaction = None;
+    call.conn.unwatch();
     Outcome::Reply(Reply::Simple("RESET".into()))
 }
 

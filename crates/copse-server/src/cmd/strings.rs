@@ -509,7 +509,8 @@ fn mget(call: &mut Call<'_>) -> Outcome {
     let keys: Vec<Vec<u8>> = call.args[1..].to_vec();
     let reply_bytes_max = call.server.settings.client_output_bytes_max.load(Ordering::Relaxed);
     let value_bytes_bound = call.server.value_bytes_bound.clone();
-    if by_shard(call.db(), &keys).len() <= 1 {
+    // Inside EXEC the transaction's sequences read all shards at one moment already.
+    if call.conn.in_exec || by_shard(call.db(), &keys).len() <= 1 {
         return mget_plan(call.db(), &keys, reply_bytes_max, &value_bytes_bound);
     }
     let db = call.db().clone();
@@ -705,7 +706,7 @@ fn mset(call: &mut Call<'_>) -> Outcome {
         Ok(pairs) => pairs,
         Err(outcome) => return outcome,
     };
-    mset_plan(call.db(), pairs, false)
+    mset_plan(call.db(), pairs, false, call.conn.in_exec)
 }
 
 /// MSETNX: sets every key, or none if any exists; atomic over several shards too: each shard
@@ -715,7 +716,7 @@ fn msetnx(call: &mut Call<'_>) -> Outcome {
         Ok(pairs) => pairs,
         Err(outcome) => return outcome,
     };
-    mset_plan(call.db(), pairs, true)
+    mset_plan(call.db(), pairs, true, call.conn.in_exec)
 }
 
 /// MSET's answer from its execs' answers; MSETNX's (`only_new`) is 0 if a shard found a key
@@ -749,11 +750,12 @@ fn shard_group(pairs: &KeyValues, at: Vec<usize>) -> KeyValues {
 }
 
 /// MSET's execs: one exec on one shard, or one part per shard of a cross-shard batch; with
-/// `only_new`, nothing is set if any key exists (MSETNX).
-fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool) -> Outcome {
+/// `only_new`, nothing is set if any key exists (MSETNX). Inside EXEC (`in_exec`) an MSET is
+/// one plain exec per shard: the transaction's sequences make them one atomic write already.
+fn mset_plan(db: &copse::Db, pairs: KeyValues, only_new: bool, in_exec: bool) -> Outcome {
     let keys: Vec<Vec<u8>> = pairs.iter().map(|(key, _)| key.clone()).collect();
     let groups = by_shard(db, &keys);
-    if groups.len() > 1 {
+    if groups.len() > 1 && (only_new || !in_exec) {
         let mut plan = super::AtomicPlan::new();
         for (shard, at) in groups {
             let group = shard_group(&pairs, at);

@@ -113,12 +113,7 @@ async fn serve(
     let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let info = server.register_client(addr, laddr);
     let id = info.id;
-    let mut conn = ConnState {
-        protocol: Protocol::Resp2,
-        authenticated: server.requirepass().is_empty(),
-        info,
-        db: 0,
-    };
+    let mut conn = ConnState::new(info, server.requirepass().is_empty());
     let result = connection_loop(server, &mut stream, &mut conn, &mut shutdown).await;
     server.unregister_client(id);
     match result {

@@ -32,7 +32,7 @@ use crate::engine::{BatchOp, Request};
 use crate::error::WriteError;
 use crate::limits::MULTI_READ_ATTEMPTS_BEFORE_EXCLUSIVE;
 use crate::shard::coordinator::{Coordinator, Decision};
-use crate::shard::exec::{Exec, ExecRequest, ExecStep, ExecView, StepInput, Vote};
+use crate::shard::exec::{lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, StepInput, Vote};
 
 /// The store-wide count of batch decisions, and the means for a reader that keeps missing a
 /// quiet moment to get one (invariant 1).
@@ -242,7 +242,13 @@ impl Coordination {
         for (part, vote) in parts.into_iter().zip(votes) {
             let (started, on_start) = oneshot::channel();
             let exec = Started { inner: (part.build)(vote), started: Some(started) };
-            let request = ExecRequest::new(&part.locks, Box::new(exec));
+            let mut locks = lock_ids(&part.locks);
+            if !part.lock_ids.is_empty() {
+                locks.extend(part.lock_ids);
+                locks.sort_unstable();
+                locks.dedup();
+            }
+            let request = ExecRequest { locks, exec: Box::new(exec) };
             if !router.send_exec_async(part.shard, request).await || on_start.await.is_err() {
                 break;
             }
@@ -266,6 +272,7 @@ impl Coordination {
             parts.push(AtomicExec {
                 shard,
                 locks,
+                lock_ids: LockIds::new(),
                 build: Box::new(move |vote| {
                     Box::new(PartExec { part: Some((vote, ops)), answer: Some(answer) })
                 }),
@@ -290,6 +297,8 @@ impl Coordination {
 pub struct AtomicExec {
     pub shard: u32,
     pub locks: Vec<Vec<u8>>,
+    /// More locks, given as ids (`exec::lock_ids`): a sequence's steps carry theirs so.
+    pub lock_ids: LockIds,
     pub build: Box<dyn FnOnce(Vote) -> Box<dyn Exec> + Send>,
 }
 

@@ -42,6 +42,12 @@
 //!    execs group; a member whose write does not fit the group's batch limits is written alone
 //!    after it.
 //!
+//! 6. Lock versions (`ExecView::lock_version`): every exec step that writes (`Write`,
+//!    `WriteLast` or `Prepare` with operations) counts one write on each of its locks before the
+//!    write is issued, while the exec holds them. So an exec that reads a lock's version, and a
+//!    later exec holding the same lock that reads it again, see the same number only if no exec
+//!    wrote under that lock in between (Redis's WATCH, `sequence.rs`). Plain requests do not count.
+//!
 //! Plain requests (`Db::put`, `Db::get`, ...) take no locks: they are ordered with execs only by
 //! arrival at the engine. A key space is used either through execs or through plain requests.
 
@@ -62,7 +68,7 @@ use crate::engine::{is_empty_range, BatchOp, KeyValue, Request, ShardEngine};
 use crate::error::{InputError, ReadError, WriteError};
 use crate::limits::{
     EXEC_READS_MAX, EXEC_WRITE_GROUP_BYTES_MAX, EXEC_WRITE_GROUP_MEMBERS_MAX,
-    EXEC_WRITE_GROUP_OPS_MAX, SCAN_ITEMS_MAX,
+    EXEC_WRITE_GROUP_OPS_MAX, LOCK_VERSION_SLOTS, SCAN_ITEMS_MAX,
 };
 
 /// A command that runs atomically in one shard.
@@ -169,17 +175,41 @@ impl Drop for Vote {
 /// are part of what the view answers.
 pub struct ExecView<'a> {
     engine: &'a dyn ShardEngine,
+    /// Writes not in the engine yet that the exec sees: its write group's (invariant 5) or its
+    /// sequence's (`sequence.rs`).
     overlay: Option<&'a Overlay>,
+    /// `overlay` is a write group's, not yet durable.
+    behind_group: bool,
+    lock_versions: &'a LockVersions,
 }
 
-/// A write group's writes: each key's last value, None for a delete.
-type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+/// Writes not yet in the engine: each key's last value, None for a delete.
+pub(crate) type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
-impl ExecView<'_> {
+impl<'a> ExecView<'a> {
     /// Whether the exec runs behind a write group that is not yet durable (invariant 5): what
     /// it sees includes the group's writes, so it must not answer before they are durable.
     pub fn behind_write_group(&self) -> bool {
-        self.overlay.is_some()
+        self.behind_group
+    }
+
+    /// The version of lock `lock` (`lock_ids`): how many writes execs holding it issued since
+    /// the shard opened (invariant 6). Equal versions read under the lock mean no exec wrote
+    /// under it in between.
+    pub fn lock_version(&self, lock: u64) -> u64 {
+        self.lock_versions.get(lock)
+    }
+
+    /// This view with `overlay`'s writes on top: a sequence's steps see the writes of the steps
+    /// before them (`sequence.rs`). Only for an exec that is not behind a write group.
+    pub(crate) fn with_overlay<'b>(&'b self, overlay: &'b Overlay) -> ExecView<'b> {
+        assert!(self.overlay.is_none(), "a sequence runs behind no write group");
+        ExecView {
+            engine: self.engine,
+            overlay: Some(overlay),
+            behind_group: false,
+            lock_versions: self.lock_versions,
+        }
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {
@@ -404,6 +434,32 @@ pub struct ExecTable {
     /// Reads the execs stepped in this pass of `pump` asked for, handed to the engine together
     /// at the pass's end (`hand_reads`): one run of gets, whose lookups the engine overlaps.
     reads: Vec<Request>,
+    lock_versions: LockVersions,
+}
+
+/// Per lock, a count of the writes execs holding it issued (invariant 6), in
+/// `LOCK_VERSION_SLOTS` counters indexed by the lock's low bits. Locks sharing a counter share
+/// a version: a write under one moves the other's too, which can only make a watcher see a
+/// change that did not happen (a transaction retried), never miss one. Allocated at the first
+/// write, so a shard that never writes through execs holds none.
+#[derive(Default)]
+pub(crate) struct LockVersions {
+    counters: Vec<u64>,
+}
+
+impl LockVersions {
+    fn get(&self, lock: u64) -> u64 {
+        self.counters.get(lock as usize % LOCK_VERSION_SLOTS).copied().unwrap_or(0)
+    }
+
+    fn bump(&mut self, locks: &[u64]) {
+        if self.counters.is_empty() {
+            self.counters = vec![0; LOCK_VERSION_SLOTS];
+        }
+        for &lock in locks {
+            self.counters[lock as usize % LOCK_VERSION_SLOTS] += 1;
+        }
+    }
 }
 
 impl ExecTable {
@@ -559,7 +615,12 @@ impl ExecTable {
             }
             for id in group.members {
                 let running = self.running.get_mut(id as usize).expect("a group member is running");
-                let view = ExecView { engine, overlay: None };
+                let view = ExecView {
+                    engine,
+                    overlay: None,
+                    behind_group: false,
+                    lock_versions: &self.lock_versions,
+                };
                 let step = running.exec.step(&view, StepInput::Written(result.clone()));
                 assert!(
                     matches!(step, ExecStep::Done),
@@ -783,14 +844,27 @@ impl ExecTable {
         // Started behind a write group: the group's writes are part of what it sees, and it
         // may only write last or finish (`Exec::joins_write_groups`).
         let behind_group = running.blocked_by > 0;
-        let overlay = if behind_group {
+        let overlay: Option<&Overlay> = if behind_group {
             let group = self.groups.get(&running.locks[0]).expect("started behind a group");
             Some(&group.overlay)
         } else {
             None
         };
-        let step = running.exec.step(&ExecView { engine, overlay }, input);
+        let view = ExecView {
+            engine,
+            overlay,
+            behind_group,
+            lock_versions: &self.lock_versions,
+        };
+        let step = running.exec.step(&view, input);
         running.started = true;
+        if let ExecStep::Write(ops) | ExecStep::WriteLast(ops) | ExecStep::Prepare { ops, .. } =
+            &step
+        {
+            if !ops.is_empty() {
+                self.lock_versions.bump(&running.locks);
+            }
+        }
         if behind_group {
             assert!(
                 match &step {
@@ -896,7 +970,7 @@ enum Advance {
 }
 
 /// The writes an overlay holds, as batch operations in key order.
-fn overlay_ops(overlay: Overlay) -> Vec<BatchOp> {
+pub(crate) fn overlay_ops(overlay: Overlay) -> Vec<BatchOp> {
     overlay
         .into_iter()
         .map(|(key, value)| match value {
@@ -907,7 +981,7 @@ fn overlay_ops(overlay: Overlay) -> Vec<BatchOp> {
 }
 
 /// Applies `ops` to a group's writes: each key keeps its last value.
-fn apply(overlay: &mut Overlay, ops: impl IntoIterator<Item = BatchOp>) {
+pub(crate) fn apply(overlay: &mut Overlay, ops: impl IntoIterator<Item = BatchOp>) {
     for op in ops {
         match op {
             BatchOp::Put { key, value } => overlay.insert(key, Some(value)),

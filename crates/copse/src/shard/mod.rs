@@ -27,6 +27,7 @@ pub mod coordinator;
 pub mod event_loop;
 pub mod exec;
 pub mod gate;
+pub mod sequence;
 pub mod wake;
 
 use std::sync::Arc;

@@ -1,0 +1,418 @@
+//! Transactions: MULTI, EXEC, DISCARD, WATCH and UNWATCH, with Redis's semantics.
+//!
+//! After MULTI every command is checked as dispatch would check it (known, arity, AUTH, key
+//! lengths, and whether copse can run it inside a transaction, below) and queued, answered
+//! `+QUEUED`; a command refused there is answered its error and makes EXEC answer EXECABORT and
+//! run nothing. EXEC builds every queued command's execs in order (as dispatch would, so a
+//! queued SELECT changes the database of the commands after it) and runs them as one
+//! `copse::exec::Sequence` per shard: each shard's steps run one after another holding all
+//! their locks, see each other's writes, and write once at the end, all or nothing. Over
+//! several shards the sequences are the parts of one cross-shard batch (`Db::exec_atomic`), so a
+//! crash keeps all of a transaction or none of it, and no other client sees part of it.
+//!
+//! WATCH reads, for each key, the version of its lock in its shard (`ExecView::lock_version`:
+//! the writes execs issued under it), whether the key exists and its deadline. EXEC's sequences
+//! check the versions under the locks before they run; a changed one calls the transaction off
+//! and EXEC answers a null array. What changes keys without their locks is checked at EXEC
+//! instead, as Redis's cas.tcl expects: a FLUSHALL or FLUSHDB since the WATCH fails it if a
+//! watched key existed (`Server::flush_epoch`), any SWAPDB fails it (`swap_epoch`), and so does a
+//! watched key that was live with a deadline that has passed (a key already expired at WATCH
+//! does not).
+//!
+//! Invariants:
+//! - EXEC's reply is sent only once every sequence reported `Applied`; a queued command's own
+//!   answer is never passed on otherwise (`copse::exec::Sequence`, invariant 4).
+//! - A transaction runs entirely as sequences or not at all: a command whose handler would run
+//!   in steps of its own after the connection's earlier replies (`Outcome::AfterPending`: SCAN,
+//!   KEYS, FLUSHALL, a blocking pop, RENAME across shards, ...) is refused while queueing.
+//!   Should one still appear at EXEC, EXEC answers an error and runs nothing.
+//! - WATCH records its keys before the connection's next command is dispatched (it runs after
+//!   the earlier replies, as those commands do), so a pipelined UNWATCH or EXEC sees them.
+//!
+//! Where copse differs from Redis (docs/server.md, "Transactions"): the commands refused above
+//! (Redis runs them, blocking pops without blocking); versions are per lock counter
+//! (`LOCK_VERSION_SLOTS`) and locks are per key name in every database, so a write to another
+//! key sharing the counter, or to the same name in another database, also fails a WATCH (only
+//! ever towards a retry); FLUSHDB fails a WATCH of an existing key in any database, and SWAPDB
+//! fails every WATCH.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use copse::exec::{lock_ids, AtomicExec, Exec, ExecRequest, LockIds, Sequence, SequenceOutcome};
+use futures::channel::oneshot;
+
+use super::{
+    answered, dispatch, dry_run, find_ignoring_case, stored_type, unknown_command, write_error,
+    Call, Combine, Execs, Expiry, Input, Next, Outcome, Spec,
+};
+use crate::context::{ConnState, Server, Transaction, Watched, WatchedKey};
+use crate::resp::{Args, Reply};
+
+/// Commands that run at once even while a transaction is queued (Redis's list).
+const RUN_AT_ONCE: &[&str] = &["exec", "discard", "multi", "watch", "quit", "reset"];
+
+/// Commands without the `write` or `readonly` flag that answer after the connection's earlier
+/// replies: refused while queueing (their handlers cannot be tried without running them).
+const LATER_ANSWERED: &[&str] = &["info", "scrub"];
+
+pub fn specs() -> Vec<Spec> {
+    let spec = |name, arity, flags, summary, handler| {
+        Spec::new("transactions", name, arity, flags, (0, 0, 0), summary, handler)
+    };
+    const F: &[&str] = &["fast"];
+    vec![
+        spec("multi", 1, F, "Starts a transaction.", multi as _),
+        spec("exec", 1, &[], "Runs the commands queued since MULTI, atomically.", exec as _),
+        spec("discard", 1, F, "Discards the commands queued since MULTI.", discard as _),
+        Spec::new(
+            "transactions",
+            "watch",
+            -2,
+            F,
+            (1, -1, 1),
+            "Makes the next EXEC run only if these keys are not changed meanwhile.",
+            watch as _,
+        ),
+        spec("unwatch", 1, F, "Forgets the keys WATCH named.", unwatch as _),
+    ]
+}
+
+/// While a transaction is queued, queues `args` (answering `+QUEUED`) or refuses it (marking the
+/// transaction for EXECABORT). Hands `args` back for dispatch when no transaction is queued or
+/// the command runs at once.
+pub fn queue(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Result<Outcome, Args> {
+    if conn.transaction.is_none() {
+        return Err(args);
+    }
+    let spec = find_ignoring_case(&args[0]);
+    if spec.is_some_and(|spec| RUN_AT_ONCE.contains(&spec.name)) {
+        return Err(args);
+    }
+    let refusal = match spec {
+        None => Some(unknown_command(&args)),
+        Some(spec) => refusal(server, conn, spec, &args),
+    };
+    let transaction = conn.transaction.as_mut().expect("queueing");
+    match refusal {
+        Some(error) => {
+            transaction.refused = true;
+            Ok(Outcome::Reply(Reply::Error(error)))
+        }
+        None => {
+            transaction.queued.push(args);
+            Ok(Outcome::Reply(Reply::Simple("QUEUED".into())))
+        }
+    }
+}
+
+/// Why `args` cannot be queued, as its error reply's text.
+fn refusal(
+    server: &Arc<Server>,
+    conn: &mut ConnState,
+    spec: &'static Spec,
+    args: &Args,
+) -> Option<String> {
+    let name = spec.name;
+    let count = args.len() as i32;
+    if (spec.arity > 0 && count != spec.arity) || (spec.arity < 0 && count < -spec.arity) {
+        return Some(format!("ERR wrong number of arguments for '{name}' command"));
+    }
+    if !conn.authenticated {
+        return Some("NOAUTH Authentication required.".into());
+    }
+    let not_here = || {
+        Some(format!(
+            "ERR {} cannot run inside MULTI in copse: it would run in steps of its own (a \
+             blocking or whole-keyspace command, or one whose keys span shards)",
+            name.to_uppercase()
+        ))
+    };
+    if spec.flags.contains(&"blocking") || LATER_ANSWERED.contains(&name) {
+        return not_here();
+    }
+    if !(spec.flags.contains(&"write") || spec.flags.contains(&"readonly")) {
+        return None;
+    }
+    // A data command's handler only builds its execs: built and dropped, it changes nothing.
+    match dry_run(server, conn, spec, args.clone()) {
+        Err(Reply::Error(error)) => Some(error),
+        Err(_) => None,
+        Ok(Outcome::AfterPending(_)) => not_here(),
+        Ok(_) => None,
+    }
+}
+
+fn multi(call: &mut Call<'_>) -> Outcome {
+    if call.conn.transaction.is_some() {
+        return Outcome::error("ERR MULTI calls can not be nested");
+    }
+    call.conn.transaction = Some(Transaction::default());
+    Outcome::Reply(Reply::ok())
+}
+
+fn discard(call: &mut Call<'_>) -> Outcome {
+    if call.conn.transaction.take().is_none() {
+        return Outcome::error("ERR DISCARD without MULTI");
+    }
+    call.conn.unwatch();
+    Outcome::Reply(Reply::ok())
+}
+
+fn unwatch(call: &mut Call<'_>) -> Outcome {
+    call.conn.unwatch();
+    Outcome::Reply(Reply::ok())
+}
+
+/// WATCH: reads each key's lock version in its shard, under its lock (so after every write
+/// queued before it), and records them. It runs after the connection's earlier replies and
+/// before its later commands are dispatched, so an UNWATCH or EXEC after it sees what it
+/// recorded.
+fn watch(call: &mut Call<'_>) -> Outcome {
+    if call.conn.transaction.is_some() {
+        return Outcome::error("ERR WATCH inside MULTI is not allowed");
+    }
+    let mut plan = super::Plan::new();
+    let mut watching = Vec::new();
+    for key in &call.args[1..] {
+        let shard = call.db().shard_of(key);
+        let lock = lock_ids(&[key])[0];
+        watching.push((shard, lock));
+        let key = key.clone();
+        plan.add(shard, vec![key.clone()], move |view, input| match input {
+            Input::Start => {
+                let expiry = Expiry::of(view, &key);
+                let existed = expiry.live(stored_type(view, &key)).is_some();
+                let found = WatchedKey {
+                    shard,
+                    lock,
+                    version: view.lock_version(lock),
+                    existed,
+                    deadline_ms: expiry.deadline_ms,
+                };
+                Next::Reply(Reply::Bulk(encode_watched(&found)))
+            }
+            _ => super::unexpected(),
+        });
+    }
+    let watched = call.conn.watched.clone();
+    let server = call.server.clone();
+    Outcome::AfterPending(Box::pin(async move {
+        let flush_epoch = server.flush_epoch.load(Ordering::Acquire);
+        let swap_epoch = server.swap_epoch.load(Ordering::Acquire);
+        let found = super::run_outcome(&server.db, plan.finish(Box::new(Reply::Array))).await;
+        let Reply::Array(found) = found else { return found };
+        let mut watched = watched.lock().unwrap_or_else(|poison| poison.into_inner());
+        if watched.keys.is_empty() {
+            watched.flush_epoch = flush_epoch;
+            watched.swap_epoch = swap_epoch;
+        }
+        for ((shard, lock), found) in watching.into_iter().zip(found) {
+            match found {
+                Reply::Bulk(bytes) => match decode_watched(shard, lock, &bytes) {
+                    Some(key) => watched.keys.push(key),
+                    None => return Reply::error("ERR internal error: a watched key's state"),
+                },
+                other => return other,
+            }
+        }
+        Reply::ok()
+    }))
+}
+
+/// A watched key's state as its exec answers it: version, existed, deadline (0: none).
+fn encode_watched(key: &WatchedKey) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(17);
+    bytes.extend_from_slice(&key.version.to_le_bytes());
+    bytes.push(u8::from(key.existed));
+    bytes.extend_from_slice(&key.deadline_ms.unwrap_or(0).to_le_bytes());
+    bytes
+}
+
+fn decode_watched(shard: u32, lock: u64, bytes: &[u8]) -> Option<WatchedKey> {
+    let version = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
+    let existed = *bytes.get(8)? == 1;
+    let deadline = u64::from_le_bytes(bytes.get(9..17)?.try_into().ok()?);
+    let deadline_ms = (deadline != 0).then_some(deadline);
+    Some(WatchedKey { shard, lock, version, existed, deadline_ms })
+}
+
+/// Whether something outside the watched locks changed a watched key since WATCH: a FLUSHALL
+/// or FLUSHDB of a key that existed, any SWAPDB, or a deadline that passed (a key that was
+/// live then has expired).
+fn changed_outside_locks(server: &Server, watched: &Watched) -> bool {
+    if watched.keys.is_empty() {
+        return false;
+    }
+    let now = super::now_ms();
+    server.swap_epoch.load(Ordering::Acquire) != watched.swap_epoch
+        || (server.flush_epoch.load(Ordering::Acquire) != watched.flush_epoch
+            && watched.keys.iter().any(|key| key.existed))
+        || watched.keys.iter().any(|key| key.deadline_ms.is_some_and(|deadline| deadline <= now))
+}
+
+/// How one queued command is answered at EXEC.
+enum Answer {
+    Ready(Reply),
+    One(oneshot::Receiver<Reply>),
+    Many(Vec<oneshot::Receiver<Reply>>, Combine),
+}
+
+/// One shard's share of a transaction: its steps, their locks, and its watched versions.
+#[derive(Default)]
+struct ShardShare {
+    steps: Vec<Box<dyn Exec>>,
+    locks: LockIds,
+    watched: Vec<(u64, u64)>,
+}
+
+impl ShardShare {
+    fn lock(&mut self, locks: &[u64]) {
+        self.locks.extend_from_slice(locks);
+    }
+
+    fn sorted_locks(&mut self) -> LockIds {
+        let mut locks = std::mem::take(&mut self.locks);
+        locks.sort_unstable();
+        locks.dedup();
+        locks
+    }
+}
+
+fn exec(call: &mut Call<'_>) -> Outcome {
+    let Some(transaction) = call.conn.transaction.take() else {
+        return Outcome::error("ERR EXEC without MULTI");
+    };
+    let watched = std::mem::take(&mut *call.conn.watched.lock().unwrap_or_else(|p| p.into_inner()));
+    if transaction.refused {
+        return Outcome::error("EXECABORT Transaction discarded because of previous errors.");
+    }
+    // Each command's execs, built in order, as dispatch builds them.
+    let mut shares: BTreeMap<u32, ShardShare> = BTreeMap::new();
+    let mut answers = Vec::with_capacity(transaction.queued.len());
+    call.conn.in_exec = true;
+    let mut unsupported = None;
+    for args in transaction.queued {
+        let name = String::from_utf8_lossy(&args[0]).to_uppercase();
+        let outcome = dispatch(call.server, call.conn, args).outcome;
+        let mut add = |queued: super::Queued| {
+            let share = shares.entry(queued.shard).or_default();
+            share.lock(&queued.request.locks);
+            share.steps.push(queued.request.exec);
+        };
+        answers.push(match outcome {
+            Outcome::Reply(reply) | Outcome::Close(reply) => Answer::Ready(reply),
+            Outcome::Execs(Execs::One { queued, answer }) => {
+                add(queued);
+                Answer::One(answer)
+            }
+            Outcome::Execs(Execs::Many { queued, answers, combine }) => {
+                queued.into_iter().for_each(&mut add);
+                Answer::Many(answers, combine)
+            }
+            Outcome::AfterPending(_) => {
+                unsupported.get_or_insert(name);
+                Answer::Ready(Reply::Null)
+            }
+        });
+    }
+    call.conn.in_exec = false;
+    if let Some(name) = unsupported {
+        return Outcome::Reply(Reply::Error(format!(
+            "ERR {name} cannot run inside MULTI in copse; the transaction was not run"
+        )));
+    }
+    for key in &watched.keys {
+        let share = shares.entry(key.shard).or_default();
+        share.lock(&[key.lock]);
+        share.watched.push((key.lock, key.version));
+    }
+    let server = call.server.clone();
+    Outcome::AfterPending(Box::pin(async move {
+        if changed_outside_locks(&server, &watched) {
+            return Reply::NullArray;
+        }
+        match run(&server.db, shares).await {
+            Ok(true) => {}
+            Ok(false) => return Reply::NullArray,
+            Err(error) => return error,
+        }
+        let mut replies = Vec::with_capacity(answers.len());
+        for answer in answers {
+            replies.push(match answer {
+                Answer::Ready(reply) => reply,
+                Answer::One(answer) => answered(answer).await,
+                Answer::Many(answers, combine) => super::collect(answers, combine).await,
+            });
+        }
+        Reply::Array(replies)
+    }))
+}
+
+/// Runs the shares as one sequence each: alone in one shard, or as the parts of one cross-shard
+/// batch. Ok(true) once all applied, Ok(false) if a watched key changed.
+async fn run(db: &copse::Db, shares: BTreeMap<u32, ShardShare>) -> Result<bool, Reply> {
+    let abort = Arc::new(AtomicBool::new(false));
+    let mut outcomes = Vec::with_capacity(shares.len());
+    if shares.len() == 1 {
+        let (shard, mut share) = shares.into_iter().next().expect("one share");
+        let (done, outcome) = oneshot::channel();
+        let locks = share.sorted_locks();
+        let sequence = Sequence::new(share.steps, share.watched, abort, None, done)
+            .map_err(|err| Reply::Error(format!("ERR {err}")))?;
+        db.exec_many_async(shard, vec![ExecRequest { locks, exec: Box::new(sequence) }]).await;
+        outcomes.push(outcome);
+    } else if shares.len() > 1 {
+        let mut parts = Vec::with_capacity(shares.len());
+        for (shard, mut share) in shares {
+            let (done, outcome) = oneshot::channel();
+            outcomes.push(outcome);
+            let lock_ids = share.sorted_locks();
+            if share.steps.len() > copse::limits::SEQUENCE_STEPS_MAX {
+                return Err(Reply::Error(format!(
+                    "ERR a transaction of more than {} commands on one shard",
+                    copse::limits::SEQUENCE_STEPS_MAX
+                )));
+            }
+            let abort = abort.clone();
+            parts.push(AtomicExec {
+                shard,
+                locks: Vec::new(),
+                lock_ids,
+                build: Box::new(move |vote| {
+                    let sequence =
+                        Sequence::new(share.steps, share.watched, abort, Some(vote), done)
+                            .expect("checked the steps above");
+                    Box::new(sequence) as Box<dyn Exec>
+                }),
+            });
+        }
+        db.exec_atomic(parts).await;
+    }
+    let mut changed = false;
+    let mut failure = None;
+    for outcome in outcomes {
+        match outcome.await {
+            Ok(SequenceOutcome::Applied) => {}
+            Ok(SequenceOutcome::Changed) => changed = true,
+            Ok(SequenceOutcome::Failed(err)) => {
+                // The cause rather than the abort it led to elsewhere.
+                if failure.is_none() || !matches!(err, copse::WriteError::Aborted(_)) {
+                    failure = Some(err);
+                }
+            }
+            // A part never built: the batch was called off before it (or the store closed).
+            Err(oneshot::Canceled) => {
+                failure.get_or_insert(copse::WriteError::Aborted("a part did not run".into()));
+            }
+        }
+    }
+    if changed {
+        return Ok(false);
+    }
+    match failure {
+        None => Ok(true),
+        Some(err) => Err(write_error(&err)),
+    }
+}

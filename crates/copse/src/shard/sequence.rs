@@ -1,0 +1,351 @@
+//! A sequence: several exec programs run one after another as one exec, whose writes reach the
+//! engine together as one all-or-nothing batch at the end (Redis's MULTI ... EXEC, per shard).
+//!
+//! The sequence holds the locks of all its steps (and of the watched keys) from its start to its
+//! end. Each step sees the shard as the steps before it left it: their writes are kept in the
+//! sequence's overlay, which the step's view (`ExecView::with_overlay`) and its reads answer
+//! from, and a step's write is answered at once (`Written(Ok)`), with nothing written yet. When
+//! the last step is done the overlay is written as one batch (`Write`), or, inside a cross-shard
+//! batch, prepared as this shard's part with the vote the sequence was given (`Prepare`).
+//!
+//! Invariants:
+//! 1. Nothing a step writes reaches the engine before the sequence's one write: a crash leaves
+//!    all of the sequence or none of it, and no other exec sees part of it (the sequence holds
+//!    every lock its steps named until its write is durable, exec.rs invariant 2).
+//! 2. A step reads what the steps before it wrote: a point read of a key in the overlay is
+//!    answered from it, a scan is merged with it (`scan_over`), as the view's index questions
+//!    are (`ExecView::with_overlay`).
+//! 3. Watched locks: the sequence starts only if every watched lock's version is still the one
+//!    the caller read (exec.rs invariant 6), checked under the locks; otherwise it writes
+//!    nothing and ends `Changed`. A step may call the sequence off as well (`abort`), which
+//!    ends it `Changed` after that step, with nothing written.
+//! 4. The steps answer their own callers as they finish; the caller of the sequence must not
+//!    pass those answers on before the sequence's own outcome says `Applied`.
+
+use std::collections::VecDeque;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures::channel::oneshot;
+
+use super::exec::{
+    apply, overlay_ops, Exec, ExecStep, ExecView, Overlay, ReadOp, ReadOps, ReadResult,
+    ReadResults, StepInput, Vote,
+};
+use crate::engine::{is_empty_range, KeyValue};
+use crate::error::{InputError, WriteError};
+use crate::limits::{SCAN_ITEMS_MAX, SEQUENCE_STEPS_MAX};
+
+/// How a sequence ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SequenceOutcome {
+    /// Every step ran and the sequence's writes are durable (and applied, in a cross-shard
+    /// batch): the steps' answers stand.
+    Applied,
+    /// A watched lock's version moved, or a step called the sequence off: nothing was written.
+    Changed,
+    /// The write failed, or the cross-shard batch was called off: nothing was written.
+    Failed(WriteError),
+}
+
+/// Runs `steps` in order as one exec (module comment). Build it with [`Sequence::new`] and send
+/// it with the union of its steps' locks and the watched ones.
+pub struct Sequence {
+    steps: VecDeque<Box<dyn Exec>>,
+    /// The step running, and whether it has been started.
+    current: Option<Box<dyn Exec>>,
+    writes: Overlay,
+    /// (lock, version the caller read): checked at the start (invariant 3).
+    watched: Vec<(u64, u64)>,
+    abort: Arc<AtomicBool>,
+    vote: Option<Vote>,
+    /// The current step's reads: answered from the overlay, or by the engine's read at `at`.
+    reads: Option<Vec<PlannedRead>>,
+    writing: bool,
+    done: Option<oneshot::Sender<SequenceOutcome>>,
+}
+
+enum PlannedRead {
+    Local(ReadResult),
+    /// The engine's answer to read `at` of the sequence's own read step; a scan's is merged
+    /// with the overlay over its range, cut at its limit.
+    Engine { at: usize, scan: Option<ScanOver> },
+}
+
+/// A scan the overlay changes: its range, the limit the step asked for and the larger one the
+/// engine was asked for.
+struct ScanOver {
+    start: Bound<Vec<u8>>,
+    end: Bound<Vec<u8>>,
+    limit: usize,
+    engine_limit: usize,
+}
+
+impl Sequence {
+    /// A sequence of `steps` (at most `SEQUENCE_STEPS_MAX`). `watched` are (lock, version) pairs
+    /// read earlier with `ExecView::lock_version`; `abort` may be set by a step to call the
+    /// sequence off; `vote`, inside a cross-shard batch (`Db::exec_atomic`), makes the end a
+    /// `Prepare`. `done` hears the outcome.
+    pub fn new(
+        steps: Vec<Box<dyn Exec>>,
+        watched: Vec<(u64, u64)>,
+        abort: Arc<AtomicBool>,
+        vote: Option<Vote>,
+        done: oneshot::Sender<SequenceOutcome>,
+    ) -> Result<Sequence, InputError> {
+        if steps.len() > SEQUENCE_STEPS_MAX {
+            return Err(InputError::SequenceTooLong { steps: steps.len(), max: SEQUENCE_STEPS_MAX });
+        }
+        Ok(Sequence {
+            steps: steps.into(),
+            current: None,
+            writes: Overlay::new(),
+            watched,
+            abort,
+            vote,
+            reads: None,
+            writing: false,
+            done: Some(done),
+        })
+    }
+
+    fn finish(&mut self, outcome: SequenceOutcome) -> ExecStep {
+        if let Some(vote) = self.vote.take() {
+            // Called off before it was prepared: the other shards' parts are erased.
+            vote.refuse(WriteError::Aborted("a watched key changed".into()));
+        }
+        if let Some(done) = self.done.take() {
+            let _ = done.send(outcome);
+        }
+        ExecStep::Done
+    }
+
+    /// Runs steps from `input` (for the current step) until one needs the engine, or all are
+    /// done and the sequence writes.
+    fn run(&mut self, view: &ExecView<'_>, mut input: StepInput) -> ExecStep {
+        loop {
+            if self.current.is_none() {
+                if self.abort.load(Ordering::Acquire) {
+                    return self.finish(SequenceOutcome::Changed);
+                }
+                match self.steps.pop_front() {
+                    // `input` is `Start` here: a step that finished leaves it so.
+                    Some(next) => self.current = Some(next),
+                    None => return self.write(),
+                }
+            }
+            let step = self.current.as_mut().expect("a step runs");
+            let asked = step.step(&view.with_overlay(&self.writes), input);
+            input = match asked {
+                ExecStep::Done => {
+                    self.current = None;
+                    StepInput::Start
+                }
+                ExecStep::Write(ops) | ExecStep::WriteLast(ops) => {
+                    apply(&mut self.writes, ops);
+                    StepInput::Written(Ok(()))
+                }
+                ExecStep::Prepare { vote, .. } => {
+                    let refusal = WriteError::Aborted(
+                        "a cross-shard batch cannot run as a step of a sequence".into(),
+                    );
+                    vote.refuse(refusal.clone());
+                    StepInput::Written(Err(refusal))
+                }
+                ExecStep::Read(reads) => match self.plan_reads(reads) {
+                    Ok(engine_reads) if engine_reads.is_empty() => {
+                        let results = self.answer_reads(Vec::new());
+                        StepInput::Read(Ok(results))
+                    }
+                    Ok(engine_reads) => return ExecStep::Read(engine_reads),
+                    Err(err) => StepInput::Read(Err(err.into())),
+                },
+            };
+        }
+    }
+
+    /// Splits a step's reads into those the overlay answers and those the engine must.
+    fn plan_reads(&mut self, reads: ReadOps) -> Result<ReadOps, InputError> {
+        let mut planned = Vec::with_capacity(reads.len());
+        let mut engine_reads = ReadOps::new();
+        for read in reads {
+            match read {
+                ReadOp::Get(key) => match self.writes.get(&key) {
+                    Some(value) => planned.push(PlannedRead::Local(ReadResult::Value(value.clone()))),
+                    None => {
+                        planned.push(PlannedRead::Engine { at: engine_reads.len(), scan: None });
+                        engine_reads.push(ReadOp::Get(key));
+                    }
+                },
+                ReadOp::Scan { start, end, limit } => {
+                    if limit > SCAN_ITEMS_MAX {
+                        return Err(InputError::ScanLimitTooLarge { limit, max: SCAN_ITEMS_MAX });
+                    }
+                    let changed = if is_empty_range(as_ref(&start), as_ref(&end)) {
+                        0
+                    } else {
+                        self.writes.range::<[u8], _>((as_ref(&start), as_ref(&end))).count()
+                    };
+                    // As many more as the overlay changed in the range leave at least `limit`
+                    // after its deletes whenever the engine had that many.
+                    let engine_limit = limit.saturating_add(changed).min(SCAN_ITEMS_MAX);
+                    let scan = (changed > 0).then(|| ScanOver {
+                        start: start.clone(),
+                        end: end.clone(),
+                        limit,
+                        engine_limit,
+                    });
+                    planned.push(PlannedRead::Engine { at: engine_reads.len(), scan });
+                    engine_reads.push(ReadOp::Scan { start, end, limit: engine_limit });
+                }
+            }
+        }
+        self.reads = Some(planned);
+        Ok(engine_reads)
+    }
+
+    /// The current step's read results: the overlay's and the engine's, in the order it asked.
+    fn answer_reads(&mut self, engine: Vec<ReadResult>) -> ReadResults {
+        let mut engine: Vec<Option<ReadResult>> = engine.into_iter().map(Some).collect();
+        let planned = self.reads.take().expect("a read step planned");
+        planned
+            .into_iter()
+            .map(|read| match read {
+                PlannedRead::Local(result) => result,
+                PlannedRead::Engine { at, scan } => {
+                    let result = engine[at].take().expect("each engine read answers one step read");
+                    match (scan, result) {
+                        (Some(scan), ReadResult::Items(items)) => {
+                            ReadResult::Items(scan_over(&self.writes, &scan, items))
+                        }
+                        (_, result) => result,
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn write(&mut self) -> ExecStep {
+        self.writing = true;
+        let ops = overlay_ops(std::mem::take(&mut self.writes));
+        match self.vote.take() {
+            Some(vote) => ExecStep::Prepare { vote, ops },
+            None if ops.is_empty() => self.finish(SequenceOutcome::Applied),
+            None => ExecStep::Write(ops),
+        }
+    }
+}
+
+impl Exec for Sequence {
+    fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
+        match input {
+            StepInput::Start => {
+                if self.watched.iter().any(|&(lock, version)| view.lock_version(lock) != version) {
+                    return self.finish(SequenceOutcome::Changed);
+                }
+                self.run(view, StepInput::Start)
+            }
+            StepInput::Written(result) if self.writing => self.finish(match result {
+                Ok(()) => SequenceOutcome::Applied,
+                Err(err) => SequenceOutcome::Failed(err),
+            }),
+            StepInput::Read(Ok(results)) if self.reads.is_some() => {
+                let results = self.answer_reads(results.into_iter().collect());
+                self.run(view, StepInput::Read(Ok(results)))
+            }
+            StepInput::Read(Err(err)) if self.reads.is_some() => {
+                self.reads = None;
+                self.run(view, StepInput::Read(Err(err)))
+            }
+            other => unreachable!("a sequence was resumed with {other:?} it did not ask for"),
+        }
+    }
+}
+
+fn as_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match bound {
+        Bound::Included(key) => Bound::Included(key.as_slice()),
+        Bound::Excluded(key) => Bound::Excluded(key.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// The engine's `items` of a range with `overlay`'s writes over the range applied: an item the
+/// overlay wrote takes its value (or is gone, deleted), the overlay's new keys join in order;
+/// cut at the step's limit. `items` are the engine's first items of the range, up to the
+/// engine's limit (the step's plus the overlay's keys in the range): fewer means the engine
+/// listed the whole range, else overlay keys past its last item are left out (the engine's
+/// next items, unlisted, could come before them).
+fn scan_over(overlay: &Overlay, scan: &ScanOver, items: Vec<KeyValue>) -> Vec<KeyValue> {
+    let ScanOver { start, end, limit, engine_limit } = scan;
+    let limit = *limit;
+    let engine_complete = items.len() < *engine_limit;
+    let last_engine_key = items.last().map(|(key, _)| key.clone());
+    let mut changed = overlay.range::<[u8], _>((as_ref(start), as_ref(end))).peekable();
+    let mut items = items.into_iter().peekable();
+    let mut merged = Vec::with_capacity(limit.min(items.len() + 8));
+    while merged.len() < limit {
+        let take_changed = match (items.peek(), changed.peek()) {
+            (None, None) => break,
+            (Some((key, _)), Some((next, _))) => next.as_slice() <= key.as_slice(),
+            (None, Some((next, _))) => {
+                engine_complete || last_engine_key.as_ref().is_some_and(|last| *next <= last)
+            }
+            (Some(_), None) => false,
+        };
+        if !take_changed {
+            if let Some(item) = items.next() {
+                merged.push(item);
+                continue;
+            }
+            break;
+        }
+        let (key, value) = changed.next().expect("peeked");
+        items.next_if(|(item_key, _)| item_key == key);
+        if let Some(value) = value {
+            merged.push((key.clone(), value.clone()));
+        }
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(limit: usize, engine_limit: usize) -> ScanOver {
+        ScanOver { start: Bound::Unbounded, end: Bound::Unbounded, limit, engine_limit }
+    }
+
+    fn kv(key: &str, value: &str) -> KeyValue {
+        (key.as_bytes().to_vec(), value.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_scan_over_an_overlay_shows_its_puts_and_hides_its_deletes() {
+        let mut overlay = Overlay::new();
+        overlay.insert(b"b".to_vec(), Some(b"B2".to_vec()));
+        overlay.insert(b"c".to_vec(), None);
+        overlay.insert(b"d".to_vec(), Some(b"D".to_vec()));
+        let items = vec![kv("a", "A"), kv("b", "B"), kv("c", "C"), kv("e", "E")];
+        let merged = scan_over(&overlay, &all(10, 13), items.clone());
+        assert_eq!(merged, vec![kv("a", "A"), kv("b", "B2"), kv("d", "D"), kv("e", "E")]);
+        let merged = scan_over(&overlay, &all(2, 5), items);
+        assert_eq!(merged, vec![kv("a", "A"), kv("b", "B2")]);
+    }
+
+    #[test]
+    fn a_scan_cut_short_by_the_engine_does_not_list_overlay_keys_past_its_last_item() {
+        let mut overlay = Overlay::new();
+        overlay.insert(b"z".to_vec(), Some(b"Z".to_vec()));
+        // The engine was asked for 3 + 1 and had more: "z" may lie past items it did not list.
+        let items = vec![kv("a", "A"), kv("b", "B"), kv("c", "C"), kv("d", "D")];
+        let merged = scan_over(&overlay, &all(5, 4), items.clone());
+        assert_eq!(merged, vec![kv("a", "A"), kv("b", "B"), kv("c", "C"), kv("d", "D")]);
+        // An engine that listed fewer than asked listed the whole range.
+        let merged = scan_over(&overlay, &all(5, 6), items);
+        assert_eq!(merged.last(), Some(&kv("z", "Z")));
+        assert_eq!(merged.len(), 5);
+    }
+}
