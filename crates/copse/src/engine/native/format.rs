@@ -148,6 +148,13 @@ const _: () = assert!(CLASS_COUNT == crate::engine::placement::PLACED_CLASS_COUN
 const _: () = assert!(CLASS_COUNT <= 100);
 const _: () = assert!(PACKED_SLOT_BYTES[PACKED_CLASS_COUNT - 1] as usize == PAGE_BYTES);
 const _: () = {
+    let mut index = 1;
+    while index < MULTI_PAGE_PAGES_PER_SLOT.len() {
+        assert!(MULTI_PAGE_PAGES_PER_SLOT[index] > MULTI_PAGE_PAGES_PER_SLOT[index - 1]);
+        index += 1;
+    }
+};
+const _: () = {
     let mut index = 0;
     while index < PACKED_CLASS_COUNT {
         let slot = PACKED_SLOT_BYTES[index];
@@ -240,14 +247,19 @@ impl SizeClass {
     /// The class a new record of `record_bytes` goes to: the smallest packed class whose slot
     /// holds it, or past a page the smallest multi-page class. (The paged classes are kept for
     /// the files that have them; nothing new goes there.)
+    /// Binary searches of the two tables (both increase, checked at compile time), then one
+    /// `get`: it runs for every record written, and a walk that built each class on the way
+    /// cost ~700 instructions a SET (docs/benchmarks.md, 2026-11-29).
     pub fn for_record(record_bytes: usize) -> SizeClass {
         assert!(record_bytes <= RECORD_BYTES_MAX);
-        let packed = PACKED_FIRST_CLASS..CLASS_COUNT as u8;
-        packed
-            .chain(MULTI_PAGE_FIRST_CLASS..PACKED_FIRST_CLASS)
-            .map(SizeClass::get)
-            .find(|class| class.slot_bytes as usize >= record_bytes)
-            .expect("the last class holds the largest record")
+        let packed = PACKED_SLOT_BYTES.partition_point(|&slot| (slot as usize) < record_bytes);
+        if packed < PACKED_CLASS_COUNT {
+            return SizeClass::get(PACKED_FIRST_CLASS + packed as u8);
+        }
+        let multi_page = MULTI_PAGE_PAGES_PER_SLOT
+            .partition_point(|&pages| (pages as usize) * PAGE_BYTES < record_bytes);
+        assert!(multi_page < MULTI_PAGE_PAGES_PER_SLOT.len(), "the last class holds the largest record");
+        SizeClass::get(MULTI_PAGE_FIRST_CLASS + multi_page as u8)
     }
 
     /// The paged class whose slot is the smallest that holds this packed class's slot: a store
@@ -944,6 +956,27 @@ pub fn decode_slab_header(page: &[u8]) -> Result<SlabHeader, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_record_goes_to_the_smallest_new_class_that_holds_it() {
+        // The definition: packed classes first, then multi-page ones, smallest slot that fits.
+        let by_walk = |record_bytes: usize| {
+            (PACKED_FIRST_CLASS..CLASS_COUNT as u8)
+                .chain(MULTI_PAGE_FIRST_CLASS..PACKED_FIRST_CLASS)
+                .map(SizeClass::get)
+                .find(|class| class.slot_bytes as usize >= record_bytes)
+                .expect("the last class holds the largest record")
+        };
+        let mut sizes: Vec<usize> = (0..=3 * PAGE_BYTES).collect();
+        for class in 0..CLASS_COUNT as u8 {
+            let slot = SizeClass::get(class).slot_bytes as usize;
+            sizes.extend([slot.saturating_sub(1), slot, slot + 1]);
+        }
+        sizes.push(RECORD_BYTES_MAX);
+        for record_bytes in sizes.into_iter().filter(|&bytes| bytes <= RECORD_BYTES_MAX) {
+            assert_eq!(SizeClass::for_record(record_bytes), by_walk(record_bytes), "{record_bytes}");
+        }
+    }
+
     /// The worked example of docs/format/slab.md: a shard closed holding only `k` at seq 7.
     #[test]
     fn the_live_digest_matches_its_worked_example() {
