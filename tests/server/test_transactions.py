@@ -421,6 +421,48 @@ def test_other_clients_never_see_part_of_a_transaction_over_several_shards(serve
     setup.close()
 
 
+def test_del_and_exists_of_keys_on_several_shards_are_atomic(server):
+    """DEL of several keys (issue 24 item 2) is one cross-shard batch: readers see all 16 keys
+    or none of them, by MGET and by EXISTS, while a writer sets them with MSET and deletes them
+    with DEL (or UNLINK) over and over."""
+    keys = [f"group:{i}" for i in range(16)]
+    stop = threading.Event()
+    problems: list = []
+    rounds = [0]
+
+    def writer():
+        client = server.client()
+        while not stop.is_set():
+            client.mset({key: rounds[0] for key in keys})
+            if rounds[0] % 2:
+                assert client.delete(*keys) == len(keys)
+            else:
+                assert client.unlink(*keys) == len(keys)
+            rounds[0] += 1
+        client.close()
+
+    def reader():
+        client = server.client()
+        while not stop.is_set():
+            present = sum(value is not None for value in client.mget(keys))
+            if present not in (0, len(keys)):
+                problems.append(f"MGET saw {present} of {len(keys)} keys")
+            counted = client.exists(*keys)
+            if counted not in (0, len(keys)):
+                problems.append(f"EXISTS counted {counted} of {len(keys)} keys")
+        client.close()
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not problems, problems[:5]
+    assert rounds[0] > 20, f"only {rounds[0]} rounds ran"
+
+
 def test_a_killed_server_keeps_each_transaction_whole_or_not_at_all(make_server):
     """Writers each write one token to their own 8 keys (over both shards) in transactions; the
     server is killed under them. After each restart every writer's keys hold one token, at

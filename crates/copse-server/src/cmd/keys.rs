@@ -85,7 +85,8 @@ fn del(call: &mut Call<'_>) -> Outcome {
             Input::Read(_) => unexpected(),
         });
     }
-    plan.finish(Box::new(sum_integers))
+    // Over several shards, one cross-shard batch: all or nothing, never seen in part.
+    super::multi::atomically(call, plan.finish(Box::new(sum_integers)))
 }
 
 /// Adds integer answers; the first error wins.
@@ -118,7 +119,8 @@ fn existing_plan(db: &Db, keys: &[Vec<u8>]) -> Outcome {
 }
 
 fn exists(call: &mut Call<'_>) -> Outcome {
-    existing_plan(call.db(), &call.args[1..])
+    // Over several shards, counted at one moment (one cross-shard batch of reads).
+    super::multi::atomically(call, existing_plan(call.db(), &call.args[1..]))
 }
 
 fn type_of(call: &mut Call<'_>) -> Outcome {

@@ -350,6 +350,36 @@ fn exec(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
+/// `outcome` made atomic over shards: a command's execs over several shards (DEL, UNLINK, EXISTS,
+/// TOUCH of several keys) run as one cross-shard batch of one sequence per shard, so no other
+/// client sees part of a DEL and a crash keeps all of it or none, and EXISTS counts its keys at
+/// one moment. Inside EXEC (already one batch) or on one shard, `outcome` as it is.
+pub fn atomically(call: &Call<'_>, outcome: Outcome) -> Outcome {
+    if call.conn.in_exec {
+        return outcome;
+    }
+    let Outcome::Execs(Execs::Many { queued, answers, combine }) = outcome else {
+        return outcome;
+    };
+    if queued.windows(2).all(|pair| pair[0].shard == pair[1].shard) {
+        return Outcome::Execs(Execs::Many { queued, answers, combine });
+    }
+    let mut shares: BTreeMap<u32, ShardShare> = BTreeMap::new();
+    for queued in queued {
+        let share = shares.entry(queued.shard).or_default();
+        share.lock(&queued.request.locks);
+        share.steps.push(queued.request.exec);
+    }
+    let db = call.db().clone();
+    Outcome::AfterPending(Box::pin(async move {
+        match run(&db, shares).await {
+            Ok(true) => super::collect(answers, combine).await,
+            Ok(false) => Reply::error("ERR internal error: a batch with no watched key changed"),
+            Err(error) => error,
+        }
+    }))
+}
+
 /// Runs the shares as one sequence each: alone in one shard, or as the parts of one cross-shard
 /// batch. Ok(true) once all applied, Ok(false) if a watched key changed.
 async fn run(db: &copse::Db, shares: BTreeMap<u32, ShardShare>) -> Result<bool, Reply> {
