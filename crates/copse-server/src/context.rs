@@ -297,6 +297,10 @@ pub struct Server {
     pub flush_epoch: AtomicU64,
     /// Moved by every SWAPDB, at its start and end: a WATCH before one fails the EXEC after it.
     pub swap_epoch: AtomicU64,
+    /// Scripts by the SHA-1 of their source (EVAL, SCRIPT LOAD; `cmd/scripts.rs`).
+    pub scripts: Mutex<std::collections::HashMap<String, Arc<[u8]>>>,
+    /// Moved by SCRIPT FLUSH: each thread's Lua state, compiled scripts and all, is made anew.
+    pub scripts_generation: AtomicU64,
 }
 
 /// How often the clock task moves `Server::access_clock_s` (Redis's LRU clock ticks every 100 ms too).
@@ -351,6 +355,8 @@ impl Server {
             databases,
             flush_epoch: AtomicU64::new(0),
             swap_epoch: AtomicU64::new(0),
+            scripts: Mutex::default(),
+            scripts_generation: AtomicU64::new(0),
             access: AccessClock::default(),
             clock_s: std::sync::atomic::AtomicU32::new(CLOCK_START_S),
         }

@@ -67,9 +67,12 @@ pub use store::{Options, StorePlacement};
 /// as one. Semantics: `shard/exec.rs` and `router/txn.rs`.
 pub mod exec {
     pub use crate::router::txn::AtomicExec;
+    pub use crate::shard::exec::{apply as apply_to_overlay, overlay_ops, Overlay};
     pub use crate::shard::exec::{
         lock_ids, Exec, ExecRequest, ExecStep, ExecView, LockIds, ReadOp, ReadOps, ReadResult,
         ReadResults, StepInput, Vote,
     };
-    pub use crate::shard::sequence::{Sequence, SequenceOutcome};
+    pub use crate::shard::sequence::{
+        merge_read, plan_read, OverlayRead, ScanOver, Sequence, SequenceOutcome,
+    };
 }

@@ -22,6 +22,7 @@ pub mod names;
 pub mod namespace;
 pub mod objects;
 pub mod orphans;
+pub mod scripts;
 pub mod server;
 pub mod sets;
 pub mod store;
@@ -1182,6 +1183,7 @@ pub fn table() -> &'static [Spec] {
         specs.extend(zset_ops::specs());
         specs.extend(server::specs());
         specs.extend(multi::specs());
+        specs.extend(scripts::specs());
         specs.sort_by_key(|spec| spec.name);
         for spec in &mut specs {
             spec.keys = names::key_spec_of(spec.name);
@@ -1420,6 +1422,10 @@ const VALUE_REPLY_OVERHEAD_BYTES: usize = 16;
 /// Commands whose reply holds one stored value (a string or a hash field).
 const ONE_VALUE_REPLIES: &[&str] = &[
     "blmove",
+    "eval",
+    "eval_ro",
+    "evalsha",
+    "evalsha_ro",
     "blpop",
     "brpop",
     "brpoplpush",

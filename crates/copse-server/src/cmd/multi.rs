@@ -55,7 +55,7 @@ const RUN_AT_ONCE: &[&str] = &["exec", "discard", "multi", "watch", "quit", "res
 
 /// Commands without the `write` or `readonly` flag that answer after the connection's earlier
 /// replies: refused while queueing (their handlers cannot be tried without running them).
-const LATER_ANSWERED: &[&str] = &["info", "scrub"];
+const LATER_ANSWERED: &[&str] = &["info", "scrub", "eval", "eval_ro", "evalsha", "evalsha_ro"];
 
 pub fn specs() -> Vec<Spec> {
     let spec = |name, arity, flags, summary, handler| {

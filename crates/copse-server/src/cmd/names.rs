@@ -104,6 +104,10 @@ impl<F: Future> Future for WithNames<F> {
 const NUMKEYS_COMMANDS: &[(&str, &[usize], usize)] = &[
     ("blmpop", &[], 2),
     ("bzmpop", &[], 2),
+    ("eval", &[], 2),
+    ("eval_ro", &[], 2),
+    ("evalsha", &[], 2),
+    ("evalsha_ro", &[], 2),
     ("lmpop", &[], 1),
     ("sintercard", &[], 1),
     ("zdiff", &[], 1),

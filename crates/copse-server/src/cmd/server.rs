@@ -45,7 +45,6 @@ pub fn specs() -> Vec<Spec> {
         spec("info", -1, F, "Returns information about the server.", info as _),
         spec("time", 1, F, "Returns the server time.", time as _),
         spec("function", -2, &["write"], "FUNCTION FLUSH (no function is stored).", function as _),
-        spec("script", -2, &[], "SCRIPT FLUSH (no script is cached).", script as _),
         spec(
             "scrub",
             1,
@@ -571,10 +570,6 @@ fn function(call: &mut Call<'_>) -> Outcome {
 }
 
 /// SCRIPT FLUSH: copse caches no scripts yet (EVAL is issue 24's); as FUNCTION FLUSH.
-fn script(call: &mut Call<'_>) -> Outcome {
-    flush_only(call, "SCRIPT", "SCRIPT FLUSH only support SYNC|ASYNC option")
-}
-
 fn flush_only(call: &Call<'_>, command: &str, bad_mode: &str) -> Outcome {
     let sub = call.word(1);
     if sub != "flush" {

@@ -105,6 +105,7 @@ pub enum ExecStep {
     Done,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ReadOp {
     Get(Vec<u8>),
     /// Up to `limit` items of the range, in key order, with values.
@@ -115,7 +116,7 @@ pub enum ReadOp {
     },
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum ReadResult {
     Value(Option<Vec<u8>>),
     Items(Vec<KeyValue>),
@@ -184,7 +185,7 @@ pub struct ExecView<'a> {
 }
 
 /// Writes not yet in the engine: each key's last value, None for a delete.
-pub(crate) type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+pub type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 impl<'a> ExecView<'a> {
     /// Whether the exec runs behind a write group that is not yet durable (invariant 5): what
@@ -201,8 +202,9 @@ impl<'a> ExecView<'a> {
     }
 
     /// This view with `overlay`'s writes on top: a sequence's steps see the writes of the steps
-    /// before them (`sequence.rs`). Only for an exec that is not behind a write group.
-    pub(crate) fn with_overlay<'b>(&'b self, overlay: &'b Overlay) -> ExecView<'b> {
+    /// before them (`sequence.rs`), a script's commands those of the commands before them. Only
+    /// for an exec that is not behind a write group.
+    pub fn with_overlay<'b>(&'b self, overlay: &'b Overlay) -> ExecView<'b> {
         assert!(self.overlay.is_none(), "a sequence runs behind no write group");
         ExecView {
             engine: self.engine,
@@ -970,7 +972,7 @@ enum Advance {
 }
 
 /// The writes an overlay holds, as batch operations in key order.
-pub(crate) fn overlay_ops(overlay: Overlay) -> Vec<BatchOp> {
+pub fn overlay_ops(overlay: Overlay) -> Vec<BatchOp> {
     overlay
         .into_iter()
         .map(|(key, value)| match value {
@@ -981,7 +983,7 @@ pub(crate) fn overlay_ops(overlay: Overlay) -> Vec<BatchOp> {
 }
 
 /// Applies `ops` to a group's writes: each key keeps its last value.
-pub(crate) fn apply(overlay: &mut Overlay, ops: impl IntoIterator<Item = BatchOp>) {
+pub fn apply(overlay: &mut Overlay, ops: impl IntoIterator<Item = BatchOp>) {
     for op in ops {
         match op {
             BatchOp::Put { key, value } => overlay.insert(key, Some(value)),

@@ -75,7 +75,7 @@ enum PlannedRead {
 
 /// A scan the overlay changes: its range, the limit the step asked for and the larger one the
 /// engine was asked for.
-struct ScanOver {
+pub struct ScanOver {
     start: Bound<Vec<u8>>,
     end: Bound<Vec<u8>>,
     limit: usize,
@@ -170,34 +170,11 @@ impl Sequence {
         let mut planned = Vec::with_capacity(reads.len());
         let mut engine_reads = ReadOps::new();
         for read in reads {
-            match read {
-                ReadOp::Get(key) => match self.writes.get(&key) {
-                    Some(value) => planned.push(PlannedRead::Local(ReadResult::Value(value.clone()))),
-                    None => {
-                        planned.push(PlannedRead::Engine { at: engine_reads.len(), scan: None });
-                        engine_reads.push(ReadOp::Get(key));
-                    }
-                },
-                ReadOp::Scan { start, end, limit } => {
-                    if limit > SCAN_ITEMS_MAX {
-                        return Err(InputError::ScanLimitTooLarge { limit, max: SCAN_ITEMS_MAX });
-                    }
-                    let changed = if is_empty_range(as_ref(&start), as_ref(&end)) {
-                        0
-                    } else {
-                        self.writes.range::<[u8], _>((as_ref(&start), as_ref(&end))).count()
-                    };
-                    // As many more as the overlay changed in the range leave at least `limit`
-                    // after its deletes whenever the engine had that many.
-                    let engine_limit = limit.saturating_add(changed).min(SCAN_ITEMS_MAX);
-                    let scan = (changed > 0).then(|| ScanOver {
-                        start: start.clone(),
-                        end: end.clone(),
-                        limit,
-                        engine_limit,
-                    });
+            match plan_read(&self.writes, read)? {
+                OverlayRead::Local(result) => planned.push(PlannedRead::Local(result)),
+                OverlayRead::Engine(read, scan) => {
                     planned.push(PlannedRead::Engine { at: engine_reads.len(), scan });
-                    engine_reads.push(ReadOp::Scan { start, end, limit: engine_limit });
+                    engine_reads.push(read);
                 }
             }
         }
@@ -215,12 +192,7 @@ impl Sequence {
                 PlannedRead::Local(result) => result,
                 PlannedRead::Engine { at, scan } => {
                     let result = engine[at].take().expect("each engine read answers one step read");
-                    match (scan, result) {
-                        (Some(scan), ReadResult::Items(items)) => {
-                            ReadResult::Items(scan_over(&self.writes, &scan, items))
-                        }
-                        (_, result) => result,
-                    }
+                    merge_read(&self.writes, scan.as_ref(), result)
                 }
             })
             .collect()
@@ -260,6 +232,55 @@ impl Exec for Sequence {
             }
             other => unreachable!("a sequence was resumed with {other:?} it did not ask for"),
         }
+    }
+}
+
+/// A read of a step that runs over an overlay of writes (`plan_read`).
+pub enum OverlayRead {
+    /// The overlay answers it.
+    Local(ReadResult),
+    /// The engine must: this read (a scan's limit raised by the overlay's keys in its range),
+    /// whose answer `merge_read` lays the overlay over.
+    Engine(ReadOp, Option<ScanOver>),
+}
+
+/// How a step's `read` is answered over `overlay` (a sequence's writes, or a script's): a point
+/// read of a key the overlay wrote from it, anything else by the engine.
+pub fn plan_read(overlay: &Overlay, read: ReadOp) -> Result<OverlayRead, InputError> {
+    match read {
+        ReadOp::Get(key) => Ok(match overlay.get(&key) {
+            Some(value) => OverlayRead::Local(ReadResult::Value(value.clone())),
+            None => OverlayRead::Engine(ReadOp::Get(key), None),
+        }),
+        ReadOp::Scan { start, end, limit } => {
+            if limit > SCAN_ITEMS_MAX {
+                return Err(InputError::ScanLimitTooLarge { limit, max: SCAN_ITEMS_MAX });
+            }
+            let changed = if is_empty_range(as_ref(&start), as_ref(&end)) {
+                0
+            } else {
+                overlay.range::<[u8], _>((as_ref(&start), as_ref(&end))).count()
+            };
+            // As many more as the overlay changed in the range leave at least `limit` after its
+            // deletes whenever the engine had that many.
+            let engine_limit = limit.saturating_add(changed).min(SCAN_ITEMS_MAX);
+            let scan = (changed > 0).then(|| ScanOver {
+                start: start.clone(),
+                end: end.clone(),
+                limit,
+                engine_limit,
+            });
+            Ok(OverlayRead::Engine(ReadOp::Scan { start, end, limit: engine_limit }, scan))
+        }
+    }
+}
+
+/// The engine's `result` of a read `plan_read` sent it, with `overlay` laid over (`scan`: what
+/// `plan_read` returned beside the read).
+pub fn merge_read(overlay: &Overlay, scan: Option<&ScanOver>, result: ReadResult) -> ReadResult {
+    match (scan, result) {
+        (Some(scan), ReadResult::Items(items)) => ReadResult::Items(scan_over(overlay, scan, items)),
+        (_, result) => result,
     }
 }
 

@@ -1,0 +1,833 @@
+//! Lua scripts: EVAL, EVALSHA, EVAL_RO, EVALSHA_RO and SCRIPT LOAD, EXISTS, FLUSH, KILL, on Lua
+//! 5.1 (mlua, built from source) as in Redis.
+//!
+//! A script runs as one exec (`ScriptExec`) on the shard of its keys, holding their locks: no
+//! other command on those keys runs while it does. Its `redis.call`s are built as commands are
+//! (`dispatch`) and their execs run inline, inside the script's exec, over an overlay of the
+//! script's own writes (`copse::exec::Overlay`): each command sees the writes of those before
+//! it, nothing is written while the script runs, and when it ends all its writes go to the
+//! engine as one all-or-nothing batch. So a script is atomic across a crash too (Redis's AOF
+//! keeps a script's effects as one block), and EVAL answers once they are durable.
+//!
+//! A command's reads that need the engine (a value, a range of items) cannot be answered while
+//! Lua runs: the attempt stops at the first one, the exec asks the engine for it, and the script
+//! runs again from its start with that answer kept (`ScriptExec::cache`). Every attempt reads
+//! the same state, since the script holds the locks of all its keys and an attempt's writes are
+//! dropped with it; only the last attempt's effects and reply count.
+//!
+//! Invariants:
+//! - A script touches only its declared KEYS, all in one shard: a command naming another key
+//!   is refused (an error inside the script), so every item it reads or writes is under its
+//!   locks (what makes attempts agree).
+//! - Nothing a script does reaches the engine before it ends, and then as one batch. A script
+//!   stopped by its time limit (`SCRIPT_TIME_MAX_MS`) has changed nothing.
+//!
+//! Where copse differs from Redis (docs/server.md, "Scripts"): keys must be declared and in one
+//! shard (Redis Cluster's rule); scripts run inside MULTI are refused; `cjson`, `bit`, `struct`
+//! and `cmsgpack` are not loaded; a script past `SCRIPT_TIME_MAX_MS` is stopped with an error
+//! instead of making other clients wait with BUSY (its shard's thread would be held meanwhile),
+//! and SCRIPT KILL finds nothing to kill.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use copse::exec::{
+    apply_to_overlay, lock_ids, merge_read, overlay_ops, plan_read, Exec, ExecRequest, ExecStep,
+    ExecView, LockIds, Overlay, OverlayRead, ReadOp, ReadOps, ReadResult, StepInput,
+};
+use futures::channel::oneshot;
+use mlua::{Lua, LuaOptions, MultiValue, StdLib, Table, Value};
+use sha1::{Digest, Sha1};
+
+use super::{dispatch, find_ignoring_case, parse_i64, Call, Execs, Outcome, Queued, Spec};
+use crate::context::{ClientInfo, ConnState, Server};
+use crate::resp::Reply;
+
+/// How long one script may run (all its attempts) before it is stopped, with nothing written.
+pub const SCRIPT_TIME_MAX_MS: u64 = 5_000;
+/// Runs of one script that stop for the engine's reads before it gives up (each brings the
+/// reads its attempt needed; a script reads at most this many times in sequence).
+pub const SCRIPT_ATTEMPTS_MAX: usize = 10_000;
+/// Lua instructions between two looks at the clock (`SCRIPT_TIME_MAX_MS`).
+const SCRIPT_CLOCK_INSTRUCTIONS: u32 = 100_000;
+
+/// Commands a script may not call (Redis's `noscript` flag, and copse's commands that run in
+/// steps of their own).
+const NOT_FROM_SCRIPTS: &[&str] = &[
+    "auth",
+    "client",
+    "discard",
+    "eval",
+    "eval_ro",
+    "evalsha",
+    "evalsha_ro",
+    "exec",
+    "function",
+    "hello",
+    "multi",
+    "quit",
+    "reset",
+    "script",
+    "unwatch",
+    "watch",
+    "scrub",
+    "swapdb",
+    "flushall",
+    "flushdb",
+    "info",
+    "keys",
+    "scan",
+    "dbsize",
+    "randomkey",
+    "debug",
+    "config",
+];
+
+pub fn specs() -> Vec<Spec> {
+    let spec = |name, arity, flags, summary, handler| {
+        Spec::new("scripting", name, arity, flags, (0, 0, 0), summary, handler)
+    };
+    const W: &[&str] = &["write", "noscript"];
+    const R: &[&str] = &["readonly", "noscript"];
+    vec![
+        spec("eval", -3, W, "Runs a Lua script.", eval as _),
+        spec("evalsha", -3, W, "Runs a cached Lua script by its SHA-1.", evalsha as _),
+        spec("eval_ro", -3, R, "Runs a read-only Lua script.", eval_ro as _),
+        spec("evalsha_ro", -3, R, "Runs a cached read-only Lua script.", evalsha_ro as _),
+        spec("script", -2, &["noscript"], "SCRIPT LOAD, EXISTS, FLUSH, KILL.", script as _),
+    ]
+}
+
+/// The SHA-1 of a script's source, in lowercase hex (its name for EVALSHA).
+pub fn sha1_hex(source: &[u8]) -> String {
+    let digest = Sha1::digest(source);
+    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn eval(call: &mut Call<'_>) -> Outcome {
+    let source: Arc<[u8]> = call.args[1].clone().into();
+    let sha = sha1_hex(&source);
+    call.server
+        .scripts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(sha.clone(), source.clone());
+    run(call, sha, source, false)
+}
+
+fn eval_ro(call: &mut Call<'_>) -> Outcome {
+    let source: Arc<[u8]> = call.args[1].clone().into();
+    let sha = sha1_hex(&source);
+    call.server
+        .scripts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(sha.clone(), source.clone());
+    run(call, sha, source, true)
+}
+
+fn evalsha(call: &mut Call<'_>) -> Outcome {
+    by_sha(call, false)
+}
+
+fn evalsha_ro(call: &mut Call<'_>) -> Outcome {
+    by_sha(call, true)
+}
+
+fn by_sha(call: &mut Call<'_>, read_only: bool) -> Outcome {
+    let sha = String::from_utf8_lossy(&call.args[1]).to_ascii_lowercase();
+    let source = call.server.scripts.lock().unwrap_or_else(|p| p.into_inner()).get(&sha).cloned();
+    match source {
+        Some(source) => run(call, sha, source, read_only),
+        None => Outcome::error("NOSCRIPT No matching script. Please use EVAL."),
+    }
+}
+
+fn script(call: &mut Call<'_>) -> Outcome {
+    let server = call.server;
+    match (call.word(1).as_str(), call.args.len()) {
+        ("load", 3) => {
+            let source: Arc<[u8]> = call.args[2].clone().into();
+            if let Err(error) = compile_check(&source) {
+                return Outcome::Reply(error);
+            }
+            let sha = sha1_hex(&source);
+            server.scripts.lock().unwrap_or_else(|p| p.into_inner()).insert(sha.clone(), source);
+            Outcome::Reply(Reply::Bulk(sha.into_bytes()))
+        }
+        ("exists", n) if n >= 3 => {
+            let scripts = server.scripts.lock().unwrap_or_else(|p| p.into_inner());
+            let found = call.args[2..]
+                .iter()
+                .map(|sha| {
+                    let sha = String::from_utf8_lossy(sha).to_ascii_lowercase();
+                    Reply::Integer(i64::from(scripts.contains_key(&sha)))
+                })
+                .collect();
+            Outcome::Reply(Reply::Array(found))
+        }
+        ("flush", 2) => flush(server),
+        ("flush", 3) if matches!(call.word(2).as_str(), "sync" | "async") => flush(server),
+        ("flush", 3) => Outcome::error("ERR SCRIPT FLUSH only support SYNC|ASYNC option"),
+        ("kill", 2) => Outcome::error("NOTBUSY No scripts in execution right now."),
+        (sub @ ("load" | "exists" | "flush" | "kill"), _) => {
+            Outcome::error(format!("ERR wrong number of arguments for 'script|{sub}' command"))
+        }
+        (sub, _) => Outcome::error(format!("ERR unknown subcommand '{sub}'. Try SCRIPT HELP.")),
+    }
+}
+
+fn flush(server: &Server) -> Outcome {
+    server.scripts.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    server.scripts_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    Outcome::Reply(Reply::ok())
+}
+
+/// Compiles `source` in a scratch state: SCRIPT LOAD refuses what would not compile.
+fn compile_check(source: &[u8]) -> Result<(), Reply> {
+    let lua = Lua::new_with(StdLib::NONE, LuaOptions::default())
+        .map_err(|err| Reply::Error(format!("ERR {err}")))?;
+    match lua.load(source).set_name("@user_script").into_function() {
+        Ok(_) => Ok(()),
+        Err(err) => Err(Reply::Error(format!(
+            "ERR Error compiling script (new function): {}",
+            lua_error_text(&err)
+        ))),
+    }
+}
+
+/// Builds the script's exec on the shard of its keys.
+fn run(call: &mut Call<'_>, sha: String, source: Arc<[u8]>, read_only: bool) -> Outcome {
+    if call.conn.in_exec {
+        return Outcome::error("ERR copse does not run scripts inside MULTI yet");
+    }
+    let Some(numkeys) = parse_i64(&call.args[2]) else {
+        return Outcome::error(super::NOT_INTEGER);
+    };
+    if numkeys < 0 {
+        return Outcome::error("ERR Number of keys can't be negative");
+    }
+    if numkeys as u64 > (call.args.len() - 3) as u64 {
+        return Outcome::error("ERR Number of keys can't be greater than number of args");
+    }
+    let numkeys = numkeys as usize;
+    let keys: Vec<Vec<u8>> = call.args[3..3 + numkeys].to_vec();
+    let argv: Vec<Vec<u8>> = call.args[3 + numkeys..].to_vec();
+    let db = call.db();
+    let shard = keys.first().map_or(0, |key| db.shard_of(key));
+    if keys.iter().any(|key| db.shard_of(key) != shard) {
+        return Outcome::error(
+            "CROSSSLOT Keys in request don't hash to the same slot (copse runs a script in the \
+             one shard that holds all its keys)",
+        );
+    }
+    // Lua sees the keys as the client wrote them (a long key's stored name is its surrogate).
+    let names = super::names::current();
+    let lua_keys = keys
+        .iter()
+        .map(|key| match names.as_deref().and_then(|names| names.key_of(key)) {
+            Some(original) => original.to_vec(),
+            None => key.clone(),
+        })
+        .collect();
+    let locks = lock_ids(&keys);
+    let (answer, receiver) = oneshot::channel();
+    let exec = ScriptExec {
+        server: call.server.clone(),
+        sha,
+        source,
+        keys: lua_keys,
+        argv,
+        shard,
+        locks: locks.clone(),
+        read_only,
+        client: call.conn.info.clone(),
+        db: call.conn.db,
+        cache: HashMap::new(),
+        asked: Vec::new(),
+        attempts: 0,
+        started: None,
+        result: None,
+        answer: Some(answer),
+    };
+    let request = ExecRequest { locks, exec: Box::new(exec) };
+    Outcome::Execs(Execs::One { queued: Queued { shard, request }, answer: receiver })
+}
+
+/// One script run (module comment).
+struct ScriptExec {
+    server: Arc<Server>,
+    sha: String,
+    source: Arc<[u8]>,
+    keys: Vec<Vec<u8>>,
+    argv: Vec<Vec<u8>>,
+    shard: u32,
+    locks: LockIds,
+    read_only: bool,
+    client: Arc<ClientInfo>,
+    db: u8,
+    /// The engine's answers to the reads earlier attempts stopped for.
+    cache: HashMap<ReadOp, ReadResult>,
+    /// The reads the last attempt stopped for, in the order asked of the engine.
+    asked: Vec<ReadOp>,
+    attempts: usize,
+    started: Option<Instant>,
+    /// The reply, held while the script's writes are made durable.
+    result: Option<Reply>,
+    answer: Option<oneshot::Sender<Reply>>,
+}
+
+/// How an attempt ended.
+enum Attempt {
+    /// The script ran to its end: its reply and its writes.
+    Ended(Reply, Overlay),
+    /// A command needed these reads from the engine first.
+    Stopped(Vec<ReadOp>),
+}
+
+impl ScriptExec {
+    fn finish(&mut self, reply: Reply) -> ExecStep {
+        if let Some(answer) = self.answer.take() {
+            let _ = answer.send(reply);
+        }
+        ExecStep::Done
+    }
+
+    fn attempt_and_step(&mut self, view: &ExecView<'_>) -> ExecStep {
+        self.attempts += 1;
+        if self.attempts > SCRIPT_ATTEMPTS_MAX {
+            return self.finish(Reply::Error(format!(
+                "ERR the script read from the store more than {SCRIPT_ATTEMPTS_MAX} times in sequence; nothing was written"
+            )));
+        }
+        match self.attempt(view) {
+            Attempt::Ended(reply, writes) if writes.is_empty() => self.finish(reply),
+            Attempt::Ended(reply, writes) => {
+                if self.read_only {
+                    return self.finish(Reply::error(
+                        "ERR Write commands are not allowed from read-only scripts.",
+                    ));
+                }
+                self.result = Some(reply);
+                ExecStep::Write(overlay_ops(writes))
+            }
+            Attempt::Stopped(reads) => {
+                let mut engine_reads = ReadOps::new();
+                engine_reads.extend(reads.iter().cloned());
+                self.asked = reads;
+                ExecStep::Read(engine_reads)
+            }
+        }
+    }
+
+    fn attempt(&mut self, view: &ExecView<'_>) -> Attempt {
+        let started = *self.started.get_or_insert_with(Instant::now);
+        let generation = self.server.scripts_generation.load(std::sync::atomic::Ordering::Acquire);
+        VM.with(|vm| {
+            let mut vm = vm.borrow_mut();
+            let vm = match vm.as_mut() {
+                Some(vm) if vm.generation == generation => vm,
+                _ => match Vm::new(generation) {
+                    Ok(made) => vm.insert(made),
+                    Err(err) => {
+                        return Attempt::Ended(Reply::Error(format!("ERR {err}")), Overlay::new())
+                    }
+                },
+            };
+            vm.run(self, view, started)
+        })
+    }
+}
+
+impl Exec for ScriptExec {
+    fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
+        match input {
+            StepInput::Start => self.attempt_and_step(view),
+            StepInput::Read(Ok(results)) => {
+                for (read, result) in std::mem::take(&mut self.asked).into_iter().zip(results) {
+                    self.cache.insert(read, result);
+                }
+                self.attempt_and_step(view)
+            }
+            StepInput::Read(Err(err)) => self.finish(super::read_error(&err)),
+            StepInput::Written(Ok(())) => {
+                let reply = self.result.take().unwrap_or(Reply::Null);
+                self.finish(reply)
+            }
+            StepInput::Written(Err(err)) => self.finish(super::write_error(&err)),
+        }
+    }
+}
+
+thread_local! {
+    /// The Lua state of this thread's shards (execs run on their shard's thread).
+    static VM: RefCell<Option<Vm>> = const { RefCell::new(None) };
+}
+
+/// A sandboxed Lua state and the scripts compiled in it.
+struct Vm {
+    lua: Lua,
+    compiled: HashMap<String, mlua::Function>,
+    /// Where `redis.call` and `redis.pcall` find the attempt's command function.
+    hooks: Table,
+    /// Runs a script under `pcall`: its error value comes back whole (a table or a string).
+    runner: mlua::Function,
+    /// `Server::scripts_generation` when made: SCRIPT FLUSH makes the next script build anew.
+    generation: u64,
+}
+
+/// What `redis.call` needs while an attempt runs.
+struct AttemptState<'a> {
+    script: &'a mut ScriptExec,
+    view: &'a ExecView<'a>,
+    writes: Overlay,
+    /// Reads a command needed that the cache does not hold: the attempt is over.
+    missing: Vec<ReadOp>,
+    conn: ConnState,
+}
+
+impl Vm {
+    fn new(generation: u64) -> mlua::Result<Vm> {
+        let lua =
+            Lua::new_with(StdLib::TABLE | StdLib::STRING | StdLib::MATH, LuaOptions::default())?;
+        let globals = lua.globals();
+        // Redis's sandbox: no files, no loading code from elsewhere.
+        for name in ["dofile", "loadfile", "require", "module", "collectgarbage", "newproxy"] {
+            globals.raw_set(name, Value::Nil)?;
+        }
+        let redis = lua.create_table()?;
+        redis.set(
+            "error_reply",
+            lua.create_function(|lua, text: mlua::LuaString| {
+                let table = lua.create_table()?;
+                table.set("err", text)?;
+                Ok(table)
+            })?,
+        )?;
+        redis.set(
+            "status_reply",
+            lua.create_function(|lua, text: mlua::LuaString| {
+                let table = lua.create_table()?;
+                table.set("ok", text)?;
+                Ok(table)
+            })?,
+        )?;
+        redis.set(
+            "sha1hex",
+            lua.create_function(|_, text: mlua::LuaString| Ok(sha1_hex(&text.as_bytes())))?,
+        )?;
+        redis.set("log", lua.create_function(|_, _: MultiValue| Ok(()))?)?;
+        redis.set("setresp", lua.create_function(|_, _: MultiValue| Ok(()))?)?;
+        redis.set("set_repl", lua.create_function(|_, _: MultiValue| Ok(()))?)?;
+        redis.set("replicate_commands", lua.create_function(|_, ()| Ok(true))?)?;
+        redis.set("breakpoint", lua.create_function(|_, ()| Ok(false))?)?;
+        for (name, level) in
+            [("LOG_DEBUG", 0), ("LOG_VERBOSE", 1), ("LOG_NOTICE", 2), ("LOG_WARNING", 3)]
+        {
+            redis.set(name, level)?;
+        }
+        for (name, value) in [
+            ("REPL_NONE", 0),
+            ("REPL_AOF", 1),
+            ("REPL_SLAVE", 2),
+            ("REPL_REPLICA", 2),
+            ("REPL_ALL", 3),
+        ] {
+            redis.set(name, value)?;
+        }
+        globals.raw_set("redis", redis)?;
+        // `redis.call` raises a command's error as Redis does (the error reply's table, which
+        // `pcall` hands back whole); both reach the attempt's Rust side through `hooks`, set
+        // while an attempt runs. Globals are read-only, as in Redis 7; the errors are raised
+        // from Lua so that they carry the script's line.
+        let hooks = lua.create_table()?;
+        let runner: mlua::Function = lua
+            .load(
+                r#"
+                local hooks, redis = ...
+                redis.call = function(...)
+                    local reply = hooks.command(...)
+                    if type(reply) == 'table' and reply.err ~= nil then error(reply, 0) end
+                    return reply
+                end
+                redis.pcall = function(...) return hooks.command(...) end
+                setmetatable(_G, {
+                    __newindex = function() error('Attempt to modify a readonly table', 2) end,
+                    __index = function(_, name)
+                        error("Script attempted to access nonexistent global variable '"
+                            .. tostring(name) .. "'", 2)
+                    end,
+                })
+                return function(f) return pcall(f) end
+                "#,
+            )
+            .set_name("=sandbox")
+            .call((hooks.clone(), globals.raw_get::<Table>("redis")?))?;
+        Ok(Vm { lua, compiled: HashMap::new(), generation, hooks, runner })
+    }
+
+    fn run(&mut self, script: &mut ScriptExec, view: &ExecView<'_>, started: Instant) -> Attempt {
+        let function = match self.compiled.get(&script.sha) {
+            Some(function) => function.clone(),
+            None => {
+                match self.lua.load(&*script.source).set_name("@user_script").into_function() {
+                    Ok(function) => {
+                        self.compiled.insert(script.sha.clone(), function.clone());
+                        function
+                    }
+                    Err(err) => {
+                        let text = format!(
+                            "ERR Error compiling script (new function): {}",
+                            lua_error_text(&err)
+                        );
+                        return Attempt::Ended(Reply::Error(text), Overlay::new());
+                    }
+                }
+            }
+        };
+        let lua = &self.lua;
+        let mut conn = ConnState::new(script.client.clone(), true);
+        conn.select(script.db);
+        conn.in_exec = true;
+        let state = RefCell::new(AttemptState {
+            script,
+            view,
+            writes: Overlay::new(),
+            missing: Vec::new(),
+            conn,
+        });
+        let deadline = started + Duration::from_millis(SCRIPT_TIME_MAX_MS);
+        // Whether the clock stopped the script: then nothing it did is written (the error it
+        // raised may be caught by the script's own pcall, so it is told apart here).
+        let timed_out = std::rc::Rc::new(std::cell::Cell::new(false));
+        let timed_out_in_hook = timed_out.clone();
+        let hooked = lua.set_hook(
+            mlua::HookTriggers::new().every_nth_instruction(SCRIPT_CLOCK_INSTRUCTIONS),
+            move |_, _| {
+                if Instant::now() >= deadline {
+                    timed_out_in_hook.set(true);
+                    return Err(mlua::Error::RuntimeError(format!(
+                        "copse stopped the script: it ran longer than {SCRIPT_TIME_MAX_MS} ms; nothing was written"
+                    )));
+                }
+                Ok(mlua::VmState::Continue)
+            },
+        );
+        if let Err(err) = hooked {
+            return Attempt::Ended(Reply::Error(format!("ERR {err}")), Overlay::new());
+        }
+        let outcome = lua.scope(|scope| {
+            let globals = lua.globals();
+            let keys = lua.create_sequence_from(
+                state
+                    .borrow()
+                    .script
+                    .keys
+                    .iter()
+                    .map(|key| lua.create_string(key))
+                    .collect::<mlua::Result<Vec<_>>>()?,
+            )?;
+            let argv = lua.create_sequence_from(
+                state
+                    .borrow()
+                    .script
+                    .argv
+                    .iter()
+                    .map(|arg| lua.create_string(arg))
+                    .collect::<mlua::Result<Vec<_>>>()?,
+            )?;
+            globals.raw_set("KEYS", keys)?;
+            globals.raw_set("ARGV", argv)?;
+            let state = &state;
+            self.hooks.raw_set(
+                "command",
+                scope.create_function(move |lua, args: MultiValue| command(lua, state, args))?,
+            )?;
+            let (ok, value): (bool, Value) = self.runner.call(function.clone())?;
+            let reply = if ok {
+                to_reply(&value)
+            } else {
+                script_error(&value, &state.borrow().script.sha)
+            };
+            self.hooks.raw_set("command", Value::Nil)?;
+            Ok(reply)
+        });
+        lua.remove_hook();
+        let state = state.into_inner();
+        if !state.missing.is_empty() {
+            return Attempt::Stopped(state.missing);
+        }
+        if timed_out.get() {
+            let text = format!(
+                "ERR copse stopped the script: it ran longer than {SCRIPT_TIME_MAX_MS} ms; nothing was written"
+            );
+            return Attempt::Ended(Reply::Error(text), Overlay::new());
+        }
+        match outcome {
+            Ok(reply) => Attempt::Ended(reply, state.writes),
+            Err(err) => Attempt::Ended(Reply::Error(format!("ERR {err}")), Overlay::new()),
+        }
+    }
+}
+
+/// The marker error of an attempt stopped for reads: whatever the script does with it, the
+/// attempt's effects are dropped.
+const STOPPED_FOR_READS: &str = "copse: the script waits for a read and runs again";
+
+/// `redis.pcall`, and `redis.call` before it raises an error reply: the command's reply as Lua
+/// sees it (an error as `{err = text}`).
+fn command(lua: &Lua, state: &RefCell<AttemptState<'_>>, args: MultiValue) -> mlua::Result<Value> {
+    if !state.borrow().missing.is_empty() {
+        return Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into()));
+    }
+    let reply = match run_command(lua, state, args) {
+        Ok(reply) => reply,
+        Err(Stop::Reads) => return Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into())),
+        Err(Stop::Refused(text)) => Reply::Error(text),
+    };
+    to_lua(lua, reply)
+}
+
+enum Stop {
+    Reads,
+    Refused(String),
+}
+
+fn run_command(
+    lua: &Lua,
+    state: &RefCell<AttemptState<'_>>,
+    args: MultiValue,
+) -> Result<Reply, Stop> {
+    let mut words = crate::resp::Args::with_capacity(args.len());
+    for arg in args {
+        let bytes = match &arg {
+            Value::String(text) => text.as_bytes().to_vec(),
+            Value::Integer(_) | Value::Number(_) => match lua.coerce_string(arg.clone()) {
+                Ok(Some(text)) => text.as_bytes().to_vec(),
+                _ => {
+                    return Err(refused(
+                        "ERR Lua redis lib command arguments must be strings or integers",
+                    ))
+                }
+            },
+            _ => {
+                return Err(refused(
+                    "ERR Lua redis lib command arguments must be strings or integers",
+                ))
+            }
+        };
+        words.push(bytes);
+    }
+    if words.is_empty() {
+        return Err(refused("ERR Please specify at least one argument for this redis lib call"));
+    }
+    let Some(spec) = find_ignoring_case(&words[0]) else {
+        return Err(refused("ERR Unknown Redis command called from script"));
+    };
+    let count = words.len() as i32;
+    if (spec.arity > 0 && count != spec.arity) || (spec.arity < 0 && count < -spec.arity) {
+        return Err(refused("ERR Wrong number of args calling Redis command from script"));
+    }
+    if NOT_FROM_SCRIPTS.contains(&spec.name) || spec.flags.contains(&"blocking") {
+        return Err(refused("ERR This Redis command is not allowed from script"));
+    }
+    let mut state = state.borrow_mut();
+    let state = &mut *state;
+    if state.script.read_only && spec.flags.contains(&"write") {
+        return Err(refused("ERR Write commands are not allowed from read-only scripts."));
+    }
+    let server = state.script.server.clone();
+    let outcome = dispatch(&server, &mut state.conn, words).outcome;
+    let (queued, answers, combine) = match outcome {
+        Outcome::Reply(reply) | Outcome::Close(reply) => return Ok(reply),
+        Outcome::AfterPending(_) => {
+            return Err(refused(&format!(
+                "ERR copse cannot run {} from a script: it runs in steps of its own",
+                spec.name.to_uppercase()
+            )))
+        }
+        Outcome::Execs(Execs::One { queued, answer }) => (vec![queued], vec![answer], None),
+        Outcome::Execs(Execs::Many { queued, answers, combine }) => {
+            (queued, answers, Some(combine))
+        }
+    };
+    let own = |queued: &Queued| {
+        queued.shard == state.script.shard
+            && queued.request.locks.iter().all(|lock| state.script.locks.contains(lock))
+    };
+    if !queued.iter().all(own) {
+        return Err(refused(
+            "ERR Script attempted to access a key not in its KEYS (copse runs a script on the \
+             keys it declares, in one shard)",
+        ));
+    }
+    for queued in queued {
+        run_inline(queued.request.exec, state)?;
+    }
+    let mut replies = Vec::with_capacity(answers.len());
+    for mut answer in answers {
+        replies.push(match answer.try_recv() {
+            Ok(Some(reply)) => reply,
+            _ => Reply::error("ERR internal error: a script's command did not answer"),
+        });
+    }
+    Ok(match combine {
+        Some(combine) => combine(replies),
+        None => replies.pop().unwrap_or(Reply::Null),
+    })
+}
+
+fn refused(text: &str) -> Stop {
+    Stop::Refused(text.to_string())
+}
+
+/// Steps one command's exec to its end over the script's writes, its reads answered from the
+/// overlay or the cache; stops the attempt at a read neither holds.
+fn run_inline(mut exec: Box<dyn Exec>, state: &mut AttemptState<'_>) -> Result<(), Stop> {
+    let mut input = StepInput::Start;
+    loop {
+        let step = exec.step(&state.view.with_overlay(&state.writes), input);
+        input = match step {
+            ExecStep::Done => return Ok(()),
+            ExecStep::Write(ops) | ExecStep::WriteLast(ops) => {
+                apply_to_overlay(&mut state.writes, ops);
+                StepInput::Written(Ok(()))
+            }
+            ExecStep::Prepare { vote, .. } => {
+                let refusal = copse::WriteError::Aborted("not from a script".into());
+                vote.refuse(refusal.clone());
+                StepInput::Written(Err(refusal))
+            }
+            ExecStep::Read(reads) => {
+                let mut results = copse::exec::ReadResults::new();
+                for read in reads {
+                    match plan_read(&state.writes, read) {
+                        Err(err) => {
+                            return Err(Stop::Refused(format!("ERR {err}")));
+                        }
+                        Ok(OverlayRead::Local(result)) => results.push(result),
+                        Ok(OverlayRead::Engine(read, scan)) => {
+                            match state.script.cache.get(&read) {
+                                Some(result) => results.push(merge_read(
+                                    &state.writes,
+                                    scan.as_ref(),
+                                    result.clone(),
+                                )),
+                                None => {
+                                    if !state.missing.contains(&read) {
+                                        state.missing.push(read);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                if !state.missing.is_empty() {
+                    return Err(Stop::Reads);
+                }
+                StepInput::Read(Ok(results))
+            }
+        };
+    }
+}
+
+/// A command's reply as Lua sees it (Redis's conversion, RESP2 rules).
+fn to_lua(lua: &Lua, reply: Reply) -> mlua::Result<Value> {
+    Ok(match reply {
+        Reply::Simple(text) => {
+            let table = lua.create_table()?;
+            table.set("ok", text.as_ref())?;
+            Value::Table(table)
+        }
+        Reply::Error(text) => {
+            let table = lua.create_table()?;
+            table.set("err", text)?;
+            Value::Table(table)
+        }
+        Reply::Integer(number) => Value::Number(number as f64),
+        Reply::Bulk(bytes) => Value::String(lua.create_string(bytes)?),
+        Reply::Null | Reply::NullArray => Value::Boolean(false),
+        Reply::Array(items) | Reply::Set(items) => {
+            let table = lua.create_table()?;
+            for (at, item) in items.into_iter().enumerate() {
+                table.raw_set(at + 1, to_lua(lua, item)?)?;
+            }
+            Value::Table(table)
+        }
+        Reply::Map(pairs) => {
+            let table = lua.create_table()?;
+            let mut at = 1;
+            for (key, value) in pairs {
+                table.raw_set(at, to_lua(lua, key)?)?;
+                table.raw_set(at + 1, to_lua(lua, value)?)?;
+                at += 2;
+            }
+            Value::Table(table)
+        }
+        Reply::Double(number) => {
+            Value::String(lua.create_string(crate::resp::format_double(number))?)
+        }
+        Reply::Verbatim { text, .. } => Value::String(lua.create_string(text)?),
+    })
+}
+
+/// The script's return value as a reply (Redis's conversion).
+fn to_reply(value: &Value) -> Reply {
+    match value {
+        Value::Nil | Value::Boolean(false) => Reply::Null,
+        Value::Boolean(true) => Reply::Integer(1),
+        Value::Integer(number) => Reply::Integer(*number),
+        Value::Number(number) => Reply::Integer(*number as i64),
+        Value::String(text) => Reply::Bulk(text.as_bytes().to_vec()),
+        Value::Table(table) => {
+            if let Ok(Value::String(error)) = table.raw_get::<Value>("err") {
+                return Reply::Error(error.to_string_lossy());
+            }
+            if let Ok(Value::String(status)) = table.raw_get::<Value>("ok") {
+                return Reply::Simple(status.to_string_lossy().into());
+            }
+            let mut items = Vec::new();
+            let mut at = 1;
+            loop {
+                match table.raw_get::<Value>(at) {
+                    Ok(Value::Nil) | Err(_) => break,
+                    Ok(item) => items.push(to_reply(&item)),
+                }
+                at += 1;
+            }
+            Reply::Array(items)
+        }
+        _ => Reply::Null,
+    }
+}
+
+/// The reply to a script that raised `error`: an error reply's table as it is, anything else as
+/// Redis words it.
+fn script_error(error: &Value, sha: &str) -> Reply {
+    let suffix = format!("script: {sha}, on @user_script:1.");
+    match error {
+        Value::Table(table) => match table.raw_get::<Value>("err") {
+            Ok(Value::String(text)) => Reply::Error(format!("{} {suffix}", text.to_string_lossy())),
+            _ => Reply::Error(format!("ERR unknown error {suffix}")),
+        },
+        Value::String(text) => Reply::Error(format!("ERR {} {suffix}", text.to_string_lossy())),
+        other => {
+            let text = other.to_string().unwrap_or_default();
+            let text = text.lines().next().unwrap_or_default();
+            Reply::Error(format!("ERR {text} {suffix}"))
+        }
+    }
+}
+
+/// A Lua error's message without mlua's traceback.
+fn lua_error_text(err: &mlua::Error) -> String {
+    match err {
+        mlua::Error::RuntimeError(text) | mlua::Error::SyntaxError { message: text, .. } => {
+            text.lines().next().unwrap_or_default().to_string()
+        }
+        mlua::Error::CallbackError { cause, .. } => lua_error_text(cause),
+        other => other.to_string().lines().next().unwrap_or_default().to_string(),
+    }
+}

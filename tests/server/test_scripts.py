@@ -1,0 +1,263 @@
+"""Lua scripts (issue 24 item 3): EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, SCRIPT LOAD/EXISTS/FLUSH.
+
+The differential tests send the same scripts to copse and to redis-server and compare replies
+byte for byte, errors included (type conversions both ways, redis.call and redis.pcall errors,
+the sandbox's read-only globals, script errors after writes). The tests with real clients run
+redis-py's `Lock` (acquire, extend, release are Lua scripts) under contention and
+`register_script`. A kill test checks that a script's writes survive a crash all together or
+not at all, and a runaway script is stopped with nothing written.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import redis
+
+from support import Differential
+
+
+def scripts(diff: Differential, cases: list[tuple]) -> None:
+    for case in cases:
+        diff.both(*case)
+
+
+def test_values_convert_both_ways_as_in_redis(diff):
+    scripts(diff, [
+        ("EVAL", "return 1", "0"),
+        ("EVAL", "return 3.99", "0"),
+        ("EVAL", "return -2.5", "0"),
+        ("EVAL", "return true", "0"),
+        ("EVAL", "return false", "0"),
+        ("EVAL", "return nil", "0"),
+        ("EVAL", "return 'text'", "0"),
+        ("EVAL", "return {1, 2, {3, 'four', {}}, 'x'}", "0"),
+        ("EVAL", "return {1, nil, 3}", "0"),
+        ("EVAL", "return {err = 'My Error'}", "0"),
+        ("EVAL", "return {ok = 'FINE'}", "0"),
+        ("EVAL", "return redis.error_reply('E2 custom')", "0"),
+        ("EVAL", "return redis.status_reply('DONE')", "0"),
+        ("EVAL", "return redis.sha1hex('')", "0"),
+        ("EVAL", "return {KEYS[1], KEYS[2], ARGV[1], ARGV[2], #KEYS, #ARGV}", "2", "a", "b", "x", "y"),
+        ("SET", "n", "41"),
+        ("EVAL", "return redis.call('INCR', KEYS[1])", "1", "n"),
+        ("EVAL", "return redis.call('GET', KEYS[1])", "1", "n"),
+        ("EVAL", "return redis.call('GET', KEYS[1])", "1", "missing"),
+        ("EVAL", "return type(redis.call('GET', KEYS[1]))", "1", "missing"),
+        ("EVAL", "return redis.call('SET', KEYS[1], 'v')", "1", "s"),
+        ("EVAL", "return redis.call('SET', KEYS[1], 12.5)", "1", "s"),
+        ("GET", "s"),
+        ("EVAL", "return redis.call('HSET', KEYS[1], 'a', 1)", "1", "h"),
+        ("EVAL", "return redis.call('HGET', KEYS[1], 'a')", "1", "h"),
+        ("EVAL", "return redis.call('RPUSH', KEYS[1], 'a', 'b', 'c')", "1", "l"),
+        ("EVAL", "return redis.call('LRANGE', KEYS[1], 0, -1)", "1", "l"),
+        ("EVAL", "return redis.call('ZADD', KEYS[1], 1.5, 'm')", "1", "z"),
+        ("EVAL", "return redis.call('ZSCORE', KEYS[1], 'm')", "1", "z"),
+        ("EVAL", "return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')", "1", "z"),
+        ("EVAL", "return redis.call('EXISTS', KEYS[1])", "1", "l"),
+        ("EVAL", "return redis.call('TYPE', KEYS[1])", "1", "l"),
+        ("EVAL", "return redis.call('PING')", "0"),
+    ])
+
+
+def test_errors_are_worded_as_redis_words_them(diff):
+    diff.both("SET", "str", "text")
+    scripts(diff, [
+        ("EVAL", "return redis.call('INCR', KEYS[1])", "1", "str"),
+        ("EVAL", "return redis.pcall('INCR', KEYS[1])", "1", "str"),
+        ("EVAL", "local ok = pcall(redis.call, 'INCR', KEYS[1]); return ok", "1", "str"),
+        ("EVAL", "error('boom')", "0"),
+        ("EVAL", "return error({err = 'X failed'})", "0"),
+        ("EVAL", "x = 5", "0"),
+        ("EVAL", "return undefined_global", "0"),
+        ("EVAL", "return redis.call('nosuchcommand')", "0"),
+        ("EVAL", "return redis.call('GET')", "0"),
+        ("EVAL", "return redis.call()", "0"),
+        ("EVAL", "return redis.call('MULTI')", "0"),
+        ("EVAL", "return redis.call('SET', KEYS[1], {})", "1", "str"),
+        ("EVAL", "retur n", "0"),
+        ("EVAL", "return 1", "-1"),
+        ("EVAL", "return 1", "2", "a"),
+        ("EVAL", "return 1", "notanumber"),
+        ("EVAL_RO", "return redis.call('SET', KEYS[1], 1)", "1", "str"),
+        ("EVAL_RO", "return redis.call('GET', KEYS[1])", "1", "str"),
+        ("EVALSHA", "ffffffffffffffffffffffffffffffffffffffff", "0"),
+    ])
+
+
+def test_writes_before_an_error_stay_as_in_redis(diff):
+    scripts(diff, [
+        ("EVAL", "redis.call('SET', KEYS[1], 'written'); error('after the write')", "1", "w"),
+        ("GET", "w"),
+        ("EVAL", "redis.call('SET', KEYS[1], 'again'); return redis.call('INCR', KEYS[1])", "1", "w"),
+        ("GET", "w"),
+    ])
+
+
+def test_a_script_reads_its_own_writes(diff, r):
+    # Two keys of one shard (copse runs a script in one), the same names on both servers.
+    first, second = same_shard_keys(r, 2, "own")
+    scripts(diff, [
+        ("RPUSH", first, "a", "b"),
+        ("EVAL", """
+            redis.call('DEL', KEYS[1])
+            local gone = redis.call('LLEN', KEYS[1])
+            redis.call('RPUSH', KEYS[1], 'new')
+            redis.call('HSET', KEYS[2], 'f', 'v', 'g', 'w')
+            redis.call('HDEL', KEYS[2], 'g')
+            return {gone, redis.call('LRANGE', KEYS[1], 0, -1), redis.call('HGET', KEYS[2], 'f'),
+                    redis.call('HLEN', KEYS[2]), redis.call('HEXISTS', KEYS[2], 'g')}
+        """, "2", first, second),
+        ("LRANGE", first, "0", "-1"),
+    ])
+
+
+def test_script_load_exists_flush_and_evalsha(diff):
+    sha = diff.both("SCRIPT", "LOAD", "return 'loaded'")
+    scripts(diff, [
+        ("EVALSHA", sha, "0"),
+        ("EVALSHA", sha.upper(), "0"),
+        ("EVALSHA_RO", sha, "0"),
+        ("SCRIPT", "EXISTS", sha, "0000000000000000000000000000000000000000"),
+        ("SCRIPT", "LOAD", "retur n"),
+        ("SCRIPT", "FLUSH"),
+        ("SCRIPT", "EXISTS", sha),
+        ("EVALSHA", sha, "0"),
+        ("SCRIPT", "FLUSH", "ASYNC"),
+        ("SCRIPT", "FLUSH", "bogus"),
+        ("SCRIPT", "KILL"),
+    ])
+    # EVAL caches its script too.
+    diff.both("EVAL", "return 'by eval'", "0")
+    scripts(diff, [("EVALSHA", "4e6d8fc8bb01276962cce5371fa795a7763657ae", "0")])
+
+
+def test_redis_py_lock_under_contention(server):
+    """redis-py's Lock: acquire, extend and release are Lua scripts. Threads increment a shared
+    counter with a read, a pause and a write inside the lock: the total is exact only if the
+    lock excludes."""
+    setup = server.client()
+    setup.set("locked:counter", 0)
+    threads, rounds = 6, 15
+
+    def work():
+        client = server.client()
+        lock = client.lock("lock:resource", timeout=10, blocking_timeout=30)
+        for _ in range(rounds):
+            assert lock.acquire()
+            value = int(client.get("locked:counter"))
+            time.sleep(0.001)
+            client.set("locked:counter", value + 1)
+            assert lock.extend(5)
+            lock.release()
+        client.close()
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert not worker.is_alive()
+    assert int(setup.get("locked:counter")) == threads * rounds
+    # A lock held by another owner cannot be released.
+    first = setup.lock("lock:other", timeout=5)
+    assert first.acquire(blocking=False)
+    second = server.client().lock("lock:other", timeout=5)
+    assert not second.acquire(blocking=False)
+    second.local.token = b"not-the-owner"
+    with pytest.raises(redis.exceptions.LockNotOwnedError):
+        second.release()
+    first.release()
+    setup.close()
+
+
+def test_register_script_runs_by_sha_and_reloads_after_a_flush(r):
+    add = r.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+    assert add(keys=["total"], args=[5]) == 5
+    assert add(keys=["total"], args=[7]) == 12
+    r.script_flush()
+    assert add(keys=["total"], args=[1]) == 13  # NOSCRIPT, then EVAL, as redis-py does
+
+
+def same_shard_keys(client: redis.Redis, count: int, prefix: str) -> list[str]:
+    """`count` keys in one shard: a script refuses keys of several shards (CROSSSLOT)."""
+    keys = [f"{prefix}:0"]
+    candidate = 1
+    while len(keys) < count:
+        key = f"{prefix}:{candidate}"
+        candidate += 1
+        try:
+            client.eval("return 1", 2, keys[0], key)
+        except redis.ResponseError as err:  # redis-py names CROSSSLOT ClusterCrossSlotError
+            assert "same slot" in str(err), err
+            continue
+        keys.append(key)
+    return keys
+
+
+def test_a_script_over_keys_of_several_shards_is_refused(r):
+    keys = [f"spread:{i}" for i in range(8)]
+    with pytest.raises(redis.ResponseError, match="same slot"):
+        r.eval("return redis.call('MSET', KEYS[1], 1, KEYS[2], 2)", len(keys), *keys)
+    with pytest.raises(redis.ResponseError, match="not in its KEYS"):
+        r.eval("return redis.call('GET', 'undeclared')", 0)
+
+
+def test_a_runaway_script_is_stopped_with_nothing_written(r):
+    with pytest.raises(redis.ResponseError, match="ran longer than"):
+        r.eval("redis.call('SET', KEYS[1], 'x'); while true do end", 1, "runaway")
+    assert r.exists("runaway") == 0
+    assert r.ping()
+
+
+def test_a_killed_server_keeps_each_script_whole_or_not_at_all(make_server):
+    """A script writes one token to 6 keys of one shard; the server is killed under writers
+    running it. After each restart every writer's keys hold one token, at least the last one
+    acknowledged."""
+    server = make_server()
+    probe = server.client()
+    writers = 4
+    groups = [same_shard_keys(probe, 6, f"script:{writer}") for writer in range(writers)]
+    probe.close()
+    body = "for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[1]) end return #KEYS"
+    rng = random.Random(3)
+    for cycle in range(3):
+        acked = [0] * writers
+        errors: list = []
+
+        def write(writer):
+            client = server.client(socket_timeout=20)
+            token = 0
+            try:
+                while True:
+                    token += 1
+                    assert client.eval(body, 6, *groups[writer], f"{cycle}:{token}") == 6
+                    acked[writer] = token
+            except (redis.ConnectionError, redis.TimeoutError):
+                return
+            except Exception as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=write, args=(writer,)) for writer in range(writers)]
+        for thread in threads:
+            thread.start()
+        time.sleep(rng.uniform(0.5, 1.5))
+        server.kill()
+        for thread in threads:
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+        assert not errors, errors
+        server.restart()
+        checker = server.client()
+        for writer, keys in enumerate(groups):
+            values = checker.mget(keys)
+            assert len(set(values)) == 1, f"cycle {cycle}: a script was split: {values}"
+            assert acked[writer] > 0
+            cycle_of, token = values[0].decode().split(":")
+            assert int(cycle_of) == cycle and int(token) >= acked[writer], (values[0], acked)
+        checker.close()
