@@ -66,7 +66,7 @@ CRATES = {
     ),
     "crates/copse-server": (
         [
-            ["config", "resp", "fds", "waiters"],
+            ["config", "resp", "fds", "waiters", "glob", "pubsub"],
             ["keyspace", "databases"],
             ["context"],
             ["cmd"],

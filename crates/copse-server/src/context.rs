@@ -301,6 +301,8 @@ pub struct Server {
     pub scripts: Mutex<std::collections::HashMap<String, Arc<[u8]>>>,
     /// Moved by SCRIPT FLUSH: each thread's Lua state, compiled scripts and all, is made anew.
     pub scripts_generation: AtomicU64,
+    /// Every subscription, and the delivery of published messages.
+    pub pubsub: crate::pubsub::PubSub,
 }
 
 /// How often the clock task moves `Server::access_clock_s` (Redis's LRU clock ticks every 100 ms too).
@@ -357,6 +359,7 @@ impl Server {
             swap_epoch: AtomicU64::new(0),
             scripts: Mutex::default(),
             scripts_generation: AtomicU64::new(0),
+            pubsub: crate::pubsub::PubSub::default(),
             access: AccessClock::default(),
             clock_s: std::sync::atomic::AtomicU32::new(CLOCK_START_S),
         }
@@ -404,6 +407,8 @@ pub struct ConnState {
     /// Set while EXEC builds its commands' execs: they run inside one sequence per shard, so
     /// a command that would make a cross-shard batch of its own (MSET) needs none.
     pub in_exec: bool,
+    /// Its subscriptions and mailbox, from its first SUBSCRIBE (`pubsub.rs`).
+    pub subscriber: Option<crate::pubsub::Subscriber>,
 }
 
 /// A transaction being queued (MULTI).
@@ -445,6 +450,7 @@ impl ConnState {
             transaction: None,
             watched: Arc::default(),
             in_exec: false,
+            subscriber: None,
         }
     }
 
@@ -459,6 +465,9 @@ impl ConnState {
 
     pub fn set_protocol(&mut self, protocol: Protocol) {
         self.protocol = protocol;
+        if let Some(subscriber) = &self.subscriber {
+            subscriber.set_protocol(protocol);
+        }
         let number = if protocol == Protocol::Resp3 { 3 } else { 2 };
         self.info.protocol.store(number, Ordering::Relaxed);
     }

@@ -7,7 +7,7 @@
 //! (settings), `fds.rs` (the descriptor limit), `waiters.rs` (clients blocked on keys).
 //!
 //! Layers, bottom to top (`scripts/check_layers.py` keeps them): `config`, `resp`, `fds`,
-//! `waiters` →
+//! `waiters`, `glob`, `pubsub` →
 //! `keyspace`, `databases` → `context` → `cmd` → `net`.
 
 //! The public API is what this file exports: start or serve a server from a [`ServerConfig`],
@@ -30,8 +30,10 @@ module!(config);
 module!(context);
 module!(databases);
 module!(fds);
+module!(glob);
 module!(keyspace);
 module!(net);
+module!(pubsub);
 module!(resp);
 module!(waiters);
 

@@ -22,6 +22,7 @@ pub mod names;
 pub mod namespace;
 pub mod objects;
 pub mod orphans;
+pub mod pubsub;
 pub mod scripts;
 pub mod server;
 pub mod sets;
@@ -1184,6 +1185,7 @@ pub fn table() -> &'static [Spec] {
         specs.extend(server::specs());
         specs.extend(multi::specs());
         specs.extend(scripts::specs());
+        specs.extend(pubsub::specs());
         specs.sort_by_key(|spec| spec.name);
         for spec in &mut specs {
             spec.keys = names::key_spec_of(spec.name);
@@ -1296,6 +1298,9 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     }
     if !conn.authenticated && !ALLOWED_BEFORE_AUTH.contains(&spec.name) {
         return refused(Outcome::error("NOAUTH Authentication required."));
+    }
+    if let Some(error) = pubsub::refused_while_subscribed(spec.name, conn) {
+        return refused(Outcome::error(error));
     }
     // The command's execs, built now or by its future later, are in its database's namespace.
     let namespace = namespace::resolve(&server.databases, conn.db);

@@ -53,8 +53,9 @@ use crate::resp::{Args, Reply};
 /// Commands that run at once even while a transaction is queued (Redis's list).
 const RUN_AT_ONCE: &[&str] = &["exec", "discard", "multi", "watch", "quit", "reset"];
 
-/// Commands without the `write` or `readonly` flag that answer after the connection's earlier
-/// replies: refused while queueing (their handlers cannot be tried without running them).
+/// Commands refused while queueing that a dry run cannot find: those without the `write` or
+/// `readonly` flag that answer after the connection's earlier replies, scripts (a script's
+/// exec cannot run inside a sequence yet) and (un)subscriptions (they act at once, not at EXEC).
 const LATER_ANSWERED: &[&str] = &["info", "scrub", "eval", "eval_ro", "evalsha", "evalsha_ro"];
 
 pub fn specs() -> Vec<Spec> {
@@ -255,6 +256,12 @@ fn changed_outside_locks(server: &Server, watched: &Watched) -> bool {
 /// How one queued command is answered at EXEC.
 enum Answer {
     Ready(Reply),
+    /// PUBLISH or SPUBLISH: delivered once the transaction applied (`cmd/pubsub.rs`).
+    Publish {
+        shard: bool,
+        channel: Vec<u8>,
+        message: Vec<u8>,
+    },
     One(oneshot::Receiver<Reply>),
     Many(Vec<oneshot::Receiver<Reply>>, Combine),
 }
@@ -295,6 +302,12 @@ fn exec(call: &mut Call<'_>) -> Outcome {
     let mut unsupported = None;
     for args in transaction.queued {
         let name = String::from_utf8_lossy(&args[0]).to_uppercase();
+        if (name == "PUBLISH" || name == "SPUBLISH") && args.len() == 3 {
+            let shard = name == "SPUBLISH";
+            let (channel, message) = (args[1].clone(), args[2].clone());
+            answers.push(Answer::Publish { shard, channel, message });
+            continue;
+        }
         let outcome = dispatch(call.server, call.conn, args).outcome;
         let mut add = |queued: super::Queued| {
             let share = shares.entry(queued.shard).or_default();
@@ -342,6 +355,9 @@ fn exec(call: &mut Call<'_>) -> Outcome {
         for answer in answers {
             replies.push(match answer {
                 Answer::Ready(reply) => reply,
+                Answer::Publish { shard, channel, message } => {
+                    Reply::Integer(server.pubsub.publish(&channel, &message, shard) as i64)
+                }
                 Answer::One(answer) => answered(answer).await,
                 Answer::Many(answers, combine) => super::collect(answers, combine).await,
             });

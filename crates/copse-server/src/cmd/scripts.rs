@@ -250,6 +250,7 @@ fn run(call: &mut Call<'_>, sha: String, source: Arc<[u8]>, read_only: bool) -> 
         attempts: 0,
         started: None,
         result: None,
+        publishes: Vec::new(),
         answer: Some(answer),
     };
     let request = ExecRequest { locks, exec: Box::new(exec) };
@@ -276,6 +277,9 @@ struct ScriptExec {
     started: Option<Instant>,
     /// The reply, held while the script's writes are made durable.
     result: Option<Reply>,
+    /// PUBLISH and SPUBLISH the last attempt made (shard?, channel, message): delivered once the
+    /// script's writes are durable, so no subscriber learns of a write a crash could undo.
+    publishes: Vec<(bool, Vec<u8>, Vec<u8>)>,
     answer: Option<oneshot::Sender<Reply>>,
 }
 
@@ -289,6 +293,9 @@ enum Attempt {
 
 impl ScriptExec {
     fn finish(&mut self, reply: Reply) -> ExecStep {
+        for (shard, channel, message) in std::mem::take(&mut self.publishes) {
+            self.server.pubsub.publish(&channel, &message, shard);
+        }
         if let Some(answer) = self.answer.take() {
             let _ = answer.send(reply);
         }
@@ -351,12 +358,18 @@ impl Exec for ScriptExec {
                 }
                 self.attempt_and_step(view)
             }
-            StepInput::Read(Err(err)) => self.finish(super::read_error(&err)),
+            StepInput::Read(Err(err)) => {
+                self.publishes.clear();
+                self.finish(super::read_error(&err))
+            }
             StepInput::Written(Ok(())) => {
                 let reply = self.result.take().unwrap_or(Reply::Null);
                 self.finish(reply)
             }
-            StepInput::Written(Err(err)) => self.finish(super::write_error(&err)),
+            StepInput::Written(Err(err)) => {
+                self.publishes.clear();
+                self.finish(super::write_error(&err))
+            }
         }
     }
 }
@@ -386,6 +399,7 @@ struct AttemptState<'a> {
     /// Reads a command needed that the cache does not hold: the attempt is over.
     missing: Vec<ReadOp>,
     conn: ConnState,
+    publishes: Vec<(bool, Vec<u8>, Vec<u8>)>,
 }
 
 impl Vm {
@@ -471,21 +485,19 @@ impl Vm {
     fn run(&mut self, script: &mut ScriptExec, view: &ExecView<'_>, started: Instant) -> Attempt {
         let function = match self.compiled.get(&script.sha) {
             Some(function) => function.clone(),
-            None => {
-                match self.lua.load(&*script.source).set_name("@user_script").into_function() {
-                    Ok(function) => {
-                        self.compiled.insert(script.sha.clone(), function.clone());
-                        function
-                    }
-                    Err(err) => {
-                        let text = format!(
-                            "ERR Error compiling script (new function): {}",
-                            lua_error_text(&err)
-                        );
-                        return Attempt::Ended(Reply::Error(text), Overlay::new());
-                    }
+            None => match self.lua.load(&*script.source).set_name("@user_script").into_function() {
+                Ok(function) => {
+                    self.compiled.insert(script.sha.clone(), function.clone());
+                    function
                 }
-            }
+                Err(err) => {
+                    let text = format!(
+                        "ERR Error compiling script (new function): {}",
+                        lua_error_text(&err)
+                    );
+                    return Attempt::Ended(Reply::Error(text), Overlay::new());
+                }
+            },
         };
         let lua = &self.lua;
         let mut conn = ConnState::new(script.client.clone(), true);
@@ -497,6 +509,7 @@ impl Vm {
             writes: Overlay::new(),
             missing: Vec::new(),
             conn,
+            publishes: Vec::new(),
         });
         let deadline = started + Duration::from_millis(SCRIPT_TIME_MAX_MS);
         // Whether the clock stopped the script: then nothing it did is written (the error it
@@ -556,6 +569,7 @@ impl Vm {
         });
         lua.remove_hook();
         let state = state.into_inner();
+        state.script.publishes = state.publishes;
         if !state.missing.is_empty() {
             return Attempt::Stopped(state.missing);
         }
@@ -639,6 +653,12 @@ fn run_command(
         return Err(refused("ERR Write commands are not allowed from read-only scripts."));
     }
     let server = state.script.server.clone();
+    if spec.name == "publish" || spec.name == "spublish" {
+        let shard = spec.name == "spublish";
+        let receivers = server.pubsub.receivers(&words[1], shard);
+        state.publishes.push((shard, words[1].clone(), words[2].clone()));
+        return Ok(Reply::Integer(receivers as i64));
+    }
     let outcome = dispatch(&server, &mut state.conn, words).outcome;
     let (queued, answers, combine) = match outcome {
         Outcome::Reply(reply) | Outcome::Close(reply) => return Ok(reply),
@@ -749,7 +769,7 @@ fn to_lua(lua: &Lua, reply: Reply) -> mlua::Result<Value> {
         Reply::Integer(number) => Value::Number(number as f64),
         Reply::Bulk(bytes) => Value::String(lua.create_string(bytes)?),
         Reply::Null | Reply::NullArray => Value::Boolean(false),
-        Reply::Array(items) | Reply::Set(items) => {
+        Reply::Array(items) | Reply::Set(items) | Reply::Push(items) | Reply::Frames(items) => {
             let table = lua.create_table()?;
             for (at, item) in items.into_iter().enumerate() {
                 table.raw_set(at + 1, to_lua(lua, item)?)?;

@@ -56,6 +56,9 @@ pub fn specs() -> Vec<Spec> {
 }
 
 fn ping(call: &mut Call<'_>) -> Outcome {
+    if let Some(reply) = super::pubsub::subscribed_ping(call) {
+        return Outcome::Reply(reply);
+    }
     match call.args.len() {
         1 => Outcome::Reply(Reply::Simple("PONG".into())),
         2 => Outcome::Reply(Reply::Bulk(call.args[1].clone())),
@@ -253,6 +256,9 @@ fn reset(call: &mut Call<'_>) -> Outcome {
     call.conn.info.name.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
     call.conn.transaction = None;
     call.conn.unwatch();
+    if let Some(mut subscriber) = call.conn.subscriber.take() {
+        call.server.pubsub.unsubscribe_all(&mut subscriber);
+    }
     Outcome::Reply(Reply::Simple("RESET".into()))
 }
 

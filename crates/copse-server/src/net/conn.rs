@@ -115,6 +115,9 @@ async fn serve(
     let id = info.id;
     let mut conn = ConnState::new(info, server.requirepass().is_empty());
     let result = connection_loop(server, &mut stream, &mut conn, &mut shutdown).await;
+    if let Some(mut subscriber) = conn.subscriber.take() {
+        server.pubsub.unsubscribe_all(&mut subscriber);
+    }
     server.unregister_client(id);
     match result {
         Ok(End::Done) => Ok(()),
@@ -210,8 +213,22 @@ async fn connection_loop(
             }
             let timeout_secs = server.settings.timeout_secs.load(Ordering::Relaxed);
             input.reserve(CLIENT_INPUT_CHUNK_BYTES);
+            let subscribed = conn.subscriber.is_some();
             let read = tokio::select! {
                 read = stream.read_buf(&mut input) => read?,
+                frame = next_frame(&mut conn.subscriber), if subscribed => {
+                    // A published message: written with any others already waiting.
+                    let mut frames = Vec::new();
+                    if !take_frames(conn, Some(frame), &mut frames) {
+                        return Ok(End::Done);
+                    }
+                    let mailbox = conn.subscriber.as_ref().map(|sub| sub.mailbox.clone());
+                    let mut writer = Writer { stream, deadline: None };
+                    if !write_unless_closed(server, &mut writer, &mut frames, shutdown, mailbox).await? {
+                        return Ok(End::Done);
+                    }
+                    continue;
+                }
                 _ = shutdown.changed() => return Ok(End::Done),
                 _ = idle(timeout_secs) => {
                     tracing::debug!(client = conn.info.id, "closing an idle client");
@@ -325,6 +342,14 @@ async fn connection_loop(
             return Ok(end);
         }
         conn.info.busy_epoch.store(IDLE_EPOCH, Ordering::SeqCst);
+        // Messages published meanwhile go out after the wave's replies.
+        if conn.subscriber.is_some() {
+            let open = take_frames(conn, None, &mut out);
+            let mailbox = conn.subscriber.as_ref().map(|sub| sub.mailbox.clone());
+            if !write_unless_closed(server, writer, &mut out, shutdown, mailbox).await? || !open {
+                return Ok(End::Done);
+            }
+        }
         write_out(server, writer, &mut out, shutdown).await?;
         // A deep pipeline's lists shrink back: an idle connection keeps a few KiB, not the most
         // a wave ever needed.
@@ -531,6 +556,56 @@ async fn write_out(
     server.stats.net_output_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
     out.clear();
     Ok(())
+}
+
+/// `write_out`, given up when the subscriber's mailbox closes meanwhile (a client that does
+/// not read past its output limit is dropped, not waited for). Returns whether the connection
+/// stays open.
+async fn write_unless_closed(
+    server: &Server,
+    writer: &mut Writer<'_>,
+    out: &mut Vec<u8>,
+    shutdown: &mut watch::Receiver<bool>,
+    mailbox: Option<Arc<crate::pubsub::Mailbox>>,
+) -> std::io::Result<bool> {
+    let Some(mailbox) = mailbox else {
+        write_out(server, writer, out, shutdown).await?;
+        return Ok(true);
+    };
+    tokio::select! {
+        written = write_out(server, writer, out, shutdown) => written.map(|()| true),
+        _ = mailbox.closed() => Ok(false),
+    }
+}
+
+/// The next frame a subscribed connection's mailbox holds (an empty one: close the client).
+async fn next_frame(subscriber: &mut Option<crate::pubsub::Subscriber>) -> Vec<u8> {
+    match subscriber {
+        Some(subscriber) => subscriber.receiver.recv().await.unwrap_or_default(),
+        None => std::future::pending().await,
+    }
+}
+
+/// Appends `first` (if any) and every frame already waiting to `out`, releasing their bytes from
+/// the mailbox's count. Returns false when the mailbox was closed (the subscriber fell past its
+/// output limit): the connection must close.
+fn take_frames(conn: &mut ConnState, first: Option<Vec<u8>>, out: &mut Vec<u8>) -> bool {
+    let Some(subscriber) = conn.subscriber.as_mut() else { return true };
+    let mut next = first;
+    loop {
+        let frame = match next.take() {
+            Some(frame) => frame,
+            None => match subscriber.receiver.try_recv() {
+                Ok(frame) => frame,
+                Err(_) => return true,
+            },
+        };
+        if frame.is_empty() {
+            return false;
+        }
+        subscriber.written(frame.len());
+        out.extend_from_slice(&frame);
+    }
 }
 
 /// Resolves `SHUTDOWN_WRITE_GRACE_MS` after the server starts shutting down.

@@ -46,6 +46,12 @@ pub enum Reply {
         format: [u8; 3],
         text: Vec<u8>,
     },
+    /// Out-of-band data (pub/sub messages and subscription confirmations): RESP3's push type,
+    /// an array in RESP2.
+    Push(Vec<Reply>),
+    /// Several replies one command answers with, one after another (SUBSCRIBE of several
+    /// channels confirms each).
+    Frames(Vec<Reply>),
 }
 
 impl Reply {
@@ -121,6 +127,21 @@ pub fn encode_reply(reply: &Reply, protocol: Protocol, out: &mut Vec<u8>) {
                     out.extend_from_slice(text.as_bytes());
                     out.extend_from_slice(b"\r\n");
                 }
+            }
+        }
+        Reply::Push(items) => {
+            let type_byte = match protocol {
+                Protocol::Resp2 => b'*',
+                Protocol::Resp3 => b'>',
+            };
+            push_length_line(out, type_byte, items.len());
+            for item in items {
+                encode_reply(item, protocol, out);
+            }
+        }
+        Reply::Frames(replies) => {
+            for reply in replies {
+                encode_reply(reply, protocol, out);
             }
         }
         Reply::Verbatim { format, text } => match protocol {
