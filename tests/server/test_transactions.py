@@ -325,10 +325,106 @@ def test_swapdb_fails_a_watch(diff):
     """)
 
 
+# Found by review (2026-11-29).
+
+def test_an_exec_that_does_not_run_leaves_the_connection_in_its_database(diff):
+    run_script(diff, """
+        SET x 1
+        WATCH x
+        SET x 2
+        MULTI
+        SELECT 5
+        SET k in-five
+        EXEC
+        SET k2 still-zero
+        GET k2
+        SELECT 5
+        GET k2
+        GET k
+        SELECT 0
+        MULTI
+        SELECT 5
+        EXEC
+        SET k3 now-five
+        SELECT 0
+        GET k3
+        SELECT 5
+        GET k3
+        SELECT 0
+    """)
+
+
+def test_a_wrong_arity_of_exec_discard_or_multi_inside_multi_aborts_it(diff):
+    run_script(diff, """
+        MULTI
+        SET a 1
+        EXEC foo
+        EXEC
+        GET a
+        MULTI
+        SET a 1
+        DISCARD x
+        EXEC
+        MULTI
+        MULTI x
+        SET a 1
+        EXEC
+        GET a
+    """)
+
+
+def test_time_stands_still_inside_exec(diff):
+    # Redis reads the clock once for a transaction: a 1 ms expiry set in it has not passed
+    # for the commands after it, however long they take.
+    incrs = "\n".join("INCR busy" for _ in range(3000))
+    run_script(diff, f"""
+        MULTI
+        SET k v PX 1
+        {incrs}
+        GET k
+        EXEC
+    """.replace("INCR busy\n", "INCR busy\n        "))
+
+
+def test_reads_and_other_keys_written_by_a_transaction_fail_no_watch(server):
+    """A transaction that only reads x (and writes y beside it in the same shard) does not fail
+    another client's WATCH of x; nor does an expired key deleted by active expiry."""
+    first, second = server.client(), server.client()
+    second.set("stale", "v", px=1)
+    first.set("x", 1)
+    for round_ in range(20):
+        first.watch("x", "stale")
+        assert first.get("x") is not None
+        pipe = second.pipeline(transaction=True)
+        pipe.get("x")
+        pipe.set(f"y:{round_}", round_)
+        pipe.execute()
+        time.sleep(0.02)
+        pipe = first.pipeline(transaction=True)
+        pipe.set("x", round_)
+        # redis-py's pipeline carries the WATCH of `first` only through its own connection:
+        # send the transaction by hand on it.
+        first.execute_command("MULTI")
+        first.execute_command("SET", "x", round_)
+        assert first.execute_command("EXEC") == [b"OK"], f"round {round_}: the WATCH failed"
+    first.close()
+    second.close()
+
+
+def test_connection_state_commands_are_refused_inside_multi(r):
+    for refused in (("CLIENT", "SETNAME", "n"), ("CONFIG", "SET", "timeout", "5"), ("HELLO", "3")):
+        pipe = r.pipeline(transaction=True)
+        pipe.set("untouched", 1)
+        pipe.execute_command(*refused)
+        with pytest.raises(redis.ResponseError, match="cannot run inside MULTI"):
+            pipe.execute()
+    assert r.exists("untouched") == 0
+
+
 # What copse refuses inside MULTI (Redis runs these): the refusal aborts the EXEC.
 
 def test_commands_that_would_run_in_steps_of_their_own_are_refused_and_abort_the_exec(r):
-    for refused in (("KEYS", "*"), ("BLPOP", "l", "0"), ("SCAN", "0"), ("FLUSHALL",)):
+    for refused in (("KEYS", "*"), ("BLPOP", "l", "0"), ("SCAN", "0"), ("FLUSHALL",), ("SUBSCRIBE", "c")):
         pipe = r.pipeline(transaction=True)
         pipe.set("kept-out", "1")
         pipe.execute_command(*refused)

@@ -409,12 +409,18 @@ pub struct ConnState {
     pub in_exec: bool,
     /// Its subscriptions and mailbox, from its first SUBSCRIBE (`pubsub.rs`).
     pub subscriber: Option<crate::pubsub::Subscriber>,
+    /// The database an EXEC that ran left selected (a queued SELECT), plus one (0: none):
+    /// applied before the next command, and never by an EXEC that did not run. An atomic, so
+    /// the check per command is one load.
+    pub after_exec: Arc<std::sync::atomic::AtomicU16>,
 }
 
 /// A transaction being queued (MULTI).
 #[derive(Default)]
 pub struct Transaction {
     pub queued: Vec<crate::resp::Args>,
+    /// The queued arguments' bytes: at most the query buffer limit.
+    pub queued_bytes: usize,
     /// A command was refused while queueing: EXEC answers EXECABORT and runs nothing.
     pub refused: bool,
 }
@@ -451,6 +457,7 @@ impl ConnState {
             watched: Arc::default(),
             in_exec: false,
             subscriber: None,
+            after_exec: Arc::default(),
         }
     }
 

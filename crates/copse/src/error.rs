@@ -22,6 +22,8 @@ pub enum InputError {
     TooManyReads { reads: usize, max: usize },
     #[error("a sequence of {steps} steps exceeds the limit of {max}")]
     SequenceTooLong { steps: usize, max: usize },
+    #[error("a sequence's steps read {bytes} bytes, past the limit of {max}; nothing was written")]
+    SequenceReadsTooLarge { bytes: usize, max: usize },
 }
 
 /// Opening (or creating) a store.

@@ -288,7 +288,7 @@ async fn expire_due(server: &Server, shard: u32) -> Result<(usize, u64), Reply> 
     let locks = due.iter().map(|(_, key)| key.clone()).collect();
     let mut plan = Plan::new();
     let mut expired = 0;
-    plan.add(shard, locks, move |view, input| match input {
+    plan.add_background(shard, locks, move |view, input| match input {
         Input::Start => {
             let mut ops: Vec<BatchOp> = Vec::new();
             for (deadline, key) in &due {

@@ -92,6 +92,10 @@ struct CommandExec<F> {
     /// The command's long keys (`names.rs`): the name items its writes need. None for a
     /// command of short keys only and for background work.
     names: Option<Arc<names::Names>>,
+    /// Background work (active expiry, the orphan collector) whose writes change nothing a
+    /// client could see as a change: they move no lock version, so they fail no WATCH (a key
+    /// live at WATCH that expires is caught by its deadline instead, `multi.rs`).
+    background: bool,
 }
 
 impl<F> Exec for CommandExec<F>
@@ -166,6 +170,10 @@ where
     fn joins_write_groups(&self) -> bool {
         self.joins_write_groups
     }
+
+    fn written_locks(&self) -> Option<&[u64]> {
+        self.background.then_some(&[])
+    }
 }
 
 impl<F> CommandExec<F> {
@@ -183,7 +191,8 @@ impl<F> CommandExec<F> {
         names: Option<Arc<names::Names>>,
     ) -> CommandExec<F> {
         let answer = Some(answer);
-        CommandExec { step, answer, joins_write_groups, held: None, namespace, names }
+        let background = false;
+        CommandExec { step, answer, joins_write_groups, held: None, namespace, names, background }
     }
 
     fn finish(&mut self, reply: Reply) -> ExecStep {
@@ -288,6 +297,18 @@ impl Plan {
         self.answers.push(receiver);
     }
 
+    /// `add` for background work: its writes move no lock version (`CommandExec::background`).
+    pub fn add_background<F>(&mut self, shard: u32, keys: Vec<Vec<u8>>, step: F)
+    where
+        F: FnMut(&View<'_>, Input) -> Next + Send + 'static,
+    {
+        let (answer, receiver) = oneshot::channel();
+        let mut exec = CommandExec::new(step, answer, false);
+        exec.background = true;
+        self.queued.push(Queued { shard, request: ExecRequest::new(&keys, Box::new(exec)) });
+        self.answers.push(receiver);
+    }
+
     pub fn finish(self, combine: Combine) -> Outcome {
         Outcome::Execs(Execs::Many { queued: self.queued, answers: self.answers, combine })
     }
@@ -372,6 +393,19 @@ where
     on_key_grouped(target, false, step)
 }
 
+/// `on_key` for background work: its writes move no lock version (`CommandExec::background`).
+pub fn on_key_background<F>(target: KeyTarget, step: F) -> Outcome
+where
+    F: FnMut(&View<'_>, Input) -> Next + Send + 'static,
+{
+    let (answer, receiver) = oneshot::channel();
+    let mut exec = CommandExec::new(step, answer, false);
+    exec.background = true;
+    let KeyTarget { shard, locks } = target;
+    let request = ExecRequest { locks, exec: Box::new(exec) };
+    Outcome::Execs(Execs::One { queued: Queued { shard, request }, answer: receiver })
+}
+
 /// As `on_key`, for a program that may start behind the key's write group before it is
 /// durable (`copse::exec::Exec::joins_write_groups`), and so shares a flush with the commands
 /// on the key before it. The program must keep that promise: it asks the view and reads single
@@ -445,8 +479,34 @@ pub fn may_hold_collections(view: &View<'_>) -> bool {
         .any(|tag| view.has_keys_starting_with(tag))
 }
 
+thread_local! {
+    /// A clock reading every `now_ms` on this thread returns while set (`FrozenClock`).
+    static FROZEN_NOW_MS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// While alive, `now_ms` on this thread answers one reading: a transaction's commands see one
+/// moment, as Redis's do (`multi.rs`).
+pub struct FrozenClock {
+    before: Option<u64>,
+}
+
+impl FrozenClock {
+    pub fn at(now_ms: u64) -> FrozenClock {
+        FrozenClock { before: FROZEN_NOW_MS.with(|frozen| frozen.replace(Some(now_ms))) }
+    }
+}
+
+impl Drop for FrozenClock {
+    fn drop(&mut self) {
+        FROZEN_NOW_MS.with(|frozen| frozen.set(self.before));
+    }
+}
+
 /// Unix time in milliseconds: what deadlines are compared with.
 pub fn now_ms() -> u64 {
+    if let Some(frozen) = FROZEN_NOW_MS.with(std::cell::Cell::get) {
+        return frozen;
+    }
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_millis() as u64)
@@ -1281,6 +1341,11 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
         blocking: false,
         holds_no_map: false,
     };
+    // A queued SELECT of an EXEC that ran takes effect now (`multi.rs`).
+    if conn.after_exec.load(std::sync::atomic::Ordering::Acquire) != 0 {
+        let db = conn.after_exec.swap(0, std::sync::atomic::Ordering::AcqRel);
+        conn.select((db - 1) as u8);
+    }
     // After MULTI, commands are queued (`multi.rs`).
     let args = match multi::queue(server, conn, args) {
         Ok(outcome) => return refused(outcome),

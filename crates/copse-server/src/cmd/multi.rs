@@ -37,10 +37,14 @@
 //! fails every WATCH.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use copse::exec::{lock_ids, AtomicExec, Exec, ExecRequest, LockIds, Sequence, SequenceOutcome};
+use copse::exec::{
+    lock_ids, AtomicExec, Exec, ExecRequest, ExecStep, ExecView, LockIds, Sequence,
+    SequenceOutcome, StepInput,
+};
+use copse::limits::SEQUENCE_STEPS_MAX;
 use futures::channel::oneshot;
 
 use super::{
@@ -55,8 +59,28 @@ const RUN_AT_ONCE: &[&str] = &["exec", "discard", "multi", "watch", "quit", "res
 
 /// Commands refused while queueing that a dry run cannot find: those without the `write` or
 /// `readonly` flag that answer after the connection's earlier replies, scripts (a script's
-/// exec cannot run inside a sequence yet) and (un)subscriptions (they act at once, not at EXEC).
-const LATER_ANSWERED: &[&str] = &["info", "scrub", "eval", "eval_ro", "evalsha", "evalsha_ro"];
+/// exec cannot run inside a sequence yet), (un)subscriptions, and the connection and server
+/// commands that would change state as EXEC builds the transaction, before it knows whether the
+/// transaction runs (CLIENT SETNAME, CONFIG SET, HELLO, AUTH, DEBUG; SELECT is undone instead).
+const LATER_ANSWERED: &[&str] = &[
+    "info",
+    "scrub",
+    "eval",
+    "eval_ro",
+    "evalsha",
+    "evalsha_ro",
+    "client",
+    "config",
+    "debug",
+    "auth",
+    "hello",
+    "subscribe",
+    "psubscribe",
+    "ssubscribe",
+    "unsubscribe",
+    "punsubscribe",
+    "sunsubscribe",
+];
 
 pub fn specs() -> Vec<Spec> {
     let spec = |name, arity, flags, summary, handler| {
@@ -88,7 +112,22 @@ pub fn queue(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Result<O
         return Err(args);
     }
     let spec = find_ignoring_case(&args[0]);
-    if spec.is_some_and(|spec| RUN_AT_ONCE.contains(&spec.name)) {
+    if let Some(spec) = spec.filter(|spec| RUN_AT_ONCE.contains(&spec.name)) {
+        // Its arity is checked here: a wrong one flags the transaction, as in Redis.
+        let count = args.len() as i32;
+        if (spec.arity > 0 && count != spec.arity) || (spec.arity < 0 && count < -spec.arity) {
+            let error = format!("wrong number of arguments for '{}' command", spec.name);
+            if spec.name == "exec" {
+                // Redis discards the transaction at once, with the reason.
+                conn.transaction = None;
+                conn.unwatch();
+                return Ok(Outcome::Reply(Reply::Error(format!(
+                    "EXECABORT Transaction discarded because of: {error}"
+                ))));
+            }
+            conn.transaction.as_mut().expect("queueing").refused = true;
+            return Ok(Outcome::Reply(Reply::Error(format!("ERR {error}"))));
+        }
         return Err(args);
     }
     let refusal = match spec {
@@ -96,12 +135,22 @@ pub fn queue(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Result<O
         Some(spec) => refusal(server, conn, spec, &args),
     };
     let transaction = conn.transaction.as_mut().expect("queueing");
+    let bytes: usize = args.iter().map(Vec::len).sum();
+    let refusal = refusal.or_else(|| {
+        let limit = server.config.client_query_buffer_bytes_max;
+        (transaction.queued_bytes + bytes > limit).then(|| {
+            format!(
+                "ERR the commands queued since MULTI pass {limit} bytes (the query buffer limit)"
+            )
+        })
+    });
     match refusal {
         Some(error) => {
             transaction.refused = true;
             Ok(Outcome::Reply(Reply::Error(error)))
         }
         None => {
+            transaction.queued_bytes += bytes;
             transaction.queued.push(args);
             Ok(Outcome::Reply(Reply::Simple("QUEUED".into())))
         }
@@ -222,6 +271,19 @@ fn watch(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
+/// A transaction's step, run with the clock frozen at the transaction's reading (`now_ms`).
+struct AtClock {
+    inner: Box<dyn Exec>,
+    now_ms: u64,
+}
+
+impl Exec for AtClock {
+    fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
+        let _frozen = super::FrozenClock::at(self.now_ms);
+        self.inner.step(view, input)
+    }
+}
+
 /// A watched key's state as its exec answers it: version, existed, deadline (0: none).
 fn encode_watched(key: &WatchedKey) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(17);
@@ -269,7 +331,7 @@ enum Answer {
 /// One shard's share of a transaction: its steps, their locks, and its watched versions.
 #[derive(Default)]
 struct ShardShare {
-    steps: Vec<Box<dyn Exec>>,
+    steps: Vec<(Box<dyn Exec>, LockIds)>,
     locks: LockIds,
     watched: Vec<(u64, u64)>,
 }
@@ -295,10 +357,15 @@ fn exec(call: &mut Call<'_>) -> Outcome {
     if transaction.refused {
         return Outcome::error("EXECABORT Transaction discarded because of previous errors.");
     }
-    // Each command's execs, built in order, as dispatch builds them.
+    // Each command's execs, built in order, as dispatch builds them, all at one clock reading
+    // (Redis freezes time for a transaction too). A queued SELECT changes the database of the
+    // commands after it, and of the connection only if the transaction runs.
     let mut shares: BTreeMap<u32, ShardShare> = BTreeMap::new();
     let mut answers = Vec::with_capacity(transaction.queued.len());
+    let now_ms = super::now_ms();
+    let db_before = call.conn.db;
     call.conn.in_exec = true;
+    let _frozen = super::FrozenClock::at(now_ms);
     let mut unsupported = None;
     for args in transaction.queued {
         let name = String::from_utf8_lossy(&args[0]).to_uppercase();
@@ -312,7 +379,8 @@ fn exec(call: &mut Call<'_>) -> Outcome {
         let mut add = |queued: super::Queued| {
             let share = shares.entry(queued.shard).or_default();
             share.lock(&queued.request.locks);
-            share.steps.push(queued.request.exec);
+            let exec = Box::new(AtClock { inner: queued.request.exec, now_ms });
+            share.steps.push((exec, queued.request.locks));
         };
         answers.push(match outcome {
             Outcome::Reply(reply) | Outcome::Close(reply) => Answer::Ready(reply),
@@ -331,6 +399,8 @@ fn exec(call: &mut Call<'_>) -> Outcome {
         });
     }
     call.conn.in_exec = false;
+    let db_after = std::mem::replace(&mut call.conn.db, db_before);
+    call.conn.select(db_before);
     if let Some(name) = unsupported {
         return Outcome::Reply(Reply::Error(format!(
             "ERR {name} cannot run inside MULTI in copse; the transaction was not run"
@@ -342,14 +412,24 @@ fn exec(call: &mut Call<'_>) -> Outcome {
         share.watched.push((key.lock, key.version));
     }
     let server = call.server.clone();
+    let switch_db = call.conn.after_exec.clone();
+    let watched = Arc::new(watched);
     Outcome::AfterPending(Box::pin(async move {
-        if changed_outside_locks(&server, &watched) {
+        // Asked by each sequence at its start and right before its write, under its locks.
+        let check: Arc<dyn Fn() -> bool + Send + Sync> = {
+            let (server, watched) = (server.clone(), watched.clone());
+            Arc::new(move || !changed_outside_locks(&server, &watched))
+        };
+        if !check() {
             return Reply::NullArray;
         }
-        match run(&server.db, shares).await {
+        match run(&server, shares, Some(check)).await {
             Ok(true) => {}
             Ok(false) => return Reply::NullArray,
             Err(error) => return error,
+        }
+        if db_after != db_before {
+            switch_db.store(u16::from(db_after) + 1, Ordering::Release);
         }
         let mut replies = Vec::with_capacity(answers.len());
         for answer in answers {
@@ -384,11 +464,11 @@ pub fn atomically(call: &Call<'_>, outcome: Outcome) -> Outcome {
     for queued in queued {
         let share = shares.entry(queued.shard).or_default();
         share.lock(&queued.request.locks);
-        share.steps.push(queued.request.exec);
+        share.steps.push((queued.request.exec, queued.request.locks));
     }
-    let db = call.db().clone();
+    let server = call.server.clone();
     Outcome::AfterPending(Box::pin(async move {
-        match run(&db, shares).await {
+        match run(&server, shares, None).await {
             Ok(true) => super::collect(answers, combine).await,
             Ok(false) => Reply::error("ERR internal error: a batch with no watched key changed"),
             Err(error) => error,
@@ -397,16 +477,32 @@ pub fn atomically(call: &Call<'_>, outcome: Outcome) -> Outcome {
 }
 
 /// Runs the shares as one sequence each: alone in one shard, or as the parts of one cross-shard
-/// batch. Ok(true) once all applied, Ok(false) if a watched key changed.
-async fn run(db: &copse::Db, shares: BTreeMap<u32, ShardShare>) -> Result<bool, Reply> {
-    let abort = Arc::new(AtomicBool::new(false));
+/// batch. Ok(true) once all applied, Ok(false) if a watched key changed (`check` false).
+async fn run(
+    server: &Server,
+    shares: BTreeMap<u32, ShardShare>,
+    check: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+) -> Result<bool, Reply> {
+    let db = &server.db;
+    // What a transaction's steps may read in one shard: the most one reply may hold.
+    let read_bytes_max = server.settings.client_output_bytes_max.load(Ordering::Relaxed);
+    let checker = |check: &Option<Arc<dyn Fn() -> bool + Send + Sync>>| {
+        check.clone().map(|check| Box::new(move || check()) as Box<dyn Fn() -> bool + Send>)
+    };
+    if let Some(share) = shares.values().find(|share| share.steps.len() > SEQUENCE_STEPS_MAX) {
+        return Err(Reply::Error(format!(
+            "ERR a transaction of {} commands on one shard passes the limit of {SEQUENCE_STEPS_MAX}",
+            share.steps.len()
+        )));
+    }
     let mut outcomes = Vec::with_capacity(shares.len());
     if shares.len() == 1 {
         let (shard, mut share) = shares.into_iter().next().expect("one share");
         let (done, outcome) = oneshot::channel();
         let locks = share.sorted_locks();
-        let sequence = Sequence::new(share.steps, share.watched, abort, None, done)
-            .map_err(|err| Reply::Error(format!("ERR {err}")))?;
+        let sequence =
+            Sequence::new(share.steps, share.watched, checker(&check), read_bytes_max, None, done)
+                .map_err(|err| Reply::Error(format!("ERR {err}")))?;
         db.exec_many_async(shard, vec![ExecRequest { locks, exec: Box::new(sequence) }]).await;
         outcomes.push(outcome);
     } else if shares.len() > 1 {
@@ -415,21 +511,21 @@ async fn run(db: &copse::Db, shares: BTreeMap<u32, ShardShare>) -> Result<bool, 
             let (done, outcome) = oneshot::channel();
             outcomes.push(outcome);
             let lock_ids = share.sorted_locks();
-            if share.steps.len() > copse::limits::SEQUENCE_STEPS_MAX {
-                return Err(Reply::Error(format!(
-                    "ERR a transaction of more than {} commands on one shard",
-                    copse::limits::SEQUENCE_STEPS_MAX
-                )));
-            }
-            let abort = abort.clone();
+            let check = checker(&check);
             parts.push(AtomicExec {
                 shard,
                 locks: Vec::new(),
                 lock_ids,
                 build: Box::new(move |vote| {
-                    let sequence =
-                        Sequence::new(share.steps, share.watched, abort, Some(vote), done)
-                            .expect("checked the steps above");
+                    let sequence = Sequence::new(
+                        share.steps,
+                        share.watched,
+                        check,
+                        read_bytes_max,
+                        Some(vote),
+                        done,
+                    )
+                    .expect("checked the steps above");
                     Box::new(sequence) as Box<dyn Exec>
                 }),
             });

@@ -184,7 +184,7 @@ fn collect_once(db: &Db, key: Vec<u8>) -> super::Outcome {
     let target = KeyTarget::of(db, &key);
     let mut live_ty = None;
     let mut answer = None;
-    super::on_key(target, move |view, input| {
+    super::on_key_background(target, move |view, input| {
         let live: Option<CollectionMeta> = match input {
             Input::Start => {
                 live_ty = super::stored_collection_type(view, &key);

@@ -43,8 +43,8 @@
 //!    after it.
 //!
 //! 6. Lock versions (`ExecView::lock_version`): every exec step that writes (`Write`,
-//!    `WriteLast` or `Prepare` with operations) counts one write on each of its locks before the
-//!    write is issued, while the exec holds them. So an exec that reads a lock's version, and a
+//!    `WriteLast` or `Prepare` with operations) counts one write on each of its locks (or on
+//!    those its `written_locks` names) before the write is issued, while the exec holds them. So an exec that reads a lock's version, and a
 //!    later exec holding the same lock that reads it again, see the same number only if no exec
 //!    wrote under that lock in between (Redis's WATCH, `sequence.rs`). Plain requests do not count.
 //!
@@ -85,6 +85,12 @@ pub trait Exec: Send + 'static {
     /// keys hold (an input error); anything else is a bug the shard stops on.
     fn joins_write_groups(&self) -> bool {
         false
+    }
+
+    /// The locks whose versions the exec's writes move (invariant 6): None for all it holds. A
+    /// sequence names those of its steps that wrote.
+    fn written_locks(&self) -> Option<&[u64]> {
+        None
     }
 }
 
@@ -864,7 +870,10 @@ impl ExecTable {
             &step
         {
             if !ops.is_empty() {
-                self.lock_versions.bump(&running.locks);
+                match running.exec.written_locks() {
+                    Some(locks) => self.lock_versions.bump(locks),
+                    None => self.lock_versions.bump(&running.locks),
+                }
             }
         }
         if behind_group {

@@ -17,25 +17,31 @@
 //!    are (`ExecView::with_overlay`).
 //! 3. Watched locks: the sequence starts only if every watched lock's version is still the one
 //!    the caller read (exec.rs invariant 6), checked under the locks; otherwise it writes
-//!    nothing and ends `Changed`. A step may call the sequence off as well (`abort`), which
-//!    ends it `Changed` after that step, with nothing written.
+//!    nothing and ends `Changed`. The caller's `check` (what changes keys without their locks)
+//!    is asked at the start and again right before the one write, in the same step that issues
+//!    it: false ends the sequence `Changed`, with nothing written.
 //! 4. The steps answer their own callers as they finish; the caller of the sequence must not
 //!    pass those answers on before the sequence's own outcome says `Applied`.
+//! 5. Bounded: the overlay's encoded bytes never pass `WRITE_BATCH_BYTES_MAX` (the write it
+//!    becomes could not be made), and the bytes the steps read never pass the caller's
+//!    `read_bytes_max`; either ends the sequence `Failed` at once, with nothing written.
+//! 6. Lock versions: the sequence's write moves the versions of the locks of the steps that
+//!    wrote (`Exec::written_locks`), not of every lock it holds, so a key it only read or watched
+//!    does not look changed to a watcher.
 
 use std::collections::VecDeque;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use futures::channel::oneshot;
 
 use super::exec::{
-    apply, overlay_ops, Exec, ExecStep, ExecView, Overlay, ReadOp, ReadOps, ReadResult,
+    apply, overlay_ops, Exec, ExecStep, ExecView, LockIds, Overlay, ReadOp, ReadOps, ReadResult,
     ReadResults, StepInput, Vote,
 };
-use crate::engine::{is_empty_range, KeyValue};
+use crate::engine::batch_codec::{encoded_op_bytes, BATCH_HEADER_BYTES};
+use crate::engine::{is_empty_range, BatchOp, KeyValue};
 use crate::error::{InputError, WriteError};
-use crate::limits::{SCAN_ITEMS_MAX, SEQUENCE_STEPS_MAX};
+use crate::limits::{SCAN_ITEMS_MAX, SEQUENCE_STEPS_MAX, WRITE_BATCH_BYTES_MAX};
 
 /// How a sequence ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,13 +58,20 @@ pub enum SequenceOutcome {
 /// Runs `steps` in order as one exec (module comment). Build it with [`Sequence::new`] and send
 /// it with the union of its steps' locks and the watched ones.
 pub struct Sequence {
-    steps: VecDeque<Box<dyn Exec>>,
-    /// The step running, and whether it has been started.
-    current: Option<Box<dyn Exec>>,
+    steps: VecDeque<(Box<dyn Exec>, LockIds)>,
+    /// The step running, with its locks.
+    current: Option<(Box<dyn Exec>, LockIds)>,
     writes: Overlay,
+    /// `writes` encoded as one batch (invariant 5).
+    write_bytes: usize,
+    /// Bytes the steps read so far, and the most they may (invariant 5).
+    read_bytes: usize,
+    read_bytes_max: usize,
+    /// The locks of the steps that wrote (invariant 6).
+    written_locks: LockIds,
     /// (lock, version the caller read): checked at the start (invariant 3).
     watched: Vec<(u64, u64)>,
-    abort: Arc<AtomicBool>,
+    check: Option<Box<dyn Fn() -> bool + Send>>,
     vote: Option<Vote>,
     /// The current step's reads: answered from the overlay, or by the engine's read at `at`.
     reads: Option<Vec<PlannedRead>>,
@@ -83,14 +96,16 @@ pub struct ScanOver {
 }
 
 impl Sequence {
-    /// A sequence of `steps` (at most `SEQUENCE_STEPS_MAX`). `watched` are (lock, version) pairs
-    /// read earlier with `ExecView::lock_version`; `abort` may be set by a step to call the
-    /// sequence off; `vote`, inside a cross-shard batch (`Db::exec_atomic`), makes the end a
+    /// A sequence of `steps` (at most `SEQUENCE_STEPS_MAX`), each with its locks. `watched` are
+    /// (lock, version) pairs read earlier with `ExecView::lock_version`; `check` is asked at the
+    /// start and before the write (invariant 3); the steps may read at most `read_bytes_max`
+    /// bytes; `vote`, inside a cross-shard batch (`Db::exec_atomic`), makes the end a
     /// `Prepare`. `done` hears the outcome.
     pub fn new(
-        steps: Vec<Box<dyn Exec>>,
+        steps: Vec<(Box<dyn Exec>, LockIds)>,
         watched: Vec<(u64, u64)>,
-        abort: Arc<AtomicBool>,
+        check: Option<Box<dyn Fn() -> bool + Send>>,
+        read_bytes_max: usize,
         vote: Option<Vote>,
         done: oneshot::Sender<SequenceOutcome>,
     ) -> Result<Sequence, InputError> {
@@ -101,8 +116,12 @@ impl Sequence {
             steps: steps.into(),
             current: None,
             writes: Overlay::new(),
+            write_bytes: BATCH_HEADER_BYTES,
+            read_bytes: 0,
+            read_bytes_max,
+            written_locks: LockIds::new(),
             watched,
-            abort,
+            check,
             vote,
             reads: None,
             writing: false,
@@ -113,7 +132,11 @@ impl Sequence {
     fn finish(&mut self, outcome: SequenceOutcome) -> ExecStep {
         if let Some(vote) = self.vote.take() {
             // Called off before it was prepared: the other shards' parts are erased.
-            vote.refuse(WriteError::Aborted("a watched key changed".into()));
+            let reason = match &outcome {
+                SequenceOutcome::Failed(err) => err.clone(),
+                _ => WriteError::Aborted("a watched key changed".into()),
+            };
+            vote.refuse(reason);
         }
         if let Some(done) = self.done.take() {
             let _ = done.send(outcome);
@@ -126,16 +149,13 @@ impl Sequence {
     fn run(&mut self, view: &ExecView<'_>, mut input: StepInput) -> ExecStep {
         loop {
             if self.current.is_none() {
-                if self.abort.load(Ordering::Acquire) {
-                    return self.finish(SequenceOutcome::Changed);
-                }
                 match self.steps.pop_front() {
                     // `input` is `Start` here: a step that finished leaves it so.
                     Some(next) => self.current = Some(next),
                     None => return self.write(),
                 }
             }
-            let step = self.current.as_mut().expect("a step runs");
+            let (step, locks) = self.current.as_mut().expect("a step runs");
             let asked = step.step(&view.with_overlay(&self.writes), input);
             input = match asked {
                 ExecStep::Done => {
@@ -143,7 +163,12 @@ impl Sequence {
                     StepInput::Start
                 }
                 ExecStep::Write(ops) | ExecStep::WriteLast(ops) => {
-                    apply(&mut self.writes, ops);
+                    if !ops.is_empty() {
+                        self.written_locks.extend_from_slice(locks);
+                    }
+                    if let Err(err) = self.keep_writes(ops) {
+                        return self.finish(SequenceOutcome::Failed(err.into()));
+                    }
                     StepInput::Written(Ok(()))
                 }
                 ExecStep::Prepare { vote, .. } => {
@@ -156,6 +181,9 @@ impl Sequence {
                 ExecStep::Read(reads) => match self.plan_reads(reads) {
                     Ok(engine_reads) if engine_reads.is_empty() => {
                         let results = self.answer_reads(Vec::new());
+                        if let Err(err) = self.count_reads(&results) {
+                            return self.finish(SequenceOutcome::Failed(err.into()));
+                        }
                         StepInput::Read(Ok(results))
                     }
                     Ok(engine_reads) => return ExecStep::Read(engine_reads),
@@ -163,6 +191,47 @@ impl Sequence {
                 },
             };
         }
+    }
+
+    /// Lays a step's writes over the overlay, keeping its encoded size (invariant 5).
+    fn keep_writes(&mut self, ops: Vec<BatchOp>) -> Result<(), InputError> {
+        for op in &ops {
+            let (key, value) = match op {
+                BatchOp::Put { key, value } => (key, Some(value.as_slice())),
+                BatchOp::Delete { key } => (key, None),
+            };
+            if let Some(old) = self.writes.get(key) {
+                self.write_bytes -= encoded_op_bytes(key, old.as_deref());
+            }
+            self.write_bytes += encoded_op_bytes(key, value);
+        }
+        apply(&mut self.writes, ops);
+        if self.write_bytes > WRITE_BATCH_BYTES_MAX {
+            return Err(InputError::BatchTooLarge {
+                bytes: self.write_bytes,
+                max: WRITE_BATCH_BYTES_MAX,
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts what a step read against `read_bytes_max` (invariant 5).
+    fn count_reads(&mut self, results: &ReadResults) -> Result<(), InputError> {
+        for result in results {
+            self.read_bytes += match result {
+                ReadResult::Value(value) => value.as_ref().map_or(0, Vec::len),
+                ReadResult::Items(items) => {
+                    items.iter().map(|(key, value)| key.len() + value.len()).sum()
+                }
+            };
+        }
+        if self.read_bytes > self.read_bytes_max {
+            return Err(InputError::SequenceReadsTooLarge {
+                bytes: self.read_bytes,
+                max: self.read_bytes_max,
+            });
+        }
+        Ok(())
     }
 
     /// Splits a step's reads into those the overlay answers and those the engine must.
@@ -199,7 +268,12 @@ impl Sequence {
     }
 
     fn write(&mut self) -> ExecStep {
+        if self.check.as_ref().is_some_and(|check| !check()) {
+            return self.finish(SequenceOutcome::Changed);
+        }
         self.writing = true;
+        self.written_locks.sort_unstable();
+        self.written_locks.dedup();
         let ops = overlay_ops(std::mem::take(&mut self.writes));
         match self.vote.take() {
             Some(vote) => ExecStep::Prepare { vote, ops },
@@ -210,10 +284,15 @@ impl Sequence {
 }
 
 impl Exec for Sequence {
+    fn written_locks(&self) -> Option<&[u64]> {
+        Some(&self.written_locks)
+    }
+
     fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
         match input {
             StepInput::Start => {
-                if self.watched.iter().any(|&(lock, version)| view.lock_version(lock) != version) {
+                let moved = self.watched.iter().any(|&(lock, version)| view.lock_version(lock) != version);
+                if moved || self.check.as_ref().is_some_and(|check| !check()) {
                     return self.finish(SequenceOutcome::Changed);
                 }
                 self.run(view, StepInput::Start)
@@ -224,6 +303,9 @@ impl Exec for Sequence {
             }),
             StepInput::Read(Ok(results)) if self.reads.is_some() => {
                 let results = self.answer_reads(results.into_iter().collect());
+                if let Err(err) = self.count_reads(&results) {
+                    return self.finish(SequenceOutcome::Failed(err.into()));
+                }
                 self.run(view, StepInput::Read(Ok(results)))
             }
             StepInput::Read(Err(err)) if self.reads.is_some() => {
@@ -262,8 +344,12 @@ pub fn plan_read(overlay: &Overlay, read: ReadOp) -> Result<OverlayRead, InputEr
                 overlay.range::<[u8], _>((as_ref(&start), as_ref(&end))).count()
             };
             // As many more as the overlay changed in the range leave at least `limit` after its
-            // deletes whenever the engine had that many.
-            let engine_limit = limit.saturating_add(changed).min(SCAN_ITEMS_MAX);
+            // deletes whenever the engine had that many. Past the engine's own limit that
+            // promise could not be kept: the read is refused rather than answered short.
+            let engine_limit = limit.saturating_add(changed);
+            if engine_limit > SCAN_ITEMS_MAX {
+                return Err(InputError::ScanLimitTooLarge { limit: engine_limit, max: SCAN_ITEMS_MAX });
+            }
             let scan = (changed > 0).then(|| ScanOver {
                 start: start.clone(),
                 end: end.clone(),
