@@ -4,9 +4,10 @@ CARGO ?= cargo
 SHELL := /bin/bash
 
 # Python packages the tests need, installed by `make test-deps`: the server's tests talk to a real
-# `copse serve` with redis-py (tests/server/).
+# `copse serve` with redis-py (tests/server/), and run Celery and Django's cache on it
+# (tests/server/test_apps.py).
 PYTHON ?= python3
-PYTHON_TEST_PACKAGES ?= redis pytest
+PYTHON_TEST_PACKAGES ?= redis pytest celery django django-redis
 
 .PHONY: build run test lint-default-build profile profile-deps test-deps test-rocksdb rocksdb-test-deps fmt clippy bench bench-deps bench-sharded bench-placement torture fuzz fuzz-deps
 

@@ -198,12 +198,88 @@ def same_shard_keys(client: redis.Redis, count: int, prefix: str) -> list[str]:
     return keys
 
 
-def test_a_script_over_keys_of_several_shards_is_refused(r):
+def test_scripts_over_several_shards_and_undeclared_keys_answer_as_redis(diff):
+    # Keys on both shards, and keys a script names without declaring them (kombu's sweep does):
+    # copse runs such a script optimistically over all shards (`scripts::spread`).
     keys = [f"spread:{i}" for i in range(8)]
-    with pytest.raises(redis.ResponseError, match="same slot"):
-        r.eval("return redis.call('MSET', KEYS[1], 1, KEYS[2], 2)", len(keys), *keys)
-    with pytest.raises(redis.ResponseError, match="not in its KEYS"):
-        r.eval("return redis.call('GET', 'undeclared')", 0)
+    scripts(diff, [
+        ("EVAL", "for i = 1, #KEYS do redis.call('SET', KEYS[i], i) end return redis.call('MGET', unpack(KEYS))",
+         str(len(keys)), *keys),
+        ("EVAL", "redis.call('SET', 'undeclared:a', ARGV[1]); redis.call('RPUSH', 'undeclared:b', ARGV[1]);"
+                 " return {redis.call('GET', 'undeclared:a'), redis.call('LRANGE', 'undeclared:b', 0, -1)}",
+         "0", "value"),
+        ("MGET", *keys, "undeclared:a"),
+        ("EVAL", "redis.call('DEL', KEYS[1]); return redis.call('INCR', KEYS[2])", "2", keys[0], "missing:c"),
+        ("EVAL_RO", "return redis.call('SET', 'undeclared:c', 1)", "0"),
+        ("EVAL", "redis.call('SET', KEYS[1], 'kept'); return redis.call('INCR', KEYS[2])", "2", keys[1], "undeclared:a"),
+        ("GET", keys[1]),
+    ])
+
+
+def test_scripts_over_several_shards_never_show_part_of_a_transfer(server):
+    """Scripts move amounts between accounts on both shards (optimistic, checked at commit);
+    readers sum every account with MGET and with a script: the total never moves."""
+    accounts = [f"acct:{i}" for i in range(12)]
+    total = 100 * len(accounts)
+    setup = server.client()
+    setup.mset({account: 100 for account in accounts})
+    transfer = ("local amount = tonumber(ARGV[1]);"
+                " redis.call('DECRBY', KEYS[1], amount); redis.call('INCRBY', KEYS[2], amount); return 1")
+    audit = "local sum = 0 for i = 1, #KEYS do sum = sum + tonumber(redis.call('GET', KEYS[i])) end return sum"
+    stop = threading.Event()
+    problems: list = []
+    moves = [0]
+
+    def writer(seed):
+        client = server.client()
+        rng = random.Random(seed)
+        while not stop.is_set():
+            source, target = rng.sample(accounts, 2)
+            assert client.eval(transfer, 2, source, target, rng.randint(1, 9)) == 1
+            moves[0] += 1
+        client.close()
+
+    def reader():
+        client = server.client()
+        while not stop.is_set():
+            seen = sum(int(value) for value in client.mget(accounts))
+            if seen != total:
+                problems.append(f"MGET saw {seen}")
+            seen = client.eval(audit, len(accounts), *accounts)
+            if seen != total:
+                problems.append(f"a script saw {seen}")
+        client.close()
+
+    threads = [threading.Thread(target=writer, args=(seed,)) for seed in range(3)]
+    threads += [threading.Thread(target=reader) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not problems, problems[:5]
+    assert moves[0] > 30
+    assert sum(int(value) for value in setup.mget(accounts)) == total
+    setup.close()
+
+
+def test_a_transaction_holding_a_script_runs_whole_and_honours_watch(diff):
+    scripts(diff, [
+        ("SET", "counter", "1"),
+        ("MULTI",),
+        ("SET", "t:a", "1"),
+        ("EVAL", "return redis.call('INCR', KEYS[1]) + redis.call('INCR', KEYS[2])", "2", "t:a", "t:b"),
+        ("GET", "t:a"),
+        ("INCR", "counter"),
+        ("EXEC",),
+        ("WATCH", "counter"),
+        ("SET", "counter", "10"),
+        ("MULTI",),
+        ("EVAL", "return redis.call('INCR', KEYS[1])", "1", "counter"),
+        ("EXEC",),
+        ("GET", "counter"),
+    ])
 
 
 def test_a_runaway_script_is_stopped_with_nothing_written(r):

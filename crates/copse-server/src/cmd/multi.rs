@@ -65,10 +65,6 @@ const RUN_AT_ONCE: &[&str] = &["exec", "discard", "multi", "watch", "quit", "res
 const LATER_ANSWERED: &[&str] = &[
     "info",
     "scrub",
-    "eval",
-    "eval_ro",
-    "evalsha",
-    "evalsha_ro",
     "client",
     "config",
     "debug",
@@ -330,13 +326,26 @@ enum Answer {
 
 /// One shard's share of a transaction: its steps, their locks, and its watched versions.
 #[derive(Default)]
-struct ShardShare {
+pub(crate) struct ShardShare {
     steps: Vec<(Box<dyn Exec>, LockIds)>,
     locks: LockIds,
     watched: Vec<(u64, u64)>,
 }
 
 impl ShardShare {
+    /// A share of `steps` (each with its locks) holding `locks` too, checking `watched`.
+    pub(crate) fn new(
+        steps: Vec<(Box<dyn Exec>, LockIds)>,
+        locks: LockIds,
+        watched: Vec<(u64, u64)>,
+    ) -> ShardShare {
+        let mut share = ShardShare { steps, locks, watched };
+        let step_locks: Vec<u64> =
+            share.steps.iter().flat_map(|(_, locks)| locks.iter().copied()).collect();
+        share.locks.extend(step_locks);
+        share
+    }
+
     fn lock(&mut self, locks: &[u64]) {
         self.locks.extend_from_slice(locks);
     }
@@ -356,6 +365,12 @@ fn exec(call: &mut Call<'_>) -> Outcome {
     let watched = std::mem::take(&mut *call.conn.watched.lock().unwrap_or_else(|p| p.into_inner()));
     if transaction.refused {
         return Outcome::error("EXECABORT Transaction discarded because of previous errors.");
+    }
+    let is_script = |args: &crate::resp::Args| {
+        matches!(super::lowercase(&args[0]).as_str(), "eval" | "evalsha" | "eval_ro" | "evalsha_ro")
+    };
+    if transaction.queued.iter().any(is_script) {
+        return with_scripts(call, transaction.queued, watched);
     }
     // Each command's execs, built in order, as dispatch builds them, all at one clock reading
     // (Redis freezes time for a transaction too). A queued SELECT changes the database of the
@@ -446,6 +461,29 @@ fn exec(call: &mut Call<'_>) -> Outcome {
     }))
 }
 
+/// EXEC of a transaction that holds a script: a script's calls cannot be built before it runs,
+/// so the whole transaction runs optimistically as one session (`scripts::spread`): every
+/// command and call tried in its shard in order, then one batch that checks every version they
+/// saw and the watched ones. (A SELECT inside it changes the database of the commands after it,
+/// not the connection's.)
+fn with_scripts(call: &mut Call<'_>, queued: Vec<crate::resp::Args>, watched: Watched) -> Outcome {
+    let server = call.server.clone();
+    let (client, db) = (call.conn.info.clone(), call.conn.db);
+    let keys = watched.keys.clone();
+    let watched = Arc::new(watched);
+    Outcome::AfterPending(Box::pin(async move {
+        let check: Arc<dyn Fn() -> bool + Send + Sync> = {
+            let (server, watched) = (server.clone(), watched.clone());
+            Arc::new(move || !changed_outside_locks(&server, &watched))
+        };
+        if !check() {
+            return Reply::NullArray;
+        }
+        let ran = super::scripts::spread::transaction(&server, client, db, queued, keys, check);
+        ran.await.unwrap_or(Reply::NullArray)
+    }))
+}
+
 /// `outcome` made atomic over shards: a command's execs over several shards (DEL, UNLINK, EXISTS,
 /// TOUCH of several keys) run as one cross-shard batch of one sequence per shard, so no other
 /// client sees part of a DEL and a crash keeps all of it or none, and EXISTS counts its keys at
@@ -478,7 +516,7 @@ pub fn atomically(call: &Call<'_>, outcome: Outcome) -> Outcome {
 
 /// Runs the shares as one sequence each: alone in one shard, or as the parts of one cross-shard
 /// batch. Ok(true) once all applied, Ok(false) if a watched key changed (`check` false).
-async fn run(
+pub(crate) async fn run(
     server: &Server,
     shares: BTreeMap<u32, ShardShare>,
     check: Option<Arc<dyn Fn() -> bool + Send + Sync>>,

@@ -1,32 +1,36 @@
 //! Lua scripts: EVAL, EVALSHA, EVAL_RO, EVALSHA_RO and SCRIPT LOAD, EXISTS, FLUSH, KILL, on Lua
 //! 5.1 (mlua, built from source) as in Redis.
 //!
-//! A script runs as one exec (`ScriptExec`) on the shard of its keys, holding their locks: no
-//! other command on those keys runs while it does. Its `redis.call`s are built as commands are
-//! (`dispatch`) and their execs run inline, inside the script's exec, over an overlay of the
-//! script's own writes (`copse::exec::Overlay`): each command sees the writes of those before
-//! it, nothing is written while the script runs, and when it ends all its writes go to the
-//! engine as one all-or-nothing batch. So a script is atomic across a crash too (Redis's AOF
-//! keeps a script's effects as one block), and EVAL answers once they are durable.
+//! Two ways to run a script, both atomic, both serializable:
 //!
-//! A command's reads that need the engine (a value, a range of items) cannot be answered while
-//! Lua runs: the attempt stops at the first one, the exec asks the engine for it, and the script
-//! runs again from its start with that answer kept (`ScriptExec::cache`). Every attempt reads
-//! the same state, since the script holds the locks of all its keys and an attempt's writes are
-//! dropped with it; only the last attempt's effects and reply count.
+//! - **In its keys' shard** (all its KEYS in one shard, the usual case): one exec
+//!   (`ScriptExec`) on that shard, holding their locks: no other command on those keys runs while
+//!   it does. Its `redis.call`s are built as commands are (`dispatch`) and their execs run inline,
+//!   inside the script's exec, over an overlay of the script's own writes
+//!   (`copse::exec::Overlay`): each command sees the writes of those before it, nothing is
+//!   written while the script runs, and when it ends all its writes go to the engine as one
+//!   all-or-nothing batch. A command's reads that need the engine cannot be answered while Lua
+//!   runs: the attempt stops at the first one, the exec asks the engine for it, and the script
+//!   runs again from its start with that answer kept (`ScriptExec::cache`). Every attempt reads
+//!   the same state, since the script holds the locks of all its keys and an attempt's writes
+//!   are dropped with it; only the last attempt's effects and reply count.
+//! - **Spread** (`spread`): keys of several shards, or a key the script did not declare (the
+//!   shard mode hands over when it meets one): run optimistically from the connection's thread,
+//!   each call probed in its shard, one checked cross-shard batch at the end, the whole script
+//!   run again if a key it read changed meanwhile. Transactions holding a script run this way.
 //!
 //! Invariants:
-//! - A script touches only its declared KEYS, all in one shard: a command naming another key
-//!   is refused (an error inside the script), so every item it reads or writes is under its
-//!   locks (what makes attempts agree).
+//! - In the shard mode, every item a script reads or writes is under its locks (a command
+//!   outside them hands over to the spread mode), which is what makes its attempts agree.
 //! - Nothing a script does reaches the engine before it ends, and then as one batch. A script
 //!   stopped by its time limit (`SCRIPT_TIME_MAX_MS`) has changed nothing.
+//! - A spread script commits only if every lock version its probes saw is unchanged under the
+//!   locks at its batch (`multi::run`, `Sequence`'s watched versions).
 //!
-//! Where copse differs from Redis (docs/server.md, "Scripts"): keys must be declared and in one
-//! shard (Redis Cluster's rule); scripts run inside MULTI are refused; `cjson`, `bit`, `struct`
-//! and `cmsgpack` are not loaded; a script past `SCRIPT_TIME_MAX_MS` is stopped with an error
-//! instead of making other clients wait with BUSY (its shard's thread would be held meanwhile),
-//! and SCRIPT KILL finds nothing to kill.
+//! Where copse differs from Redis (docs/server.md, "Scripts"): `cjson`, `bit`, `struct` and
+//! `cmsgpack` are not loaded; a script past `SCRIPT_TIME_MAX_MS` is stopped with an error instead
+//! of making other clients wait with BUSY, and SCRIPT KILL finds nothing to kill; EVAL waits for
+//! the connection's earlier replies.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -217,58 +221,76 @@ fn run(call: &mut Call<'_>, sha: String, source: Arc<[u8]>, read_only: bool) -> 
     let argv: Vec<Vec<u8>> = call.args[3 + numkeys..].to_vec();
     let db = call.db();
     let shard = keys.first().map_or(0, |key| db.shard_of(key));
-    if keys.iter().any(|key| db.shard_of(key) != shard) {
-        return Outcome::error(
-            "CROSSSLOT Keys in request don't hash to the same slot (copse runs a script in the \
-             one shard that holds all its keys)",
-        );
-    }
     // Lua sees the keys as the client wrote them (a long key's stored name is its surrogate).
     let names = super::names::current();
-    let lua_keys = keys
+    let lua_keys: Vec<Vec<u8>> = keys
         .iter()
         .map(|key| match names.as_deref().and_then(|names| names.key_of(key)) {
             Some(original) => original.to_vec(),
             None => key.clone(),
         })
         .collect();
-    let locks = lock_ids(&keys);
-    let (answer, receiver) = oneshot::channel();
-    let exec = ScriptExec {
+    let script = Script {
         server: call.server.clone(),
         sha,
         source,
         keys: lua_keys,
         argv,
-        shard,
-        locks: locks.clone(),
         read_only,
         client: call.conn.info.clone(),
         db: call.conn.db,
-        cache: HashMap::new(),
-        asked: Vec::new(),
-        attempts: 0,
-        started: None,
-        result: None,
-        publishes: Vec::new(),
-        answer: Some(answer),
     };
-    let request = ExecRequest { locks, exec: Box::new(exec) };
-    Outcome::Execs(Execs::One { queued: Queued { shard, request }, answer: receiver })
+    let one_shard = keys.iter().all(|key| db.shard_of(key) == shard);
+    let locks = lock_ids(&keys);
+    let server = call.server.clone();
+    Outcome::AfterPending(Box::pin(async move {
+        if one_shard {
+            let (answer, receiver) = oneshot::channel();
+            let exec = ScriptExec {
+                script: script.clone(),
+                shard,
+                locks: locks.clone(),
+                cache: HashMap::new(),
+                asked: Vec::new(),
+                attempts: 0,
+                started: None,
+                result: None,
+                publishes: Vec::new(),
+                answer: Some(answer),
+            };
+            let request = ExecRequest { locks, exec: Box::new(exec) };
+            server.db.exec_many_async(shard, vec![request]).await;
+            match super::answered(receiver).await {
+                Reply::Error(text) if text == SPREAD => {}
+                reply => return reply,
+            }
+        }
+        spread::run(&script).await
+    }))
 }
 
-/// One script run (module comment).
-struct ScriptExec {
+/// What a script run is: its source, arguments and caller (shared by both ways of running).
+#[derive(Clone)]
+struct Script {
     server: Arc<Server>,
     sha: String,
     source: Arc<[u8]>,
     keys: Vec<Vec<u8>>,
     argv: Vec<Vec<u8>>,
-    shard: u32,
-    locks: LockIds,
     read_only: bool,
     client: Arc<ClientInfo>,
     db: u8,
+}
+
+/// The answer of a script run in its keys' shard that touched a key outside its locks: it is
+/// run again over all shards (`spread`), nothing of this run kept.
+const SPREAD: &str = "\0copse: the script runs again over several shards";
+
+/// One script run in its keys' shard (module comment).
+struct ScriptExec {
+    script: Script,
+    shard: u32,
+    locks: LockIds,
     /// The engine's answers to the reads earlier attempts stopped for.
     cache: HashMap<ReadOp, ReadResult>,
     /// The reads the last attempt stopped for, in the order asked of the engine.
@@ -289,12 +311,30 @@ enum Attempt {
     Ended(Reply, Overlay),
     /// A command needed these reads from the engine first.
     Stopped(Vec<ReadOp>),
+    /// A command named a key outside the script's locks: run it over all shards instead.
+    Spread,
+}
+
+/// Runs `f` with this thread's Lua state, made anew after a SCRIPT FLUSH.
+fn with_vm<R>(server: &Server, f: impl FnOnce(&mut Vm) -> R) -> Result<R, Reply> {
+    let generation = server.scripts_generation.load(std::sync::atomic::Ordering::Acquire);
+    VM.with(|vm| {
+        let mut vm = vm.borrow_mut();
+        let vm = match vm.as_mut() {
+            Some(vm) if vm.generation == generation => vm,
+            _ => match Vm::new(generation) {
+                Ok(made) => vm.insert(made),
+                Err(err) => return Err(Reply::Error(format!("ERR {err}"))),
+            },
+        };
+        Ok(f(vm))
+    })
 }
 
 impl ScriptExec {
     fn finish(&mut self, reply: Reply) -> ExecStep {
         for (shard, channel, message) in std::mem::take(&mut self.publishes) {
-            self.server.pubsub.publish(&channel, &message, shard);
+            self.script.server.pubsub.publish(&channel, &message, shard);
         }
         if let Some(answer) = self.answer.take() {
             let _ = answer.send(reply);
@@ -311,8 +351,12 @@ impl ScriptExec {
         }
         match self.attempt(view) {
             Attempt::Ended(reply, writes) if writes.is_empty() => self.finish(reply),
+            Attempt::Spread => {
+                self.publishes.clear();
+                self.finish(Reply::Error(SPREAD.into()))
+            }
             Attempt::Ended(reply, writes) => {
-                if self.read_only {
+                if self.script.read_only {
                     return self.finish(Reply::error(
                         "ERR Write commands are not allowed from read-only scripts.",
                     ));
@@ -331,20 +375,9 @@ impl ScriptExec {
 
     fn attempt(&mut self, view: &ExecView<'_>) -> Attempt {
         let started = *self.started.get_or_insert_with(Instant::now);
-        let generation = self.server.scripts_generation.load(std::sync::atomic::Ordering::Acquire);
-        VM.with(|vm| {
-            let mut vm = vm.borrow_mut();
-            let vm = match vm.as_mut() {
-                Some(vm) if vm.generation == generation => vm,
-                _ => match Vm::new(generation) {
-                    Ok(made) => vm.insert(made),
-                    Err(err) => {
-                        return Attempt::Ended(Reply::Error(format!("ERR {err}")), Overlay::new())
-                    }
-                },
-            };
-            vm.run(self, view, started)
-        })
+        let server = self.script.server.clone();
+        with_vm(&server, |vm| vm.run(self, view, started))
+            .unwrap_or_else(|error| Attempt::Ended(error, Overlay::new()))
     }
 }
 
@@ -400,6 +433,8 @@ struct AttemptState<'a> {
     missing: Vec<ReadOp>,
     conn: ConnState,
     publishes: Vec<(bool, Vec<u8>, Vec<u8>)>,
+    /// A command named a key outside the script's locks (`Attempt::Spread`).
+    spread: bool,
 }
 
 impl Vm {
@@ -482,7 +517,14 @@ impl Vm {
         Ok(Vm { lua, compiled: HashMap::new(), generation, hooks, runner })
     }
 
-    fn run(&mut self, script: &mut ScriptExec, view: &ExecView<'_>, started: Instant) -> Attempt {
+    /// Runs `script` once, its `redis.call`s answered by `command`: its reply, or None when the
+    /// clock stopped it (`SCRIPT_TIME_MAX_MS` from `started`).
+    fn execute(
+        &mut self,
+        script: &Script,
+        started: Instant,
+        command: &mut dyn FnMut(&Lua, MultiValue) -> mlua::Result<Value>,
+    ) -> Option<Reply> {
         let function = match self.compiled.get(&script.sha) {
             Some(function) => function.clone(),
             None => match self.lua.load(&*script.source).set_name("@user_script").into_function() {
@@ -495,24 +537,13 @@ impl Vm {
                         "ERR Error compiling script (new function): {}",
                         lua_error_text(&err)
                     );
-                    return Attempt::Ended(Reply::Error(text), Overlay::new());
+                    return Some(Reply::Error(text));
                 }
             },
         };
         let lua = &self.lua;
-        let mut conn = ConnState::new(script.client.clone(), true);
-        conn.select(script.db);
-        conn.in_exec = true;
-        let state = RefCell::new(AttemptState {
-            script,
-            view,
-            writes: Overlay::new(),
-            missing: Vec::new(),
-            conn,
-            publishes: Vec::new(),
-        });
         let deadline = started + Duration::from_millis(SCRIPT_TIME_MAX_MS);
-        // Whether the clock stopped the script: then nothing it did is written (the error it
+        // Whether the clock stopped the script: then nothing it did is kept (the error it
         // raised may be caught by the script's own pcall, so it is told apart here).
         let timed_out = std::rc::Rc::new(std::cell::Cell::new(false));
         let timed_out_in_hook = timed_out.clone();
@@ -529,61 +560,63 @@ impl Vm {
             },
         );
         if let Err(err) = hooked {
-            return Attempt::Ended(Reply::Error(format!("ERR {err}")), Overlay::new());
+            return Some(Reply::Error(format!("ERR {err}")));
         }
         let outcome = lua.scope(|scope| {
             let globals = lua.globals();
-            let keys = lua.create_sequence_from(
-                state
-                    .borrow()
-                    .script
-                    .keys
-                    .iter()
-                    .map(|key| lua.create_string(key))
-                    .collect::<mlua::Result<Vec<_>>>()?,
-            )?;
-            let argv = lua.create_sequence_from(
-                state
-                    .borrow()
-                    .script
-                    .argv
-                    .iter()
-                    .map(|arg| lua.create_string(arg))
-                    .collect::<mlua::Result<Vec<_>>>()?,
-            )?;
-            globals.raw_set("KEYS", keys)?;
-            globals.raw_set("ARGV", argv)?;
-            let state = &state;
-            self.hooks.raw_set(
-                "command",
-                scope.create_function(move |lua, args: MultiValue| command(lua, state, args))?,
-            )?;
-            let (ok, value): (bool, Value) = self.runner.call(function.clone())?;
-            let reply = if ok {
-                to_reply(&value)
-            } else {
-                script_error(&value, &state.borrow().script.sha)
+            let strings = |items: &[Vec<u8>]| -> mlua::Result<Table> {
+                let items = items.iter().map(|item| lua.create_string(item));
+                lua.create_sequence_from(items.collect::<mlua::Result<Vec<_>>>()?)
             };
+            globals.raw_set("KEYS", strings(&script.keys)?)?;
+            globals.raw_set("ARGV", strings(&script.argv)?)?;
+            self.hooks
+                .raw_set("command", scope.create_function_mut(|lua, args| command(lua, args))?)?;
+            let (ok, value): (bool, Value) = self.runner.call(function.clone())?;
+            let reply = if ok { to_reply(&value) } else { script_error(&value, &script.sha) };
             self.hooks.raw_set("command", Value::Nil)?;
             Ok(reply)
         });
         lua.remove_hook();
+        if timed_out.get() {
+            return None;
+        }
+        Some(outcome.unwrap_or_else(|err| Reply::Error(format!("ERR {err}"))))
+    }
+
+    /// One attempt of a script in its keys' shard.
+    fn run(&mut self, script: &mut ScriptExec, view: &ExecView<'_>, started: Instant) -> Attempt {
+        let source = script.script.clone();
+        let mut conn = ConnState::new(source.client.clone(), true);
+        conn.select(source.db);
+        conn.in_exec = true;
+        let state = RefCell::new(AttemptState {
+            script,
+            view,
+            writes: Overlay::new(),
+            missing: Vec::new(),
+            conn,
+            publishes: Vec::new(),
+            spread: false,
+        });
+        let reply = self.execute(&source, started, &mut |lua, args| command(lua, &state, args));
         let state = state.into_inner();
         state.script.publishes = state.publishes;
+        if state.spread {
+            return Attempt::Spread;
+        }
         if !state.missing.is_empty() {
             return Attempt::Stopped(state.missing);
         }
-        if timed_out.get() {
-            let text = format!(
-                "ERR copse stopped the script: it ran longer than {SCRIPT_TIME_MAX_MS} ms; nothing was written"
-            );
-            return Attempt::Ended(Reply::Error(text), Overlay::new());
-        }
-        match outcome {
-            Ok(reply) => Attempt::Ended(reply, state.writes),
-            Err(err) => Attempt::Ended(Reply::Error(format!("ERR {err}")), Overlay::new()),
+        match reply {
+            Some(reply) => Attempt::Ended(reply, state.writes),
+            None => Attempt::Ended(Reply::Error(timed_out_text()), Overlay::new()),
         }
     }
+}
+
+fn timed_out_text() -> String {
+    format!("ERR copse stopped the script: it ran longer than {SCRIPT_TIME_MAX_MS} ms; nothing was written")
 }
 
 /// The marker error of an attempt stopped for reads: whatever the script does with it, the
@@ -593,12 +626,16 @@ const STOPPED_FOR_READS: &str = "copse: the script waits for a read and runs aga
 /// `redis.pcall`, and `redis.call` before it raises an error reply: the command's reply as Lua
 /// sees it (an error as `{err = text}`).
 fn command(lua: &Lua, state: &RefCell<AttemptState<'_>>, args: MultiValue) -> mlua::Result<Value> {
-    if !state.borrow().missing.is_empty() {
+    if !state.borrow().missing.is_empty() || state.borrow().spread {
         return Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into()));
     }
     let reply = match run_command(lua, state, args) {
         Ok(reply) => reply,
         Err(Stop::Reads) => return Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into())),
+        Err(Stop::Spread) => {
+            state.borrow_mut().spread = true;
+            return Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into()));
+        }
         Err(Stop::Refused(text)) => Reply::Error(text),
     };
     to_lua(lua, reply)
@@ -606,6 +643,8 @@ fn command(lua: &Lua, state: &RefCell<AttemptState<'_>>, args: MultiValue) -> ml
 
 enum Stop {
     Reads,
+    /// A key outside the script's locks.
+    Spread,
     Refused(String),
 }
 
@@ -649,10 +688,10 @@ fn run_command(
     }
     let mut state = state.borrow_mut();
     let state = &mut *state;
-    if state.script.read_only && spec.flags.contains(&"write") {
+    if state.script.script.read_only && spec.flags.contains(&"write") {
         return Err(refused("ERR Write commands are not allowed from read-only scripts."));
     }
-    let server = state.script.server.clone();
+    let server = state.script.script.server.clone();
     if spec.name == "publish" || spec.name == "spublish" {
         let shard = spec.name == "spublish";
         let receivers = server.pubsub.receivers(&words[1], shard);
@@ -678,10 +717,7 @@ fn run_command(
             && queued.request.locks.iter().all(|lock| state.script.locks.contains(lock))
     };
     if !queued.iter().all(own) {
-        return Err(refused(
-            "ERR Script attempted to access a key not in its KEYS (copse runs a script on the \
-             keys it declares, in one shard)",
-        ));
+        return Err(Stop::Spread);
     }
     for queued in queued {
         run_inline(queued.request.exec, state)?;
@@ -849,5 +885,567 @@ fn lua_error_text(err: &mlua::Error) -> String {
         }
         mlua::Error::CallbackError { cause, .. } => lua_error_text(cause),
         other => other.to_string().lines().next().unwrap_or_default().to_string(),
+    }
+}
+
+/// A script over keys of several shards, or one that named a key it did not declare: run on the
+/// connection's thread with optimistic concurrency. Each `redis.call` is tried in its shard by a
+/// `Probe` (under the command's locks, over the script's writes so far in that shard, writing
+/// nothing), which notes the versions of the locks it held; the script runs again from its start
+/// after each probe, the answers kept (as in the shard mode). When it ends, its writes go out
+/// as one cross-shard batch of sequences that first check every noted version under the locks
+/// (`multi::run`): a key changed since its probe calls the batch off, and the whole script runs
+/// again (at most `SCRIPT_SPREAD_ATTEMPTS_MAX` times). So the script is serializable at its
+/// batch's commit, and atomic across shards and a crash.
+pub(crate) mod spread {
+    use std::collections::BTreeMap;
+
+    use copse::exec::{apply_to_overlay, LockIds, Overlay, ReadResults};
+    use copse::BatchOp;
+
+    use super::*;
+    use crate::cmd::multi::{self, ShardShare};
+
+    /// Runs of a spread script whose checked versions moved before it gives up.
+    pub const SCRIPT_SPREAD_ATTEMPTS_MAX: usize = 100;
+
+    /// One `redis.call` and what it found.
+    struct Call {
+        args: Vec<Vec<u8>>,
+        reply: Reply,
+    }
+
+    /// What the calls so far found and did, per shard.
+    #[derive(Default)]
+    struct Shard {
+        writes: Overlay,
+        /// The locks of the calls that wrote here.
+        written_locks: LockIds,
+        locks: LockIds,
+        /// (lock, version when first probed).
+        versions: Vec<(u64, u64)>,
+    }
+
+    pub(super) async fn run(script: &Script) -> Reply {
+        for _ in 0..SCRIPT_SPREAD_ATTEMPTS_MAX {
+            let mut session = Session::new(script.server.clone());
+            let reply = session.script(script).await;
+            if session.stopped {
+                return reply;
+            }
+            match session.commit(None).await {
+                Ok(true) => return reply,
+                Ok(false) => continue,
+                Err(error) => return error,
+            }
+        }
+        called_off()
+    }
+
+    fn called_off() -> Reply {
+        Reply::Error(format!(
+            "ERR the keys kept changing under the script: {SCRIPT_SPREAD_ATTEMPTS_MAX} runs were called off; nothing was written"
+        ))
+    }
+
+    /// A MULTI ... EXEC that holds a script, run optimistically as one session: each command
+    /// and each script's calls probed in order, one batch at the end that checks every version
+    /// seen and the watched ones. None: a watched key changed (EXEC answers nil).
+    pub async fn transaction(
+        server: &Arc<Server>,
+        client: Arc<ClientInfo>,
+        db: u8,
+        queued: Vec<crate::resp::Args>,
+        watched: Vec<crate::context::WatchedKey>,
+        check: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Option<Reply> {
+        for _ in 0..SCRIPT_SPREAD_ATTEMPTS_MAX {
+            let mut session = Session::new(server.clone());
+            let mut caller = Caller { client: client.clone(), db, read_only: false };
+            let mut replies = Vec::with_capacity(queued.len());
+            for args in &queued {
+                replies.push(session.transaction_command(&mut caller, args).await);
+            }
+            let watched_now = watched.iter().map(|key| (key.shard, key.lock, key.version));
+            match session.commit_checking(watched_now.collect(), Some(check.clone())).await {
+                Ok(true) => return Some(Reply::Array(replies)),
+                Ok(false) => {
+                    // Called off: by a watched key (EXEC answers nil) or by a probed one (again).
+                    if !check() || session.watched_moved(&watched).await {
+                        return None;
+                    }
+                }
+                Err(error) => return Some(error),
+            }
+        }
+        Some(called_off())
+    }
+
+    /// Who runs the commands of a session: the client, its database, and whether writes are
+    /// refused (EVAL_RO).
+    struct Caller {
+        client: Arc<ClientInfo>,
+        db: u8,
+        read_only: bool,
+    }
+
+    /// What a session's calls found and did so far.
+    struct Session {
+        server: Arc<Server>,
+        shards: BTreeMap<u32, Shard>,
+        publishes: Vec<(bool, Vec<u8>, Vec<u8>)>,
+        started: Instant,
+        /// A script was stopped by its time limit: nothing is written.
+        stopped: bool,
+    }
+
+    impl Session {
+        fn new(server: Arc<Server>) -> Session {
+            let started = Instant::now();
+            Session {
+                server,
+                shards: BTreeMap::new(),
+                publishes: Vec::new(),
+                started,
+                stopped: false,
+            }
+        }
+
+        /// Runs `script`, its calls probed (answers kept across its runs from its start).
+        async fn script(&mut self, script: &Script) -> Reply {
+            let mut calls: Vec<Call> = Vec::new();
+            let caller = Caller {
+                client: script.client.clone(),
+                db: script.db,
+                read_only: script.read_only,
+            };
+            loop {
+                // Run the script with the calls answered so far; it stops at the next one.
+                let mut next: Option<Vec<Vec<u8>>> = None;
+                let mut at = 0;
+                let answered = with_vm(&script.server, |vm| {
+                    vm.execute(script, self.started, &mut |lua, args| {
+                        if next.is_some() {
+                            return Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into()));
+                        }
+                        let words = match words_of(lua, args) {
+                            Ok(words) => words,
+                            Err(text) => return to_lua(lua, Reply::Error(text)),
+                        };
+                        match calls.get(at) {
+                            Some(call) if call.args == words => {
+                                at += 1;
+                                to_lua(lua, call.reply.clone())
+                            }
+                            _ => {
+                                calls.truncate(at);
+                                next = Some(words);
+                                Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into()))
+                            }
+                        }
+                    })
+                });
+                let answered = match answered {
+                    Ok(answered) => answered,
+                    Err(error) => return error,
+                };
+                let Some(words) = next else {
+                    if answered.is_none() {
+                        self.stopped = true;
+                    }
+                    return answered.unwrap_or_else(|| Reply::Error(timed_out_text()));
+                };
+                if self.started.elapsed() >= Duration::from_millis(SCRIPT_TIME_MAX_MS) {
+                    self.stopped = true;
+                    return Reply::Error(timed_out_text());
+                }
+                let reply = self.call(&caller, &words).await.unwrap_or_else(|error| error);
+                calls.push(Call { args: words, reply });
+            }
+        }
+
+        /// One queued command of a transaction run as a session.
+        async fn transaction_command(
+            &mut self,
+            caller: &mut Caller,
+            args: &crate::resp::Args,
+        ) -> Reply {
+            let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+            match name.as_str() {
+                "select" => match parse_i64(&args[1]) {
+                    Some(db) if (0..crate::cmd::namespace::DATABASES as i64).contains(&db) => {
+                        caller.db = db as u8;
+                        Reply::ok()
+                    }
+                    _ => Reply::error("ERR DB index is out of range"),
+                },
+                "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => {
+                    match self.script_of(caller, args, &name) {
+                        Ok(script) => self.script(&script).await,
+                        Err(error) => error,
+                    }
+                }
+                _ => {
+                    let words: Vec<Vec<u8>> = args.iter().cloned().collect();
+                    self.call(caller, &words).await.unwrap_or_else(|error| error)
+                }
+            }
+        }
+
+        /// The script an EVAL or EVALSHA of a transaction names.
+        fn script_of(
+            &self,
+            caller: &Caller,
+            args: &crate::resp::Args,
+            name: &str,
+        ) -> Result<Script, Reply> {
+            let server = &self.server;
+            let source: Arc<[u8]> = if name.starts_with("evalsha") {
+                let sha = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+                let scripts = server.scripts.lock().unwrap_or_else(|p| p.into_inner());
+                scripts
+                    .get(&sha)
+                    .cloned()
+                    .ok_or_else(|| Reply::error("NOSCRIPT No matching script. Please use EVAL."))?
+            } else {
+                let source: Arc<[u8]> = args[1].clone().into();
+                let sha = sha1_hex(&source);
+                server
+                    .scripts
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(sha, source.clone());
+                source
+            };
+            let numkeys =
+                parse_i64(&args[2]).ok_or_else(|| Reply::error(crate::cmd::NOT_INTEGER))?;
+            if numkeys < 0 || numkeys as u64 > (args.len() - 3) as u64 {
+                return Err(Reply::error(
+                    "ERR Number of keys can't be greater than number of args",
+                ));
+            }
+            let numkeys = numkeys as usize;
+            Ok(Script {
+                server: server.clone(),
+                sha: sha1_hex(&source),
+                source,
+                keys: args[3..3 + numkeys].to_vec(),
+                argv: args[3 + numkeys..].to_vec(),
+                read_only: name.ends_with("_ro"),
+                client: caller.client.clone(),
+                db: caller.db,
+            })
+        }
+
+        /// Writes the session's effects as one batch checking every version its probes saw.
+        async fn commit(
+            &mut self,
+            check: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+        ) -> Result<bool, Reply> {
+            self.commit_checking(Vec::new(), check).await
+        }
+
+        /// `commit`, also checking `watched` (shard, lock, version).
+        async fn commit_checking(
+            &mut self,
+            watched: Vec<(u32, u64, u64)>,
+            check: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+        ) -> Result<bool, Reply> {
+            for (shard, lock, version) in watched {
+                let shard = self.shards.entry(shard).or_default();
+                shard.locks.push(lock);
+                shard.versions.push((lock, version));
+            }
+            let shares: BTreeMap<u32, ShardShare> = std::mem::take(&mut self.shards)
+                .into_iter()
+                .map(|(id, shard)| {
+                    let ops = copse::exec::overlay_ops(shard.writes);
+                    let steps: Vec<(Box<dyn Exec>, LockIds)> = if ops.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![(
+                            Box::new(WriteOps { ops: Some(ops) }) as Box<dyn Exec>,
+                            shard.written_locks,
+                        )]
+                    };
+                    (id, ShardShare::new(steps, shard.locks, shard.versions))
+                })
+                .collect();
+            let applied = multi::run(&self.server, shares, check).await?;
+            if applied {
+                for (shard, channel, message) in std::mem::take(&mut self.publishes) {
+                    self.server.pubsub.publish(&channel, &message, shard);
+                }
+            }
+            Ok(applied)
+        }
+
+        /// Whether a watched key's lock version is no longer what WATCH read.
+        async fn watched_moved(&self, watched: &[crate::context::WatchedKey]) -> bool {
+            for key in watched {
+                let (report, reported) = oneshot::channel();
+                let probe = Probe {
+                    inner: Box::new(WriteOps { ops: None }),
+                    locks: std::iter::once(key.lock).collect(),
+                    overlay: Overlay::new(),
+                    versions: Vec::new(),
+                    writes: Vec::new(),
+                    planned: None,
+                    report: Some(report),
+                };
+                let request = ExecRequest {
+                    locks: std::iter::once(key.lock).collect(),
+                    exec: Box::new(probe),
+                };
+                self.server.db.exec_many_async(key.shard, vec![request]).await;
+                match reported.await {
+                    Ok((versions, _))
+                        if versions.iter().all(|&(_, version)| version == key.version) => {}
+                    _ => return true,
+                }
+            }
+            false
+        }
+    }
+
+    /// A `redis.call`'s arguments as bytes, or the error Lua gets.
+    fn words_of(lua: &Lua, args: MultiValue) -> Result<Vec<Vec<u8>>, String> {
+        let mut words = Vec::with_capacity(args.len());
+        for arg in args {
+            let bytes = match &arg {
+                Value::String(text) => text.as_bytes().to_vec(),
+                Value::Integer(_) | Value::Number(_) => match lua.coerce_string(arg.clone()) {
+                    Ok(Some(text)) => text.as_bytes().to_vec(),
+                    _ => {
+                        return Err(
+                            "ERR Lua redis lib command arguments must be strings or integers"
+                                .into(),
+                        )
+                    }
+                },
+                _ => {
+                    return Err(
+                        "ERR Lua redis lib command arguments must be strings or integers".into()
+                    )
+                }
+            };
+            words.push(bytes);
+        }
+        Ok(words)
+    }
+
+    impl Session {
+        /// Tries one command in its shards (`Probe`), over the session's writes there.
+        async fn call(&mut self, caller: &Caller, words: &[Vec<u8>]) -> Result<Reply, Reply> {
+            let (shards, publishes) = (&mut self.shards, &mut self.publishes);
+            if words.is_empty() {
+                return Err(Reply::error(
+                    "ERR Please specify at least one argument for this redis lib call",
+                ));
+            }
+            let Some(spec) = find_ignoring_case(&words[0]) else {
+                return Err(Reply::error("ERR Unknown Redis command called from script"));
+            };
+            let count = words.len() as i32;
+            if (spec.arity > 0 && count != spec.arity) || (spec.arity < 0 && count < -spec.arity) {
+                return Err(Reply::error(
+                    "ERR Wrong number of args calling Redis command from script",
+                ));
+            }
+            if NOT_FROM_SCRIPTS.contains(&spec.name) || spec.flags.contains(&"blocking") {
+                return Err(Reply::error("ERR This Redis command is not allowed from script"));
+            }
+            if caller.read_only && spec.flags.contains(&"write") {
+                return Err(Reply::error(
+                    "ERR Write commands are not allowed from read-only scripts.",
+                ));
+            }
+            let server = &self.server;
+            if spec.name == "publish" || spec.name == "spublish" {
+                let shard = spec.name == "spublish";
+                publishes.push((shard, words[1].clone(), words[2].clone()));
+                return Ok(Reply::Integer(server.pubsub.receivers(&words[1], shard) as i64));
+            }
+            let mut conn = ConnState::new(caller.client.clone(), true);
+            conn.select(caller.db);
+            conn.in_exec = true;
+            let args: crate::resp::Args = words.iter().cloned().collect();
+            let outcome = dispatch(server, &mut conn, args).outcome;
+            let (queued, answers, combine) = match outcome {
+                Outcome::Reply(reply) | Outcome::Close(reply) => return Ok(reply),
+                Outcome::AfterPending(_) => {
+                    return Err(Reply::Error(format!(
+                        "ERR copse cannot run {} from a script: it runs in steps of its own",
+                        spec.name.to_uppercase()
+                    )))
+                }
+                Outcome::Execs(Execs::One { queued, answer }) => (vec![queued], vec![answer], None),
+                Outcome::Execs(Execs::Many { queued, answers, combine }) => {
+                    (queued, answers, Some(combine))
+                }
+            };
+            for queued in queued {
+                let shard = shards.entry(queued.shard).or_default();
+                let (report, reported) = oneshot::channel();
+                let locks = queued.request.locks.clone();
+                let probe = Probe {
+                    inner: queued.request.exec,
+                    locks: locks.clone(),
+                    overlay: shard.writes.clone(),
+                    versions: Vec::new(),
+                    writes: Vec::new(),
+                    planned: None,
+                    report: Some(report),
+                };
+                let request = ExecRequest { locks: locks.clone(), exec: Box::new(probe) };
+                server.db.exec_many_async(queued.shard, vec![request]).await;
+                let Ok((versions, writes)) = reported.await else {
+                    return Err(Reply::error("ERR the store is closed"));
+                };
+                for (lock, version) in versions {
+                    match shard.versions.iter().find(|(seen, _)| *seen == lock) {
+                        // Changed since the script's earlier call: this run cannot commit.
+                        Some(&(_, first)) if first != version => {
+                            shard.versions.push((lock, u64::MAX))
+                        }
+                        Some(_) => {}
+                        None => shard.versions.push((lock, version)),
+                    }
+                }
+                shard.locks.extend_from_slice(&locks);
+                if !writes.is_empty() {
+                    shard.written_locks.extend_from_slice(&locks);
+                    apply_to_overlay(&mut shard.writes, writes);
+                }
+            }
+            let mut replies = Vec::with_capacity(answers.len());
+            for answer in answers {
+                replies.push(crate::cmd::answered(answer).await);
+            }
+            Ok(match combine {
+                Some(combine) => combine(replies),
+                None => replies.pop().unwrap_or(Reply::Null),
+            })
+        }
+    }
+
+    /// A probed step's read: answered by the overlay, or by the engine's read at this position
+    /// (a scan with the overlay to lay over it).
+    type PlannedRead = Result<ReadResult, (usize, Option<copse::exec::ScanOver>)>;
+
+    /// What a probe found: the versions of the locks it held, and what its command would write.
+    type ProbeReport = (Vec<(u64, u64)>, Vec<BatchOp>);
+
+    /// Runs a command's exec in its shard over `overlay` without writing: notes the versions of
+    /// its locks and what it would write.
+    struct Probe {
+        inner: Box<dyn Exec>,
+        locks: LockIds,
+        overlay: Overlay,
+        versions: Vec<(u64, u64)>,
+        writes: Vec<BatchOp>,
+        /// The inner step's reads: answered locally, or by the engine read at `at`.
+        planned: Option<Vec<PlannedRead>>,
+        report: Option<oneshot::Sender<ProbeReport>>,
+    }
+
+    impl Probe {
+        fn drive(&mut self, view: &ExecView<'_>, mut input: StepInput) -> ExecStep {
+            loop {
+                match self.inner.step(&view.with_overlay(&self.overlay), input) {
+                    ExecStep::Done => {
+                        if let Some(report) = self.report.take() {
+                            let _ = report.send((
+                                std::mem::take(&mut self.versions),
+                                std::mem::take(&mut self.writes),
+                            ));
+                        }
+                        return ExecStep::Done;
+                    }
+                    ExecStep::Write(ops) | ExecStep::WriteLast(ops) => {
+                        self.writes.extend(ops.iter().cloned());
+                        apply_to_overlay(&mut self.overlay, ops);
+                        input = StepInput::Written(Ok(()));
+                    }
+                    ExecStep::Prepare { vote, .. } => {
+                        let refusal = copse::WriteError::Aborted("not from a script".into());
+                        vote.refuse(refusal.clone());
+                        input = StepInput::Written(Err(refusal));
+                    }
+                    ExecStep::Read(reads) => {
+                        let mut planned = Vec::with_capacity(reads.len());
+                        let mut engine = ReadOps::new();
+                        let mut refused = None;
+                        for read in reads {
+                            match plan_read(&self.overlay, read) {
+                                Err(err) => {
+                                    refused = Some(err);
+                                    break;
+                                }
+                                Ok(OverlayRead::Local(result)) => planned.push(Ok(result)),
+                                Ok(OverlayRead::Engine(read, scan)) => {
+                                    planned.push(Err((engine.len(), scan)));
+                                    engine.push(read);
+                                }
+                            }
+                        }
+                        if let Some(err) = refused {
+                            input = StepInput::Read(Err(err.into()));
+                            continue;
+                        }
+                        if engine.is_empty() {
+                            let results = planned.into_iter().filter_map(Result::ok).collect();
+                            input = StepInput::Read(Ok(results));
+                            continue;
+                        }
+                        self.planned = Some(planned);
+                        return ExecStep::Read(engine);
+                    }
+                }
+            }
+        }
+    }
+
+    impl Exec for Probe {
+        fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
+            match input {
+                StepInput::Start => {
+                    self.versions =
+                        self.locks.iter().map(|&lock| (lock, view.lock_version(lock))).collect();
+                    self.drive(view, StepInput::Start)
+                }
+                StepInput::Read(Ok(results)) => {
+                    let mut engine: Vec<Option<ReadResult>> =
+                        results.into_iter().map(Some).collect();
+                    let planned = self.planned.take().unwrap_or_default();
+                    let merged: ReadResults = planned
+                        .into_iter()
+                        .map(|read| match read {
+                            Ok(local) => local,
+                            Err((at, scan)) => {
+                                let result = engine[at].take().expect("one answer per engine read");
+                                merge_read(&self.overlay, scan.as_ref(), result)
+                            }
+                        })
+                        .collect();
+                    self.drive(view, StepInput::Read(Ok(merged)))
+                }
+                other => self.drive(view, other),
+            }
+        }
+    }
+
+    /// The batch of a spread script's writes in one shard: one step of its sequence.
+    struct WriteOps {
+        ops: Option<Vec<BatchOp>>,
+    }
+
+    impl Exec for WriteOps {
+        fn step(&mut self, _view: &ExecView<'_>, input: StepInput) -> ExecStep {
+            match (input, self.ops.take()) {
+                (StepInput::Start, Some(ops)) => ExecStep::Write(ops),
+                _ => ExecStep::Done,
+            }
+        }
     }
 }
