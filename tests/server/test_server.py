@@ -767,3 +767,44 @@ def test_metrics_endpoint(make_server):
             name, value = line.rsplit(" ", 1)
             float(value)  # every sample is a number
     client.close()
+
+
+def test_client_reply_kill_pause_and_the_switches_libraries_send(server):
+    """CLIENT REPLY OFF/ON/SKIP, KILL by id, NO-EVICT, NO-TOUCH, PAUSE WRITE/ALL and UNPAUSE, and
+    TRACKING refused with a clear error (issue 24 item 5)."""
+    import threading
+
+    from support import encode_command
+
+    sock = server.connect()
+    sock.sendall(b"".join(encode_command(*c) for c in (
+        ("CLIENT", "REPLY", "OFF"), ("SET", "quiet", "1"), ("CLIENT", "REPLY", "ON"), ("GET", "quiet"),
+        ("CLIENT", "REPLY", "SKIP"), ("GET", "quiet"), ("PING",))))
+    data = b""
+    sock.settimeout(5)
+    while not data.endswith(b"+PONG\r\n"):
+        data += sock.recv(1000)
+    assert data == b"+OK\r\n$1\r\n1\r\n+PONG\r\n"
+    sock.close()
+    r = server.client()
+    victim = server.connect()
+    victim.sendall(encode_command("CLIENT", "ID"))
+    victim_id = int(victim.recv(100)[1:-2])
+    assert r.execute_command("CLIENT", "KILL", "ID", str(victim_id)) == 1
+    victim.settimeout(5)
+    assert victim.recv(100) == b"", "the killed client's connection is still open"
+    assert r.execute_command("CLIENT", "KILL", "ID", "999999") == 0
+    assert r.execute_command("CLIENT", "NO-EVICT", "on") in (b"OK", True)
+    assert r.execute_command("CLIENT", "NO-TOUCH", "on") in (b"OK", True)
+    with pytest.raises(redis.ResponseError, match="client-side caching"):
+        r.execute_command("CLIENT", "TRACKING", "on")
+    other = server.client()
+    r.execute_command("CLIENT", "PAUSE", "300", "WRITE")
+    started = time.time()
+    other.set("paused", 1)
+    assert time.time() - started >= 0.25, "a write ran during CLIENT PAUSE WRITE"
+    r.execute_command("CLIENT", "PAUSE", "10000")
+    threading.Timer(0.3, lambda: server.client().execute_command("CLIENT", "UNPAUSE")).start()
+    started = time.time()
+    assert other.get("paused") == b"1"
+    assert 0.25 <= time.time() - started < 5, "CLIENT UNPAUSE did not release the pause"

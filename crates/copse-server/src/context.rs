@@ -240,6 +240,9 @@ pub struct ClientInfo {
     /// waves and while a blocked command waits (`databases.rs`: SWAPDB waits on it). Written by
     /// the connection's own task only.
     pub busy_epoch: AtomicU64,
+    /// CLIENT KILL: set, then `kill` told; the connection ends at its next look.
+    pub killed: AtomicBool,
+    pub kill: tokio::sync::Notify,
 }
 
 /// `ClientInfo::busy_epoch` of a connection running no wave.
@@ -303,6 +306,10 @@ pub struct Server {
     pub scripts_generation: AtomicU64,
     /// Every subscription, and the delivery of published messages.
     pub pubsub: crate::pubsub::PubSub,
+    /// CLIENT PAUSE: until when, and whether all commands wait (else writes only); `unpaused`
+    /// wakes the waiting ones at CLIENT UNPAUSE.
+    pub pause: Mutex<Option<(Instant, bool)>>,
+    pub unpaused: tokio::sync::Notify,
 }
 
 /// How often the clock task moves `Server::access_clock_s` (Redis's LRU clock ticks every 100 ms too).
@@ -360,6 +367,8 @@ impl Server {
             scripts: Mutex::default(),
             scripts_generation: AtomicU64::new(0),
             pubsub: crate::pubsub::PubSub::default(),
+            pause: Mutex::new(None),
+            unpaused: tokio::sync::Notify::new(),
             access: AccessClock::default(),
             clock_s: std::sync::atomic::AtomicU32::new(CLOCK_START_S),
         }
@@ -378,6 +387,8 @@ impl Server {
             protocol: AtomicU8::new(2),
             db: AtomicU8::new(0),
             busy_epoch: AtomicU64::new(IDLE_EPOCH),
+            killed: AtomicBool::new(false),
+            kill: tokio::sync::Notify::new(),
         });
         self.clients.lock().unwrap_or_else(|poison| poison.into_inner()).insert(id, info.clone());
         info
@@ -409,6 +420,12 @@ pub struct ConnState {
     pub in_exec: bool,
     /// Its subscriptions and mailbox, from its first SUBSCRIBE (`pubsub.rs`).
     pub subscriber: Option<crate::pubsub::Subscriber>,
+    /// CLIENT REPLY OFF: no reply is sent; `skip_replies`: so many next replies are not sent
+    /// (CLIENT REPLY SKIP: its own and the next command's).
+    pub replies_off: bool,
+    pub skip_replies: u8,
+    /// CLIENT NO-TOUCH ON: commands do not mark keys as used (OBJECT IDLETIME).
+    pub no_touch: bool,
     /// The database an EXEC that ran left selected (a queued SELECT), plus one (0: none):
     /// applied before the next command, and never by an EXEC that did not run. An atomic, so
     /// the check per command is one load.
@@ -457,8 +474,20 @@ impl ConnState {
             watched: Arc::default(),
             in_exec: false,
             subscriber: None,
+            replies_off: false,
+            skip_replies: 0,
+            no_touch: false,
             after_exec: Arc::default(),
         }
+    }
+
+    /// Whether the reply of the command just dispatched is sent (CLIENT REPLY).
+    pub fn take_reply_sent(&mut self) -> bool {
+        if self.skip_replies > 0 {
+            self.skip_replies -= 1;
+            return false;
+        }
+        !self.replies_off
     }
 
     /// Forgets every watched key (EXEC, DISCARD, UNWATCH, RESET).

@@ -1378,7 +1378,7 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
     // stored name (`names.rs`): checked and converted once here for all commands, and noted as
     // used (OBJECT IDLETIME) unless the command only looks (`NO_TOUCH`).
     let mut args = args;
-    let touch = !NO_TOUCH.contains(&spec.name);
+    let touch = !NO_TOUCH.contains(&spec.name) && !conn.no_touch;
     let now_s = server.access_clock_s();
     let names = match names::convert_keys(spec, &mut args, |name| {
         if touch {
@@ -1426,6 +1426,7 @@ pub fn dispatch(server: &Arc<Server>, conn: &mut ConnState, args: Args) -> Dispa
             }
         }
     };
+    let outcome = server::held_by_pause(server, spec, outcome);
     let holds_no_map = spec.name == "swapdb";
     Dispatched { outcome, reply_size, blocking, holds_no_map }
 }

@@ -312,10 +312,164 @@ fn client(call: &mut Call<'_>) -> Outcome {
         }
         // Client libraries announce themselves (redis-py does on connect); noted, not kept.
         ("setinfo", 4) => Outcome::Reply(Reply::ok()),
+        ("no-evict", 3) | ("no-touch", 3) => {
+            let on = match call.word(2).as_str() {
+                "on" => true,
+                "off" => false,
+                _ => return Outcome::error(SYNTAX),
+            };
+            // copse evicts nothing: NO-EVICT is accepted and has nothing to change.
+            if call.word(1) == "no-touch" {
+                call.conn.no_touch = on;
+            }
+            Outcome::Reply(Reply::ok())
+        }
+        ("reply", 3) => {
+            match call.word(2).as_str() {
+                "on" => {
+                    call.conn.replies_off = false;
+                    call.conn.skip_replies = 0;
+                }
+                "off" => call.conn.replies_off = true,
+                // Its own reply and the next command's.
+                "skip" => call.conn.skip_replies = 2,
+                _ => return Outcome::error(SYNTAX),
+            }
+            Outcome::Reply(Reply::ok())
+        }
+        ("kill", n) if n >= 3 => client_kill(call),
+        ("pause", 3 | 4) => client_pause(call),
+        ("unpause", 2) => {
+            *server.pause.lock().unwrap_or_else(|poison| poison.into_inner()) = None;
+            server.unpaused.notify_waiters();
+            Outcome::Reply(Reply::ok())
+        }
+        ("tracking" | "caching" | "getredir" | "trackinginfo", _) => Outcome::error(
+            "ERR copse does not support client-side caching (CLIENT TRACKING): every read goes to the server",
+        ),
         (sub, _) => Outcome::error(format!(
             "ERR unknown subcommand or wrong number of arguments for '{sub}'. Try CLIENT HELP."
         )),
     }
+}
+
+/// One condition of CLIENT KILL on a client.
+type ClientFilter = Box<dyn Fn(&crate::context::ClientInfo) -> bool>;
+
+/// CLIENT KILL addr:port (answers OK), or with filters ID, ADDR, LADDR, USER, SKIPME, TYPE,
+/// MAXAGE (answers how many were closed). A closed client's connection ends at once if idle, or
+/// after the commands it is running.
+fn client_kill(call: &mut Call<'_>) -> Outcome {
+    let server = call.server;
+    let own = call.conn.info.id;
+    let clients: Vec<Arc<crate::context::ClientInfo>> = server
+        .clients
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    let kill = |client: &crate::context::ClientInfo| {
+        client.killed.store(true, Ordering::Release);
+        client.kill.notify_one();
+    };
+    if call.args.len() == 3 {
+        let addr = String::from_utf8_lossy(&call.args[2]).into_owned();
+        return match clients.iter().find(|client| client.addr == addr) {
+            Some(client) => {
+                kill(client);
+                Outcome::Reply(Reply::ok())
+            }
+            None => Outcome::error("ERR No such client"),
+        };
+    }
+    if !call.args.len().is_multiple_of(2) {
+        return Outcome::error(SYNTAX);
+    }
+    let mut skip_me = true;
+    let mut filters: Vec<ClientFilter> = Vec::new();
+    for pair in call.args[2..].chunks(2) {
+        let value = String::from_utf8_lossy(&pair[1]).into_owned();
+        match lowercase(&pair[0]).as_str() {
+            "id" => match value.parse::<u64>() {
+                Ok(id) => filters.push(Box::new(move |client| client.id == id)),
+                Err(_) => return Outcome::error("ERR client-id should be greater than 0"),
+            },
+            "addr" => filters.push(Box::new(move |client| client.addr == value)),
+            "laddr" => filters.push(Box::new(move |client| client.laddr == value)),
+            "user" => filters.push(Box::new(move |_| value == "default")),
+            "type" => match value.to_ascii_lowercase().as_str() {
+                "normal" | "pubsub" => {}
+                "master" | "replica" | "slave" => filters.push(Box::new(|_| false)),
+                _ => return Outcome::error(format!("ERR Unknown client type '{value}'")),
+            },
+            "maxage" => match value.parse::<u64>() {
+                Ok(age) => {
+                    filters.push(Box::new(move |client| client.created.elapsed().as_secs() >= age))
+                }
+                Err(_) => return Outcome::error(NOT_INTEGER),
+            },
+            "skipme" => match value.to_ascii_lowercase().as_str() {
+                "yes" => skip_me = true,
+                "no" => skip_me = false,
+                _ => return Outcome::error(SYNTAX),
+            },
+            _ => return Outcome::error(SYNTAX),
+        }
+    }
+    let mut killed = 0;
+    for client in clients.iter().filter(|client| !(skip_me && client.id == own)) {
+        if filters.iter().all(|filter| filter(client)) {
+            kill(client);
+            killed += 1;
+        }
+    }
+    Outcome::Reply(Reply::Integer(killed))
+}
+
+/// CLIENT PAUSE timeout [WRITE|ALL]: commands (or write commands) wait until the timeout passes
+/// or CLIENT UNPAUSE (`held_by_pause`).
+fn client_pause(call: &mut Call<'_>) -> Outcome {
+    let Some(timeout_ms) = parse_i64(&call.args[2]).filter(|&ms| ms >= 0) else {
+        return Outcome::error("ERR timeout is not an integer or out of range");
+    };
+    let all = match call.args.get(3).map(|mode| lowercase(mode)) {
+        None => true,
+        Some(mode) if mode == "all" => true,
+        Some(mode) if mode == "write" => false,
+        Some(_) => return Outcome::error(SYNTAX),
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64);
+    *call.server.pause.lock().unwrap_or_else(|poison| poison.into_inner()) = Some((until, all));
+    Outcome::Reply(Reply::ok())
+}
+
+/// Commands that run even while clients are paused (as in Redis: the pause must be undoable).
+const RUN_WHILE_PAUSED: &[&str] = &["client", "ping", "quit", "reset", "auth", "hello", "info"];
+
+/// `outcome`, held while a CLIENT PAUSE covers command `spec`: it then runs once the pause ends.
+pub fn held_by_pause(server: &Arc<Server>, spec: &Spec, outcome: Outcome) -> Outcome {
+    let paused = *server.pause.lock().unwrap_or_else(|poison| poison.into_inner());
+    let Some((until, all)) = paused else { return outcome };
+    let now = std::time::Instant::now();
+    if now >= until || RUN_WHILE_PAUSED.contains(&spec.name) {
+        return outcome;
+    }
+    if !all && !spec.flags.contains(&"write") {
+        return outcome;
+    }
+    let server = server.clone();
+    Outcome::AfterPending(Box::pin(async move {
+        loop {
+            let paused = *server.pause.lock().unwrap_or_else(|poison| poison.into_inner());
+            let Some((until, _)) = paused else { break };
+            if std::time::Instant::now() >= until {
+                break;
+            }
+            let _ = tokio::time::timeout_at(until.into(), server.unpaused.notified()).await;
+        }
+        super::run_outcome(&server.db, outcome).await
+    }))
 }
 
 fn command_info(spec: &Spec) -> Reply {

@@ -149,6 +149,9 @@ async fn connection_loop(
     let mut pending = Pending { slots: VecDeque::new(), reserved_bytes: 0 };
     let mut outbox = Outbox::new(server.db.shard_count());
     loop {
+        if conn.info.killed.load(Ordering::Acquire) {
+            return Ok(End::Done);
+        }
         let authenticated_before = conn.authenticated;
         if conn.authenticated {
             unauthenticated_since = None;
@@ -230,6 +233,7 @@ async fn connection_loop(
                     continue;
                 }
                 _ = shutdown.changed() => return Ok(End::Done),
+                _ = conn.info.kill.notified() => return Ok(End::Done),
                 _ = idle(timeout_secs) => {
                     tracing::debug!(client = conn.info.id, "closing an idle client");
                     return Ok(End::Done);
@@ -259,8 +263,9 @@ async fn connection_loop(
         for args in wave.drain(..) {
             let Dispatched { outcome, reply_size, blocking, holds_no_map } =
                 dispatch(server, conn, args);
+            let protocol = conn.take_reply_sent().then_some(conn.protocol);
             match outcome {
-                Outcome::Reply(reply) => pending.push(Slot::Ready(reply), conn.protocol, 0),
+                Outcome::Reply(reply) => pending.push(Slot::Ready(reply), protocol, 0),
                 Outcome::Execs(execs) => {
                     let room = make_room(
                         server,
@@ -276,7 +281,7 @@ async fn connection_loop(
                         Err(end) => return Ok(end),
                     };
                     let slot = outbox.queue(execs);
-                    pending.push(slot, conn.protocol, reply_bytes_reserved);
+                    pending.push(slot, protocol, reply_bytes_reserved);
                 }
                 Outcome::AfterPending(future) => {
                     // Everything before it is answered first, so it sees those effects.
@@ -295,7 +300,7 @@ async fn connection_loop(
                         if holds_no_map {
                             conn.info.busy_epoch.store(server.databases.epoch(), Ordering::SeqCst);
                         }
-                        pending.push(Slot::Ready(reply), conn.protocol, 0);
+                        pending.push(Slot::Ready(reply), protocol, 0);
                         continue;
                     }
                     // A blocking command (BLPOP) may wait long: the replies before it go out
@@ -325,11 +330,11 @@ async fn connection_loop(
                             _ = shutdown.changed() => return Ok(End::Done),
                         }
                     };
-                    pending.push(Slot::Ready(reply), conn.protocol, 0);
+                    pending.push(Slot::Ready(reply), protocol, 0);
                     conn.info.busy_epoch.store(server.databases.epoch(), Ordering::SeqCst);
                 }
                 Outcome::Close(reply) => {
-                    pending.push(Slot::Ready(reply), conn.protocol, 0);
+                    pending.push(Slot::Ready(reply), protocol, 0);
                     close = true;
                     break;
                 }
@@ -450,13 +455,14 @@ impl Outbox {
 /// The replies of a wave on their way, in request order, each with the protocol in force when
 /// its command ran and the bytes reserved for it until it is encoded.
 struct Pending {
-    slots: VecDeque<(Slot, Protocol, usize)>,
+    /// Each slot with the protocol of its reply, None for a reply not sent (CLIENT REPLY).
+    slots: VecDeque<(Slot, Option<Protocol>, usize)>,
     /// The sum of the slots' reservations.
     reserved_bytes: usize,
 }
 
 impl Pending {
-    fn push(&mut self, slot: Slot, protocol: Protocol, reserved_bytes: usize) {
+    fn push(&mut self, slot: Slot, protocol: Option<Protocol>, reserved_bytes: usize) {
         self.reserved_bytes += reserved_bytes;
         self.slots.push_back((slot, protocol, reserved_bytes));
     }
@@ -502,6 +508,7 @@ async fn drain(
             Slot::Waiting(answers, combine) => collect(answers, combine).await,
         };
         pending.reserved_bytes -= reserved_bytes;
+        let Some(protocol) = protocol else { continue };
         let before = out.len();
         encode_reply(&reply, protocol, out);
         drop(reply);
