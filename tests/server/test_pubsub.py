@@ -194,3 +194,40 @@ def test_a_subscriber_that_does_not_read_is_closed_at_its_limit(make_server):
     sock.close()
     assert publisher.publish("flood", "after") == 0
     publisher.close()
+
+
+def test_no_message_follows_the_unsubscribe_reply_in_resp2(server):
+    """Under a publish flood, UNSUBSCRIBE pipelined with a GET: every message frame comes before
+    the UNSUBSCRIBE reply, none after it (a RESP2 client would take it for the GET's reply)."""
+    import threading
+
+    stop = threading.Event()
+
+    def flood():
+        client = server.client()
+        while not stop.is_set():
+            client.publish("flooded", "m" * 64)
+        client.close()
+
+    server.client().set("k", "VALUE")
+    thread = threading.Thread(target=flood)
+    thread.start()
+    try:
+        for _ in range(20):
+            sock = server.connect()
+            reader = RespReader(sock)
+            sock.sendall(encode_command("SUBSCRIBE", "flooded"))
+            assert reader.read()[0] == b"subscribe"
+            time.sleep(0.01)
+            sock.sendall(encode_command("UNSUBSCRIBE", "flooded") + encode_command("GET", "k"))
+            while True:
+                frame = reader.read()
+                if isinstance(frame, list) and frame[0] == b"message":
+                    continue
+                assert frame[0] == b"unsubscribe", frame
+                break
+            assert reader.read() == b"VALUE"
+            sock.close()
+    finally:
+        stop.set()
+        thread.join()

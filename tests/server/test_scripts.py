@@ -337,3 +337,67 @@ def test_a_killed_server_keeps_each_script_whole_or_not_at_all(make_server):
             cycle_of, token = values[0].decode().split(":")
             assert int(cycle_of) == cycle and int(token) >= acked[writer], (values[0], acked)
         checker.close()
+
+
+# Found by review (2026-11-29).
+
+def test_the_sandbox_keeps_scripts_apart_and_refuses_bytecode(r):
+    """Nothing a script does to its globals, `redis`, the libraries or the strings' metatable
+    reaches the next script; loadstring refuses bytecode; getfenv and debug are not there."""
+    assert r.eval("return tostring(loadstring(string.dump(function() return 1 end)))", 0) == b"nil"
+    with pytest.raises(redis.ResponseError, match="readonly table"):
+        r.eval("redis.call = function() return 'spy' end", 0)
+    with pytest.raises(redis.ResponseError, match="readonly table"):
+        r.eval("string.upper = nil", 0)
+    r.eval("rawset(_G, 'type', function() return 'replaced' end) return 1", 0)
+    assert r.eval("return type(1)", 0) == b"number"
+    assert r.eval("return tostring(getmetatable(''))", 0) == b"false"
+    assert r.eval("return {pcall(setmetatable, _G, nil)}", 0)[1] == b"cannot change a protected metatable"
+    for name in ("getfenv", "setfenv", "debug", "load", "dofile", "require", "os", "io"):
+        with pytest.raises(redis.ResponseError, match="nonexistent global"):
+            r.eval(f"return {name}", 0)
+    assert r.eval("return loadstring('return 40 + 2')()", 0) == 42
+    assert r.eval("return redis.call('SET', KEYS[1], 'x')", 1, "after-sandbox") == b"OK"
+
+
+def test_a_script_cannot_dodge_its_time_limit_with_pcall(r):
+    with pytest.raises(redis.ResponseError, match="ran longer than"):
+        r.eval("redis.call('SET', KEYS[1], 'x') while true do pcall(function() while true do end end) end",
+               1, "dodger")
+    assert r.exists("dodger") == 0
+    assert r.ping()
+
+
+def test_a_diverging_script_over_several_shards_keeps_only_its_last_run(r):
+    # math.random differs between runs: the probes of an abandoned run must not count.
+    script = """local n = math.random(1, 2)
+        redis.call('SET', 'div:' .. n, 'x')
+        redis.call('GET', 'other')
+        return n"""
+    for _ in range(30):
+        r.delete("div:1", "div:2")
+        r.eval(script, 0)
+        assert r.exists("div:1", "div:2") == 1
+
+
+def test_select_inside_a_spread_script_and_subscribe_from_a_script(r):
+    r.eval("redis.call('SELECT', 1); redis.call('SET', 'in-db-1', 'v')", 0)
+    assert r.exists("in-db-1") == 0
+    r.execute_command("SELECT", 1)
+    assert r.get("in-db-1") == b"v"
+    r.execute_command("SELECT", 0)
+    with pytest.raises(redis.ResponseError, match="not allowed from script"):
+        r.eval("return redis.call('SUBSCRIBE', 'c')", 0)
+
+
+def test_a_hash_expiring_under_a_spread_script_is_not_resurrected(r):
+    script = """redis.call('HSET', 'eh', 'f', 'v')
+        redis.call('PERSIST', 'eh')
+        for i = 1, 1500 do redis.call('GET', 'pad' .. i) end
+        return redis.call('HLEN', 'eh')"""
+    for _ in range(2):
+        r.delete("eh")
+        r.hset("eh", mapping={"a": 1, "b": 2})
+        r.pexpire("eh", 30)
+        answered = r.eval(script, 0)
+        assert answered == r.hlen("eh") == len(r.hgetall("eh")), (answered, r.hgetall("eh"))

@@ -73,6 +73,6 @@ pub mod exec {
         ReadResults, StepInput, Vote,
     };
     pub use crate::shard::sequence::{
-        merge_read, plan_read, OverlayRead, ScanOver, Sequence, SequenceOutcome,
+        merge_read, plan_read, OverlayRead, ScanOver, Sequence, SequenceOutcome, COUNTS_BACKGROUND,
     };
 }

@@ -93,8 +93,9 @@ struct CommandExec<F> {
     /// command of short keys only and for background work.
     names: Option<Arc<names::Names>>,
     /// Background work (active expiry, the orphan collector) whose writes change nothing a
-    /// client could see as a change: they move no lock version, so they fail no WATCH (a key
-    /// live at WATCH that expires is caught by its deadline instead, `multi.rs`).
+    /// client could see as a change: they move only `lock_version_all`, so they fail no WATCH (a
+    /// key live at WATCH that expires is caught by its deadline instead, `multi.rs`), while an
+    /// optimistic script that read the key's items sees them (`scripts::spread`).
     background: bool,
 }
 
@@ -171,8 +172,8 @@ where
         self.joins_write_groups
     }
 
-    fn written_locks(&self) -> Option<&[u64]> {
-        self.background.then_some(&[])
+    fn is_background(&self) -> bool {
+        self.background
     }
 }
 

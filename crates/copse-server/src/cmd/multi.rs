@@ -465,10 +465,11 @@ fn exec(call: &mut Call<'_>) -> Outcome {
 /// so the whole transaction runs optimistically as one session (`scripts::spread`): every
 /// command and call tried in its shard in order, then one batch that checks every version they
 /// saw and the watched ones. (A SELECT inside it changes the database of the commands after it,
-/// not the connection's.)
+/// and the connection's once EXEC ran.)
 fn with_scripts(call: &mut Call<'_>, queued: Vec<crate::resp::Args>, watched: Watched) -> Outcome {
     let server = call.server.clone();
     let (client, db) = (call.conn.info.clone(), call.conn.db);
+    let switch_db = call.conn.after_exec.clone();
     let keys = watched.keys.clone();
     let watched = Arc::new(watched);
     Outcome::AfterPending(Box::pin(async move {
@@ -480,7 +481,16 @@ fn with_scripts(call: &mut Call<'_>, queued: Vec<crate::resp::Args>, watched: Wa
             return Reply::NullArray;
         }
         let ran = super::scripts::spread::transaction(&server, client, db, queued, keys, check);
-        ran.await.unwrap_or(Reply::NullArray)
+        match ran.await {
+            Some((reply, db_after)) => {
+                // A queued SELECT switches the connection's database once EXEC ran.
+                if matches!(reply, Reply::Array(_)) && db_after != db {
+                    switch_db.store(u16::from(db_after) + 1, Ordering::Release);
+                }
+                reply
+            }
+            None => Reply::NullArray,
+        }
     }))
 }
 

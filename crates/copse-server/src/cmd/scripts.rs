@@ -60,6 +60,12 @@ const SCRIPT_CLOCK_INSTRUCTIONS: u32 = 100_000;
 /// Commands a script may not call (Redis's `noscript` flag, and copse's commands that run in
 /// steps of their own).
 const NOT_FROM_SCRIPTS: &[&str] = &[
+    "subscribe",
+    "psubscribe",
+    "ssubscribe",
+    "unsubscribe",
+    "punsubscribe",
+    "sunsubscribe",
     "auth",
     "client",
     "discard",
@@ -345,6 +351,7 @@ impl ScriptExec {
     fn attempt_and_step(&mut self, view: &ExecView<'_>) -> ExecStep {
         self.attempts += 1;
         if self.attempts > SCRIPT_ATTEMPTS_MAX {
+            self.publishes.clear();
             return self.finish(Reply::Error(format!(
                 "ERR the script read from the store more than {SCRIPT_ATTEMPTS_MAX} times in sequence; nothing was written"
             )));
@@ -486,34 +493,86 @@ impl Vm {
         ] {
             redis.set(name, value)?;
         }
-        globals.raw_set("redis", redis)?;
-        // `redis.call` raises a command's error as Redis does (the error reply's table, which
-        // `pcall` hands back whole); both reach the attempt's Rust side through `hooks`, set
-        // while an attempt runs. Globals are read-only, as in Redis 7; the errors are raised
-        // from Lua so that they carry the script's line.
+        // The sandbox (Redis 7's, without its patched read-only tables): every run gets a fresh
+        // global table whose functions and library tables are read-only proxies of the real
+        // ones, so nothing a script does reaches the next one; no file, no environment access
+        // (getfenv, setfenv, debug), no bytecode (`loadstring` refuses binary chunks and gives
+        // what it loads the script's own environment); `pcall`/`xpcall` re-raise once the clock
+        // stopped the script (`hooks.timed_out`), so it cannot be caught. `redis.call` raises a
+        // command's error as Redis does (the error reply's table, which `pcall` hands back
+        // whole); both reach the attempt's Rust side through `hooks`, set while an attempt runs.
+        // The sandbox's own locals are out of the scripts' reach (no debug library).
         let hooks = lua.create_table()?;
         let runner: mlua::Function = lua
             .load(
                 r#"
-                local hooks, redis = ...
-                redis.call = function(...)
+                local hooks, redis_impl = ...
+                local pcall, xpcall, error, type, pairs, select, unpack = pcall, xpcall, error, type, pairs, select, unpack
+                local setmetatable, getmetatable, getfenv, setfenv = setmetatable, getmetatable, getfenv, setfenv
+                local loadstring, tostring, byte = loadstring, tostring, string.byte
+                local string_lib, math_lib, table_lib = string, math, table
+                -- The strings' metatable (its __index is the real string table) is hidden.
+                getmetatable('').__metatable = false
+                local function readonly(real)
+                    return setmetatable({}, {
+                        __index = real,
+                        __newindex = function() error('Attempt to modify a readonly table', 2) end,
+                        __metatable = false,
+                    })
+                end
+                local function reraise_if_stopped(...)
+                    if hooks.timed_out then error(hooks.timed_out, 0) end
+                    return ...
+                end
+                local function safe_pcall(...) return reraise_if_stopped(pcall(...)) end
+                local function safe_xpcall(...) return reraise_if_stopped(xpcall(...)) end
+                local function safe_loadstring(source, name)
+                    if type(source) == 'string' and byte(source, 1) == 27 then
+                        return nil, 'binary chunks are not allowed'
+                    end
+                    local f, err = loadstring(source, name)
+                    if f then setfenv(f, getfenv(2)) end
+                    return f, err
+                end
+                local function call(...)
                     local reply = hooks.command(...)
                     if type(reply) == 'table' and reply.err ~= nil then error(reply, 0) end
                     return reply
                 end
-                redis.pcall = function(...) return hooks.command(...) end
-                setmetatable(_G, {
-                    __newindex = function() error('Attempt to modify a readonly table', 2) end,
-                    __index = function(_, name)
-                        error("Script attempted to access nonexistent global variable '"
-                            .. tostring(name) .. "'", 2)
-                    end,
-                })
-                return function(f) return pcall(f) end
+                local function pcall_command(...) return hooks.command(...) end
+                local base = {
+                    assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
+                    pcall = safe_pcall, xpcall = safe_xpcall, rawequal = rawequal, rawget = rawget,
+                    rawset = rawset, select = select, setmetatable = setmetatable,
+                    getmetatable = getmetatable, tonumber = tonumber, tostring = tostring,
+                    type = type, unpack = unpack, loadstring = safe_loadstring, _VERSION = _VERSION,
+                }
+                local function environment(keys, argv)
+                    local redis = {}
+                    for name, value in pairs(redis_impl) do redis[name] = value end
+                    redis.call, redis.pcall = call, pcall_command
+                    local env = {}
+                    for name, value in pairs(base) do env[name] = value end
+                    env.string, env.math, env.table = readonly(string_lib), readonly(math_lib), readonly(table_lib)
+                    env.redis, env.KEYS, env.ARGV = readonly(redis), keys, argv
+                    env._G = env
+                    return setmetatable(env, {
+                        __newindex = function() error('Attempt to modify a readonly table', 2) end,
+                        __index = function(_, name)
+                            error("Script attempted to access nonexistent global variable '"
+                                .. tostring(name) .. "'", 2)
+                        end,
+                        __metatable = false,
+                    })
+                end
+                return function(f, keys, argv)
+                    setfenv(f, environment(keys, argv))
+                    return pcall(f)
+                end
                 "#,
             )
             .set_name("=sandbox")
-            .call((hooks.clone(), globals.raw_get::<Table>("redis")?))?;
+            .call((hooks.clone(), redis))?;
         Ok(Vm { lua, compiled: HashMap::new(), generation, hooks, runner })
     }
 
@@ -543,18 +602,21 @@ impl Vm {
         };
         let lua = &self.lua;
         let deadline = started + Duration::from_millis(SCRIPT_TIME_MAX_MS);
-        // Whether the clock stopped the script: then nothing it did is kept (the error it
-        // raised may be caught by the script's own pcall, so it is told apart here).
+        // Whether the clock stopped the script: then nothing it did is kept. The sandbox's
+        // pcall re-raises once `hooks.timed_out` is set, so the script cannot catch it.
         let timed_out = std::rc::Rc::new(std::cell::Cell::new(false));
-        let timed_out_in_hook = timed_out.clone();
+        let (timed_out_in_hook, hooks) = (timed_out.clone(), self.hooks.clone());
+        if let Err(err) = self.hooks.raw_set("timed_out", Value::Nil) {
+            return Some(Reply::Error(format!("ERR {err}")));
+        }
         let hooked = lua.set_hook(
             mlua::HookTriggers::new().every_nth_instruction(SCRIPT_CLOCK_INSTRUCTIONS),
             move |_, _| {
                 if Instant::now() >= deadline {
+                    let text = "copse stopped the script: it ran longer than the time limit";
                     timed_out_in_hook.set(true);
-                    return Err(mlua::Error::RuntimeError(format!(
-                        "copse stopped the script: it ran longer than {SCRIPT_TIME_MAX_MS} ms; nothing was written"
-                    )));
+                    hooks.raw_set("timed_out", text)?;
+                    return Err(mlua::Error::RuntimeError(text.into()));
                 }
                 Ok(mlua::VmState::Continue)
             },
@@ -563,16 +625,14 @@ impl Vm {
             return Some(Reply::Error(format!("ERR {err}")));
         }
         let outcome = lua.scope(|scope| {
-            let globals = lua.globals();
             let strings = |items: &[Vec<u8>]| -> mlua::Result<Table> {
                 let items = items.iter().map(|item| lua.create_string(item));
                 lua.create_sequence_from(items.collect::<mlua::Result<Vec<_>>>()?)
             };
-            globals.raw_set("KEYS", strings(&script.keys)?)?;
-            globals.raw_set("ARGV", strings(&script.argv)?)?;
+            let (keys, argv) = (strings(&script.keys)?, strings(&script.argv)?);
             self.hooks
                 .raw_set("command", scope.create_function_mut(|lua, args| command(lua, args))?)?;
-            let (ok, value): (bool, Value) = self.runner.call(function.clone())?;
+            let (ok, value): (bool, Value) = self.runner.call((function.clone(), keys, argv))?;
             let reply = if ok { to_reply(&value) } else { script_error(&value, &script.sha) };
             self.hooks.raw_set("command", Value::Nil)?;
             Ok(reply)
@@ -601,7 +661,8 @@ impl Vm {
         });
         let reply = self.execute(&source, started, &mut |lua, args| command(lua, &state, args));
         let state = state.into_inner();
-        state.script.publishes = state.publishes;
+        // Only an attempt that ran to its end publishes (once its writes are durable).
+        state.script.publishes = Vec::new();
         if state.spread {
             return Attempt::Spread;
         }
@@ -609,7 +670,10 @@ impl Vm {
             return Attempt::Stopped(state.missing);
         }
         match reply {
-            Some(reply) => Attempt::Ended(reply, state.writes),
+            Some(reply) => {
+                state.script.publishes = state.publishes;
+                Attempt::Ended(reply, state.writes)
+            }
             None => Attempt::Ended(Reply::Error(timed_out_text()), Overlay::new()),
         }
     }
@@ -825,7 +889,9 @@ fn to_lua(lua: &Lua, reply: Reply) -> mlua::Result<Value> {
         Reply::Double(number) => {
             Value::String(lua.create_string(crate::resp::format_double(number))?)
         }
-        Reply::Verbatim { text, .. } => Value::String(lua.create_string(text)?),
+        Reply::Verbatim { text, .. } | Reply::Encoded(text) => {
+            Value::String(lua.create_string(text)?)
+        }
     })
 }
 
@@ -933,6 +999,9 @@ pub(crate) mod spread {
             if session.stopped {
                 return reply;
             }
+            if session.diverged {
+                continue;
+            }
             match session.commit(None).await {
                 Ok(true) => return reply,
                 Ok(false) => continue,
@@ -958,27 +1027,37 @@ pub(crate) mod spread {
         queued: Vec<crate::resp::Args>,
         watched: Vec<crate::context::WatchedKey>,
         check: Arc<dyn Fn() -> bool + Send + Sync>,
-    ) -> Option<Reply> {
+    ) -> Option<(Reply, u8)> {
         for _ in 0..SCRIPT_SPREAD_ATTEMPTS_MAX {
             let mut session = Session::new(server.clone());
             let mut caller = Caller { client: client.clone(), db, read_only: false };
             let mut replies = Vec::with_capacity(queued.len());
             for args in &queued {
                 replies.push(session.transaction_command(&mut caller, args).await);
+                if session.stopped {
+                    // A script stopped by the clock: nothing of the transaction is written.
+                    return Some((Reply::Error(timed_out_text()), db));
+                }
+                if session.diverged {
+                    break;
+                }
+            }
+            if session.diverged {
+                continue;
             }
             let watched_now = watched.iter().map(|key| (key.shard, key.lock, key.version));
             match session.commit_checking(watched_now.collect(), Some(check.clone())).await {
-                Ok(true) => return Some(Reply::Array(replies)),
+                Ok(true) => return Some((Reply::Array(replies), caller.db)),
                 Ok(false) => {
                     // Called off: by a watched key (EXEC answers nil) or by a probed one (again).
                     if !check() || session.watched_moved(&watched).await {
                         return None;
                     }
                 }
-                Err(error) => return Some(error),
+                Err(error) => return Some((error, db)),
             }
         }
-        Some(called_off())
+        Some((called_off(), db))
     }
 
     /// Who runs the commands of a session: the client, its database, and whether writes are
@@ -997,35 +1076,46 @@ pub(crate) mod spread {
         started: Instant,
         /// A script was stopped by its time limit: nothing is written.
         stopped: bool,
+        /// A script's run asked for other calls than the run before (TIME, random): the
+        /// session's probes no longer match what the script does; it starts over.
+        diverged: bool,
+        /// `Server::flush_epoch` and `swap_epoch` at the start: a FLUSHALL, FLUSHDB or SWAPDB
+        /// changes keys without their locks, so one since calls the commit off.
+        epochs: (u64, u64),
     }
 
     impl Session {
         fn new(server: Arc<Server>) -> Session {
             let started = Instant::now();
+            let epochs = epochs_of(&server);
             Session {
                 server,
                 shards: BTreeMap::new(),
                 publishes: Vec::new(),
                 started,
                 stopped: false,
+                diverged: false,
+                epochs,
             }
         }
 
         /// Runs `script`, its calls probed (answers kept across its runs from its start).
         async fn script(&mut self, script: &Script) -> Reply {
             let mut calls: Vec<Call> = Vec::new();
-            let caller = Caller {
-                client: script.client.clone(),
-                db: script.db,
-                read_only: script.read_only,
-            };
             loop {
-                // Run the script with the calls answered so far; it stops at the next one.
+                // Run the script with the calls answered so far; it stops at the next one. A
+                // SELECT it makes holds for its calls after it, from each run's start.
+                let mut caller = Caller {
+                    client: script.client.clone(),
+                    db: script.db,
+                    read_only: script.read_only,
+                };
                 let mut next: Option<Vec<Vec<u8>>> = None;
                 let mut at = 0;
+                let mut diverged = false;
                 let answered = with_vm(&script.server, |vm| {
                     vm.execute(script, self.started, &mut |lua, args| {
-                        if next.is_some() {
+                        if next.is_some() || diverged {
                             return Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into()));
                         }
                         let words = match words_of(lua, args) {
@@ -1035,10 +1125,16 @@ pub(crate) mod spread {
                         match calls.get(at) {
                             Some(call) if call.args == words => {
                                 at += 1;
+                                if let Some(db) = selected_db(&words) {
+                                    caller.db = db;
+                                }
                                 to_lua(lua, call.reply.clone())
                             }
-                            _ => {
-                                calls.truncate(at);
+                            Some(_) => {
+                                diverged = true;
+                                Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into()))
+                            }
+                            None => {
                                 next = Some(words);
                                 Err(mlua::Error::RuntimeError(STOPPED_FOR_READS.into()))
                             }
@@ -1049,6 +1145,11 @@ pub(crate) mod spread {
                     Ok(answered) => answered,
                     Err(error) => return error,
                 };
+                if diverged || (next.is_none() && at < calls.len()) {
+                    // The probes made for the calls this run did not repeat would still count.
+                    self.diverged = true;
+                    return Reply::Null;
+                }
                 let Some(words) = next else {
                     if answered.is_none() {
                         self.stopped = true;
@@ -1059,7 +1160,8 @@ pub(crate) mod spread {
                     self.stopped = true;
                     return Reply::Error(timed_out_text());
                 }
-                let reply = self.call(&caller, &words).await.unwrap_or_else(|error| error);
+                let reply =
+                    self.call(&mut caller, &words, true).await.unwrap_or_else(|error| error);
                 calls.push(Call { args: words, reply });
             }
         }
@@ -1087,7 +1189,7 @@ pub(crate) mod spread {
                 }
                 _ => {
                     let words: Vec<Vec<u8>> = args.iter().cloned().collect();
-                    self.call(caller, &words).await.unwrap_or_else(|error| error)
+                    self.call(caller, &words, false).await.unwrap_or_else(|error| error)
                 }
             }
         }
@@ -1171,7 +1273,12 @@ pub(crate) mod spread {
                     (id, ShardShare::new(steps, shard.locks, shard.versions))
                 })
                 .collect();
-            let applied = multi::run(&self.server, shares, check).await?;
+            let epochs = self.epochs;
+            let server = self.server.clone();
+            let outside: Arc<dyn Fn() -> bool + Send + Sync> = Arc::new(move || {
+                epochs_of(&server) == epochs && check.as_ref().is_none_or(|check| check())
+            });
+            let applied = multi::run(&self.server, shares, Some(outside)).await?;
             if applied {
                 for (shard, channel, message) in std::mem::take(&mut self.publishes) {
                     self.server.pubsub.publish(&channel, &message, shard);
@@ -1191,6 +1298,7 @@ pub(crate) mod spread {
                     versions: Vec::new(),
                     writes: Vec::new(),
                     planned: None,
+                    client_versions: true,
                     report: Some(report),
                 };
                 let request = ExecRequest {
@@ -1206,6 +1314,22 @@ pub(crate) mod spread {
             }
             false
         }
+    }
+
+    /// The database a SELECT call names, if the call is a valid SELECT.
+    fn selected_db(words: &[Vec<u8>]) -> Option<u8> {
+        let [name, db] = words else { return None };
+        if !name.eq_ignore_ascii_case(b"select") {
+            return None;
+        }
+        parse_i64(db)
+            .filter(|&db| (0..crate::cmd::namespace::DATABASES as i64).contains(&db))
+            .map(|db| db as u8)
+    }
+
+    fn epochs_of(server: &Server) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        (server.flush_epoch.load(Ordering::Acquire), server.swap_epoch.load(Ordering::Acquire))
     }
 
     /// A `redis.call`'s arguments as bytes, or the error Lua gets.
@@ -1236,7 +1360,12 @@ pub(crate) mod spread {
 
     impl Session {
         /// Tries one command in its shards (`Probe`), over the session's writes there.
-        async fn call(&mut self, caller: &Caller, words: &[Vec<u8>]) -> Result<Reply, Reply> {
+        async fn call(
+            &mut self,
+            caller: &mut Caller,
+            words: &[Vec<u8>],
+            from_lua: bool,
+        ) -> Result<Reply, Reply> {
             let (shards, publishes) = (&mut self.shards, &mut self.publishes);
             if words.is_empty() {
                 return Err(Reply::error(
@@ -1252,8 +1381,14 @@ pub(crate) mod spread {
                     "ERR Wrong number of args calling Redis command from script",
                 ));
             }
-            if NOT_FROM_SCRIPTS.contains(&spec.name) || spec.flags.contains(&"blocking") {
+            if from_lua
+                && (NOT_FROM_SCRIPTS.contains(&spec.name) || spec.flags.contains(&"blocking"))
+            {
                 return Err(Reply::error("ERR This Redis command is not allowed from script"));
+            }
+            if let Some(db) = selected_db(words) {
+                caller.db = db;
+                return Ok(Reply::ok());
             }
             if caller.read_only && spec.flags.contains(&"write") {
                 return Err(Reply::error(
@@ -1295,6 +1430,7 @@ pub(crate) mod spread {
                     versions: Vec::new(),
                     writes: Vec::new(),
                     planned: None,
+                    client_versions: false,
                     report: Some(report),
                 };
                 let request = ExecRequest { locks: locks.clone(), exec: Box::new(probe) };
@@ -1346,6 +1482,8 @@ pub(crate) mod spread {
         writes: Vec<BatchOp>,
         /// The inner step's reads: answered locally, or by the engine read at `at`.
         planned: Option<Vec<PlannedRead>>,
+        /// Note versions as clients see them (WATCH's), not all writes (a script's reads).
+        client_versions: bool,
         report: Option<oneshot::Sender<ProbeReport>>,
     }
 
@@ -1410,8 +1548,16 @@ pub(crate) mod spread {
         fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
             match input {
                 StepInput::Start => {
-                    self.versions =
-                        self.locks.iter().map(|&lock| (lock, view.lock_version(lock))).collect();
+                    self.versions = if self.client_versions {
+                        self.locks.iter().map(|&lock| (lock, view.lock_version(lock))).collect()
+                    } else {
+                        self.locks
+                            .iter()
+                            .map(|&lock| {
+                                (lock, view.lock_version_all(lock) | copse::exec::COUNTS_BACKGROUND)
+                            })
+                            .collect()
+                    };
                     self.drive(view, StepInput::Start)
                 }
                 StepInput::Read(Ok(results)) => {

@@ -261,6 +261,13 @@ async fn connection_loop(
         conn.info.busy_epoch.store(server.databases.epoch(), Ordering::SeqCst);
         let mut close = false;
         for args in wave.drain(..) {
+            // A subscriber's messages go out between replies in the order they came, before
+            // the reply of a command that may end the subscription (RESP2 clients read a frame
+            // after UNSUBSCRIBE as the next reply otherwise).
+            if conn.subscriber.is_some() && !mailbox_into_pending(conn, &mut pending) {
+                close = true;
+                break;
+            }
             let Dispatched { outcome, reply_size, blocking, holds_no_map } =
                 dispatch(server, conn, args);
             let protocol = conn.take_reply_sent().then_some(conn.protocol);
@@ -353,6 +360,9 @@ async fn connection_loop(
             let mailbox = conn.subscriber.as_ref().map(|sub| sub.mailbox.clone());
             if !write_unless_closed(server, writer, &mut out, shutdown, mailbox).await? || !open {
                 return Ok(End::Done);
+            }
+            if conn.subscriber.as_ref().is_some_and(|subscriber| subscriber.is_empty()) {
+                conn.subscriber = None;
             }
         }
         write_out(server, writer, &mut out, shutdown).await?;
@@ -583,6 +593,21 @@ async fn write_unless_closed(
         written = write_out(server, writer, out, shutdown) => written.map(|()| true),
         _ = mailbox.closed() => Ok(false),
     }
+}
+
+/// Moves the frames a subscriber's mailbox holds into `pending` as one ready reply, and drops a
+/// subscriber with no subscription left (its last frames moved). Returns false when the mailbox
+/// was closed (the connection must close).
+fn mailbox_into_pending(conn: &mut ConnState, pending: &mut Pending) -> bool {
+    let mut frames = Vec::new();
+    let open = take_frames(conn, None, &mut frames);
+    if !frames.is_empty() {
+        pending.push(Slot::Ready(Reply::Encoded(frames)), Some(conn.protocol), 0);
+    }
+    if conn.subscriber.as_ref().is_some_and(|subscriber| subscriber.is_empty()) {
+        conn.subscriber = None;
+    }
+    open
 }
 
 /// The next frame a subscribed connection's mailbox holds (an empty one: close the client).

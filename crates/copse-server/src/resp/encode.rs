@@ -52,6 +52,9 @@ pub enum Reply {
     /// Several replies one command answers with, one after another (SUBSCRIBE of several
     /// channels confirms each).
     Frames(Vec<Reply>),
+    /// Bytes already encoded in the connection's protocol (pub/sub messages a subscriber's
+    /// mailbox held), written as they are.
+    Encoded(Vec<u8>),
 }
 
 impl Reply {
@@ -144,6 +147,7 @@ pub fn encode_reply(reply: &Reply, protocol: Protocol, out: &mut Vec<u8>) {
                 encode_reply(reply, protocol, out);
             }
         }
+        Reply::Encoded(bytes) => out.extend_from_slice(bytes),
         Reply::Verbatim { format, text } => match protocol {
             Protocol::Resp2 => push_bulk(out, text),
             Protocol::Resp3 => {

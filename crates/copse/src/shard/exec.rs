@@ -92,6 +92,13 @@ pub trait Exec: Send + 'static {
     fn written_locks(&self) -> Option<&[u64]> {
         None
     }
+
+    /// Background work (the server's active expiry and orphan collector): its writes move
+    /// `ExecView::lock_version_all` only, not `lock_version` (a client watching a key does not
+    /// see them as changes).
+    fn is_background(&self) -> bool {
+        false
+    }
 }
 
 /// What an exec asks for next.
@@ -205,6 +212,12 @@ impl<'a> ExecView<'a> {
     /// under it in between.
     pub fn lock_version(&self, lock: u64) -> u64 {
         self.lock_versions.get(lock)
+    }
+
+    /// `lock_version` counting background work's writes too (`Exec::is_background`): what an
+    /// optimistic reader of a key's items must compare, since such work deletes items.
+    pub fn lock_version_all(&self, lock: u64) -> u64 {
+        self.lock_versions.get_all(lock)
     }
 
     /// This view with `overlay`'s writes on top: a sequence's steps see the writes of the steps
@@ -450,22 +463,37 @@ pub struct ExecTable {
 /// a version: a write under one moves the other's too, which can only make a watcher see a
 /// change that did not happen (a transaction retried), never miss one. Allocated at the first
 /// write, so a shard that never writes through execs holds none.
+/// Two counts per counter: every write, and the writes of background work
+/// (`Exec::is_background`: active expiry, the orphan collector), which a watcher of the key as
+/// clients see it need not count but an optimistic reader of its items must.
 #[derive(Default)]
 pub(crate) struct LockVersions {
     counters: Vec<u64>,
+    background: Vec<u64>,
 }
 
 impl LockVersions {
+    /// Writes as clients see them: all but background work's.
     fn get(&self, lock: u64) -> u64 {
+        self.get_all(lock) - self.background.get(lock as usize % LOCK_VERSION_SLOTS).copied().unwrap_or(0)
+    }
+
+    fn get_all(&self, lock: u64) -> u64 {
         self.counters.get(lock as usize % LOCK_VERSION_SLOTS).copied().unwrap_or(0)
     }
 
-    fn bump(&mut self, locks: &[u64]) {
+    fn bump(&mut self, locks: &[u64], background: bool) {
         if self.counters.is_empty() {
             self.counters = vec![0; LOCK_VERSION_SLOTS];
         }
+        if background && self.background.is_empty() {
+            self.background = vec![0; LOCK_VERSION_SLOTS];
+        }
         for &lock in locks {
             self.counters[lock as usize % LOCK_VERSION_SLOTS] += 1;
+            if background {
+                self.background[lock as usize % LOCK_VERSION_SLOTS] += 1;
+            }
         }
     }
 }
@@ -870,9 +898,10 @@ impl ExecTable {
             &step
         {
             if !ops.is_empty() {
+                let background = running.exec.is_background();
                 match running.exec.written_locks() {
-                    Some(locks) => self.lock_versions.bump(locks),
-                    None => self.lock_versions.bump(&running.locks),
+                    Some(locks) => self.lock_versions.bump(locks, background),
+                    None => self.lock_versions.bump(&running.locks, background),
                 }
             }
         }

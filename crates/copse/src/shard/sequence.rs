@@ -97,7 +97,8 @@ pub struct ScanOver {
 
 impl Sequence {
     /// A sequence of `steps` (at most `SEQUENCE_STEPS_MAX`), each with its locks. `watched` are
-    /// (lock, version) pairs read earlier with `ExecView::lock_version`; `check` is asked at the
+    /// (lock, version) pairs read earlier with `ExecView::lock_version` (or with
+    /// `lock_version_all`, the version marked `COUNTS_BACKGROUND`); `check` is asked at the
     /// start and before the write (invariant 3); the steps may read at most `read_bytes_max`
     /// bytes; `vote`, inside a cross-shard batch (`Db::exec_atomic`), makes the end a
     /// `Prepare`. `done` hears the outcome.
@@ -291,7 +292,7 @@ impl Exec for Sequence {
     fn step(&mut self, view: &ExecView<'_>, input: StepInput) -> ExecStep {
         match input {
             StepInput::Start => {
-                let moved = self.watched.iter().any(|&(lock, version)| view.lock_version(lock) != version);
+                let moved = self.watched.iter().any(|&(lock, version)| current_version(view, lock, version) != version);
                 if moved || self.check.as_ref().is_some_and(|check| !check()) {
                     return self.finish(SequenceOutcome::Changed);
                 }
@@ -314,6 +315,17 @@ impl Exec for Sequence {
             }
             other => unreachable!("a sequence was resumed with {other:?} it did not ask for"),
         }
+    }
+}
+
+/// Marks a watched version read with `ExecView::lock_version_all` (background work counted).
+pub const COUNTS_BACKGROUND: u64 = 1 << 63;
+
+/// The version of `lock` now, read as `version` was (`COUNTS_BACKGROUND` or not).
+fn current_version(view: &ExecView<'_>, lock: u64, version: u64) -> u64 {
+    match version & COUNTS_BACKGROUND {
+        0 => view.lock_version(lock),
+        _ => view.lock_version_all(lock) | COUNTS_BACKGROUND,
     }
 }
 
