@@ -589,3 +589,51 @@ def run_script(diff: Differential, script: str, unordered: frozenset = frozenset
     for line in script.strip().splitlines():
         words = line.split()
         diff.both(*words, unordered=words[0].upper() in unordered)
+
+
+def assert_groups_survive_kills(server, groups, write_group, cycles: int, seed: int,
+                                what: str = "write") -> None:
+    """Kill loop of the atomic multi-key writes (transactions, scripts): one writer per group of
+    keys calls `write_group(client, keys, token)` with tokens `cycle:n` until the server is
+    killed; after each restart every group holds one token (all its keys written together or
+    none), at least the last one acknowledged."""
+    import random as random_module
+
+    rng = random_module.Random(seed)
+    for cycle in range(cycles):
+        acked = [0] * len(groups)
+        errors: list = []
+
+        def write(writer):
+            client = server.client(socket_timeout=20)
+            token = 0
+            try:
+                while True:
+                    token += 1
+                    write_group(client, groups[writer], f"{cycle}:{token}")
+                    acked[writer] = token
+            except (redis.ConnectionError, redis.TimeoutError):
+                return
+            except Exception as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=write, args=(writer,)) for writer in range(len(groups))]
+        for thread in threads:
+            thread.start()
+        time.sleep(rng.uniform(0.5, 1.5))
+        server.kill()
+        for thread in threads:
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+        assert not errors, errors
+        server.restart()
+        checker = server.client()
+        for writer, keys in enumerate(groups):
+            values = checker.mget(keys)
+            assert len(set(values)) == 1, f"cycle {cycle}: a {what} was split: {values}"
+            assert acked[writer] > 0, f"cycle {cycle}: writer {writer} saw nothing acknowledged"
+            cycle_of, token = values[0].decode().split(":")
+            assert int(cycle_of) == cycle and int(token) >= acked[writer], (values[0], acked)
+        checker.close()

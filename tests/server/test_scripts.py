@@ -17,7 +17,7 @@ import time
 import pytest
 import redis
 
-from support import Differential
+from support import Differential, assert_groups_survive_kills
 
 
 def scripts(diff: Differential, cases: list[tuple]) -> None:
@@ -299,44 +299,11 @@ def test_a_killed_server_keeps_each_script_whole_or_not_at_all(make_server):
     groups = [same_shard_keys(probe, 6, f"script:{writer}") for writer in range(writers)]
     probe.close()
     body = "for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[1]) end return #KEYS"
-    rng = random.Random(3)
-    for cycle in range(3):
-        acked = [0] * writers
-        errors: list = []
 
-        def write(writer):
-            client = server.client(socket_timeout=20)
-            token = 0
-            try:
-                while True:
-                    token += 1
-                    assert client.eval(body, 6, *groups[writer], f"{cycle}:{token}") == 6
-                    acked[writer] = token
-            except (redis.ConnectionError, redis.TimeoutError):
-                return
-            except Exception as err:  # noqa: BLE001 - reported below
-                errors.append(err)
-            finally:
-                client.close()
+    def write_group(client, keys, token):
+        assert client.eval(body, len(keys), *keys, token) == len(keys)
 
-        threads = [threading.Thread(target=write, args=(writer,)) for writer in range(writers)]
-        for thread in threads:
-            thread.start()
-        time.sleep(rng.uniform(0.5, 1.5))
-        server.kill()
-        for thread in threads:
-            thread.join(timeout=30)
-            assert not thread.is_alive()
-        assert not errors, errors
-        server.restart()
-        checker = server.client()
-        for writer, keys in enumerate(groups):
-            values = checker.mget(keys)
-            assert len(set(values)) == 1, f"cycle {cycle}: a script was split: {values}"
-            assert acked[writer] > 0
-            cycle_of, token = values[0].decode().split(":")
-            assert int(cycle_of) == cycle and int(token) >= acked[writer], (values[0], acked)
-        checker.close()
+    assert_groups_survive_kills(server, groups, write_group, cycles=3, seed=3, what="script")
 
 
 # Found by review (2026-11-29).

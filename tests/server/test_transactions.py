@@ -19,7 +19,7 @@ import time
 import pytest
 import redis
 
-from support import Differential
+from support import Differential, assert_groups_survive_kills
 from support import run_script as run_commands
 
 # Kill cycles of the crash test (`make torture` may ask for more).
@@ -566,44 +566,11 @@ def test_a_killed_server_keeps_each_transaction_whole_or_not_at_all(make_server)
     server = make_server()
     writers = 6
     groups = [[f"tx:{writer}:{i}" for i in range(8)] for writer in range(writers)]
-    rng = random.Random(24)
-    for cycle in range(KILL_CYCLES):
-        acked = [0] * writers
-        errors: list = []
 
-        def write(writer):
-            client = server.client(socket_timeout=20)
-            token = 0
-            try:
-                while True:
-                    token += 1
-                    pipe = client.pipeline(transaction=True)
-                    for key in groups[writer]:
-                        pipe.set(key, f"{cycle}:{token}")
-                    pipe.execute()
-                    acked[writer] = token
-            except (redis.ConnectionError, redis.TimeoutError):
-                return
-            except Exception as err:  # noqa: BLE001 - reported below
-                errors.append(err)
-            finally:
-                client.close()
+    def write_group(client, keys, token):
+        pipe = client.pipeline(transaction=True)
+        for key in keys:
+            pipe.set(key, token)
+        pipe.execute()
 
-        threads = [threading.Thread(target=write, args=(writer,)) for writer in range(writers)]
-        for thread in threads:
-            thread.start()
-        time.sleep(rng.uniform(0.5, 1.5))
-        server.kill()
-        for thread in threads:
-            thread.join(timeout=30)
-            assert not thread.is_alive()
-        assert not errors, errors
-        server.restart()
-        checker = server.client()
-        for writer, keys in enumerate(groups):
-            values = checker.mget(keys)
-            assert len(set(values)) == 1, f"cycle {cycle}: a transaction was split: {values}"
-            assert acked[writer] > 0, f"cycle {cycle}: writer {writer} saw nothing acknowledged"
-            cycle_of, token = values[0].decode().split(":")
-            assert int(cycle_of) == cycle and int(token) >= acked[writer], (values[0], acked)
-        checker.close()
+    assert_groups_survive_kills(server, groups, write_group, KILL_CYCLES, seed=24, what="transaction")

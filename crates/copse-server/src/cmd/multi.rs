@@ -311,6 +311,16 @@ fn changed_outside_locks(server: &Server, watched: &Watched) -> bool {
         || watched.keys.iter().any(|key| key.deadline_ms.is_some_and(|deadline| deadline <= now))
 }
 
+/// The check a transaction's sequences ask at their start and before their write: nothing
+/// outside the watched keys' locks changed them (`changed_outside_locks`).
+fn unchanged_outside_locks(
+    server: &Arc<Server>,
+    watched: Watched,
+) -> Arc<dyn Fn() -> bool + Send + Sync> {
+    let server = server.clone();
+    Arc::new(move || !changed_outside_locks(&server, &watched))
+}
+
 /// How one queued command is answered at EXEC.
 enum Answer {
     Ready(Reply),
@@ -428,13 +438,9 @@ fn exec(call: &mut Call<'_>) -> Outcome {
     }
     let server = call.server.clone();
     let switch_db = call.conn.after_exec.clone();
-    let watched = Arc::new(watched);
     Outcome::AfterPending(Box::pin(async move {
         // Asked by each sequence at its start and right before its write, under its locks.
-        let check: Arc<dyn Fn() -> bool + Send + Sync> = {
-            let (server, watched) = (server.clone(), watched.clone());
-            Arc::new(move || !changed_outside_locks(&server, &watched))
-        };
+        let check = unchanged_outside_locks(&server, watched);
         if !check() {
             return Reply::NullArray;
         }
@@ -471,12 +477,8 @@ fn with_scripts(call: &mut Call<'_>, queued: Vec<crate::resp::Args>, watched: Wa
     let (client, db) = (call.conn.info.clone(), call.conn.db);
     let switch_db = call.conn.after_exec.clone();
     let keys = watched.keys.clone();
-    let watched = Arc::new(watched);
     Outcome::AfterPending(Box::pin(async move {
-        let check: Arc<dyn Fn() -> bool + Send + Sync> = {
-            let (server, watched) = (server.clone(), watched.clone());
-            Arc::new(move || !changed_outside_locks(&server, &watched))
-        };
+        let check = unchanged_outside_locks(&server, watched);
         if !check() {
             return Reply::NullArray;
         }

@@ -117,17 +117,15 @@ pub fn sha1_hex(source: &[u8]) -> String {
 }
 
 fn eval(call: &mut Call<'_>) -> Outcome {
-    let source: Arc<[u8]> = call.args[1].clone().into();
-    let sha = sha1_hex(&source);
-    call.server
-        .scripts
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(sha.clone(), source.clone());
-    run(call, sha, source, false)
+    by_source(call, false)
 }
 
 fn eval_ro(call: &mut Call<'_>) -> Outcome {
+    by_source(call, true)
+}
+
+/// EVAL and EVAL_RO: the script is cached by its SHA-1 (EVALSHA finds it after), then run.
+fn by_source(call: &mut Call<'_>, read_only: bool) -> Outcome {
     let source: Arc<[u8]> = call.args[1].clone().into();
     let sha = sha1_hex(&source);
     call.server
@@ -135,7 +133,7 @@ fn eval_ro(call: &mut Call<'_>) -> Outcome {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(sha.clone(), source.clone());
-    run(call, sha, source, true)
+    run(call, sha, source, read_only)
 }
 
 fn evalsha(call: &mut Call<'_>) -> Outcome {
