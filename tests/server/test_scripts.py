@@ -368,3 +368,10 @@ def test_a_hash_expiring_under_a_spread_script_is_not_resurrected(r):
         r.pexpire("eh", 30)
         answered = r.eval(script, 0)
         assert answered == r.hlen("eh") == len(r.hgetall("eh")), (answered, r.hgetall("eh"))
+
+
+def test_a_script_cannot_grow_the_server_without_bound(r):
+    with pytest.raises(redis.ResponseError, match="not enough memory"):
+        r.eval("return #string.rep('x', 2^27)", 0)
+    r.set("one-mib", b"a" * (1 << 20))
+    assert r.eval("return #redis.call('GET', KEYS[1])", 1, "one-mib") == 1 << 20

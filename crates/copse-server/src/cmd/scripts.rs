@@ -51,6 +51,11 @@ use crate::resp::Reply;
 
 /// How long one script may run (all its attempts) before it is stopped, with nothing written.
 pub const SCRIPT_TIME_MAX_MS: u64 = 5_000;
+/// The most memory one thread's Lua state may hold (scripts, their strings and tables): a
+/// script past it fails with Lua's "not enough memory" instead of growing the server without
+/// bound (`string.rep('x', 2^27)`). Four times the largest value, so a script can hold a few.
+pub const SCRIPT_MEMORY_BYTES_MAX: usize = 4 * copse::limits::VALUE_BYTES_MAX;
+
 /// Runs of one script that stop for the engine's reads before it gives up (each brings the
 /// reads its attempt needed; a script reads at most this many times in sequence).
 pub const SCRIPT_ATTEMPTS_MAX: usize = 10_000;
@@ -446,6 +451,7 @@ impl Vm {
     fn new(generation: u64) -> mlua::Result<Vm> {
         let lua =
             Lua::new_with(StdLib::TABLE | StdLib::STRING | StdLib::MATH, LuaOptions::default())?;
+        lua.set_memory_limit(SCRIPT_MEMORY_BYTES_MAX)?;
         let globals = lua.globals();
         // Redis's sandbox: no files, no loading code from elsewhere.
         for name in ["dofile", "loadfile", "require", "module", "collectgarbage", "newproxy"] {
