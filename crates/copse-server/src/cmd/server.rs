@@ -340,7 +340,10 @@ fn client(call: &mut Call<'_>) -> Outcome {
         ("kill", n) if n >= 3 => client_kill(call),
         ("pause", 3 | 4) => client_pause(call),
         ("unpause", 2) => {
-            *server.pause.lock().unwrap_or_else(|poison| poison.into_inner()) = None;
+            let mut pause = server.pause.lock().unwrap_or_else(|poison| poison.into_inner());
+            *pause = None;
+            server.paused.store(false, Ordering::Release);
+            drop(pause);
             server.unpaused.notify_waiters();
             Outcome::Reply(Reply::ok())
         }
@@ -440,7 +443,9 @@ fn client_pause(call: &mut Call<'_>) -> Outcome {
         Some(_) => return Outcome::error(SYNTAX),
     };
     let until = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64);
-    *call.server.pause.lock().unwrap_or_else(|poison| poison.into_inner()) = Some((until, all));
+    let mut pause = call.server.pause.lock().unwrap_or_else(|poison| poison.into_inner());
+    *pause = Some((until, all));
+    call.server.paused.store(true, Ordering::Release);
     Outcome::Reply(Reply::ok())
 }
 
@@ -449,10 +454,20 @@ const RUN_WHILE_PAUSED: &[&str] = &["client", "ping", "quit", "reset", "auth", "
 
 /// `outcome`, held while a CLIENT PAUSE covers command `spec`: it then runs once the pause ends.
 pub fn held_by_pause(server: &Arc<Server>, spec: &Spec, outcome: Outcome) -> Outcome {
-    let paused = *server.pause.lock().unwrap_or_else(|poison| poison.into_inner());
-    let Some((until, all)) = paused else { return outcome };
-    let now = std::time::Instant::now();
-    if now >= until || RUN_WHILE_PAUSED.contains(&spec.name) {
+    if !server.paused.load(Ordering::Acquire) {
+        return outcome;
+    }
+    let paused = {
+        let mut pause = server.pause.lock().unwrap_or_else(|poison| poison.into_inner());
+        if pause.is_some_and(|(until, _)| std::time::Instant::now() >= until) {
+            // Expired: the next commands skip the lock again.
+            *pause = None;
+            server.paused.store(false, Ordering::Release);
+        }
+        *pause
+    };
+    let Some((_, all)) = paused else { return outcome };
+    if RUN_WHILE_PAUSED.contains(&spec.name) {
         return outcome;
     }
     if !all && !spec.flags.contains(&"write") {
